@@ -1,0 +1,357 @@
+"""Configuration: frozen dataclasses, their validation, JSON round trip, presets.
+
+No torch here, so the CLI can parse and validate a configuration before paying for the torch
+import. Each field carries a one-line docstring under it; `field_docs` reads those docstrings
+back from the source, so the CLI's help and `--set` errors describe the same thing as the code.
+
+Layer accounting (`ModelConfig.param_match`, on by default): `n_layers` is the total number of
+transformer layers in the model, trunk and heads together, as in the paper's released code
+(the next-byte model is a trunk of n_layers - 1 layers plus one head layer). With n_future heads
+of `head_layers` layers each, the trunk has n_layers - n_future * head_layers layers, so a model
+with 8 heads and the next-byte baseline with the same `n_layers` have the same layer count and,
+up to the extra unembeddings, the same parameter count. With `param_match` off the trunk keeps
+the next-byte size (n_layers - head_layers) and the extra heads come on top.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import json
+import math
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+FORMAT_VERSION = 1
+
+HEAD_TYPES = ("transformer", "linear", "causal")
+UNEMBED_TYPES = ("shared", "replicated")
+MLP_TYPES = ("swiglu", "gelu")
+HEAD_WEIGHTS = ("uniform", "geometric")
+
+
+def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} is not allowed; {allowed}")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+           name, value, "expected an integer >= 1")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the byte transformer: a shared trunk and n_future future-byte heads."""
+
+    n_layers: int = 12
+    """Total transformer layers, trunk and heads together (see the module docstring)."""
+    d_model: int = 256
+    """Width of the residual stream."""
+    n_attn_heads: int = 4
+    """Attention heads per layer; d_model must divide by it into an even head size."""
+    n_future: int = 8
+    """Number of output heads; head k predicts the byte k positions ahead (1 = next byte)."""
+    head_type: str = "transformer"
+    """Head architecture: transformer (independent layers), linear, or causal (head k runs on head k-1's state)."""
+    head_layers: int = 1
+    """Transformer layers in each transformer or causal head."""
+    unembed: str = "replicated"
+    """Unembedding: one matrix per head (replicated, the paper's byte models) or one shared by all."""
+    param_match: bool = True
+    """Take the heads' layers out of the trunk so the layer count does not grow with n_future."""
+    seq_len: int = 512
+    """Context length in bytes (positions the model attends over)."""
+    mlp: str = "swiglu"
+    """Feed-forward block: swiglu or gelu."""
+    ffn_hidden: int = 0
+    """Feed-forward hidden width; 0 picks 8/3 d_model (swiglu) or 4 d_model (gelu), rounded up to 64."""
+    rope_theta: float = 10000.0
+    """Base of the rotary position embedding."""
+    dropout: float = 0.0
+    """Dropout on attention weights and residual branches during training."""
+    norm_eps: float = 1e-5
+    """Epsilon of the RMSNorm layers."""
+    init_std: float = 0.02
+    """Standard deviation of the normal weight initialisation (residual outputs are scaled down by depth)."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "n_attn_heads", "n_future", "head_layers", "seq_len"):
+            _positive_int(f"model.{name}", getattr(self, name))
+        _check(self.head_type in HEAD_TYPES, "model.head_type", self.head_type,
+               f"choose one of {', '.join(HEAD_TYPES)}")
+        _check(self.unembed in UNEMBED_TYPES, "model.unembed", self.unembed,
+               f"choose one of {', '.join(UNEMBED_TYPES)}")
+        _check(self.mlp in MLP_TYPES, "model.mlp", self.mlp, f"choose one of {', '.join(MLP_TYPES)}")
+        _check(isinstance(self.param_match, bool), "model.param_match", self.param_match,
+               "expected true or false")
+        _check(self.d_model % self.n_attn_heads == 0 and (self.d_model // self.n_attn_heads) % 2 == 0,
+               "model.n_attn_heads", self.n_attn_heads,
+               f"d_model={self.d_model} must split into n_attn_heads heads of even size")
+        _check(isinstance(self.ffn_hidden, int) and self.ffn_hidden >= 0, "model.ffn_hidden",
+               self.ffn_hidden, "expected an integer >= 0 (0 = automatic)")
+        _check(self.rope_theta > 0, "model.rope_theta", self.rope_theta, "expected a number > 0")
+        _check(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "expected 0 <= dropout < 1")
+        _check(self.norm_eps > 0, "model.norm_eps", self.norm_eps, "expected a number > 0")
+        _check(self.init_std > 0, "model.init_std", self.init_std, "expected a number > 0")
+        if self.trunk_layers < 1:
+            need = self.n_layers - self.trunk_layers + 1
+            raise ValueError(
+                f"model.n_layers={self.n_layers} leaves no trunk layer for n_future={self.n_future} "
+                f"{self.head_type} heads of head_layers={self.head_layers}; use n_layers >= {need}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_attn_heads
+
+    @property
+    def layers_per_head(self) -> int:
+        """Transformer layers inside one head (0 for linear heads)."""
+        return 0 if self.head_type == "linear" else self.head_layers
+
+    @property
+    def trunk_layers(self) -> int:
+        if self.head_type == "linear":
+            return self.n_layers
+        heads = self.n_future if self.param_match else 1
+        return self.n_layers - heads * self.head_layers
+
+    @property
+    def total_layers(self) -> int:
+        """Transformer layers in the built model (trunk plus all heads)."""
+        return self.trunk_layers + self.n_future * self.layers_per_head
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        width = 8 * self.d_model / 3 if self.mlp == "swiglu" else 4 * self.d_model
+        return 64 * math.ceil(width / 64)
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """How the n per-head cross-entropies combine into the training loss."""
+
+    head_weights: str = "uniform"
+    """Weight of head k: uniform (1 each, the paper's plain sum) or geometric (decay ** (k - 1))."""
+    geometric_decay: float = 0.8
+    """Ratio between successive head weights when head_weights is geometric."""
+    mask_after_eos: bool = True
+    """Ignore targets that lie beyond the end of the document the prediction starts in."""
+
+    def __post_init__(self) -> None:
+        _check(self.head_weights in HEAD_WEIGHTS, "loss.head_weights", self.head_weights,
+               f"choose one of {', '.join(HEAD_WEIGHTS)}")
+        _check(0.0 < self.geometric_decay <= 1.0, "loss.geometric_decay", self.geometric_decay,
+               "expected 0 < decay <= 1")
+        _check(isinstance(self.mask_after_eos, bool), "loss.mask_after_eos", self.mask_after_eos,
+               "expected true or false")
+
+    def weights(self, n_future: int) -> list[float]:
+        if self.head_weights == "uniform":
+            return [1.0] * n_future
+        return [self.geometric_decay**k for k in range(n_future)]
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a run is built from; saved as config.json beside every checkpoint."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model's shape."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """The training objective."""
+
+
+# --- presets --------------------------------------------------------------------------------
+
+
+def tiny() -> Config:
+    """A model for tests: builds and steps in milliseconds on a CPU."""
+    return Config(model=ModelConfig(n_layers=10, d_model=32, n_attn_heads=2, seq_len=64))
+
+
+def small() -> Config:
+    """About 10M parameters: learns visibly in 10-15 minutes on two CPU cores."""
+    return Config(model=ModelConfig(n_layers=12, d_model=256, n_attn_heads=4, seq_len=256))
+
+
+def base() -> Config:
+    """About 100M parameters, for one GPU."""
+    return Config(model=ModelConfig(n_layers=14, d_model=768, n_attn_heads=12, seq_len=2048))
+
+
+def paper_7b_byte() -> Config:
+    """The paper's 7B byte-level model: 32 layers of width 4096, 8 heads, replicated unembedding."""
+    return Config(model=ModelConfig(
+        n_layers=32, d_model=4096, n_attn_heads=32, n_future=8, seq_len=8192,
+        unembed="replicated", ffn_hidden=11008,
+    ))
+
+
+PRESETS = {"tiny": tiny, "small": small, "base": base, "paper-7b-byte": paper_7b_byte}
+
+
+def preset(name: str) -> Config:
+    if name not in PRESETS:
+        raise ValueError(f"preset {name!r} does not exist; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]()
+
+
+# --- dict / JSON round trip and overrides ------------------------------------------------------
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_json(cfg: Any) -> str:
+    return json.dumps(to_dict(cfg), indent=2, sort_keys=True)
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(path: str, typ: Any, value: Any) -> Any:
+    if dataclasses.is_dataclass(typ):
+        if not isinstance(value, dict):
+            raise ValueError(f"{path} must be a table of settings, got {value!r}")
+        return from_dict(typ, value, prefix=path + ".")
+    if typ is bool:
+        ok = isinstance(value, bool)
+    elif typ is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif typ is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    else:
+        ok = isinstance(value, typ)
+    if not ok:
+        raise ValueError(f"{path}={value!r} is not allowed; expected {typ.__name__}")
+    return value
+
+
+def from_dict(cls: type, data: dict, *, prefix: str = "") -> Any:
+    """Build `cls` from a nested dict; unknown keys and wrong types raise ValueError."""
+    types = _field_types(cls)
+    unknown = sorted(set(data) - set(types))
+    if unknown:
+        raise ValueError(f"unknown setting {prefix}{unknown[0]}; "
+                         f"allowed: {', '.join(prefix + k for k in types)}")
+    kwargs = {k: _coerce(prefix + k, types[k], v) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def from_json(text: str, cls: type = Config) -> Any:
+    return from_dict(cls, json.loads(text))
+
+
+def _parse_value(path: str, typ: Any, text: str) -> Any:
+    if typ is bool:
+        if text.lower() in ("true", "1", "yes", "on"):
+            return True
+        if text.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"{path}={text!r} is not allowed; expected true or false")
+    if typ in (int, float):
+        try:
+            return typ(text)
+        except ValueError:
+            raise ValueError(f"{path}={text!r} is not allowed; expected {typ.__name__}") from None
+    return text
+
+
+def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
+    """Apply `a.b=value` strings (the CLI's repeated --set) to a frozen config, validating them."""
+    data = to_dict(cfg)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r} is not of the form section.key=value")
+        parts = key.strip().split(".")
+        cls, node = type(cfg), data
+        for depth, part in enumerate(parts):
+            types = _field_types(cls)
+            here = ".".join(parts[: depth + 1])
+            if part not in types:
+                allowed = ", ".join(".".join(parts[:depth] + [k]) for k in types)
+                raise ValueError(f"unknown setting {here}; allowed: {allowed}")
+            typ = types[part]
+            if depth == len(parts) - 1:
+                if dataclasses.is_dataclass(typ):
+                    raise ValueError(f"{here} is a section; set one of its keys, e.g. {here}.<key>=value")
+                node[part] = _parse_value(here, typ, text.strip())
+            else:
+                if not dataclasses.is_dataclass(typ):
+                    raise ValueError(f"{here} is a setting, not a section")
+                cls, node = typ, node[part]
+    return from_dict(type(cfg), data)
+
+
+def _merge(base: dict, data: dict) -> dict:
+    out = dict(base)
+    for key, value in data.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = _merge(base[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_file(path: str, cfg: Any) -> Any:
+    """Apply a TOML or JSON file of (possibly partial) settings on top of cfg."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        data = json.loads(raw) if path.endswith(".json") else tomllib.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"config file {path} is not valid {'JSON' if path.endswith('.json') else 'TOML'}: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a table of settings")
+    return from_dict(type(cfg), _merge(to_dict(cfg), data))
+
+
+def resolve(preset_name: str, *, config_file: str | None = None, overrides: list[str] = ()) -> Config:
+    """The CLI's order: preset, then a config file, then each --set in turn."""
+    cfg = preset(preset_name)
+    if config_file:
+        cfg = load_file(config_file, cfg)
+    return apply_overrides(cfg, list(overrides))
+
+
+def settings(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """Every settable key as (dotted name, default, docstring), for help texts."""
+    rows = []
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        typ = _field_types(cls)[f.name]
+        if dataclasses.is_dataclass(typ):
+            rows += settings(typ, prefix + f.name + ".")
+        else:
+            rows.append((prefix + f.name, getattr(defaults, f.name), field_docs(cls).get(f.name, "")))
+    return rows
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of a config dataclass."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[stmt.target.id] = nxt.value.value.strip()
+    return docs
