@@ -1,0 +1,143 @@
+import dataclasses
+
+import pytest
+import torch
+
+from bytemtp import config as C
+from bytemtp.model import ByteMTP, KVCache
+from bytemtp.vocab import VOCAB_SIZE
+
+HEAD_TYPES = ["transformer", "linear", "causal"]
+
+
+def tiny_model(seed: int = 0, **overrides) -> ByteMTP:
+    cfg = dataclasses.replace(C.tiny().model, **overrides)
+    model = ByteMTP(cfg)
+    model.init_weights(generator=torch.Generator().manual_seed(seed))
+    return model
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+@pytest.mark.parametrize("unembed", ["shared", "replicated"])
+def test_shapes(head_type, unembed):
+    model = tiny_model(head_type=head_type, unembed=unembed, n_future=4)
+    ids = torch.randint(0, 258, (3, 17))
+    z = model(ids)
+    assert z.shape == (3, 17, model.config.d_model)
+    h = model.head_state(0, z)
+    assert model.head_logits(0, h).shape == (3, 17, VOCAB_SIZE)
+    assert model.logits(ids).shape == (3, 17, 4, VOCAB_SIZE)
+    assert model.logits(ids, n_heads=2).shape == (3, 17, 2, VOCAB_SIZE)
+    assert len(model.unembed) == (4 if unembed == "replicated" else 1)
+
+
+def test_parameter_matching_keeps_layers_equal():
+    mtp, ntp = tiny_model(n_future=8), tiny_model(n_future=1)
+    assert mtp.config.total_layers == ntp.config.total_layers == C.tiny().model.n_layers
+    count_blocks = lambda m: sum(1 for mod in m.modules() if type(mod).__name__ == "Block")  # noqa: E731
+    assert count_blocks(mtp) == count_blocks(ntp) == C.tiny().model.n_layers
+    d = mtp.config.d_model
+    # only the extra per-head norms and unembeddings differ
+    assert mtp.num_params() - ntp.num_params() == 7 * (d + VOCAB_SIZE * d)
+    unmatched = tiny_model(n_future=8, param_match=False)
+    assert count_blocks(unmatched) == C.tiny().model.n_layers + 7
+
+
+def test_heads_are_independent_modules():
+    model = tiny_model(n_future=3)
+    ptrs = {p.data_ptr() for p in model.parameters()}
+    assert len(ptrs) == len(list(model.parameters()))
+
+
+def test_attention_goes_through_sdpa(monkeypatch):
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    model = tiny_model()
+    model.logits(torch.randint(0, 256, (1, 5)))
+    assert len(calls) == model.config.total_layers
+
+
+def test_causality():
+    model = tiny_model().eval()
+    ids = torch.randint(0, 256, (2, 20))
+    a = model.logits(ids)
+    ids2 = ids.clone()
+    ids2[:, 12:] = (ids2[:, 12:] + 1) % 256
+    b = model.logits(ids2)
+    torch.testing.assert_close(a[:, :12], b[:, :12])
+    assert not torch.allclose(a[:, 12:], b[:, 12:])
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_cached_logits_equal_full_sequence(head_type):
+    model = tiny_model(head_type=head_type).eval()
+    ids = torch.randint(0, 258, (2, 48))
+    full = model.logits(ids)
+    cache = KVCache.for_model(model, batch_size=2)
+    chunks = [(0, 10), (10, 11), (11, 12), (12, 20), (20, 21)]
+    got = torch.cat([model.logits(ids[:, a:b], cache) for a, b in chunks], dim=1)
+    assert cache.length == 21
+    torch.testing.assert_close(got, full[:, :21], atol=1e-5, rtol=1e-5)
+    # rejected drafts: rewind and overwrite with different bytes, then continue
+    cache.rewind(6)
+    assert cache.length == 15
+    wrong = (ids[:, 15:19] + 7) % 256
+    model.logits(wrong, cache)
+    cache.rewind(4)
+    rest = model.logits(ids[:, 15:48], cache)
+    torch.testing.assert_close(rest, full[:, 15:48], atol=1e-5, rtol=1e-5)
+    assert cache.length == 48
+
+
+def test_cache_rewind_is_a_pointer_move():
+    model = tiny_model()
+    cache = KVCache.for_model(model, batch_size=1)
+    k_ptr = cache.k.data_ptr()
+    model.logits(torch.randint(0, 256, (1, 8)), cache)
+    cache.rewind(3)
+    assert cache.k.data_ptr() == k_ptr and cache.length == 5
+    with pytest.raises(AssertionError):
+        cache.rewind(6)
+
+
+def test_context_overflow_is_a_clear_error():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="exceeds the context of 64"):
+        model.logits(torch.zeros(1, 65, dtype=torch.long))
+    cache = KVCache.for_model(model, batch_size=1)
+    model.logits(torch.zeros(1, 60, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="64 positions|exceeds"):
+        model.logits(torch.zeros(1, 5, dtype=torch.long), cache)
+
+
+def test_init_is_reproducible_from_a_generator():
+    a, b = tiny_model(seed=3), tiny_model(seed=3)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+    c = tiny_model(seed=4)
+    assert not torch.equal(next(a.parameters()), next(c.parameters()))
+
+
+def test_causal_heads_see_previous_head():
+    model = tiny_model(head_type="causal", n_future=3).eval()
+    ids = torch.randint(0, 256, (1, 9))
+    before = model.logits(ids)
+    with torch.no_grad():
+        for p in model.heads[0].parameters():
+            p.add_(0.05)
+    after = model.logits(ids)
+    # changing head 0 changes heads 1 and 2 for causal heads ...
+    assert not torch.allclose(before[:, :, 2], after[:, :, 2])
+    indep = tiny_model(head_type="transformer", n_future=3).eval()
+    before = indep.logits(ids)
+    with torch.no_grad():
+        for p in indep.heads[0].parameters():
+            p.add_(0.05)
+    # ... and leaves them alone for independent heads
+    torch.testing.assert_close(before[:, :, 1:], indep.logits(ids)[:, :, 1:])
