@@ -1,0 +1,111 @@
+"""Forward and backward of one training batch: the memory-efficient head loop and its reference.
+
+`forward_backward` is the paper's Figure 2 and the default: forward the trunk once, detach its
+output z, then for each head in turn run forward, loss and backward, which accumulates the
+head's gradient into z.grad and frees that head's activations and logits before the next head
+starts; at the end, one backward through the trunk with the accumulated gradient. Peak memory
+holds the trunk's activations plus one head's, instead of all n heads' (and their n logit
+tensors); the price is n + 1 backward calls instead of one.
+
+Causal heads (head k runs on head k-1's state) need the gradient from head k+1 before head k's
+backward, so their loop first runs the heads forward without a graph, keeping only each head's
+output state, then walks the heads backward from the last, recomputing each head's forward
+(activation checkpointing of one head at a time) with the RNG replayed so dropout matches.
+
+`plain_forward_backward` is the all-heads reference: one graph, one backward. Tests hold the two
+to the same gradients for every head type.
+
+Both take a window ids_BW of T + n_future ids and return the detached `LossOutput`; `scale`
+multiplies the loss before backward (1 / accumulation steps).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bytemtp.config import LossConfig
+from bytemtp.loss import HeadLoss, LossOutput, future_targets, head_loss, mtp_loss, summarize
+from bytemtp.model import ByteMTP
+
+
+def _targets(model: ByteMTP, ids_BW: torch.Tensor, loss_cfg: LossConfig) -> tuple[torch.Tensor, int]:
+    n = model.config.n_future
+    T = ids_BW.shape[1] - n
+    assert T >= 1, f"window of {ids_BW.shape[1]} ids holds no input for n_future={n}"
+    targets_BTK = future_targets(ids_BW, n_future=n, seq_len=T, mask_after_eos=loss_cfg.mask_after_eos)
+    return targets_BTK, T
+
+
+def _detached(h: HeadLoss) -> HeadLoss:
+    return HeadLoss(loss=h.loss.detach(), nats=h.nats.detach(), correct=h.correct, count=h.count)
+
+
+def _rng_state(device: torch.device) -> tuple:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(device: torch.device, state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig,
+                     scale: float = 1.0) -> LossOutput:
+    """Memory-efficient multi-head forward and backward (paper Fig. 2)."""
+    targets_BTK, T = _targets(model, ids_BW, loss_cfg)
+    weights = loss_cfg.weights(model.config.n_future)
+    z_BTD = model(ids_BW[:, :T])
+    z_leaf = z_BTD.detach().requires_grad_()
+    if model.config.head_type == "causal":
+        heads = _causal_heads_backward(model, z_leaf, targets_BTK, weights, scale)
+    else:
+        heads = []
+        for k, w in enumerate(weights):
+            h = head_loss(model.head_logits(k, model.head_state(k, z_leaf)), targets_BTK[:, :, k])
+            (h.loss * (w * scale)).backward()
+            heads.append(_detached(h))
+    z_BTD.backward(z_leaf.grad)
+    total = sum(w * h.loss for w, h in zip(weights, heads))
+    return summarize(heads, weights, total)
+
+
+def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: torch.Tensor,
+                           weights: list[float], scale: float) -> list[HeadLoss]:
+    device = z_leaf.device
+    states, rng = [], []
+    with torch.no_grad():
+        h_BTD = None
+        for k in range(len(weights)):
+            rng.append(_rng_state(device))
+            h_BTD = model.head_state(k, model.head_input(k, z_leaf, h_BTD))
+            states.append(h_BTD)
+    rng_after = _rng_state(device)
+    heads: list[HeadLoss] = [None] * len(weights)  # type: ignore[list-item]
+    grad_out = None  # gradient reaching head k's output state from head k+1
+    for k in reversed(range(len(weights))):
+        _set_rng_state(device, rng[k])
+        x_BTD = z_leaf if k == 0 else states[k - 1].requires_grad_()
+        h_BTD = model.head_state(k, model.head_input(k, z_leaf, x_BTD))
+        h = head_loss(model.head_logits(k, h_BTD), targets_BTK[:, :, k])
+        outputs, grads = [h.loss * (weights[k] * scale)], [None]
+        if grad_out is not None:
+            outputs.append(h_BTD)
+            grads.append(grad_out)
+        torch.autograd.backward(outputs, grads)
+        grad_out = x_BTD.grad if k > 0 else None
+        states[k] = None  # head k's state is no longer needed
+        heads[k] = _detached(h)
+    _set_rng_state(device, rng_after)
+    return heads
+
+
+def plain_forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig,
+                           scale: float = 1.0) -> LossOutput:
+    """All heads in one graph and one backward: the reference (and the memory-hungry path)."""
+    targets_BTK, T = _targets(model, ids_BW, loss_cfg)
+    out = mtp_loss(model.logits(ids_BW[:, :T]), targets_BTK, loss_cfg.weights(model.config.n_future))
+    (out.total * scale).backward()
+    out.total = out.total.detach()
+    return out

@@ -1,0 +1,64 @@
+import dataclasses
+
+import pytest
+import torch
+
+from bytemtp import config as C
+from bytemtp.model import ByteMTP
+from bytemtp.step import forward_backward, plain_forward_backward
+from bytemtp.vocab import EOS
+
+
+def _grads(model):
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "linear", "causal"])
+@pytest.mark.parametrize("unembed", ["shared", "replicated"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_memory_efficient_gradients_equal_plain(head_type, unembed, dropout):
+    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, unembed=unembed, dropout=dropout,
+                              n_future=4, head_layers=2, n_layers=10)
+    model = ByteMTP(cfg)
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 256, (3, 24 + 4), generator=torch.Generator().manual_seed(1))
+    ids[0, 7] = ids[2, 15] = EOS
+    loss_cfg = C.LossConfig(head_weights="geometric")
+
+    torch.manual_seed(5)
+    plain = plain_forward_backward(model, ids, loss_cfg=loss_cfg, scale=0.5)
+    plain_grads = _grads(model)
+    torch.manual_seed(5)
+    efficient = forward_backward(model, ids, loss_cfg=loss_cfg, scale=0.5)
+    efficient_grads = _grads(model)
+
+    torch.testing.assert_close(efficient.total, plain.total)
+    torch.testing.assert_close(efficient.head_loss, plain.head_loss)
+    assert torch.equal(efficient.head_count, plain.head_count)
+    for name, g in plain_grads.items():
+        assert g.abs().sum() > 0, f"{name} got no gradient"
+        torch.testing.assert_close(efficient_grads[name], g, atol=1e-6, rtol=1e-5, msg=name)
+    assert not efficient.total.requires_grad and not plain.total.requires_grad
+
+
+def test_gradients_accumulate_across_calls():
+    model = ByteMTP(C.tiny().model)
+    ids = torch.randint(0, 256, (2, 40 + 8))
+    loss_cfg = C.LossConfig()
+    forward_backward(model, ids, loss_cfg=loss_cfg)
+    once = _grads(model)
+    forward_backward(model, ids, loss_cfg=loss_cfg, scale=0.5)
+    forward_backward(model, ids, loss_cfg=loss_cfg, scale=0.5)
+    for name, g in _grads(model).items():
+        torch.testing.assert_close(g, once[name], msg=name)
+
+
+def test_step_reports_per_head_figures():
+    model = ByteMTP(C.tiny().model)
+    ids = torch.randint(0, 256, (2, 16 + 8))
+    out = forward_backward(model, ids, loss_cfg=C.LossConfig())
+    assert out.head_loss.shape == out.head_accuracy.shape == (8,)
+    assert torch.all((out.head_accuracy >= 0) & (out.head_accuracy <= 1))
+    assert out.head_count.tolist() == [32] * 8
