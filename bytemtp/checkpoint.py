@@ -1,0 +1,321 @@
+"""Checkpoints: one directory per step, written atomically, found by scanning.
+
+Layout under a run directory:
+
+    RUN/checkpoints/step-00000123/
+        model.safetensors   weights of the unwrapped model (metadata {"format_version": "1"})
+        config.json         {"format_version": 1, "bytemtp_version": ..., "config": {...}}
+        train_state.json    the caller's loop state (bytes seen, loader, RNG, metrics) plus "step"
+        optimizer.pt        optimizer.state_dict(), tensors only; absent in inference-only exports
+
+Inference (`load_model`) reads only config.json and model.safetensors, so no pickle is ever
+executed to generate or evaluate; `load_train_state` reads optimizer.pt with `weights_only=True`.
+
+Atomicity. A save writes every file into `checkpoints/.tmp-step-NNNNNNNN-<pid>/`, fsyncs each file
+and the directory, renames the directory to its final name and fsyncs `checkpoints/`. A crash at
+any point leaves either the complete new checkpoint or none, and the previous ones untouched; the
+newest complete checkpoint is found by scanning the names, not through a `latest` pointer that
+could disagree with the directories. The price: a save needs disk room for one more checkpoint
+than `keep`, and the fsyncs make it wait for the disk. The guarantee is POSIX rename within one
+local filesystem; network or object-store mounts may rename non-atomically, and then the
+completeness check (all three files present) is the only guard. Saving a step that already
+exists moves the old directory aside, renames the new one in, then deletes the old one (a failed
+rename puts it back; a crash between the two renames leaves that step only as temp directories, so
+the older checkpoints are what remain). After a save, all but the newest `keep` checkpoints by
+step are deleted, never the one just written. One process (rank 0) saves into a run directory: a
+save deletes every `.tmp-*` directory it finds there as left by a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+import bytemtp
+from bytemtp.config import Config, from_dict, to_dict
+from bytemtp.model import ByteMTP
+
+FORMAT_VERSION = 1
+
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+STATE_FILE = "train_state.json"
+OPTIMIZER_FILE = "optimizer.pt"
+REQUIRED_FILES = (MODEL_FILE, CONFIG_FILE, STATE_FILE)
+
+_STEP_DIR = re.compile(r"step-(\d{8,})")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written or read; the message names the file and the fix."""
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+def save_checkpoint(run_dir: str | os.PathLike, *, step: int, model: ByteMTP, config: Config,
+                    train_state: dict, optimizer: torch.optim.Optimizer | None = None,
+                    keep: int = 2) -> Path:
+    """Write checkpoints/step-NNNNNNNN/ under run_dir atomically, then prune to the newest `keep`.
+
+    `model` is the unwrapped module (not DDP, FSDP or torch.compile's wrapper); `train_state`
+    must be JSON-serialisable (tensors as lists). Without an optimizer the checkpoint is an
+    inference-only export. Returns the checkpoint directory.
+    """
+    if not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"step={step!r} is not allowed; expected an integer >= 0")
+    if keep < 1:
+        raise CheckpointError(f"keep={keep} would delete the checkpoint just written; use keep >= 1")
+    if model.config != config.model:
+        raise CheckpointError("config.model does not describe the model being saved; pass the Config "
+                              "the model was built from, so config.json can rebuild it")
+    try:
+        state_json = json.dumps({**train_state, "step": step}, indent=2)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"train_state cannot be written as JSON ({e}); convert tensors and "
+                              "arrays with .tolist() before saving") from e
+
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step-{step:08d}"
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    previous = latest_checkpoint(run_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        save_file(tensors, tmp / MODEL_FILE, metadata={"format_version": str(FORMAT_VERSION)})
+        meta = {"format_version": FORMAT_VERSION, "bytemtp_version": bytemtp.__version__,
+                "config": to_dict(config)}
+        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        (tmp / STATE_FILE).write_text(state_json + "\n", encoding="utf-8")
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        for path in tmp.iterdir():  # the writers have closed their files; make them durable
+            _fsync(path)
+        _fsync(tmp)
+        _replace_dir(tmp, final)
+        _fsync(root)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            kept = (f"the previous checkpoint {previous} is intact" if previous
+                    else "there is no earlier checkpoint")
+            raise CheckpointError(f"saving checkpoint {final} failed ({e}); {kept}") from e
+        raise
+    try:
+        _prune(root, keep=keep, just_saved=final)
+    except OSError as e:
+        raise CheckpointError(f"saved {final}, but deleting older checkpoints failed ({e})") from e
+    return final
+
+
+def _fsync(path: Path) -> None:
+    """Flush a closed file's data, or a directory's entries (renames), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Rename tmp to final; an existing final is moved aside first and restored if that fails."""
+    if not final.exists():
+        os.rename(tmp, final)
+        return
+    old = final.with_name(f".tmp-old-{final.name}-{os.getpid()}")
+    os.rename(final, old)
+    try:
+        os.rename(tmp, final)
+    except BaseException:
+        os.rename(old, final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _prune(root: Path, *, keep: int, just_saved: Path) -> None:
+    """Delete all but the newest `keep` checkpoints (never the one just saved) and stale temp dirs.
+
+    A checkpoint is renamed to a temp name before its files go, so a crash mid-delete never
+    leaves a partial directory that looks like a checkpoint.
+    """
+    for path in list_checkpoints(root.parent)[:-keep]:
+        if path != just_saved:
+            doomed = path.with_name(f".tmp-del-{path.name}-{os.getpid()}")
+            os.rename(path, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+    for path in root.glob(".tmp-*"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --- finding ----------------------------------------------------------------------------------
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoint directories under run_dir/checkpoints/, oldest step first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _STEP_DIR.fullmatch(path.name)
+        if match and all((path / name).is_file() for name in REQUIRED_FILES):
+            found.append((int(match[1]), path))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    checkpoints = list_checkpoints(run_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint directory as given, or the newest complete checkpoint of a run directory."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist; pass a run directory or one of its "
+                              "checkpoints/step-*/ directories")
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is a file; pass the checkpoint directory holding it "
+                              f"({path.parent}) or a run directory")
+    if (_STEP_DIR.fullmatch(path.name) or (path / CONFIG_FILE).exists()
+            or (path / MODEL_FILE).exists()):
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise CheckpointError(f"no checkpoint found in {path}: expected "
+                              f"{path / 'checkpoints' / 'step-*'}/ holding {', '.join(REQUIRED_FILES)}")
+    return latest
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def load_config(ckpt_dir: str | os.PathLike) -> Config:
+    """The Config saved in a checkpoint's config.json (reads nothing else)."""
+    path = Path(ckpt_dir) / CONFIG_FILE
+    data = _read_json(path)
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        fix = ("upgrade bytemtp to read it" if isinstance(version, int) and version > FORMAT_VERSION
+               else "the file is not a bytemtp checkpoint config or is damaged")
+        raise CheckpointError(f"{path} has format_version {version!r}, but bytemtp "
+                              f"{bytemtp.__version__} reads format {FORMAT_VERSION}; {fix}")
+    if not isinstance(data.get("config"), dict):
+        raise CheckpointError(f"{path} has no \"config\" object; the file is damaged")
+    try:
+        return from_dict(Config, data["config"])
+    except ValueError as e:
+        raise CheckpointError(f"{path} holds an invalid config: {e}") from e
+
+
+def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> tuple[ByteMTP, Config]:
+    """Rebuild the model of a checkpoint (or of a run's newest one) for inference, in eval mode.
+
+    Reads config.json and model.safetensors only. The model is built on the meta device and
+    materialised once on `device`, so no time goes into an initialisation that is overwritten.
+    """
+    ckpt = resolve_checkpoint(path)
+    cfg = load_config(ckpt)
+    weights = ckpt / MODEL_FILE
+    tensors = _read_weights(weights, device=device)
+    with torch.device("meta"):
+        model = ByteMTP(cfg.model)
+    _check_weights(tensors, model.state_dict(), path=weights, against=f"the model in {CONFIG_FILE}")
+    model.to_empty(device=device)
+    model.reset_rope()
+    model.load_state_dict(tensors)
+    return model.eval(), cfg
+
+
+def load_train_state(ckpt_dir: str | os.PathLike, *, model: ByteMTP,
+                     optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """Load weights into `model` (unwrapped, on any device) and, if given, the optimizer state;
+    return the saved train_state dict (with "step")."""
+    ckpt = resolve_checkpoint(ckpt_dir)
+    if optimizer is not None and not (ckpt / OPTIMIZER_FILE).is_file():
+        raise CheckpointError(
+            f"{ckpt / OPTIMIZER_FILE} is missing: the checkpoint was saved without an optimizer "
+            "(an inference-only export); resume from a checkpoint saved with one, or pass "
+            "optimizer=None to load only the weights and train state")
+    state = _read_json(ckpt / STATE_FILE)
+    device = next(model.parameters()).device
+    weights = ckpt / MODEL_FILE
+    tensors = _read_weights(weights, device=device)
+    _check_weights(tensors, model.state_dict(), path=weights, against="the given model")
+    model.load_state_dict(tensors)
+    if optimizer is not None:
+        path = ckpt / OPTIMIZER_FILE
+        try:  # staged on the CPU: load_state_dict moves each tensor to its parameter's device
+            # but keeps Adam's `step` where it was loaded, and a non-fused `step` on a GPU costs a
+            # host sync per parameter per step
+            optim_state = torch.load(path, weights_only=True, map_location="cpu")
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
+            raise CheckpointError(f"{OPTIMIZER_FILE} at {path} is truncated or corrupt "
+                                  f"({_reason(e)}); resume from an earlier checkpoint") from e
+        try:
+            optimizer.load_state_dict(optim_state)
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"{path} does not fit the given optimizer ({_reason(e)}); build it "
+                                  "with the same parameter groups as the saved run") from e
+    return state
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing; a checkpoint directory holds "
+                              f"{', '.join(REQUIRED_FILES)} (and {OPTIMIZER_FILE} to resume training)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}); the file is damaged, use an "
+                              "earlier checkpoint") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(data).__name__}, expected an object")
+    return data
+
+
+def _read_weights(path: Path, *, device: str | torch.device) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file on `device`; never unpickles anything."""
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing; a checkpoint directory holds "
+                              f"{', '.join(REQUIRED_FILES)}")
+    try:
+        return load_file(path, device=str(device))
+    except SafetensorError as e:
+        raise CheckpointError(f"{MODEL_FILE} at {path} is truncated or corrupt ({_reason(e)}); "
+                              "use an earlier checkpoint") from e
+
+
+def _check_weights(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], *,
+                   path: Path, against: str) -> None:
+    """Names and shapes of saved weights against a model's, with one readable error."""
+    differ = "the weights and the model come from different configs"
+    for key, want in expected.items():
+        if key not in tensors:
+            raise CheckpointError(f"{path} has no weight {key!r} of shape {tuple(want.shape)}, which "
+                                  f"{against} needs ({differ})")
+        if tensors[key].shape != want.shape:
+            raise CheckpointError(f"{path}: weight {key!r} has shape {tuple(tensors[key].shape)} but "
+                                  f"{against} expects {tuple(want.shape)} ({differ})")
+    for key, got in tensors.items():
+        if key not in expected:
+            wrapped = key.startswith(("_orig_mod.", "module."))
+            hint = "save the unwrapped model" if wrapped else differ
+            raise CheckpointError(f"{path} has weight {key!r} of shape {tuple(got.shape)}, which "
+                                  f"{against} does not have ({hint})")
+
+
+def _reason(e: BaseException) -> str:
+    """The first sentence of an exception's message, for one-line errors."""
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return line.split(". ")[0]
