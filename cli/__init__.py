@@ -1,0 +1,1 @@
+"""The `bytemtp` command line: a thin click adapter over the `bytemtp` library."""

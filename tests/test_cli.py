@@ -1,0 +1,66 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from bytemtp_cli.main import main
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_config_shows_resolved_settings_and_counts():
+    res = run("config", "--preset", "tiny", "--set", "model.n_future=4")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output[: res.output.index("\n}\n") + 2])
+    assert data["model"]["n_future"] == 4
+    assert "6 trunk layers + 4 transformer heads" in res.output
+    assert "total" in res.output
+
+
+@pytest.mark.parametrize("args,words", [
+    (["config", "--set", "model.widht=3"], "unknown setting model.widht"),
+    (["config", "--set", "model.head_type=mlp"], "choose one of transformer, linear, causal"),
+    (["config", "--set", "model.n_layers=4"], "use n_layers >= 9"),
+    (["config", "--config", "/nonexistent/run.toml"], "cannot read config file"),
+])
+def test_user_errors_are_one_line(args, words):
+    res = run(*args)
+    assert res.exit_code != 0
+    assert words in res.output
+    assert "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_keys_lists_every_setting():
+    res = run("config", "--keys")
+    assert res.exit_code == 0
+    assert "model.n_future" in res.output and "loss.mask_after_eos" in res.output
+
+
+def test_console_script_and_module_entry_point():
+    out = subprocess.run([sys.executable, "-m", "bytemtp_cli", "--version"], capture_output=True,
+                         text=True, check=True)
+    assert "bytemtp" in out.stdout
+    bad = subprocess.run(["bytemtp", "config", "--preset", "tiny", "--set", "loss.head_weights=x"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "loss.head_weights" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow
+def test_bench_train_step_writes_all_keys(tmp_path):
+    path = tmp_path / "bench.json"
+    res = run("bench", "train-step", "--preset", "tiny", "--steps", "1", "--rounds", "1",
+              "--batch-size", "2", "--json", str(path))
+    assert res.exit_code == 0, res.output
+    data = json.loads(path.read_text())
+    for key in ("ntp_step_s", "mtp_step_s", "mtp_plain_step_s", "ntp_peak_mb", "mtp_peak_mb",
+                "mtp_plain_peak_mb", "time_ratio", "memory_ratio", "plain_memory_ratio"):
+        assert data[key] > 0, key
+    assert data["time_ratio"] == pytest.approx(data["mtp_step_s"] / data["ntp_step_s"])
+    assert data["memory_ratio"] == pytest.approx(data["mtp_peak_mb"] / data["ntp_peak_mb"])
+    assert "time_ratio" in res.output
