@@ -1,14 +1,13 @@
 """Benchmarks, measured as ratios within one run (shared machines are noisy).
 
-`train_step` times one optimizer step (forward, backward, AdamW) and its peak memory for three
-parameter-matched variants of a preset: the next-byte baseline (n_future=1), the memory-efficient
-multi-token step with n_future=8, and the plain all-heads step with n_future=8. Each variant runs
-in a fresh subprocess so that its peak memory is its own: on the CPU the peak resident set of the
-process (VmHWM) minus the resident set before the model was built, with glibc's mmap threshold
-pinned so that freed activations go back to the system and the resident set tracks live tensors;
+`train_step` compares one optimizer step (forward, backward, AdamW) of three parameter-matched
+variants of a preset: the next-byte baseline (n_future=1), the memory-efficient multi-token step
+with n_future=8, and the plain all-heads step with n_future=8. Time: the three take steps in
+turn in one process, so a change in the machine's speed hits all of them alike, and each reports
+its median step. Memory: each variant builds and steps in a fresh subprocess, so its peak is its
+own: on the CPU the peak resident set (VmHWM) minus the resident set before the model was built,
 on CUDA `torch.cuda.max_memory_allocated`. Both count weights, gradients, optimizer state and
-activations. Timing runs are separate from the memory runs, interleaved in rounds, and each
-variant keeps its fastest round.
+activations.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -58,108 +58,102 @@ def _peak_gpu_flops(device: torch.device) -> float | None:
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
 
 
-def run_train_step_variant(preset_name: str, variant: str, *, batch_size: int, steps: int,
-                           warmup: int, device: str) -> dict:
-    """Build one variant, warm it up, and time `steps` optimizer steps (runs in the subprocess)."""
+class _Variant:
+    """One parameter-matched variant of a preset, ready to step."""
+
+    def __init__(self, preset_name: str, variant: str, *, batch_size: int, device: torch.device):
+        n_future, efficient = TRAIN_STEP_VARIANTS[variant]
+        self.cfg = cfg = dataclasses.replace(preset(preset_name).model, n_future=n_future)
+        gen = torch.Generator().manual_seed(0)
+        self.model = ByteMTP(cfg).to(device)
+        self.model.init_weights(generator=gen)  # the same weights in every process
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.95),
+                                           weight_decay=0.1)
+        ids = torch.randint(0, 256, (batch_size, cfg.seq_len + cfg.n_future), generator=gen)
+        ids[:, ::97] = EOS  # a few document ends, as in packed data
+        self.ids = ids.to(device)
+        self.step_fn = forward_backward if efficient else plain_forward_backward
+        self.device = device
+        self.bytes_per_step = batch_size * cfg.seq_len
+
+    def step(self) -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            self.step_fn(self.model, self.ids, loss_cfg=LossConfig())
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def peak_memory_mb(preset_name: str, variant: str, *, batch_size: int, device: str) -> float:
+    """Peak memory of building one variant and taking two steps (run in a fresh process)."""
     dev = torch.device(device)
-    base_kib = _memory_kib("VmRSS") if dev.type == "cpu" else 0
-    n_future, efficient = TRAIN_STEP_VARIANTS[variant]
-    cfg = dataclasses.replace(preset(preset_name).model, n_future=n_future)
-    gen = torch.Generator().manual_seed(0)
-    model = ByteMTP(cfg).to(dev)
-    model.init_weights(generator=gen)  # same weights for every run of this variant
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
-    window = cfg.seq_len + cfg.n_future
-    ids = torch.randint(0, 256, (batch_size, window), generator=gen)
-    ids[:, ::97] = EOS  # a few document ends, as in packed data
-    ids = ids.to(dev)
-    step_fn = forward_backward if efficient else plain_forward_backward
-    loss_cfg = LossConfig()
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
-
-    def one_step() -> None:
-        with autocast:
-            step_fn(model, ids, loss_cfg=loss_cfg)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    for _ in range(warmup):
-        one_step()
     if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        one_step()
+    base_kib = _memory_kib("VmRSS") if dev.type == "cpu" else 0
+    v = _Variant(preset_name, variant, batch_size=batch_size, device=dev)
+    for _ in range(2):
+        v.step()
+    v.sync()
     if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    step_s = (time.perf_counter() - t0) / steps
-    if dev.type == "cuda":
-        peak_mb = torch.cuda.max_memory_allocated(dev) / 2**20
-    else:
-        peak_mb = (_memory_kib("VmHWM") - base_kib) / 1024
-    result = {"variant": variant, "step_s": step_s, "peak_mb": peak_mb,
-              "bytes_s": batch_size * cfg.seq_len / step_s, "params": model.num_params()}
-    if dev.type == "cuda":
-        peak = _peak_gpu_flops(dev)
-        flops = step_flops(model, batch_size * cfg.seq_len, cfg.seq_len)
-        result["mfu"] = flops / step_s / peak if peak else None
-    return result
+        return torch.cuda.max_memory_allocated(dev) / 2**20
+    return (_memory_kib("VmHWM") - base_kib) / 1024
 
 
-def _run_variant(args: dict, env: dict) -> dict:
+def _peak_memory_in_subprocess(args: dict) -> float:
+    # glibc's mmap threshold pinned low, so freed activations go back to the system at once and
+    # the resident set follows the live tensors (it slows allocation: never timed)
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
     proc = subprocess.run([sys.executable, "-m", "bytemtp.bench", json.dumps(args)],
                           capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"train-step variant {args['variant']} failed:\n{proc.stderr.strip()}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"memory run of {args['variant']} failed:\n{proc.stderr.strip()}")
+    return float(proc.stdout.strip().splitlines()[-1])
 
 
-def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 4, warmup: int = 1,
-               rounds: int = 2, device: str | None = None, progress=None) -> dict:
-    """Run the three variants in fresh subprocesses and report their ratios.
-
-    Timing runs use the default allocator, `rounds` interleaved times, keeping each variant's
-    fastest. On the CPU one more run per variant measures memory, with glibc's mmap threshold
-    pinned low (that slows allocation, so it is never timed).
-    """
+def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 6, warmup: int = 2,
+               device: str | None = None, progress=None) -> dict:
+    """Time the three variants step by step in turn in this process (the median step of each),
+    then measure each one's peak memory in a fresh subprocess; report the ratios."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    preset(preset_name)  # fail early on a bad name
-    base = {"preset_name": preset_name, "batch_size": batch_size, "device": device}
-    best: dict[str, dict] = {}
-    for _ in range(rounds):
-        for variant in TRAIN_STEP_VARIANTS:
-            res = _run_variant({**base, "variant": variant, "steps": steps, "warmup": warmup},
-                               dict(os.environ))
-            if variant not in best or res["step_s"] < best[variant]["step_s"]:
-                best[variant] = res
-            if progress is not None:
-                progress(variant, res)
-    if device == "cpu":
-        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
-        for variant in TRAIN_STEP_VARIANTS:
-            res = _run_variant({**base, "variant": variant, "steps": 1, "warmup": 1}, env)
-            best[variant]["peak_mb"] = res["peak_mb"]
-            if progress is not None:
-                progress(variant + " memory", res)
-    ntp, mtp, plain = best["ntp"], best["mtp"], best["mtp_plain"]
-    result = {
-        "preset": preset_name, "device": device, "batch_size": batch_size,
-        "seq_len": preset(preset_name).model.seq_len, "steps": steps, "rounds": rounds,
-        "ntp_step_s": ntp["step_s"], "mtp_step_s": mtp["step_s"], "mtp_plain_step_s": plain["step_s"],
-        "ntp_peak_mb": ntp["peak_mb"], "mtp_peak_mb": mtp["peak_mb"],
-        "mtp_plain_peak_mb": plain["peak_mb"],
-        "time_ratio": mtp["step_s"] / ntp["step_s"],
-        "memory_ratio": mtp["peak_mb"] / ntp["peak_mb"],
-        "plain_memory_ratio": plain["peak_mb"] / ntp["peak_mb"],
-        "ntp_params": ntp["params"], "mtp_params": mtp["params"],
-    }
-    for name, res in (("ntp", ntp), ("mtp", mtp), ("mtp_plain", plain)):
-        result[f"{name}_bytes_s"] = res["bytes_s"]
-        if "mfu" in res:
-            result[f"{name}_mfu"] = res["mfu"]
+    dev = torch.device(device)
+    variants = {name: _Variant(preset_name, name, batch_size=batch_size, device=dev)
+                for name in TRAIN_STEP_VARIANTS}
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for i in range(warmup + steps):
+        for name, v in variants.items():  # interleaved, so drifts in machine speed hit all alike
+            v.sync()
+            t0 = time.perf_counter()
+            v.step()
+            v.sync()
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+        if progress is not None:
+            progress("warm-up" if i < warmup else "timing")
+    result = {"preset": preset_name, "device": device, "batch_size": batch_size,
+              "seq_len": variants["ntp"].cfg.seq_len, "steps": steps}
+    peak_flops = _peak_gpu_flops(dev) if dev.type == "cuda" else None
+    for name, v in variants.items():
+        step_s = statistics.median(times[name])
+        result[f"{name}_step_s"] = step_s
+        result[f"{name}_bytes_s"] = v.bytes_per_step / step_s
+        result[f"{name}_params"] = v.model.num_params()
+        if peak_flops:
+            flops = step_flops(v.model, v.bytes_per_step, v.cfg.seq_len)
+            result[f"{name}_mfu"] = flops / step_s / peak_flops
+    del variants
+    for name in TRAIN_STEP_VARIANTS:
+        args = {"preset_name": preset_name, "variant": name, "batch_size": batch_size, "device": device}
+        result[f"{name}_peak_mb"] = _peak_memory_in_subprocess(args)
+        if progress is not None:
+            progress(f"memory {name}")
+    result["time_ratio"] = result["mtp_step_s"] / result["ntp_step_s"]
+    result["memory_ratio"] = result["mtp_peak_mb"] / result["ntp_peak_mb"]
+    result["plain_memory_ratio"] = result["mtp_plain_peak_mb"] / result["ntp_peak_mb"]
     return result
 
 
 if __name__ == "__main__":
-    print(json.dumps(run_train_step_variant(**json.loads(sys.argv[1]))))
+    print(peak_memory_mb(**json.loads(sys.argv[1])))
