@@ -36,7 +36,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 import bytemtp
@@ -230,7 +230,8 @@ def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu") -
     tensors = _read_weights(weights, device=device)
     with torch.device("meta"):
         model = ByteMTP(cfg.model)
-    _check_weights(tensors, model.state_dict(), path=weights, against=f"the model in {CONFIG_FILE}")
+    _check_weights(_shapes(tensors), _shapes(model.state_dict()), path=weights,
+                   against=f"the model in {CONFIG_FILE}")
     model.to_empty(device=device)
     model.reset_rope()
     model.load_state_dict(tensors)
@@ -251,7 +252,8 @@ def load_train_state(ckpt_dir: str | os.PathLike, *, model: ByteMTP,
     device = next(model.parameters()).device
     weights = ckpt / MODEL_FILE
     tensors = _read_weights(weights, device=device)
-    _check_weights(tensors, model.state_dict(), path=weights, against="the given model")
+    _check_weights(_shapes(tensors), _shapes(model.state_dict()), path=weights,
+                   against="the given model")
     model.load_state_dict(tensors)
     if optimizer is not None:
         path = ckpt / OPTIMIZER_FILE
@@ -296,23 +298,59 @@ def _read_weights(path: Path, *, device: str | torch.device) -> dict[str, torch.
                               "use an earlier checkpoint") from e
 
 
-def _check_weights(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], *,
+def _shapes(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(t.shape) for k, t in tensors.items()}
+
+
+def _check_weights(saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], *,
                    path: Path, against: str) -> None:
     """Names and shapes of saved weights against a model's, with one readable error."""
     differ = "the weights and the model come from different configs"
     for key, want in expected.items():
-        if key not in tensors:
-            raise CheckpointError(f"{path} has no weight {key!r} of shape {tuple(want.shape)}, which "
+        if key not in saved:
+            raise CheckpointError(f"{path} has no weight {key!r} of shape {want}, which "
                                   f"{against} needs ({differ})")
-        if tensors[key].shape != want.shape:
-            raise CheckpointError(f"{path}: weight {key!r} has shape {tuple(tensors[key].shape)} but "
-                                  f"{against} expects {tuple(want.shape)} ({differ})")
-    for key, got in tensors.items():
+        if saved[key] != want:
+            raise CheckpointError(f"{path}: weight {key!r} has shape {saved[key]} but "
+                                  f"{against} expects {want} ({differ})")
+    for key, got in saved.items():
         if key not in expected:
             wrapped = key.startswith(("_orig_mod.", "module."))
             hint = "save the unwrapped model" if wrapped else differ
-            raise CheckpointError(f"{path} has weight {key!r} of shape {tuple(got.shape)}, which "
+            raise CheckpointError(f"{path} has weight {key!r} of shape {got}, which "
                                   f"{against} does not have ({hint})")
+
+
+def describe(path: str | os.PathLike) -> dict:
+    """What a checkpoint holds, checked without loading its weights: the resolved directory,
+    its config, train state, files and sizes, and the parameter count from the safetensors
+    header (names and shapes are checked against the config)."""
+    ckpt = resolve_checkpoint(path)
+    cfg = load_config(ckpt)
+    state = _read_json(ckpt / STATE_FILE)
+    weights = ckpt / MODEL_FILE
+    if not weights.is_file():
+        raise CheckpointError(f"{weights} is missing; a checkpoint directory holds "
+                              f"{', '.join(REQUIRED_FILES)}")
+    try:
+        with safe_open(weights, framework="pt") as f:
+            saved = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except SafetensorError as e:
+        raise CheckpointError(f"{MODEL_FILE} at {weights} is truncated or corrupt ({_reason(e)}); "
+                              "use an earlier checkpoint") from e
+    with torch.device("meta"):
+        model = ByteMTP(cfg.model)
+    _check_weights(saved, _shapes(model.state_dict()), path=weights,
+                   against=f"the model in {CONFIG_FILE}")
+    return {
+        "checkpoint": str(ckpt),
+        "step": state.get("step"),
+        "config": cfg,
+        "train_state": state,
+        "params": model.num_params(),
+        "files": {p.name: p.stat().st_size for p in sorted(ckpt.iterdir()) if p.is_file()},
+        "resumable": (ckpt / OPTIMIZER_FILE).is_file(),
+    }
 
 
 def _reason(e: BaseException) -> str:

@@ -70,6 +70,26 @@ def config_cmd(preset: str, config_file: str | None, overrides: tuple[str, ...],
     click.echo(_table(rows, ("part", "parameters")))
 
 
+@main.command("inspect")
+@click.argument("path", type=click.Path())
+def inspect_cmd(path: str) -> None:
+    """Show what a checkpoint (or a run's newest checkpoint) holds, without loading its weights."""
+    from bytemtp.checkpoint import describe
+
+    info = describe(path)
+    m = info["config"].model
+    click.echo(f"checkpoint  {info['checkpoint']}")
+    click.echo(f"step        {info['step']}")
+    click.echo(f"model       {info['params']:,} parameters: {m.trunk_layers} trunk layers + "
+               f"{m.n_future} {m.head_type} heads, width {m.d_model}, context {m.seq_len}, "
+               f"{m.unembed} unembedding")
+    click.echo(f"resumable   {'yes' if info['resumable'] else 'no (no optimizer.pt: inference only)'}")
+    click.echo(_table([(name, f"{size:,}") for name, size in info["files"].items()], ("file", "bytes")))
+    extra = {k: v for k, v in info["train_state"].items() if k != "step" and not isinstance(v, (dict, list))}
+    if extra:
+        click.echo(_table(sorted(extra.items()), ("train state", "value")))
+
+
 @main.group(cls=_Group)
 def bench() -> None:
     """Measure speed and memory (ratios within one run)."""
@@ -78,35 +98,31 @@ def bench() -> None:
 @bench.command("train-step")
 @_preset_option("small")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
-@click.option("--steps", default=4, show_default=True, type=click.IntRange(1),
-              help="Timed optimizer steps per variant and round.")
-@click.option("--rounds", default=2, show_default=True, type=click.IntRange(1),
-              help="Interleaved rounds; each variant keeps its fastest.")
+@click.option("--steps", default=6, show_default=True, type=click.IntRange(1),
+              help="Timed steps per variant (after the warm-up); the median counts.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0))
 @click.option("--device", default=None, help="cpu or cuda[:N]; default: cuda when available.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
-def bench_train_step(preset: str, batch_size: int, steps: int, rounds: int, device: str | None,
+def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, device: str | None,
                      json_path: str | None) -> None:
     """Next-byte vs memory-efficient vs plain multi-token training step."""
-    import torch
     from tqdm import tqdm
 
     from bytemtp.bench import TRAIN_STEP_VARIANTS, train_step
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    runs = (rounds + (device == "cpu")) * len(TRAIN_STEP_VARIANTS)  # CPU: one memory run each
-    with tqdm(total=runs, desc="train-step", unit="run") as bar:
-        def progress(variant: str, res: dict) -> None:
-            bar.set_postfix_str(f"{variant} {res['step_s']:.3f}s")
+    with tqdm(total=warmup + steps + len(TRAIN_STEP_VARIANTS), desc="train-step", unit="round") as bar:
+        def progress(stage: str) -> None:
+            bar.set_postfix_str(stage)
             bar.update()
 
-        res = train_step(preset, batch_size=batch_size, steps=steps, rounds=rounds, device=device,
+        res = train_step(preset, batch_size=batch_size, steps=steps, warmup=warmup, device=device,
                          progress=progress)
     rows = []
     for name, label in (("ntp", "next-byte (n=1)"), ("mtp", "multi-token n=8, memory-efficient"),
                         ("mtp_plain", "multi-token n=8, plain")):
         row = [label, f"{res[f'{name}_step_s']:.3f}", f"{res[f'{name}_bytes_s']:,.0f}",
                f"{res[f'{name}_peak_mb']:,.0f}"]
-        if f"{name}_mfu" in res and res[f"{name}_mfu"] is not None:
+        if f"{name}_mfu" in res:
             row.append(f"{100 * res[f'{name}_mfu']:.1f}%")
         rows.append(tuple(row))
     header = ("variant", "step s", "bytes/s", "peak MiB") + (("MFU",) if len(rows[0]) > 4 else ())

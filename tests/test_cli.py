@@ -54,7 +54,7 @@ def test_console_script_and_module_entry_point():
 @pytest.mark.slow
 def test_bench_train_step_writes_all_keys(tmp_path):
     path = tmp_path / "bench.json"
-    res = run("bench", "train-step", "--preset", "tiny", "--steps", "1", "--rounds", "1",
+    res = run("bench", "train-step", "--preset", "tiny", "--steps", "1", "--warmup", "0",
               "--batch-size", "2", "--json", str(path))
     assert res.exit_code == 0, res.output
     data = json.loads(path.read_text())
@@ -64,3 +64,27 @@ def test_bench_train_step_writes_all_keys(tmp_path):
     assert data["time_ratio"] == pytest.approx(data["mtp_step_s"] / data["ntp_step_s"])
     assert data["memory_ratio"] == pytest.approx(data["mtp_peak_mb"] / data["ntp_peak_mb"])
     assert "time_ratio" in res.output
+
+
+def test_inspect_reports_a_checkpoint_and_damage(tmp_path):
+    import torch
+
+    from bytemtp.checkpoint import save_checkpoint
+    from bytemtp.config import tiny
+    from bytemtp.model import ByteMTP
+
+    cfg = tiny()
+    model = ByteMTP(cfg.model)
+    optimizer = torch.optim.AdamW(model.parameters())
+    save_checkpoint(tmp_path / "run", step=7, model=model, config=cfg,
+                    train_state={"bytes_seen": 1234}, optimizer=optimizer)
+    res = run("inspect", str(tmp_path / "run"))
+    assert res.exit_code == 0, res.output
+    assert "step        7" in res.output and f"{model.num_params():,} parameters" in res.output
+    assert "bytes_seen" in res.output and "model.safetensors" in res.output
+    weights = tmp_path / "run" / "checkpoints" / "step-00000007" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:50])
+    res = run("inspect", str(tmp_path / "run"))
+    assert res.exit_code != 0 and "model.safetensors" in res.output and "truncated or corrupt" in res.output
+    res = run("inspect", str(tmp_path / "nothing"))
+    assert res.exit_code != 0 and "does not exist" in res.output
