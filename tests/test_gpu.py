@@ -1,0 +1,45 @@
+"""The fast paths on CUDA in bf16, where a GPU is present (marked gpu; skipped elsewhere)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from bytemtp import config as C
+from bytemtp.model import ByteMTP, KVCache
+from bytemtp.step import forward_backward, plain_forward_backward
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+def test_memory_efficient_gradients_equal_plain_in_bf16(head_type):
+    cfg = dataclasses.replace(C.tiny().model, head_type=head_type)
+    model = ByteMTP(cfg).cuda()
+    ids = torch.randint(0, 256, (4, cfg.seq_len + cfg.n_future), device="cuda")
+    grads = []
+    for fn in (plain_forward_backward, forward_backward):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            fn(model, ids, loss_cfg=C.LossConfig())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        model.zero_grad(set_to_none=True)
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, atol=2e-3, rtol=2e-2, msg=name)
+
+
+def test_cached_logits_equal_full_sequence_on_cuda():
+    model = ByteMTP(C.tiny().model).cuda().eval()
+    ids = torch.randint(0, 256, (2, 40), device="cuda")
+    full = model.logits(ids)
+    cache = KVCache.for_model(model, batch_size=2)
+    got = torch.cat([model.logits(ids[:, :17], cache), model.logits(ids[:, 17:18], cache),
+                     model.logits(ids[:, 18:40], cache)], dim=1)
+    torch.testing.assert_close(got, full, atol=1e-4, rtol=1e-4)
+
+
+def test_peak_memory_efficient_below_plain_on_cuda():
+    from bytemtp.bench import peak_memory_mb
+
+    efficient = peak_memory_mb("small", "mtp", batch_size=8, device="cuda")
+    plain = peak_memory_mb("small", "mtp_plain", batch_size=8, device="cuda")
+    assert efficient < plain
