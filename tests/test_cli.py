@@ -1,4 +1,5 @@
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -45,7 +46,8 @@ def test_console_script_and_module_entry_point():
     out = subprocess.run([sys.executable, "-m", "bytemtp_cli", "--version"], capture_output=True,
                          text=True, check=True)
     assert "bytemtp" in out.stdout
-    bad = subprocess.run(["bytemtp", "config", "--preset", "tiny", "--set", "loss.head_weights=x"],
+    script = pathlib.Path(sys.executable).parent / "bytemtp"  # the one installed with this python
+    bad = subprocess.run([str(script if script.exists() else "bytemtp"), "config", "--preset", "tiny", "--set", "loss.head_weights=x"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "loss.head_weights" in bad.stderr
     assert "Traceback" not in bad.stderr
