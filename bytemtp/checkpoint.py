@@ -272,10 +272,19 @@ def load_train_state(ckpt_dir: str | os.PathLike, *, model: ByteMTP,
     return state
 
 
-def _read_json(path: Path) -> dict:
+def _require_file(path: Path) -> None:
     if not path.is_file():
         raise CheckpointError(f"{path} is missing; a checkpoint directory holds "
                               f"{', '.join(REQUIRED_FILES)} (and {OPTIMIZER_FILE} to resume training)")
+
+
+def _corrupt_weights(path: Path, e: Exception) -> CheckpointError:
+    return CheckpointError(f"{MODEL_FILE} at {path} is truncated or corrupt ({_reason(e)}); "
+                           "use an earlier checkpoint")
+
+
+def _read_json(path: Path) -> dict:
+    _require_file(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -288,14 +297,11 @@ def _read_json(path: Path) -> dict:
 
 def _read_weights(path: Path, *, device: str | torch.device) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file on `device`; never unpickles anything."""
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing; a checkpoint directory holds "
-                              f"{', '.join(REQUIRED_FILES)}")
+    _require_file(path)
     try:
         return load_file(path, device=str(device))
     except SafetensorError as e:
-        raise CheckpointError(f"{MODEL_FILE} at {path} is truncated or corrupt ({_reason(e)}); "
-                              "use an earlier checkpoint") from e
+        raise _corrupt_weights(path, e) from e
 
 
 def _shapes(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
@@ -329,15 +335,12 @@ def describe(path: str | os.PathLike) -> dict:
     cfg = load_config(ckpt)
     state = _read_json(ckpt / STATE_FILE)
     weights = ckpt / MODEL_FILE
-    if not weights.is_file():
-        raise CheckpointError(f"{weights} is missing; a checkpoint directory holds "
-                              f"{', '.join(REQUIRED_FILES)}")
+    _require_file(weights)
     try:
         with safe_open(weights, framework="pt") as f:
             saved = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except SafetensorError as e:
-        raise CheckpointError(f"{MODEL_FILE} at {weights} is truncated or corrupt ({_reason(e)}); "
-                              "use an earlier checkpoint") from e
+        raise _corrupt_weights(weights, e) from e
     with torch.device("meta"):
         model = ByteMTP(cfg.model)
     _check_weights(saved, _shapes(model.state_dict()), path=weights,
