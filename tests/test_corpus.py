@@ -1,0 +1,398 @@
+"""Corpus reading and writing on real files built in tmp_path: strict zstd, resume positions,
+bad-record accounting, file discovery, and the prepare -> read round trip."""
+
+import collections
+import gzip
+import hashlib
+import json
+import struct
+
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bytemtp.corpus import (
+    SKIP_REASONS, CorpusError, ShardWriter, corpus_files, decompressed_size, describe, file_kind,
+    iter_documents, iter_lines, parse_record, prepare, read_manifest, read_raw, select_files, verify,
+)
+
+CCTX = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=True)
+SKIPPABLE = struct.pack("<II", 0x184D2A50, 3) + b"abc"
+
+
+def zst_frames(pieces, *, skippable_after=()):
+    """Concatenate independently compressed frames, with a skippable frame after the given indices."""
+    out = b""
+    for i, piece in enumerate(pieces):
+        out += CCTX.compress(piece)
+        if i in skippable_after:
+            out += SKIPPABLE
+    return out
+
+
+def cut(data: bytes, at) -> list[bytes]:
+    at = [0, *at, len(data)]
+    return [data[a:b] for a, b in zip(at, at[1:])]
+
+
+def frames_of(blob: bytes) -> list[bytes]:
+    """Decompressed content of each frame, walked independently of bytemtp.corpus."""
+    out = []
+    while blob:
+        dobj = zstandard.ZstdDecompressor().decompressobj()
+        out.append(dobj.decompress(blob))
+        assert dobj.eof
+        blob = dobj.unused_data
+    return out
+
+
+def jsonl(texts) -> bytes:
+    return b"".join(json.dumps({"text": t}, ensure_ascii=False).encode() + b"\n" for t in texts)
+
+
+def lines_of(path, start=(0, 0)):
+    return [line for line, _ in iter_lines(path, start=start)]
+
+
+def write_compressed(path, data: bytes):
+    """Write data to path compressed by its suffix: several zstd frames cut mid-line, gzip, or plain."""
+    name = str(path)
+    if name.endswith(".zst"):
+        third = len(data) // 3
+        path.write_bytes(zst_frames(cut(data, [third, third + 1, 2 * third + 5] if data else []),
+                                    skippable_after={0}))
+    elif name.endswith(".gz"):
+        path.write_bytes(gzip.compress(data[: len(data) // 2]) + gzip.compress(data[len(data) // 2:]))
+    else:
+        path.write_bytes(data)
+
+
+TEXTS = ["plain", "with\nnewline and \"quotes\"", "ünïcödé ☃ 𝄞", "line\u2028separator", "x" * 300, "",
+         "tab\there"]
+
+
+# --- reading lines and resuming -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.zst", ".jsonl", ".jsonl.gz"])
+def test_every_line_is_read_and_every_position_resumes_the_rest(tmp_path, suffix):
+    data = jsonl(TEXTS) + b"\n\nlast line without newline"
+    path = tmp_path / f"data{suffix}"
+    write_compressed(path, data)
+    got = list(iter_lines(path))
+    assert [line for line, _ in got] == data.split(b"\n")
+    assert lines_of(path, (0, 0)) == data.split(b"\n")
+    for i, (_, pos) in enumerate(got):
+        assert lines_of(path, pos) == [line for line, _ in got[i + 1:]], (i, pos)
+
+
+def test_zstd_position_names_the_frame_holding_the_next_line(tmp_path):
+    pieces = [b"ab\n", b"cd", b"\nef\ngh\n"]  # one frame ends right after a newline, one mid-line
+    sizes = [len(CCTX.compress(p)) for p in pieces]
+    path = tmp_path / "f.jsonl.zst"
+    path.write_bytes(zst_frames(pieces))
+    second, third, end = sizes[0], sizes[0] + sizes[1], sum(sizes)
+    assert list(iter_lines(path)) == [
+        (b"ab", (second, 0)), (b"cd", (third, 1)), (b"ef", (third, 4)), (b"gh", (end, 0))]
+
+
+@settings(max_examples=40, deadline=None)
+@given(texts=st.lists(st.text(alphabet="ab\nc", max_size=6), max_size=8),
+       cuts=st.lists(st.integers(0, 60), max_size=5), final_newline=st.booleans())
+def test_lines_and_resume_hold_for_any_frame_cuts(tmp_path_factory, texts, cuts, final_newline):
+    data = "\n".join(texts).encode() + (b"\n" if final_newline and texts else b"")
+    path = tmp_path_factory.mktemp("h") / "f.jsonl.zst"
+    path.write_bytes(zst_frames(cut(data, sorted(c for c in set(cuts) if c < len(data)))))
+    expected = data.split(b"\n")
+    if expected[-1] == b"":
+        expected.pop()
+    got = list(iter_lines(path))
+    assert [line for line, _ in got] == expected
+    for i, (_, pos) in enumerate(got):
+        assert lines_of(path, pos) == expected[i + 1:]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.zst", ".jsonl", ".jsonl.gz"])
+def test_line_edge_cases(tmp_path, suffix):
+    cases = {b"": [], b"\n": [b""], b"a\n": [b"a"], b"a": [b"a"], b"a\n\nb\n": [b"a", b"", b"b"], b"a\r\n": [b"a\r"]}
+    for data, expected in cases.items():
+        path = tmp_path / f"f{suffix}"
+        write_compressed(path, data)
+        assert lines_of(path) == expected, data
+
+
+# --- strict zstd: truncation and corruption -------------------------------------------------------
+
+
+def test_truncation_at_every_offset_is_an_error_unless_at_a_frame_boundary(tmp_path):
+    pieces = [jsonl(TEXTS[:2]), jsonl(TEXTS[2:4]), jsonl(TEXTS[4:])]
+    blob = zst_frames(pieces)
+    boundaries = {0}
+    for piece in pieces:
+        boundaries.add(max(boundaries) + len(CCTX.compress(piece)))
+    path = tmp_path / "cut.jsonl.zst"
+    for n in range(len(blob)):
+        path.write_bytes(blob[:n])
+        if n in boundaries:
+            kept = b"".join(frames_of(blob[:n]))
+            assert lines_of(path) == kept.split(b"\n")[:-1]
+            continue
+        with pytest.raises(CorpusError, match="truncated|corrupt") as err:
+            lines_of(path)
+        assert str(path) in str(err.value)
+    path.write_bytes(blob[:-2])
+    last = sorted(boundaries)[-2]
+    with pytest.raises(CorpusError, match=f"truncated.*frame at byte {last}.*{len(blob) - 2} bytes"):
+        read_raw(path)
+
+
+def test_a_flipped_byte_never_decodes_silently(tmp_path):
+    pieces = [jsonl(TEXTS[:3]), jsonl(TEXTS[3:])]
+    blob = zst_frames(pieces)
+    reference = (b"".join(pieces)).split(b"\n")[:-1]
+    path = tmp_path / "flip.jsonl.zst"
+    errors = 0
+    for i in range(len(blob)):
+        damaged = bytearray(blob)
+        damaged[i] ^= 0xFF
+        path.write_bytes(bytes(damaged))
+        try:
+            got = lines_of(path)
+        except CorpusError as e:
+            assert str(path) in str(e) and ("corrupt" in str(e) or "truncated" in str(e))
+            errors += 1
+            continue
+        assert got == reference, f"byte {i} flipped decodes to different content without an error"
+    assert errors >= len(blob) - 4  # only bits the format ignores may flip harmlessly
+
+
+def test_trailing_garbage_names_its_offset_and_skippable_frames_are_fine(tmp_path):
+    blob = zst_frames([b"a\n", b"b\n"], skippable_after={0, 1})
+    path = tmp_path / "g.jsonl.zst"
+    path.write_bytes(blob)
+    assert lines_of(path) == [b"a", b"b"]
+    path.write_bytes(blob + b"not a zstd frame")
+    with pytest.raises(CorpusError, match=f"corrupt: the zstd frame at byte {len(blob)}"):
+        lines_of(path)
+
+
+def test_read_raw_reads_every_frame_and_format(tmp_path):
+    data = bytes(range(256)) * 50
+    for name in ("r.zst", "r.txt.gz", "r.bin"):
+        write_compressed(tmp_path / name, data)
+        assert read_raw(tmp_path / name) == data
+        assert decompressed_size(tmp_path / name) == len(data)
+        assert list(iter_documents(tmp_path / name)) == [data]
+    for name in ("e.zst", "e.gz", "e.txt", "e.jsonl.zst"):
+        (tmp_path / name).write_bytes(b"")
+        assert read_raw(tmp_path / name) == b""
+        assert list(iter_documents(tmp_path / name)) == []
+    (tmp_path / "t.gz").write_bytes(gzip.compress(data)[:-10])
+    with pytest.raises(CorpusError, match="t.gz is truncated"):
+        read_raw(tmp_path / "t.gz")
+
+
+# --- records --------------------------------------------------------------------------------------
+
+
+def test_parse_record_reasons():
+    assert parse_record(b'{"text": "h\\u00e9"}') == "hé".encode()
+    assert parse_record(b'{"text": "a"}\r') == b"a"
+    assert parse_record(b'{"body": "a"}', "body") == b"a"
+    cases = {b"": "empty_line", b"  \t\r": "empty_line", b'{"text": "\xff"}': "invalid_utf8",
+             b'{"text": "\\ud800"}': "invalid_utf8", b"{nope": "invalid_json", b"[1, 2]": "not_object",
+             b'"text"': "not_object", b'{"other": "a"}': "missing_field", b'{"text": 3}': "not_string",
+             b'{"text": null}': "not_string"}
+    for line, reason in cases.items():
+        assert parse_record(line) == reason, line
+    assert set(cases.values()) == set(SKIP_REASONS)
+
+
+def test_bad_lines_are_skipped_and_counted_so_nothing_is_lost(tmp_path):
+    bad = [b"", b"{bad json", b'{"text": "\xfe"}', b"7", b'{"no": "text"}', b'{"text": ["a"]}']
+    data = jsonl(["one", "two"]) + b"\n".join(bad) + b"\n" + jsonl(["three"])
+    path = tmp_path / "mixed.jsonl.zst"
+    write_compressed(path, data)
+    counts = {}
+    docs = list(iter_documents(path, counts=counts))
+    assert docs == [b"one", b"two", b"three"]
+    assert counts == {reason: 1 for reason in SKIP_REASONS}
+    assert len(docs) + sum(counts.values()) == len(lines_of(path))
+
+
+# --- finding files --------------------------------------------------------------------------------
+
+
+def test_corpus_files_expands_directories_globs_and_lists(tmp_path):
+    for name in ("b/2.txt", "b/1.txt", "a.jsonl", ".hidden/x.txt", "b/.secret", "c.jsonl.zst"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    rel = lambda paths: [p.relative_to(tmp_path).as_posix() for p in paths]  # noqa: E731
+    assert rel(corpus_files(tmp_path)) == ["a.jsonl", "b/1.txt", "b/2.txt", "c.jsonl.zst"]
+    assert rel(corpus_files(str(tmp_path / "*.jsonl*"))) == ["a.jsonl", "c.jsonl.zst"]
+    assert rel(corpus_files([tmp_path / "b", str(tmp_path / "b" / "*"), tmp_path / "a.jsonl"])) == \
+        ["b/1.txt", "b/2.txt", "a.jsonl"]
+    with pytest.raises(CorpusError, match="missing.txt does not exist"):
+        corpus_files(tmp_path / "missing.txt")
+    with pytest.raises(CorpusError, match="no file matches"):
+        corpus_files(str(tmp_path / "*.parquet"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CorpusError, match="no files found in .*empty"):
+        corpus_files(tmp_path / "empty")
+
+
+def test_select_files_matches_names_and_trailing_paths(tmp_path):
+    files = [tmp_path / p for p in ("lib/a.py", "lib/site-packages/x/b.py", "lib/c.txt", "lib/test/d.py")]
+    rel = lambda paths: [p.relative_to(tmp_path).as_posix() for p in paths]  # noqa: E731
+    assert rel(select_files(files, include=["*.py"], exclude=["site-packages/*"])) == ["lib/a.py", "lib/test/d.py"]
+    assert rel(select_files(files, exclude=["test/*", "*.txt"])) == ["lib/a.py", "lib/site-packages/x/b.py"]
+    assert select_files(files) == files
+    with pytest.raises(CorpusError, match="no file is left of 4"):
+        select_files(files, include=["*.rs"])
+
+
+def test_file_kind():
+    for name in ("a.jsonl", "a.jsonl.zst", "A.JSONL.GZ"):
+        assert file_kind(name) == "jsonl"
+    for name in ("a.zst", "a.txt", "a.py", "a.txt.zst", "a.json"):
+        assert file_kind(name) == "raw"
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+def test_shard_writer_frames_and_shards(tmp_path):
+    docs = [f"document {i} ".encode() * (i % 7 + 1) for i in range(200)]
+    with ShardWriter(tmp_path / "w", frame_bytes=256, shard_bytes=4096) as w:
+        for doc in docs:
+            w.write(doc)
+        w.write(b"L" * 1000)  # longer than a frame: a frame of its own
+    shards = sorted((tmp_path / "w").iterdir())
+    assert [p.name for p in shards] == w.shards and len(shards) > 2
+    assert not list((tmp_path / "w").glob("*.tmp"))
+    content = b""
+    for shard in shards:
+        frames = frames_of(shard.read_bytes())
+        assert all(f.endswith(b"\n") for f in frames)  # whole lines only
+        assert all(len(f) <= 256 or f.count(b"\n") == 1 for f in frames)
+        assert sum(map(len, frames)) >= 4096 or shard == shards[-1]
+        content += b"".join(frames)
+    assert content.count(b"\n") == 201 and len(frames_of(shards[0].read_bytes())) > 10
+    assert frames_of(shards[-1].read_bytes())[-1] == jsonl(["L" * 1000])
+    assert hashlib.sha256(content).hexdigest() == w.summary()["sha256"]
+    assert w.documents == 201 and w.bytes == sum(map(len, docs)) + 1000
+    assert w.compressed_bytes == sum(p.stat().st_size for p in shards)
+    with ShardWriter(tmp_path / "threaded", frame_bytes=256, shard_bytes=4096, threads=2) as t:
+        for doc in docs + [b"L" * 1000]:
+            t.write(doc)
+    assert [p.read_bytes() for p in sorted((tmp_path / "threaded").iterdir())] == [p.read_bytes() for p in shards]
+    with pytest.raises(ValueError, match="not valid UTF-8"), ShardWriter(tmp_path / "bad") as w:
+        w.write(b"\xff")
+
+
+def make_sources(tmp_path):
+    """A folder of text files and a .jsonl.zst with bad lines and duplicates; returns (sources, docs)."""
+    texts = tmp_path / "texts"
+    (texts / "sub").mkdir(parents=True)
+    files = {"a.txt": "alpha text\n", "sub/b.py": "print('b')\n", "c.txt": "shared document", "empty.txt": ""}
+    for name, text in files.items():
+        (texts / name).write_text(text, encoding="utf-8")
+    (texts / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))  # not UTF-8: skipped in prep
+    records = [f"record {i} " + "é" * (i % 5) for i in range(60)] + TEXTS + ["shared document", "record 3 ééé"]
+    lines = jsonl(records) + b'{"text": 1}\n{broken\n'
+    write_compressed(tmp_path / "records.jsonl.zst", lines)
+    expected = collections.Counter(t.encode() for t in set(records) | {"alpha text\n", "print('b')\n"})
+    return [texts, tmp_path / "records.jsonl.zst"], expected
+
+
+def read_back(corpus, split=None):
+    return collections.Counter(d for f in corpus_files(corpus, split=split) for d in iter_documents(f))
+
+
+def test_prepare_round_trip_counts_and_verify(tmp_path):
+    sources, expected = make_sources(tmp_path)
+    calls = []
+    manifest = prepare(sources, tmp_path / "out", val_fraction=0.3, source_name="test", licence="CC0",
+                       max_bad_fraction=0.1, progress=lambda b, d: calls.append((b, d)))
+    assert read_back(tmp_path / "out") == expected
+    assert manifest == read_manifest(tmp_path / "out") == read_manifest(tmp_path / "out" / "manifest.json")
+    splits = manifest["splits"]
+    assert splits["train"]["documents"] + splits["val"]["documents"] == sum(expected.values())
+    assert splits["val"]["documents"] > 0 and splits["train"]["documents"] > 0
+    assert sum(s["bytes"] for s in splits.values()) == sum(len(d) for d in expected)
+    assert manifest["duplicates"] == 2 and manifest["input_files"] == 6
+    assert manifest["skipped"] == dict.fromkeys(SKIP_REASONS, 0) | {"not_string": 1, "invalid_json": 1,
+                                                                      "invalid_utf8": 1}
+    assert (manifest["source"], manifest["licence"]) == ("test", "CC0")
+    assert len(calls) >= 6 and calls[-1][1] == sum(expected.values()) + 2 + 1
+    on_disk = sum(p.stat().st_size for p in corpus_files(sources, split=None))
+    assert calls[-1][0] == on_disk and [b for b, _ in calls] == sorted(b for b, _ in calls)
+    for name, split in splits.items():
+        assert sum(read_back(tmp_path / "out", name).values()) == split["documents"]
+    verify(tmp_path / "out")
+    info = describe(tmp_path / "out")
+    assert info["prepared"] and info["splits"]["val"]["documents"] == splits["val"]["documents"]
+    plain = describe(sources)
+    assert plain["documents"] == sum(expected.values()) + 2 + 1 and plain["skipped"]["invalid_json"] == 1
+
+
+def test_prepare_is_stable_and_the_split_ignores_file_order(tmp_path):
+    sources, expected = make_sources(tmp_path)
+    first = prepare(sources, tmp_path / "one", val_fraction=0.3, max_bad_fraction=0.1)
+    second = prepare(sources, tmp_path / "two", val_fraction=0.3, max_bad_fraction=0.1)
+    assert {**first, "created": None} == {**second, "created": None}
+    prepare(sources[::-1], tmp_path / "rev", val_fraction=0.3, max_bad_fraction=0.1)
+    for split in ("train", "val"):
+        assert read_back(tmp_path / "one", split) == read_back(tmp_path / "rev", split)
+    val = read_back(tmp_path / "one", "val")
+    for doc in expected:
+        in_val = int.from_bytes(hashlib.sha256(doc).digest()[:8], "big") / 2**64 < 0.3
+        assert (doc in val) == in_val
+
+
+def test_verify_catches_damage(tmp_path):
+    sources, _ = make_sources(tmp_path)
+    prepare(sources, tmp_path / "out", val_fraction=0.3, max_bad_fraction=0.1)
+    shard = tmp_path / "out" / "train" / "shard-00000.jsonl.zst"
+    original = shard.read_bytes()
+    shard.write_bytes(original + CCTX.compress(jsonl(["smuggled"])))
+    with pytest.raises(CorpusError, match="split train .* documents"):
+        verify(tmp_path / "out")
+    shard.write_bytes(original)
+    (tmp_path / "out" / "val" / "extra.jsonl").write_bytes(b"")
+    with pytest.raises(CorpusError, match="manifest lists"):
+        verify(tmp_path / "out")
+
+
+def test_prepared_corpus_files_and_manifest_errors(tmp_path):
+    sources, _ = make_sources(tmp_path)
+    prepare(sources, tmp_path / "out", val_fraction=0.3, max_bad_fraction=0.1)
+    train = corpus_files(tmp_path / "out")
+    assert [p.parent.name for p in train] == ["train"]
+    assert corpus_files(tmp_path / "out" / "manifest.json") == train
+    assert [p.parent.name for p in corpus_files(tmp_path / "out", split=None)] == ["train", "val"]
+    with pytest.raises(CorpusError, match="no split 'test'"):
+        corpus_files(tmp_path / "out", split="test")
+    (tmp_path / "out" / "manifest.json").write_text("{not json")
+    with pytest.raises(CorpusError, match="manifest.json is not valid JSON"):
+        corpus_files(tmp_path / "out")
+    with pytest.raises(CorpusError, match="is not a prepared corpus"):
+        read_manifest(tmp_path / "texts")
+
+
+def test_prepare_refuses_bad_output_and_bad_input(tmp_path):
+    sources, _ = make_sources(tmp_path)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("x")
+    with pytest.raises(CorpusError, match="already exists and is not empty; remove it or choose another --out"):
+        prepare(sources, tmp_path / "full")
+    with pytest.raises(CorpusError, match=r"2 of \d+ records are bad .*invalid_json 1"):
+        prepare([tmp_path / "records.jsonl.zst"], tmp_path / "strict", max_bad_fraction=0.01)
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    with pytest.raises(CorpusError, match="no documents"):
+        prepare([tmp_path / "empty.jsonl"], tmp_path / "none")
+    assert not (tmp_path / "strict").exists() and not (tmp_path / "none").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+    (tmp_path / "ready").mkdir()  # an existing empty directory is fine
+    assert prepare(sources, tmp_path / "ready", max_bad_fraction=0.1)["input_files"] == 6
