@@ -160,6 +160,38 @@ class LossConfig:
 
 
 @dataclass(frozen=True)
+class DataConfig:
+    """Where training bytes come from and how they are packed and shuffled."""
+
+    path: str = "data/corpus/stdlib"
+    """Corpus: a prepared corpus directory, a directory of files, a glob, or one file."""
+    field: str = "text"
+    """JSON field that holds the text in JSONL files."""
+    batch_size: int = 8
+    """Windows per batch (per process)."""
+    shuffle_buffer: int = 256
+    """Windows held in the shuffle buffer; 1 keeps the packing order."""
+    seed: int = 0
+    """Seed of the shard order (a new order every epoch) and of the shuffle buffer."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank; 0 reads in the training process."""
+    max_bad_fraction: float = 0.01
+    """Abort when more than this fraction of JSONL lines is unusable (invalid JSON, no text)."""
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.path, str) and bool(self.path), "data.path", self.path,
+               "expected a corpus path")
+        _positive_int("data.batch_size", self.batch_size)
+        _positive_int("data.shuffle_buffer", self.shuffle_buffer)
+        _check(isinstance(self.seed, int) and not isinstance(self.seed, bool), "data.seed", self.seed,
+               "expected an integer")
+        _check(isinstance(self.num_workers, int) and self.num_workers >= 0, "data.num_workers",
+               self.num_workers, "expected an integer >= 0")
+        _check(0.0 <= self.max_bad_fraction <= 1.0, "data.max_bad_fraction", self.max_bad_fraction,
+               "expected 0 <= fraction <= 1")
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything a run is built from; saved as config.json beside every checkpoint."""
 
@@ -167,6 +199,8 @@ class Config:
     """The model's shape."""
     loss: LossConfig = field(default_factory=LossConfig)
     """The training objective."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The training corpus and its loader."""
 
 
 # --- presets --------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ def test_config_file_then_overrides(tmp_path):
 
 
 def test_every_field_has_a_docstring():
-    for cls in (C.Config, C.ModelConfig, C.LossConfig):
+    for cls in (C.Config, C.ModelConfig, C.LossConfig, C.DataConfig):
         docs = C.field_docs(cls)
         assert set(docs) == {f.name for f in dataclasses.fields(cls)}, cls
         assert all(docs.values())
@@ -138,3 +138,14 @@ def test_preset_counts_match_arithmetic(name):
     assert model.num_params() == _arithmetic_params(cfg)
     if name == "base":
         assert 90e6 < model.num_params() < 115e6
+
+
+def test_data_validation():
+    with pytest.raises(ValueError, match="data.batch_size"):
+        C.DataConfig(batch_size=0)
+    with pytest.raises(ValueError, match="data.num_workers"):
+        C.DataConfig(num_workers=-1)
+    with pytest.raises(ValueError, match="data.max_bad_fraction"):
+        C.DataConfig(max_bad_fraction=2.0)
+    cfg = C.apply_overrides(C.tiny(), ["data.path=corp", "data.num_workers=2"])
+    assert (cfg.data.path, cfg.data.num_workers) == ("corp", 2)

@@ -1,0 +1,340 @@
+"""Streaming loader: documents from a corpus, packed into byte windows, shuffled, batched, resumable.
+
+The pipeline is a chain of two small stages, each with a plain-dict state that rebuilds it at
+the same position:
+
+- `DocumentStream` walks the corpus files in an order shuffled every epoch from the seed (the
+  same order in every reader) and numbers the records it meets (JSONL lines, or whole raw files)
+  in that order. Reader g of G (g = rank x workers + worker) keeps the records whose number is
+  g mod G, so one epoch hands every record to exactly one reader whatever the number of files,
+  ranks and workers, and the readers' shares differ by one record at most. The price: every
+  reader decompresses and splits every shard (zstd runs at hundreds of MB/s, far above what
+  training consumes), but parses only its own lines. Its position is (epoch, file, offset within
+  the file, record number): a resumed stream seeks straight to its offset (a frame start in a
+  zstd shard) and never re-reads the corpus from the start.
+- `WindowPacker` turns each document into `bytes + EOS`, cuts the stream into windows of
+  seq_len + n_future ids with a stride of seq_len (consecutive windows overlap by n_future ids, so
+  every id is an input exactly once and every target of every head is seen), passes them through a
+  shuffle buffer, and stacks them into (B, seq_len + n_future) int64 batches. Its state holds the
+  unfinished tail, the buffered windows and the buffer's RNG state.
+
+`ByteLoader` runs one such chain in the training process, or one per torch DataLoader worker:
+workers are read in strict round robin, each batch carries its worker's state, and the loader's
+state lists every worker's state with the worker due next, so a resumed loader (even with the
+worker order rotated) yields exactly the batches an uninterrupted one would have.
+
+Bad JSONL lines are skipped and counted by reason; a reader stops with CorpusError once more than
+`max_bad_fraction` of its lines (after the first 1,000, or at an epoch's end) are bad.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from bytemtp.config import DataConfig
+from bytemtp.corpus import CorpusError, corpus_files, file_kind, iter_lines, parse_record, read_raw
+from bytemtp.vocab import EOS
+
+STATE_VERSION = 1
+_MIN_LINES_FOR_BAD_CHECK = 1000
+
+
+_EOS_ARRAY = np.array([EOS], dtype=np.uint16)
+
+
+def _pack_ids(ids: np.ndarray) -> str:
+    return base64.b64encode(ids.astype("<u2").tobytes()).decode("ascii")
+
+
+def _unpack_ids(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype="<u2").astype(np.uint16)
+
+
+class DocumentStream:
+    """Documents of one reader's share of the corpus, epoch after epoch, with a resumable position."""
+
+    def __init__(self, files: list[Path], *, field: str = "text", reader: int = 0, n_readers: int = 1,
+                 seed: int = 0, max_bad_fraction: float = 0.01):
+        assert 0 <= reader < n_readers, (reader, n_readers)
+        self.files, self.field = [Path(f) for f in files], field
+        self.reader, self.n_readers, self.seed = reader, n_readers, seed
+        self.max_bad_fraction = max_bad_fraction
+        self.epoch, self.file_index, self.pos, self.record = 0, 0, (0, 0), 0
+        self.counts = {"documents": 0, "bytes": 0, "lines": 0, "skipped": {}}
+        self._epoch_docs = 0  # documents this reader took in the current epoch
+
+    def order(self, epoch: int) -> list[int]:
+        """File order of an epoch: a permutation that every reader derives alike."""
+        order = list(range(len(self.files)))
+        random.Random(f"bytemtp-shards:{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def _mine(self) -> bool:
+        mine = self.record % self.n_readers == self.reader
+        self.record += 1
+        return mine
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Documents from the current position on, forever. The position advances as they go."""
+        while True:
+            order = self.order(self.epoch)
+            while self.file_index < len(order):
+                path = self.files[order[self.file_index]]
+                if file_kind(path) == "raw":
+                    if self.pos == (0, 0):
+                        self.pos = (0, 1)  # taken: a resume moves on to the next file
+                        if self._mine():
+                            doc = read_raw(path)
+                            if doc:
+                                yield self._took(doc)
+                else:
+                    for line, next_pos in iter_lines(path, start=self.pos):
+                        self.pos = next_pos
+                        if not self._mine():
+                            continue
+                        self.counts["lines"] += 1
+                        doc = parse_record(line, self.field)
+                        if isinstance(doc, str):
+                            self._skip(doc, path)
+                        else:
+                            yield self._took(doc)
+                self.file_index, self.pos = self.file_index + 1, (0, 0)
+            self._check_bad(final=True)
+            if self._epoch_docs == 0:
+                raise CorpusError(
+                    f"reader {self.reader} of {self.n_readers} found no documents in a whole epoch of "
+                    f"{len(self.files)} file(s): the corpus has fewer documents than readers "
+                    "(ranks x workers); use fewer workers or a bigger corpus")
+            self.epoch, self.file_index, self.record, self._epoch_docs = self.epoch + 1, 0, 0, 0
+
+    def _took(self, doc: bytes) -> bytes:
+        self.counts["documents"] += 1
+        self.counts["bytes"] += len(doc)
+        self._epoch_docs += 1
+        return doc
+
+    def _skip(self, reason: str, path: Path) -> None:
+        skipped = self.counts["skipped"]
+        skipped[reason] = skipped.get(reason, 0) + 1
+        self._check_bad(final=False, path=path)
+
+    def _check_bad(self, *, final: bool, path: Path | None = None) -> None:
+        lines, bad = self.counts["lines"], sum(self.counts["skipped"].values())
+        if (final or lines >= _MIN_LINES_FOR_BAD_CHECK) and lines and bad / lines > self.max_bad_fraction:
+            reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.counts["skipped"].items()))
+            where = f" (last in {path})" if path else ""
+            raise CorpusError(
+                f"{bad} of {lines} JSONL lines are unusable ({reasons}){where}: more than "
+                f"data.max_bad_fraction={self.max_bad_fraction}; check data.field "
+                f"(now {self.field!r}) or clean the corpus")
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "file_index": self.file_index, "pos": list(self.pos),
+                "record": self.record, "epoch_docs": self._epoch_docs,
+                "counts": {**self.counts, "skipped": dict(self.counts["skipped"])}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.file_index, self.record = state["epoch"], state["file_index"], state["record"]
+        self.pos = tuple(state["pos"])
+        self._epoch_docs = state["epoch_docs"]
+        self.counts = {**state["counts"], "skipped": dict(state["counts"]["skipped"])}
+
+
+class WindowPacker:
+    """Packs a document stream into shuffled (B, window) batches; resumable with the stream.
+
+    Windows are cut in bulk with numpy. The shuffle is by blocks: the buffer takes the next
+    `capacity` windows (a multiple of the batch size), permutes them, and hands them out a batch at
+    a time before it refills, so per batch there is one slice and no random draw. A buffer of 1
+    keeps the packing order.
+    """
+
+    def __init__(self, docs: DocumentStream, *, window: int, stride: int, batch_size: int,
+                 shuffle_buffer: int = 256, seed: int = 0):
+        assert 1 <= stride <= window, (stride, window)
+        self.docs, self.window, self.stride = docs, window, stride
+        self.batch_size = batch_size
+        self.capacity = 0 if shuffle_buffer <= 1 else batch_size * -(-shuffle_buffer // batch_size)
+        self.tail = np.zeros(0, dtype=np.uint16)  # ids from `offset` on are not yet cut
+        self.offset = 0
+        self.buffer = np.zeros((0, window), dtype=np.int64)  # the shuffled block, rows not yet handed out
+        self.rng = np.random.Generator(np.random.PCG64([seed, docs.reader]))  # a stream per reader
+        self.batches = 0
+        self._doc_iter: Iterator[bytes] | None = None
+
+    def _windows(self, n: int) -> np.ndarray:
+        """The next n windows (n, window), cut with a stride from the packed stream."""
+        need = self.offset + (n - 1) * self.stride + self.window
+        if need > len(self.tail):
+            if self._doc_iter is None:
+                self._doc_iter = iter(self.docs)
+            parts, have = [self.tail[self.offset:]], len(self.tail) - self.offset
+            need -= self.offset
+            while have < need:
+                doc = np.frombuffer(next(self._doc_iter), dtype=np.uint8)
+                parts += [doc, _EOS_ARRAY]
+                have += len(doc) + 1
+            self.tail, self.offset = np.concatenate(parts, dtype=np.uint16), 0
+        tail = self.tail  # contiguous: view its windows without copying
+        rows = np.ndarray((n, self.window), dtype=np.uint16, buffer=tail, offset=self.offset * 2,
+                          strides=(self.stride * 2, 2))
+        self.offset += n * self.stride
+        return rows
+
+    def next_batch(self) -> torch.Tensor:
+        """The next (B, window) int64 batch."""
+        B = self.batch_size
+        if self.capacity == 0:
+            rows = self._windows(B).astype(np.int64)
+        else:
+            if len(self.buffer) == 0:  # one gather and one conversion for the whole block
+                perm = self.rng.permutation(self.capacity)
+                self.buffer = self._windows(self.capacity)[perm].astype(np.int64)
+            rows, self.buffer = self.buffer[:B], self.buffer[B:]
+        self.batches += 1
+        return torch.from_numpy(rows)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict:
+        return {"version": STATE_VERSION, "docs": self.docs.state_dict(),
+                "tail": _pack_ids(self.tail[self.offset:]), "buffer": _pack_ids(self.buffer),
+                "rng": self.rng.bit_generator.state, "batches": self.batches,
+                "window": self.window, "stride": self.stride}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
+        if (state["window"], state["stride"]) != (self.window, self.stride):
+            raise ValueError(f"loader state was saved for windows of {state['window']} ids with stride "
+                             f"{state['stride']}, not {self.window} and {self.stride}: seq_len or "
+                             "n_future changed since the checkpoint")
+        self.docs.load_state_dict(state["docs"])
+        self.tail, self.offset = _unpack_ids(state["tail"]), 0
+        self.buffer = _unpack_ids(state["buffer"]).reshape(-1, self.window).astype(np.int64)
+        self.rng.bit_generator.state = state["rng"]
+        self.batches = state["batches"]
+        self._doc_iter = None
+
+
+class _WorkerStreams(torch.utils.data.IterableDataset):
+    """What each DataLoader worker runs: its own packer, yielding (batch, state after it)."""
+
+    def __init__(self, make_packer, states: list[dict | None], rotation: int):
+        self.make_packer, self.states, self.rotation = make_packer, states, rotation
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        slot = (info.id + self.rotation) % info.num_workers
+        packer = self.make_packer(slot)
+        if self.states[slot] is not None:
+            packer.load_state_dict(self.states[slot])
+        while True:
+            batch = packer.next_batch()
+            yield slot, batch, packer.state_dict()
+
+
+class ByteLoader:
+    """Batches (B, seq_len + n_future) of this rank's share of a corpus, forever, resumable.
+
+    With `num_workers` > 0 the packing runs in torch DataLoader worker processes, read in a
+    fixed round robin so that the batch order does not depend on their timing.
+    """
+
+    def __init__(self, cfg: DataConfig, *, seq_len: int, n_future: int, rank: int = 0,
+                 world_size: int = 1, split: str | None = "train"):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.files = corpus_files(cfg.path, split=split)
+        self.window, self.stride = seq_len + n_future, seq_len
+        self.n_local = max(1, cfg.num_workers)
+        self.states: list[dict | None] = [None] * self.n_local
+        self.next_slot = 0
+        self._packer: WindowPacker | None = None
+        self._iter = None
+
+    def make_packer(self, slot: int) -> WindowPacker:
+        reader = self.rank * self.n_local + slot
+        docs = DocumentStream(self.files, field=self.cfg.field, reader=reader,
+                              n_readers=self.world_size * self.n_local, seed=self.cfg.seed,
+                              max_bad_fraction=self.cfg.max_bad_fraction)
+        return WindowPacker(docs, window=self.window, stride=self.stride,
+                            batch_size=self.cfg.batch_size, shuffle_buffer=self.cfg.shuffle_buffer,
+                            seed=self.cfg.seed)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self.cfg.num_workers == 0:
+            if self._packer is None:
+                self._packer = self.make_packer(0)
+                if self.states[0] is not None:
+                    self._packer.load_state_dict(self.states[0])
+            batch = self._packer.next_batch()
+            self.states[0] = None  # the live packer holds the state
+            return batch
+        if self._iter is None:
+            dataset = _WorkerStreams(self.make_packer, list(self.states), self.next_slot)
+            self._iter = iter(torch.utils.data.DataLoader(
+                dataset, batch_size=None, num_workers=self.cfg.num_workers,
+                persistent_workers=False, multiprocessing_context=_mp_context()))
+        slot, batch, state = next(self._iter)
+        assert slot == self.next_slot, (slot, self.next_slot)
+        self.states[slot] = state
+        self.next_slot = (slot + 1) % self.n_local
+        return batch
+
+    def state_dict(self) -> dict:
+        states = list(self.states)
+        if self._packer is not None:
+            states[0] = self._packer.state_dict()
+        return {"version": STATE_VERSION, "rank": self.rank, "world_size": self.world_size,
+                "workers": states, "next_worker": self.next_slot}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
+        if (state["world_size"], len(state["workers"])) != (self.world_size, self.n_local):
+            raise ValueError(
+                f"the loader state was saved with {state['world_size']} process(es) x "
+                f"{len(state['workers'])} reader(s) each, but this run has {self.world_size} x "
+                f"{self.n_local}; resume with the same number of processes and data.num_workers")
+        self.states, self.next_slot = list(state["workers"]), state["next_worker"]
+        self._packer, self._iter = None, None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the newest document this rank's readers have taken."""
+        if self._packer is not None:
+            return self._packer.docs.epoch
+        return max((state["docs"]["epoch"] for state in self.states if state is not None), default=0)
+
+    def stats(self) -> dict:
+        """Documents, bytes, lines, skipped lines by reason and the epoch, over this rank's readers."""
+        if self._packer is not None:
+            docs = [self._packer.docs.state_dict()]
+        else:
+            docs = [state["docs"] for state in self.states if state is not None]
+        total = {"documents": 0, "bytes": 0, "lines": 0, "skipped": {}, "epoch": 0}
+        for d in docs:
+            for key in ("documents", "bytes", "lines"):
+                total[key] += d["counts"][key]
+            for reason, n in d["counts"]["skipped"].items():
+                total["skipped"][reason] = total["skipped"].get(reason, 0) + n
+            total["epoch"] = max(total["epoch"], d["epoch"])
+        return total
+
+
+def _mp_context():
+    # fork is fast and safe here (workers touch no CUDA); spawn where fork does not exist
+    import multiprocessing
+
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"

@@ -1,0 +1,205 @@
+import collections
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+import zstandard
+
+from bytemtp import loader as L
+from bytemtp.config import DataConfig
+from bytemtp.corpus import CorpusError, corpus_files
+from bytemtp.vocab import EOS
+
+
+def _docs(n: int, seed: int = 0) -> list[bytes]:
+    rng = random.Random(seed)
+    return [f"doc {i:04d} ".encode() + bytes(rng.choice(b"abcdefgh \n") for _ in range(rng.randint(0, 90)))
+            for i in range(n)]
+
+
+def _jsonl(docs: list[bytes]) -> bytes:
+    return b"".join(json.dumps({"text": d.decode()}).encode() + b"\n" for d in docs)
+
+
+def _write_zst_frames(path, data: bytes, n_frames: int) -> None:
+    """Independent zstd frames cut at arbitrary points (lines may span frames)."""
+    cctx = zstandard.ZstdCompressor(level=3, write_checksum=True)
+    cuts = sorted(random.Random(len(data)).sample(range(1, len(data)), n_frames - 1))
+    pieces = [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
+    path.write_bytes(b"".join(cctx.compress(p) for p in pieces))
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """Uneven files: three .jsonl.zst of 1-4 frames, one .jsonl, two raw text files."""
+    docs = _docs(131)
+    d = tmp_path / "corpus"
+    d.mkdir()
+    _write_zst_frames(d / "a.jsonl.zst", _jsonl(docs[:50]), 4)
+    _write_zst_frames(d / "b.jsonl.zst", _jsonl(docs[50:57]), 1)
+    _write_zst_frames(d / "c.jsonl.zst", _jsonl(docs[57:100]), 3)
+    (d / "d.jsonl").write_bytes(_jsonl(docs[100:129]))
+    (d / "e.txt").write_bytes(docs[129])
+    (d / "f.txt").write_bytes(docs[130])
+    return d, docs
+
+
+def _epoch_docs(files, reader, n_readers, epoch=0):
+    stream = L.DocumentStream(files, reader=reader, n_readers=n_readers, seed=3)
+    out = []
+    for doc in stream:  # stream.epoch is the epoch of the document just yielded
+        if stream.epoch > epoch:
+            return out
+        if stream.epoch == epoch:
+            out.append(doc)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+def test_every_document_exactly_once_across_ranks_and_workers(corpus, world, workers):
+    d, docs = corpus
+    files = corpus_files(str(d))
+    seen = collections.Counter()
+    shares = []
+    for rank in range(world):
+        loader = L.ByteLoader(DataConfig(path=str(d), num_workers=workers), seq_len=16, n_future=4,
+                              rank=rank, world_size=world)
+        for slot in range(max(1, workers)):
+            stream = loader.make_packer(slot).docs
+            got = _epoch_docs(files, stream.reader, stream.n_readers)
+            shares.append(len(got))
+            seen.update(got)
+    assert seen == collections.Counter(docs)
+    assert max(shares) - min(shares) <= 1
+
+
+def test_each_epoch_is_complete_in_a_new_file_order(corpus):
+    d, docs = corpus
+    files = corpus_files(str(d))
+    stream = L.DocumentStream(files, seed=3)
+    assert stream.order(0) != stream.order(1) or stream.order(1) != stream.order(2)
+    for epoch in range(3):
+        assert collections.Counter(_epoch_docs(files, 0, 1, epoch)) == collections.Counter(docs)
+
+
+def test_windows_tile_the_stream_with_an_overlap_of_n_future(corpus):
+    d, docs = corpus
+    files = corpus_files(str(d))
+    stream = L.DocumentStream(files, seed=3)
+    packer = L.WindowPacker(stream, window=20, stride=16, batch_size=1, shuffle_buffer=1)
+    ids = []
+    for doc in _epoch_docs(files, 0, 1)[:40]:
+        ids += list(doc) + [EOS]
+    for k in range(30):
+        window = packer.next_batch()[0].tolist()
+        assert window == ids[16 * k:16 * k + 20]
+
+
+def test_batches_shape_and_dtype(corpus):
+    d, _ = corpus
+    loader = L.ByteLoader(DataConfig(path=str(d), batch_size=3, shuffle_buffer=8), seq_len=16, n_future=4)
+    batch = next(loader)
+    assert batch.shape == (3, 20) and batch.dtype == torch.int64
+    assert int(batch.max()) <= EOS
+
+
+def _take(loader, n):
+    return [next(loader) for _ in range(n)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resumed_loader_yields_the_same_batches(corpus, workers):
+    d, _ = corpus
+    cfg = DataConfig(path=str(d), batch_size=4, shuffle_buffer=5, num_workers=workers, seed=7)
+    make = lambda: L.ByteLoader(cfg, seq_len=16, n_future=4)  # noqa: E731
+    first = make()
+    _take(first, 9)
+    state = json.loads(json.dumps(first.state_dict()))  # a checkpoint holds it as JSON
+    expected = _take(first, 140)  # runs through the end of the first epoch
+    assert first.stats()["epoch"] >= 1
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = _take(resumed, 140)
+    for a, b in zip(expected, got):
+        assert torch.equal(a, b)
+
+
+def test_resume_seeks_to_its_position_mid_shard(corpus, monkeypatch):
+    d, _ = corpus
+    cfg = DataConfig(path=str(d), batch_size=2, shuffle_buffer=1, seed=1)
+    first = L.ByteLoader(cfg, seq_len=16, n_future=4)
+    # stop inside a multi-frame zstd file
+    while True:
+        next(first)
+        docs_state = first.state_dict()["workers"][0]["docs"]
+        path = first.files[first.make_packer(0).docs.order(0)[docs_state["file_index"]]]
+        if path.name == "a.jsonl.zst" and docs_state["pos"][0] > 0:
+            break
+    starts = []
+    real = L.iter_lines
+
+    def spy(path, *, start=(0, 0)):
+        starts.append((path.name, tuple(start)))
+        return real(path, start=start)
+
+    monkeypatch.setattr(L, "iter_lines", spy)
+    resumed = L.ByteLoader(cfg, seq_len=16, n_future=4)
+    resumed.load_state_dict(first.state_dict())
+    while not starts:  # the first batches may come from the saved tail and buffer
+        next(resumed)
+    assert starts[0] == ("a.jsonl.zst", tuple(docs_state["pos"]))
+
+
+def test_bad_lines_are_counted_and_abort_past_the_threshold(tmp_path):
+    good = _jsonl(_docs(20))
+    bad = b'not json\n{"text": 3}\n[1]\n{"other": "x"}\n\xff\xfe\n\n'
+    (tmp_path / "x.jsonl").write_bytes(good + bad)
+    stream = L.DocumentStream([tmp_path / "x.jsonl"], max_bad_fraction=0.5)
+    for _ in zip(range(21), stream):  # all of epoch 0, then the first document of epoch 1
+        pass
+    counts = stream.counts
+    assert stream.epoch == 1 and counts["documents"] == 21 and counts["lines"] == 27
+    assert counts["documents"] + sum(counts["skipped"].values()) == counts["lines"]
+    assert counts["skipped"] == {"invalid_json": 1, "not_string": 1, "not_object": 1,
+                                 "missing_field": 1, "invalid_utf8": 1, "empty_line": 1}
+    strict = L.DocumentStream([tmp_path / "x.jsonl"], max_bad_fraction=0.1)
+    with pytest.raises(CorpusError, match=r"6 of 26 JSONL lines are unusable .*max_bad_fraction=0.1"):
+        list(zip(range(100), strict))
+
+
+def test_clear_errors(tmp_path, corpus):
+    with pytest.raises(CorpusError, match="does not exist"):
+        L.ByteLoader(DataConfig(path=str(tmp_path / "nope")), seq_len=8, n_future=2)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CorpusError):
+        L.ByteLoader(DataConfig(path=str(tmp_path / "empty")), seq_len=8, n_future=2)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "a.txt").write_bytes(b"just one document")
+    loader = L.ByteLoader(DataConfig(path=str(tmp_path / "one")), seq_len=8, n_future=2,
+                          rank=1, world_size=2)
+    with pytest.raises(CorpusError, match="fewer documents than readers"):
+        next(loader)
+    d, _ = corpus
+    state = L.ByteLoader(DataConfig(path=str(d)), seq_len=16, n_future=4).state_dict()
+    other = L.ByteLoader(DataConfig(path=str(d)), seq_len=16, n_future=4, rank=0, world_size=2)
+    with pytest.raises(ValueError, match="same number of processes"):
+        other.load_state_dict(state)
+    loader = L.ByteLoader(DataConfig(path=str(d)), seq_len=16, n_future=4)
+    next(loader)
+    changed = L.ByteLoader(DataConfig(path=str(d)), seq_len=32, n_future=4)
+    changed.load_state_dict(loader.state_dict())
+    with pytest.raises(ValueError, match="seq_len or n_future changed"):
+        next(changed)
+
+
+def test_stats_count_documents_and_bytes(corpus):
+    d, docs = corpus
+    loader = L.ByteLoader(DataConfig(path=str(d), batch_size=1, shuffle_buffer=1), seq_len=16, n_future=4)
+    total_ids = sum(len(doc) + 1 for doc in docs)
+    for _ in range(total_ids // 16 - 2):
+        next(loader)
+    stats = loader.stats()
+    assert stats["documents"] >= len(docs) - 1 and stats["epoch"] == 0
+    assert np.isclose(stats["bytes"], sum(len(doc) for doc in docs), rtol=0.1)
