@@ -1,8 +1,16 @@
-# bytemtp: `make test` installs what it needs and runs the tests; `make bench` measures.
+# bytemtp: `make test` installs what it needs and runs the tests; `make corpus` builds the
+# default corpus offline; `make bench` measures.
 PYTHON ?= python3
 TORCH_CPU ?= torch==2.13.0
+BYTEMTP = $(PYTHON) -m bytemtp_cli
 
-.PHONY: setup test bench
+# `make corpus` prepares the Python standard library source of this interpreter (code, offline);
+# `make corpus SRC=path/to/folder NAME=name` prepares your own files into data/corpus/NAME.
+NAME ?= stdlib
+SRC ?=
+STDLIB = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+
+.PHONY: setup test corpus bench
 
 # Installs into the interpreter that PYTHON names (activate a virtual environment first if you
 # want one). A torch that is already importable (a CUDA build, say) is kept; only when there is
@@ -14,5 +22,19 @@ setup:
 test: setup
 	$(PYTHON) -m pytest -q
 
-bench: setup
-	$(PYTHON) -m bytemtp_cli bench train-step --preset small --json bench-train-step.json
+corpus: setup
+ifeq ($(SRC),)
+	@if [ -f data/corpus/$(NAME)/manifest.json ]; then \
+	  echo "data/corpus/$(NAME) exists (remove it to rebuild)"; $(BYTEMTP) corpus-info data/corpus/$(NAME); \
+	else \
+	  $(BYTEMTP) prep "$(STDLIB)" --out data/corpus/$(NAME) --include '*.py' --exclude 'site-packages/*' \
+	    --name "Python $$($(PYTHON) -c 'import platform; print(platform.python_version())') standard library" \
+	    --licence PSF-2.0; \
+	fi
+else
+	$(BYTEMTP) prep "$(SRC)" --out data/corpus/$(NAME)
+endif
+
+bench: setup corpus
+	$(BYTEMTP) bench train-step --preset small --json bench-train-step.json
+	$(BYTEMTP) bench loader --data data/corpus/$(NAME) --json bench-loader.json

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -22,7 +23,9 @@ import time
 
 import torch
 
-from bytemtp.config import LossConfig, preset
+from bytemtp.config import DataConfig, LossConfig, preset
+from bytemtp.corpus import CorpusError, corpus_files, decompressed_size
+from bytemtp.loader import ByteLoader
 from bytemtp.model import ByteMTP
 from bytemtp.step import forward_backward, plain_forward_backward
 from bytemtp.vocab import EOS
@@ -153,6 +156,43 @@ def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 
     result["memory_ratio"] = result["mtp_peak_mb"] / result["ntp_peak_mb"]
     result["plain_memory_ratio"] = result["mtp_plain_peak_mb"] / result["ntp_peak_mb"]
     return result
+
+
+def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batch_size: int = 8,
+                      repeats: int = 3, progress=None) -> dict:
+    """Decompressed MB/s that one process delivers as packed batches from one prepared shard,
+    beside `zstd -dc` of the same file to /dev/null in the same run. Both divide the shard's
+    decompressed size by their time, the best of `repeats` runs each: the loader's for one whole
+    pass (read, split, parse, pack, shuffle, batch), zstd's for decompressing it."""
+    files = [f for f in corpus_files(path, split="train") if str(f).endswith(".zst")]
+    if not files:
+        raise CorpusError(f"{path} holds no .zst shard; prepare one with `bytemtp prep`")
+    shard = max(files, key=lambda f: f.stat().st_size)
+    size = decompressed_size(shard)
+    zstd = shutil.which("zstd")
+    if zstd is None:
+        raise CorpusError("the zstd command is not installed (apt-get install zstd); "
+                          "the benchmark compares the loader against it")
+    zstd_s, loader_s = [], []
+    for _ in range(repeats):  # interleaved, so that a busy moment hits both
+        with open(os.devnull, "wb") as sink:
+            t0 = time.perf_counter()
+            subprocess.run([zstd, "-dcq", str(shard)], stdout=sink, check=True)
+            zstd_s.append(time.perf_counter() - t0)
+        loader = ByteLoader(DataConfig(path=str(shard), batch_size=batch_size), seq_len=seq_len,
+                            n_future=n_future)
+        batches, t0 = 0, time.perf_counter()
+        while loader.epoch == 0:
+            next(loader)
+            batches += 1
+        loader_s.append(time.perf_counter() - t0)
+        if progress is not None:
+            progress()
+    loader_mb_s, zstd_mb_s = size / min(loader_s) / 1e6, size / min(zstd_s) / 1e6
+    return {"shard": str(shard), "decompressed_bytes": size, "compressed_bytes": shard.stat().st_size,
+            "seq_len": seq_len, "batch_size": batch_size, "batches": batches, "repeats": repeats,
+            "loader_s": min(loader_s), "zstd_s": min(zstd_s),
+            "loader_mb_s": loader_mb_s, "zstd_mb_s": zstd_mb_s, "ratio": loader_mb_s / zstd_mb_s}
 
 
 if __name__ == "__main__":

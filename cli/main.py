@@ -70,6 +70,78 @@ def config_cmd(preset: str, config_file: str | None, overrides: tuple[str, ...],
     click.echo(_table(rows, ("part", "parameters")))
 
 
+@main.command("prep")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="New corpus directory, e.g. data/corpus/NAME.")
+@click.option("--field", default="text", show_default=True, help="JSON field holding the text.")
+@click.option("--val-fraction", default=0.01, show_default=True, type=click.FloatRange(0, 1))
+@click.option("--level", default=10, show_default=True, type=click.IntRange(1, 22),
+              help="zstd compression level.")
+@click.option("--include", multiple=True, metavar="GLOB",
+              help="Only files whose path below a source directory matches (repeatable).")
+@click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files that match (repeatable).")
+@click.option("--name", "source_name", default=None, help="Source name for the manifest.")
+@click.option("--licence", default="unknown", show_default=True, help="Licence for the manifest.")
+@click.option("--max-bad-fraction", default=0.01, show_default=True, type=click.FloatRange(0, 1),
+              help="Abort when more than this fraction of records is unusable.")
+def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float, level: int,
+             include: tuple[str, ...], exclude: tuple[str, ...], source_name: str | None,
+             licence: str, max_bad_fraction: float) -> None:
+    """Prepare a corpus: deduplicate, split train/val, write multi-frame zstd shards."""
+    from tqdm import tqdm
+
+    from bytemtp import corpus
+
+    files = corpus.select_files(corpus.corpus_files(list(sources), split=None), include=include,
+                                exclude=exclude)
+    total = sum(f.stat().st_size for f in files)
+    with tqdm(total=total, desc="prep", unit="B", unit_scale=True) as bar:
+        def progress(bytes_read: int, docs: int) -> None:
+            bar.update(min(bytes_read, total) - bar.n)  # tqdm redraws at most every 0.1 s
+            bar.set_postfix_str(f"{docs:,} docs", refresh=False)
+
+        manifest = corpus.prepare(files, out, field=field, val_fraction=val_fraction, level=level,
+                                  source_name=source_name or " ".join(sources), licence=licence,
+                                  progress=progress, max_bad_fraction=max_bad_fraction)
+    click.echo(f"wrote {out}")
+    click.echo(_corpus_table(manifest))
+
+
+def _corpus_table(manifest: dict) -> str:
+    rows = []
+    for name, split in manifest["splits"].items():
+        ratio = split["bytes"] / split["compressed_bytes"] if split["compressed_bytes"] else 0.0
+        rows.append((name, f"{split['documents']:,}", f"{split['bytes']:,}",
+                     f"{split['compressed_bytes']:,}", f"{ratio:.2f}", len(split["shards"])))
+    lines = [_table(rows, ("split", "documents", "bytes", "compressed", "ratio", "shards"))]
+    skipped = {k: v for k, v in manifest.get("skipped", {}).items() if v}
+    lines.append(f"duplicates removed: {manifest.get('duplicates', 0):,}; skipped: "
+                 + (", ".join(f"{k} {v:,}" for k, v in sorted(skipped.items())) or "none"))
+    return "\n".join(lines)
+
+
+@main.command("corpus-info")
+@click.argument("path")
+@click.option("--field", default="text", show_default=True, help="JSON field holding the text.")
+def corpus_info_cmd(path: str, field: str) -> None:
+    """Documents, bytes, compression ratio and splits of a corpus (prepared or not)."""
+    from bytemtp import corpus
+
+    info = corpus.describe(path, field=field)
+    if "manifest" in info:
+        m = info["manifest"]
+        click.echo(f"corpus   {path}\nsource   {m.get('source')}\nlicence  {m.get('licence')}\n"
+                   f"created  {m.get('created')}  by bytemtp {m.get('bytemtp_version')}")
+        click.echo(_corpus_table(m))
+    else:
+        rows = [("files", f"{info['files']:,}"), ("documents", f"{info['documents']:,}"),
+                ("bytes", f"{info['bytes']:,}"), ("on disk", f"{info['compressed_bytes']:,}"),
+                ("ratio", f"{info['bytes'] / max(1, info['compressed_bytes']):.2f}")]
+        rows += [(f"skipped {k}", f"{v:,}") for k, v in sorted(info.get("skipped", {}).items())]
+        click.echo(_table(rows, ("corpus " + path, "")))
+
+
 @main.command("inspect")
 @click.argument("path", type=click.Path())
 def inspect_cmd(path: str) -> None:
@@ -130,7 +202,36 @@ def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, devi
     click.echo(_table(rows, header))
     click.echo(f"time_ratio {res['time_ratio']:.3f}  memory_ratio {res['memory_ratio']:.3f}  "
                f"plain_memory_ratio {res['plain_memory_ratio']:.3f}")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(res, f, indent=2)
-        click.echo(f"wrote {json_path}")
+    _write_json(json_path, res)
+
+
+@bench.command("loader")
+@click.option("--data", "path", default="data/corpus/stdlib", show_default=True,
+              help="A prepared corpus (its largest train shard is read) or one .zst shard.")
+@click.option("--seq-len", default=2048, show_default=True, type=click.IntRange(1))
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1),
+              help="Passes of each reader; the fastest counts.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
+def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, json_path: str | None) -> None:
+    """Loader throughput on one shard beside `zstd -dc` of the same file."""
+    from tqdm import tqdm
+
+    from bytemtp.bench import loader_throughput
+
+    with tqdm(total=repeats, desc="loader", unit="pass") as bar:
+        res = loader_throughput(path, seq_len=seq_len, batch_size=batch_size, repeats=repeats,
+                                progress=bar.update)
+    click.echo(f"shard {res['shard']}: {res['decompressed_bytes']:,} bytes decompressed, "
+               f"{res['batches']:,} batches of {batch_size} x {seq_len}")
+    click.echo(_table([("bytemtp loader (one process)", f"{res['loader_mb_s']:.1f}"),
+                       ("zstd -dc > /dev/null", f"{res['zstd_mb_s']:.1f}")], ("reader", "MB/s")))
+    click.echo(f"ratio {res['ratio']:.3f}")
+    _write_json(json_path, res)
+
+
+def _write_json(path: str | None, data: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+        click.echo(f"wrote {path}")

@@ -1,5 +1,6 @@
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -90,3 +91,64 @@ def test_inspect_reports_a_checkpoint_and_damage(tmp_path):
     assert res.exit_code != 0 and "model.safetensors" in res.output and "truncated or corrupt" in res.output
     res = run("inspect", str(tmp_path / "nothing"))
     assert res.exit_code != 0 and "does not exist" in res.output
+
+
+def _source_tree(root):
+    src = root / "src"
+    (src / "pkg").mkdir(parents=True)
+    for i in range(30):
+        (src / "pkg" / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * (i + 1))
+    (src / "pkg" / "dup.py").write_text("def f1(x):\n    return x * 1\n" * 2)  # a duplicate of m1
+    (src / "notes.txt").write_text("not code")
+    return src
+
+
+def test_prep_and_corpus_info(tmp_path):
+    src = _source_tree(tmp_path)
+    out = tmp_path / "corpus"
+    res = run("prep", str(src), "--out", str(out), "--include", "*.py", "--val-fraction", "0.1",
+              "--licence", "MIT")
+    assert res.exit_code == 0, res.output
+    assert "duplicates removed: 1" in res.output and "train" in res.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"] == 30
+    info = run("corpus-info", str(out))
+    assert info.exit_code == 0 and "MIT" in info.output and "ratio" in info.output
+    raw = run("corpus-info", str(src))
+    assert raw.exit_code == 0 and "documents" in raw.output
+    again = run("prep", str(src), "--out", str(out))
+    assert again.exit_code != 0 and "corpus" in again.output and "Traceback" not in again.output
+
+
+@pytest.mark.parametrize("args,words", [
+    (["prep", "/nonexistent/src", "--out", "/tmp/x-never"], "does not exist"),
+    (["corpus-info", "/nonexistent/corpus"], "does not exist"),
+])
+def test_data_errors_are_one_line(args, words):
+    res = run(*args)
+    assert res.exit_code != 0 and words in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_corrupt_shard_is_one_line(tmp_path):
+    src = _source_tree(tmp_path)
+    out = tmp_path / "corpus"
+    assert run("prep", str(src), "--out", str(out), "--val-fraction", "0").exit_code == 0
+    shard = out / "train" / "shard-00000.jsonl.zst"
+    shard.write_bytes(shard.read_bytes()[:-7])
+    res = run("corpus-info", str(out / "train"))
+    assert res.exit_code != 0 and "truncated" in res.output and "shard-00000.jsonl.zst" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(shutil.which("zstd") is None, reason="the loader benchmark compares against the zstd command")
+def test_bench_loader(tmp_path):
+    src = _source_tree(tmp_path)
+    out = tmp_path / "corpus"
+    assert run("prep", str(src), "--out", str(out), "--val-fraction", "0").exit_code == 0
+    path = tmp_path / "loader.json"
+    res = run("bench", "loader", "--data", str(out), "--seq-len", "64", "--repeats", "1", "--json", str(path))
+    assert res.exit_code == 0, res.output
+    data = json.loads(path.read_text())
+    assert data["loader_mb_s"] > 0 and data["zstd_mb_s"] > 0
+    assert data["ratio"] == pytest.approx(data["loader_mb_s"] / data["zstd_mb_s"])
