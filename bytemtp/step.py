@@ -109,3 +109,16 @@ def plain_forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: Lo
     (out.total * scale).backward()
     out.total = out.total.detach()
     return out
+
+
+@torch.no_grad()
+def evaluate_heads(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig) -> LossOutput:
+    """Forward only, one head's logits alive at a time: per-head nats, counts and accuracy."""
+    targets_BTK, T = _targets(model, ids_BW, loss_cfg)
+    weights = loss_cfg.weights(model.config.n_future)
+    z_BTD = model(ids_BW[:, :T])
+    heads, h_BTD = [], None
+    for k in range(model.config.n_future):
+        h_BTD = model.head_state(k, model.head_input(k, z_BTD, h_BTD))
+        heads.append(head_loss(model.head_logits(k, h_BTD), targets_BTK[:, :, k]))
+    return summarize(heads, weights, sum(w * h.loss for w, h in zip(weights, heads)))

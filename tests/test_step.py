@@ -5,7 +5,7 @@ import torch
 
 from bytemtp import config as C
 from bytemtp.model import ByteMTP
-from bytemtp.step import forward_backward, plain_forward_backward
+from bytemtp.step import evaluate_heads, forward_backward, plain_forward_backward
 from bytemtp.vocab import EOS
 
 
@@ -62,3 +62,14 @@ def test_step_reports_per_head_figures():
     assert out.head_loss.shape == out.head_accuracy.shape == (8,)
     assert torch.all((out.head_accuracy >= 0) & (out.head_accuracy <= 1))
     assert out.head_count.tolist() == [32] * 8
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+def test_evaluate_heads_equals_the_training_loss(head_type):
+    cfg = dataclasses.replace(C.tiny().model, head_type=head_type)
+    model = ByteMTP(cfg).eval()
+    ids = torch.randint(0, 256, (2, cfg.seq_len + cfg.n_future))
+    evaluated = evaluate_heads(model, ids, loss_cfg=C.LossConfig())
+    trained = plain_forward_backward(model, ids, loss_cfg=C.LossConfig())
+    torch.testing.assert_close(evaluated.head_nats, trained.head_nats)
+    torch.testing.assert_close(evaluated.total, trained.total)
