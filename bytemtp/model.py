@@ -228,18 +228,14 @@ class ByteMTP(nn.Module):
                n_heads: int | None = None) -> torch.Tensor:
         """Logits (B, T, K, V) of the first n_heads heads (all by default); advances the cache.
 
-        With a cache every head runs on the new positions even when fewer are asked for, so
-        that every head's keys and values stay complete.
+        Heads past n_heads do not run, so with a cache their keys and values for these positions
+        are not written: a cache used with n_heads=1 serves next-byte decoding only.
         """
         z_BTD = self.forward(ids_BT, cache)
-        want = self.config.n_future if n_heads is None else n_heads
         out, h_BTD = [], None
-        for k in range(self.config.n_future):
-            if k >= want and cache is None:
-                break
+        for k in range(self.config.n_future if n_heads is None else n_heads):
             h_BTD = self.head_state(k, self.head_input(k, z_BTD, h_BTD), cache)
-            if k < want:
-                out.append(self.head_logits(k, h_BTD))
+            out.append(self.head_logits(k, h_BTD))
         if cache is not None:
             cache.advance(ids_BT.shape[1])
         return torch.stack(out, dim=2)

@@ -1,0 +1,146 @@
+"""Decoding: prefill, then one byte per forward pass (the reference that faster decoders match).
+
+A stack of small functions in the manner of gpt-fast: `prefill` runs the prompt through the
+model into a preallocated `KVCache`; `next_byte` picks a byte from the next-byte head's logits
+(greedy, or sampling with temperature, top-k and top-p through a seeded `torch.Generator`);
+`generate` loops until EOS, a stop string or `max_bytes`.
+
+Generation starts a new document: the prompt is preceded by EOS, as every document is in the
+packed training stream. The model never emits BOS, PAD or the padding ids above them; EOS ends
+the output and is not part of it. Prompt plus output must fit in the context (model.seq_len):
+a longer request is a clear error, not a silent truncation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from bytemtp.model import ByteMTP, KVCache
+from bytemtp.vocab import EOS, VOCAB_SIZE
+
+# ids that generation may emit: the 256 bytes and EOS
+_ALLOWED = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
+_ALLOWED[:256] = True
+_ALLOWED[EOS] = True
+
+
+@dataclass
+class Sampling:
+    """How a byte is chosen from the next-byte distribution; temperature 0 is greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: all
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} is not allowed; expected >= 0 (0 = greedy)")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} is not allowed; expected >= 0 (0 = all)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p} is not allowed; expected 0 < top_p <= 1")
+
+
+@dataclass
+class DecodeStats:
+    bytes_out: int = 0
+    forward_passes: int = 0
+    wall_s: float = 0.0
+    stopped_by: str = ""  # eos, stop, max_bytes
+
+    @property
+    def bytes_per_forward(self) -> float:
+        return self.bytes_out / max(1, self.forward_passes)
+
+
+@dataclass
+class Generation:
+    output: bytes
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+def distribution(logits_V: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Probabilities over the vocabulary after masking, temperature, top-k and top-p."""
+    logits = logits_V.float().masked_fill(~_ALLOWED.to(logits_V.device), float("-inf"))
+    logits = logits / sampling.temperature
+    if sampling.top_k:
+        kth = torch.topk(logits, min(sampling.top_k, int(_ALLOWED.sum()))).values[..., -1, None]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True, dim=-1)
+        outside = sorted_p.cumsum(-1) - sorted_p >= sampling.top_p  # keep the smallest set reaching top_p
+        sorted_p = sorted_p.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def next_byte(logits_V: torch.Tensor, sampling: Sampling) -> int:
+    """One id from the next-byte head's logits (V,)."""
+    if sampling.temperature == 0:
+        masked = logits_V.float().masked_fill(~_ALLOWED.to(logits_V.device), float("-inf"))
+        return int(masked.argmax())
+    probs = distribution(logits_V, sampling)
+    gen = sampling.generator
+    return int(torch.multinomial(probs.cpu() if gen is not None and gen.device.type == "cpu" else probs,
+                                 1, generator=gen))
+
+
+def check_fits(model: ByteMTP, prompt: bytes, max_bytes: int) -> None:
+    need = len(prompt) + 1 + max_bytes  # the leading EOS
+    if need > model.config.seq_len:
+        raise ValueError(f"prompt of {len(prompt)} bytes plus max_bytes={max_bytes} needs {need} positions, "
+                         f"more than the model's context of {model.config.seq_len} bytes; shorten the "
+                         f"prompt or lower --max-bytes to {max(0, model.config.seq_len - len(prompt) - 1)}")
+
+
+@torch.inference_mode()
+def prefill(model: ByteMTP, prompt: bytes, cache: KVCache) -> torch.Tensor:
+    """Run EOS + prompt through the model; the next-byte logits (V,) at the last position."""
+    device = model.embed.weight.device
+    ids = torch.tensor([[EOS, *prompt]], dtype=torch.long, device=device)
+    return model.logits(ids, cache, n_heads=1)[0, -1, 0]
+
+
+@torch.inference_mode()
+def generate(model: ByteMTP, prompt: bytes, *, max_bytes: int, sampling: Sampling | None = None,
+             stop: tuple[bytes, ...] = (), on_bytes: Callable[[bytes], None] | None = None) -> Generation:
+    """Plain decoding, one byte per forward pass, until EOS, a stop string or max_bytes."""
+    sampling = sampling or Sampling()
+    check_fits(model, prompt, max_bytes)
+    stats = DecodeStats()
+    t0 = time.perf_counter()
+    cache = KVCache.for_model(model, batch_size=1)
+    out = bytearray()
+    if max_bytes == 0:
+        stats.stopped_by = "max_bytes"
+        return Generation(bytes(out), stats)
+    logits = prefill(model, prompt, cache)
+    stats.forward_passes = 1
+    device = logits.device
+    while True:
+        byte = next_byte(logits, sampling)
+        if byte == EOS:
+            stats.stopped_by = "eos"
+            break
+        out.append(byte)
+        if on_bytes is not None:
+            on_bytes(bytes([byte]))
+        hit = next((s for s in stop if s and out.endswith(s)), None)
+        if hit is not None:
+            stats.stopped_by = "stop"
+            break
+        if len(out) >= max_bytes:
+            stats.stopped_by = "max_bytes"
+            break
+        logits = model.logits(torch.tensor([[byte]], device=device), cache, n_heads=1)[0, -1, 0]
+        stats.forward_passes += 1
+    stats.bytes_out = len(out)
+    stats.wall_s = time.perf_counter() - t0
+    return Generation(bytes(out), stats)
