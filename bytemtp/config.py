@@ -192,6 +192,76 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation loop: AdamW, schedule, stopping, checkpoints, validation, faults."""
+
+    steps: int = 0
+    """Stop after this many optimizer steps (0: no step limit)."""
+    max_bytes: int = 0
+    """Stop once this many training bytes were consumed (0: no limit)."""
+    max_time: float = 0.0
+    """Stop after this many seconds of training in this process (0: no limit)."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    min_lr_ratio: float = 0.1
+    """The cosine decay ends at this fraction of the peak."""
+    warmup_steps: int = 100
+    """Steps of linear warmup from 0 to the peak."""
+    schedule_steps: int = 0
+    """Length of warmup plus cosine decay; 0 uses `steps`, else the bytes budget, else no decay."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay of AdamW on matrices (not on norms)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2 (0.95 as in the paper)."""
+    grad_clip: float = 1.0
+    """Clip the gradient norm to this (0: no clipping)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    memory_efficient: bool = True
+    """Run the heads' forward and backward one at a time (paper Fig. 2); false uses one backward."""
+    compile: bool = False
+    """torch.compile each transformer block."""
+    device: str = "auto"
+    """auto (CUDA when available, else CPU), cpu, cuda or cuda:N."""
+    seed: int = 0
+    """Seed of the weight initialisation and of dropout."""
+    log_every: int = 10
+    """Write a metrics line every this many steps."""
+    eval_every: int = 200
+    """Validate every this many steps (and at the end); 0: only at the end."""
+    eval_batches: int = 20
+    """Batches of the val split per validation."""
+    ckpt_every: int = 200
+    """Save a checkpoint every this many steps (and at the end)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (at least 2)."""
+    max_bad_steps: int = 10
+    """Abort after this many consecutive steps with a non-finite loss or gradient."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "max_bytes", "warmup_steps", "schedule_steps", "eval_every", "seed"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                   f"train.{name}", value, "expected an integer >= 0")
+        for name in ("grad_accum", "log_every", "eval_batches", "ckpt_every", "max_bad_steps"):
+            _positive_int(f"train.{name}", getattr(self, name))
+        _check(self.keep_checkpoints >= 2, "train.keep_checkpoints", self.keep_checkpoints,
+               "keep at least the two newest checkpoints (>= 2)")
+        _check(self.max_time >= 0, "train.max_time", self.max_time, "expected seconds >= 0")
+        _check(self.lr > 0, "train.lr", self.lr, "expected a number > 0")
+        _check(0.0 <= self.min_lr_ratio <= 1.0, "train.min_lr_ratio", self.min_lr_ratio,
+               "expected 0 <= ratio <= 1")
+        _check(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "expected >= 0")
+        _check(0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0, "train.beta1/beta2",
+               (self.beta1, self.beta2), "expected 0 <= beta < 1")
+        _check(self.grad_clip >= 0, "train.grad_clip", self.grad_clip, "expected >= 0")
+        _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+               "train.device", self.device, "choose auto, cpu, cuda or cuda:N")
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything a run is built from; saved as config.json beside every checkpoint."""
 
@@ -201,6 +271,8 @@ class Config:
     """The training objective."""
     data: DataConfig = field(default_factory=DataConfig)
     """The training corpus and its loader."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """The training loop."""
 
 
 # --- presets --------------------------------------------------------------------------------
@@ -208,17 +280,21 @@ class Config:
 
 def tiny() -> Config:
     """A model for tests: builds and steps in milliseconds on a CPU."""
-    return Config(model=ModelConfig(n_layers=10, d_model=32, n_attn_heads=2, seq_len=64))
+    return Config(model=ModelConfig(n_layers=10, d_model=32, n_attn_heads=2, seq_len=64),
+                  train=TrainConfig(warmup_steps=10, eval_every=0, eval_batches=4, ckpt_every=50))
 
 
 def small() -> Config:
     """About 10M parameters: learns visibly in 10-15 minutes on two CPU cores."""
-    return Config(model=ModelConfig(n_layers=12, d_model=256, n_attn_heads=4, seq_len=256))
+    return Config(model=ModelConfig(n_layers=12, d_model=256, n_attn_heads=4, seq_len=256),
+                  train=TrainConfig(lr=2e-3, warmup_steps=50, eval_every=100, ckpt_every=100))
 
 
 def base() -> Config:
     """About 100M parameters, for one GPU."""
-    return Config(model=ModelConfig(n_layers=14, d_model=768, n_attn_heads=12, seq_len=2048))
+    return Config(model=ModelConfig(n_layers=14, d_model=768, n_attn_heads=12, seq_len=2048),
+                  data=DataConfig(batch_size=16, num_workers=2),
+                  train=TrainConfig(lr=6e-4, warmup_steps=500, eval_every=500, ckpt_every=1000))
 
 
 def paper_7b_byte() -> Config:
@@ -226,7 +302,7 @@ def paper_7b_byte() -> Config:
     return Config(model=ModelConfig(
         n_layers=32, d_model=4096, n_attn_heads=32, n_future=8, seq_len=8192,
         unembed="replicated", ffn_hidden=11008,
-    ))
+    ), train=TrainConfig(lr=3e-4, warmup_steps=2000, eval_every=1000, ckpt_every=1000))
 
 
 PRESETS = {"tiny": tiny, "small": small, "base": base, "paper-7b-byte": paper_7b_byte}

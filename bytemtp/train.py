@@ -1,0 +1,374 @@
+"""The training loop: one `train(cfg, run_dir)` that reads top to bottom.
+
+AdamW (fused on CUDA) with decoupled weight decay on matrices, linear warmup then cosine decay
+to a fraction of the peak, gradient clipping and accumulation, bf16 autocast on CUDA, optional
+torch.compile of each block, and the memory-efficient multi-head step by default. It stops by
+steps, by bytes or by wall time, and on SIGTERM or Ctrl-C at the next step boundary; every stop
+saves a checkpoint.
+
+Exact resume: a checkpoint holds the weights, the optimizer state, the loader's position, the
+RNG states and the loop's counters; the schedule is a function of the step. On the CPU a resumed
+run's losses equal an uninterrupted run's bit for bit (a test kills a run with SIGKILL to show
+it). The global torch RNG (dropout draws from it) is seeded from train.seed inside
+`torch.random.fork_rng`, so the caller's RNG is left as it was.
+
+Faults: a step whose loss or gradient norm is not finite is skipped (no parameter or optimizer
+update, counted) and the run aborts after train.max_bad_steps in a row. A checkpoint that fails
+to save (a full disk) leaves the previous one intact and the run says so and goes on; only a
+failure of the final save ends the run with an error.
+
+Run directory: `run-config.json` (the resolved configuration), `metrics.jsonl` (one JSON object
+per logged step or validation), `checkpoints/step-NNNNNNNN/`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import math
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from bytemtp import corpus
+from bytemtp.checkpoint import CheckpointError, latest_checkpoint, load_train_state, save_checkpoint
+from bytemtp.config import Config, DataConfig, TrainConfig, to_dict, to_json
+from bytemtp.loader import ByteLoader
+from bytemtp.model import ByteMTP
+from bytemtp.step import evaluate_heads, forward_backward, plain_forward_backward
+
+RUN_CONFIG = "run-config.json"
+METRICS = "metrics.jsonl"
+LN2 = math.log(2)
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (too many non-finite steps, a failed final save)."""
+
+
+@dataclass
+class RunResult:
+    step: int
+    bytes_seen: int
+    stopped_by: str  # steps, bytes, time or signal
+    checkpoint: Path
+    val_bpb: list[float] | None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device={name!r} but no CUDA device is available; use auto or cpu")
+    return device
+
+
+def schedule_horizon(cfg: TrainConfig, bytes_per_step: int) -> int:
+    """Steps over which warmup plus cosine decay run (0: no decay after warmup)."""
+    if cfg.schedule_steps:
+        return cfg.schedule_steps
+    if cfg.steps:
+        return cfg.steps
+    if cfg.max_bytes:
+        return -(-cfg.max_bytes // bytes_per_step)
+    return 0
+
+
+def lr_at(step: int, cfg: TrainConfig, horizon: int) -> float:
+    """Linear warmup to the peak, then cosine decay to min_lr_ratio x peak at `horizon`."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if horizon <= cfg.warmup_steps:
+        return cfg.lr
+    progress = min(1.0, (step - cfg.warmup_steps) / (horizon - cfg.warmup_steps))
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: ByteMTP, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only; fused on CUDA."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             fused=device.type == "cuda")
+
+
+def rng_state(device: torch.device) -> dict:
+    state = {"cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    if device.type == "cuda":
+        state["cuda"] = base64.b64encode(torch.cuda.get_rng_state(device).numpy().tobytes()).decode()
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    def tensor(text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+    torch.set_rng_state(tensor(state["cpu"]))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(tensor(state["cuda"]), device)
+
+
+def val_data(data: DataConfig) -> DataConfig | None:
+    """The val split of a prepared corpus, read in order; None when the corpus has none."""
+    try:
+        manifest = corpus.read_manifest(data.path)
+    except corpus.CorpusError:
+        return None
+    if manifest.get("splits", {}).get("val", {}).get("documents", 0) == 0:
+        return None
+    return DataConfig(path=data.path, field="text", batch_size=data.batch_size, shuffle_buffer=1)
+
+
+def validate(model: ByteMTP, cfg: Config, device: torch.device, autocast) -> list[float]:
+    """Bits per byte of every head on the first train.eval_batches batches of the val split
+    (every target counts, one EOS per document among them)."""
+    loader = ByteLoader(val_data(cfg.data), seq_len=cfg.model.seq_len, n_future=cfg.model.n_future,
+                        split="val")
+    nats = torch.zeros(cfg.model.n_future, dtype=torch.float64)
+    count = torch.zeros(cfg.model.n_future, dtype=torch.float64)
+    model.eval()
+    for _ in range(cfg.train.eval_batches):
+        if loader.epoch > 0:  # a small val split: each batch once
+            break
+        with autocast:
+            out = evaluate_heads(model, next(loader).to(device), loss_cfg=cfg.loss)
+        nats += out.head_nats.double().cpu()
+        count += out.head_count.double().cpu()
+    model.train()
+    return (nats / count.clamp(min=1) / LN2).tolist()
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGTERM and SIGINT set a flag that the loop reads at the next step boundary."""
+    flag = {"signal": None}
+
+    def handler(signum, frame):
+        flag["signal"] = signal.Signals(signum).name
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _prepare_run_dir(run_dir: Path, cfg: Config, resume: bool) -> Path | None:
+    if resume:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise ValueError(f"no checkpoint to resume in {run_dir}: expected "
+                             f"{run_dir / 'checkpoints' / 'step-*'}/; start a new run without --resume")
+        return ckpt
+    if latest_checkpoint(run_dir) is not None:
+        raise ValueError(f"run directory {run_dir} already exists; continue it with --resume "
+                         "or choose another --out")
+    leftovers = {p.name for p in run_dir.iterdir()} if run_dir.exists() else set()
+    if leftovers - {RUN_CONFIG, METRICS, "checkpoints"}:
+        raise ValueError(f"{run_dir} exists and is not a run directory; choose another --out")
+    # a run that died before its first checkpoint: start it over
+    (run_dir / METRICS).unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+def _keep_metrics_up_to(path: Path, step: int) -> None:
+    """After a resume, drop the lines that the interrupted run logged past its checkpoint."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):  # a line torn by the crash
+            continue
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, show_progress: bool = True,
+          say=tqdm.write) -> RunResult:
+    """Train (or resume) the run in run_dir until a stop condition; return where it ended."""
+    run_dir = Path(run_dir)
+    tc = cfg.train
+    if not (tc.steps or tc.max_bytes or tc.max_time):
+        raise ValueError("no stop condition: give --steps, --bytes or --time "
+                         "(train.steps, train.max_bytes or train.max_time)")
+    ckpt = _prepare_run_dir(run_dir, cfg, resume)
+    (run_dir / RUN_CONFIG).write_text(to_json(cfg) + "\n")
+    device = resolve_device(tc.device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(tc.seed)
+        return _train(cfg, run_dir, ckpt, device, show_progress=show_progress, say=say)
+
+
+def _train(cfg: Config, run_dir: Path, ckpt: Path | None, device: torch.device, *,
+           show_progress: bool, say) -> RunResult:
+    tc, mc = cfg.train, cfg.model
+    model = ByteMTP(mc).to(device)
+    model.init_weights(generator=torch.Generator().manual_seed(tc.seed))
+    optimizer = build_optimizer(model, tc, device)
+    loader = ByteLoader(cfg.data, seq_len=mc.seq_len, n_future=mc.n_future)
+    if val_data(cfg.data) is None:
+        say(f"note: {cfg.data.path} has no val split (prepare it with `bytemtp prep`); "
+            "no validation in this run")
+    step, bytes_seen, elapsed, skipped, bad_run, val_bpb = 0, 0, 0.0, 0, 0, None
+    if ckpt is not None:
+        state = load_train_state(ckpt, model=model, optimizer=optimizer)
+        loader.load_state_dict(state["loader"])
+        set_rng_state(state["rng"], device)
+        step, bytes_seen, elapsed = state["step"], state["bytes_seen"], state["elapsed_s"]
+        skipped, bad_run, val_bpb = state["skipped_steps"], state["bad_run"], state.get("val_bpb")
+        _keep_metrics_up_to(run_dir / METRICS, step)
+        say(f"resumed {run_dir} from {ckpt.name}: step {step}, {bytes_seen:,} bytes seen")
+    train_model = model
+    if tc.compile:
+        for module in model.modules():
+            if type(module).__name__ == "Block":
+                module.compile()
+    step_fn = forward_backward if tc.memory_efficient else plain_forward_backward
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    bytes_per_step = cfg.data.batch_size * mc.seq_len * tc.grad_accum
+    horizon = schedule_horizon(tc, bytes_per_step)
+    params = list(model.parameters())
+    metrics, metrics_ok = open(run_dir / METRICS, "a"), True
+    last_saved = last_val = step if ckpt is not None else -1
+
+    def save(final: bool) -> Path | None:
+        nonlocal last_saved
+        state = {"bytes_seen": bytes_seen, "elapsed_s": elapsed, "skipped_steps": skipped,
+                 "bad_run": bad_run, "val_bpb": val_bpb, "loader": loader.state_dict(),
+                 "loader_stats": loader.stats(), "rng": rng_state(device)}
+        try:
+            path = save_checkpoint(run_dir, step=step, model=model, config=cfg, train_state=state,
+                                   optimizer=optimizer, keep=tc.keep_checkpoints)
+        except CheckpointError as e:
+            if final:
+                raise TrainingError(str(e)) from None
+            say(f"warning: {e}; training goes on")
+            return None
+        last_saved = step
+        return path
+
+    def log(record: dict) -> None:
+        """One metrics line; non-finite numbers become null (strict JSON); a full disk warns."""
+        nonlocal metrics_ok
+        try:
+            metrics.write(json.dumps(_finite(record)) + "\n")
+            metrics.flush()
+            metrics_ok = True
+        except OSError as e:
+            if metrics_ok:
+                say(f"warning: cannot write {run_dir / METRICS} ({e.strerror}); training goes on")
+            metrics_ok = False
+
+    def run_validation() -> None:
+        nonlocal val_bpb, last_val
+        if val_data(cfg.data) is None:
+            return
+        val_bpb = validate(model, cfg, device, autocast)
+        last_val = step
+        log({"step": step, "bytes": bytes_seen, "val_bpb": val_bpb})
+        say(f"step {step}: val bits/byte " + " ".join(f"h{k + 1} {b:.3f}" for k, b in enumerate(val_bpb)))
+
+    total = tc.steps or None
+    bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=not show_progress,
+               dynamic_ncols=True)
+    started, stopped_by = time.perf_counter() - elapsed, None
+    session_start = time.perf_counter()
+    train_model.train()
+    with stop_on_signals() as flag:
+        while True:
+            if tc.steps and step >= tc.steps:
+                stopped_by = "steps"
+            elif tc.max_bytes and bytes_seen >= tc.max_bytes:
+                stopped_by = "bytes"
+            elif tc.max_time and time.perf_counter() - session_start >= tc.max_time:
+                stopped_by = "time"
+            elif flag["signal"]:
+                stopped_by = "signal"
+            if stopped_by:
+                break
+            lr = lr_at(step, tc, horizon)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            t0 = time.perf_counter()
+            outs = []
+            for _ in range(tc.grad_accum):
+                batch = next(loader).to(device, non_blocking=True)
+                with autocast:
+                    outs.append(step_fn(train_model, batch, loss_cfg=cfg.loss, scale=1 / tc.grad_accum))
+            loss = sum(o.total for o in outs) / len(outs)
+            head_loss = sum(o.head_loss for o in outs) / len(outs)
+            head_acc = sum(o.head_accuracy for o in outs) / len(outs)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip or float("inf"))
+            if torch.isfinite(loss) and torch.isfinite(grad_norm):
+                optimizer.step()
+                bad_run = 0
+            else:
+                skipped, bad_run = skipped + 1, bad_run + 1
+                say(f"step {step + 1}: non-finite loss or gradient, step skipped ({bad_run} in a row)")
+                if bad_run >= tc.max_bad_steps:
+                    optimizer.zero_grad(set_to_none=True)
+                    raise TrainingError(
+                        f"{bad_run} consecutive steps had a non-finite loss or gradient "
+                        f"(train.max_bad_steps={tc.max_bad_steps}); lower train.lr or check the data; "
+                        f"the last good checkpoint is in {run_dir / 'checkpoints'}")
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            bytes_seen += bytes_per_step
+            elapsed = time.perf_counter() - started
+            step_s = time.perf_counter() - t0
+            bpb = head_loss[0].item() / LN2
+            bar.update()
+            bar.set_postfix_str(f"loss {loss.item():.3f} bpb {bpb:.3f} {bytes_per_step / step_s:,.0f} B/s",
+                                refresh=False)
+            if step % tc.log_every == 0 or step == tc.steps:
+                log({"step": step, "bytes": bytes_seen, "loss": loss.item(), "bpb": bpb,
+                     "head_loss": head_loss.tolist(), "head_acc": head_acc.tolist(), "lr": lr,
+                     "grad_norm": grad_norm.item(), "bytes_per_s": bytes_per_step / step_s,
+                     "skipped_steps": skipped, "elapsed_s": elapsed, "data": loader.stats()})
+            if tc.eval_every and step % tc.eval_every == 0:
+                run_validation()
+            if step % tc.ckpt_every == 0:
+                save(final=False)
+        bar.close()
+        if stopped_by == "signal":
+            say(f"{flag['signal']} received: saving step {step} and stopping")
+        if last_val != step:
+            run_validation()
+        path = save(final=True) if last_saved != step else latest_checkpoint(run_dir)
+    metrics.close()
+    return RunResult(step=step, bytes_seen=bytes_seen, stopped_by=stopped_by, checkpoint=path,
+                     val_bpb=val_bpb)
+
+
+def _finite(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def config_for_resume(saved: Config, resolved: Config) -> Config:
+    """On resume only train.* may change; a change elsewhere would not match the checkpoint."""
+    for section in ("model", "loss", "data"):
+        before, after = to_dict(getattr(saved, section)), to_dict(getattr(resolved, section))
+        for key in before:
+            if before[key] != after[key]:
+                raise ValueError(f"{section}.{key} cannot change when resuming (checkpoint has "
+                                 f"{before[key]!r}, asked {after[key]!r}); start a new run instead")
+    return resolved

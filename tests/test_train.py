@@ -1,0 +1,553 @@
+"""The training loop: exact resume after SIGKILL, SIGTERM, non-finite steps, failed saves, stops,
+the learning-rate schedule and the `train` command's errors.
+
+Runs use the tiny preset on a small prepared corpus with a val split. The subprocess tests (the
+kill and the signal) cost a torch import each, so there are five subprocesses in all; everything
+else trains in this process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+import bytemtp.train as train_lib
+from bytemtp import config as config_lib
+from bytemtp import corpus
+from bytemtp.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_train_state
+from bytemtp.config import TrainConfig
+from bytemtp.model import ByteMTP
+from bytemtp_cli.main import main, parse_duration, parse_size
+
+BATCH = 4
+SEQ_LEN = 64  # the tiny preset's
+BYTES_PER_STEP = BATCH * SEQ_LEN
+TIMING_KEYS = ("bytes_per_s", "elapsed_s")
+WORDS = ("the quick brown fox jumps over a lazy dog while every byte model predicts eight heads "
+         "of future tokens from one shared trunk").split()
+
+
+# --- fixtures and helpers ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory) -> Path:
+    """A prepared corpus of 40 small documents with a train and a val split."""
+    root = tmp_path_factory.mktemp("train-corpus")
+    src = root / "src"
+    src.mkdir()
+    rng = random.Random(0)
+    for i in range(40):
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 200)))
+        (src / f"doc{i:02d}.txt").write_text(f"document {i}\n{words}\n")
+    manifest = corpus.prepare([src], root / "corpus", val_fraction=0.2)
+    assert manifest["splits"]["val"]["documents"] > 0 and manifest["splits"]["train"]["documents"] > 20
+    return root / "corpus"
+
+
+def tiny_cfg(corpus_dir: Path, *sets: str) -> config_lib.Config:
+    return config_lib.resolve("tiny", overrides=[f"data.path={corpus_dir}", f"data.batch_size={BATCH}",
+                                                 "train.log_every=1", *sets])
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def loss_lines(records: list[dict]) -> list[dict]:
+    return [r for r in records if "loss" in r]
+
+
+def ckpt_step(path: Path) -> int:
+    return json.loads((path / "train_state.json").read_text())["step"]
+
+
+def cli_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bytemtp_cli", "train", *args]
+
+
+def new_run_args(corpus_dir: Path, out: Path, steps: int, *sets: str) -> list[str]:
+    args = ["--preset", "tiny", "--data", str(corpus_dir), "--out", str(out), "--steps", str(steps),
+            "--set", "train.log_every=1", "--set", f"data.batch_size={BATCH}"]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def run_cli(args: list[str], log: Path) -> str:
+    """Run `bytemtp train ARGS` in a subprocess to completion; return its output."""
+    with open(log, "w") as f:
+        proc = subprocess.run(cli_cmd(*args), stdout=f, stderr=subprocess.STDOUT, timeout=300)
+    out = log.read_text()
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def start_cli(args: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as f:
+        return subprocess.Popen(cli_cmd(*args), stdout=f, stderr=subprocess.STDOUT)
+
+
+def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, log: Path, timeout: float = 120) -> int:
+    """Poll metrics.jsonl until a complete line with a step >= `step` appears; return that step."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (status {proc.returncode}) before step {step}:\n"
+                        f"{log.read_text()[-3000:]}")
+        if metrics.exists():
+            for line in reversed(metrics.read_text().splitlines()):
+                try:
+                    reached = json.loads(line)["step"]
+                except ValueError:  # the line being written
+                    continue
+                if reached >= step:
+                    return reached
+                break
+        time.sleep(0.005)
+    proc.kill()
+    pytest.fail(f"no step {step} in {metrics} after {timeout} s")
+
+
+def cli(*args: str):
+    return CliRunner().invoke(main, ["train", *map(str, args)])
+
+
+# --- 1. resume after SIGKILL equals the uninterrupted run ------------------------------------
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_equals_uninterrupted_run_bit_for_bit(tmp_path, corpus_dir):
+    steps = 80  # at ~20-30 steps/s the kill at step >= 23 lands well before the end
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    sets = ("train.ckpt_every=10", "model.dropout=0.1")  # dropout: the RNG state must resume too
+    run_cli(new_run_args(corpus_dir, run_a, steps, *sets), tmp_path / "a.log")
+
+    proc = start_cli(new_run_args(corpus_dir, run_b, steps, *sets), tmp_path / "b.log")
+    try:
+        wait_for_step(proc, run_b, 23, tmp_path / "b.log")
+        assert proc.poll() is None, "the run finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = max(r["step"] for r in loss_lines(read_metrics(run_b)))
+    ckpt = latest_checkpoint(run_b)
+    assert ckpt is not None and 20 <= ckpt_step(ckpt) <= killed_at < steps
+    assert not (run_b / "checkpoints" / f"step-{steps:08d}").exists()
+
+    out = run_cli(["--resume", str(run_b)], tmp_path / "b-resume.log")
+    assert f"from {ckpt.name}" in out and f"stopped by steps at step {steps}" in out
+
+    a, b = read_metrics(run_a), read_metrics(run_b)
+    assert [r["step"] for r in loss_lines(b)] == list(range(1, steps + 1))
+    assert [r["step"] for r in loss_lines(a)] == list(range(1, steps + 1))
+    for ra, rb in zip(loss_lines(a), loss_lines(b)):
+        assert ra["loss"] == rb["loss"], (ra["step"], ra["loss"], rb["loss"])
+        strip = lambda r: {k: v for k, v in r.items() if k not in TIMING_KEYS}  # noqa: E731
+        assert strip(ra) == strip(rb), ra["step"]
+    assert [r for r in a if "val_bpb" in r] == [r for r in b if "val_bpb" in r] != []
+
+    final_a, final_b = latest_checkpoint(run_a), latest_checkpoint(run_b)
+    assert ckpt_step(final_a) == ckpt_step(final_b) == steps
+    weights_a, weights_b = load_file(final_a / "model.safetensors"), load_file(final_b / "model.safetensors")
+    assert weights_a.keys() == weights_b.keys()
+    for key in weights_a:
+        assert torch.equal(weights_a[key], weights_b[key]), key
+    state_a = json.loads((final_a / "train_state.json").read_text())
+    state_b = json.loads((final_b / "train_state.json").read_text())
+    for key in ("loader", "rng", "bytes_seen", "skipped_steps", "val_bpb"):
+        assert state_a[key] == state_b[key], key
+
+
+# --- 2. SIGTERM saves and exits 0 ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_step_and_exits_0_then_resumes(tmp_path, corpus_dir):
+    run = tmp_path / "run"
+    log = tmp_path / "run.log"
+    proc = start_cli(new_run_args(corpus_dir, run, 100000, "train.ckpt_every=100000"), log)
+    try:
+        wait_for_step(proc, run, 5, log)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = log.read_text()
+    assert proc.returncode == 0, out[-3000:]
+    assert "SIGTERM" in out and "stopped by signal" in out
+    last = loss_lines(read_metrics(run))[-1]["step"]
+    ckpt = latest_checkpoint(run)
+    assert ckpt is not None and ckpt_step(ckpt) == last >= 5
+    assert [r["step"] for r in loss_lines(read_metrics(run))] == list(range(1, last + 1))
+
+    out = run_cli(["--resume", str(run), "--steps", str(last + 3)], tmp_path / "resume.log")
+    assert f"stopped by steps at step {last + 3}" in out
+    assert ckpt_step(latest_checkpoint(run)) == last + 3
+    assert [r["step"] for r in loss_lines(read_metrics(run))] == list(range(1, last + 4))
+
+
+# --- 3. non-finite steps are skipped, then abort -------------------------------------------------
+
+
+def _snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    state = {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
+             for i, s in optimizer.state_dict()["state"].items()}
+    return {"params": params, "optim": state}
+
+
+def _same(a: dict, b: dict) -> bool:
+    if a["params"].keys() != b["params"].keys() or a["optim"].keys() != b["optim"].keys():
+        return False
+    if not all(torch.equal(a["params"][k], b["params"][k]) for k in a["params"]):
+        return False
+    return all(a["optim"][i].keys() == b["optim"][i].keys()
+               and all(torch.equal(a["optim"][i][k], b["optim"][i][k]) for k in a["optim"][i])
+               for i in a["optim"])
+
+
+def poison(monkeypatch, calls: set[int] | None, *, kind: str = "both",
+           from_call: int | None = None) -> list[dict]:
+    """Make chosen forward_backward calls (0-based) non-finite; return the model and optimizer
+    state captured at the start of every call."""
+    real_fb, real_opt = train_lib.forward_backward, train_lib.build_optimizer
+    optimizers, snapshots = [], []
+
+    def build_optimizer(model, cfg, device):
+        optimizers.append(real_opt(model, cfg, device))
+        return optimizers[-1]
+
+    def forward_backward(model, batch, **kw):
+        i = len(snapshots)
+        snapshots.append(_snapshot(model, optimizers[-1]))
+        out = real_fb(model, batch, **kw)
+        if (calls is not None and i in calls) or (from_call is not None and i >= from_call):
+            if kind in ("grad", "both"):
+                for p in model.parameters():
+                    p.grad.fill_(float("nan"))
+            if kind in ("loss", "both"):
+                out = dataclasses.replace(out, total=torch.tensor(float("nan")))
+        return out
+
+    monkeypatch.setattr(train_lib, "build_optimizer", build_optimizer)
+    monkeypatch.setattr(train_lib, "forward_backward", forward_backward)
+    return snapshots
+
+
+@pytest.mark.parametrize("kind", ["loss", "grad", "both"])
+def test_a_non_finite_step_is_skipped_without_any_update(tmp_path, corpus_dir, monkeypatch, kind):
+    snapshots = poison(monkeypatch, {4}, kind=kind)  # the 5th step
+    messages = []
+    cfg = tiny_cfg(corpus_dir, "train.steps=8", "train.ckpt_every=1000")
+    rng_before, sigterm_before = torch.get_rng_state(), signal.getsignal(signal.SIGTERM)
+    result = train_lib.train(cfg, tmp_path / "run", show_progress=False, say=messages.append)
+    assert result.step == 8 and result.stopped_by == "steps"
+    assert len(snapshots) == 8
+    assert not _same(snapshots[3], snapshots[4]), "a good step changes the parameters"
+    assert _same(snapshots[4], snapshots[5]), "the skipped step changed the parameters or optimizer state"
+    assert not _same(snapshots[5], snapshots[6]), "training goes on after the skipped step"
+    assert all(torch.isfinite(p).all() for p in snapshots[-1]["params"].values())
+    assert sum("non-finite" in m for m in messages) == 1
+    assert json.loads((result.checkpoint / "train_state.json").read_text())["skipped_steps"] == 1
+    lines = loss_lines(read_metrics(tmp_path / "run"))
+    assert [r["skipped_steps"] for r in lines] == [0, 0, 0, 0, 1, 1, 1, 1]
+    # the caller's RNG and signal handlers are as they were
+    assert torch.equal(torch.get_rng_state(), rng_before)
+    assert signal.getsignal(signal.SIGTERM) is sigterm_before
+
+
+def test_non_finite_steps_in_a_row_abort_after_max_bad_steps(tmp_path, corpus_dir, monkeypatch):
+    snapshots = poison(monkeypatch, None, from_call=4)  # every step from the 5th on
+    messages = []
+    cfg = tiny_cfg(corpus_dir, "train.steps=20", "train.ckpt_every=2", "train.max_bad_steps=3")
+    with pytest.raises(train_lib.TrainingError, match=r"max_bad_steps=3"):
+        train_lib.train(cfg, tmp_path / "run", show_progress=False, say=messages.append)
+    assert len(snapshots) == 7  # steps 5, 6 and 7 were bad; no 8th step was tried
+    assert sum("non-finite" in m for m in messages) == 3
+    assert latest_checkpoint(tmp_path / "run") is not None
+
+
+def test_bad_steps_not_in_a_row_do_not_abort(tmp_path, corpus_dir, monkeypatch):
+    poison(monkeypatch, {2, 4, 6})
+    cfg = tiny_cfg(corpus_dir, "train.steps=8", "train.ckpt_every=1000", "train.max_bad_steps=2")
+    result = train_lib.train(cfg, tmp_path / "run", show_progress=False, say=lambda m: None)
+    assert result.step == 8
+    assert json.loads((result.checkpoint / "train_state.json").read_text())["skipped_steps"] == 3
+
+
+def test_skip_message_names_the_step_that_metrics_show_as_non_finite(tmp_path, corpus_dir, monkeypatch):
+    poison(monkeypatch, {4}, kind="loss")
+    messages = []
+    cfg = tiny_cfg(corpus_dir, "train.steps=6", "train.ckpt_every=1000")
+    train_lib.train(cfg, tmp_path / "run", show_progress=False, say=messages.append)
+    # non-finite numbers are written as null
+    bad = [r["step"] for r in loss_lines(read_metrics(tmp_path / "run")) if r["loss"] is None]
+    assert bad == [5]
+    # metrics, checkpoints and validation messages count a step as done after it; so should this
+    assert [m.split(":")[0] for m in messages if "non-finite" in m] == ["step 5"]
+
+
+# --- 4. a failing save ---------------------------------------------------------------------------
+
+
+def flaky_save(monkeypatch, fails) -> list[int]:
+    """save_checkpoint that raises CheckpointError on the calls for which fails(call, step) is true."""
+    real = train_lib.save_checkpoint
+    calls = []
+
+    def save_checkpoint(run_dir, *, step, **kw):
+        calls.append(step)
+        if fails(len(calls), step):
+            previous = latest_checkpoint(run_dir)
+            raise CheckpointError(f"saving checkpoint step-{step:08d} failed ([Errno 28] No space left "
+                                  f"on device); the previous checkpoint {previous} is intact")
+        return real(run_dir, step=step, **kw)
+
+    monkeypatch.setattr(train_lib, "save_checkpoint", save_checkpoint)
+    return calls
+
+
+def test_a_failed_periodic_save_warns_and_the_run_goes_on(tmp_path, corpus_dir, monkeypatch):
+    calls = flaky_save(monkeypatch, lambda call, step: call == 2)
+    messages = []
+    run = tmp_path / "run"
+    cfg = tiny_cfg(corpus_dir, "train.steps=30", "train.ckpt_every=10")
+    result = train_lib.train(cfg, run, show_progress=False, say=messages.append)
+    assert result.step == 30 and calls == [10, 20, 30]
+    warnings = [m for m in messages if m.startswith("warning")]
+    assert len(warnings) == 1 and "is intact" in warnings[0] and "goes on" in warnings[0]
+    assert [ckpt_step(p) for p in list_checkpoints(run)] == [10, 30]
+    assert result.checkpoint == list_checkpoints(run)[-1]
+    model = ByteMTP(cfg.model)
+    assert load_train_state(list_checkpoints(run)[0], model=model)["step"] == 10
+
+
+def test_a_failed_final_save_is_an_error(tmp_path, corpus_dir, monkeypatch):
+    calls = flaky_save(monkeypatch, lambda call, step: step == 30)
+    run = tmp_path / "run"
+    cfg = tiny_cfg(corpus_dir, "train.steps=30", "train.ckpt_every=10")
+    with pytest.raises(train_lib.TrainingError, match="is intact"):
+        train_lib.train(cfg, run, show_progress=False, say=lambda m: None)
+    assert calls == [10, 20, 30, 30]  # the periodic save at the last step, then the final one
+    assert [ckpt_step(p) for p in list_checkpoints(run)] == [10, 20]
+
+
+# --- 5. the train command's errors ----------------------------------------------------------------
+
+
+@pytest.fixture
+def short_run(tmp_path, corpus_dir) -> Path:
+    """A run of two steps with its checkpoint."""
+    run = tmp_path / "short"
+    train_lib.train(tiny_cfg(corpus_dir, "train.steps=2"), run, show_progress=False, say=lambda m: None)
+    assert latest_checkpoint(run) is not None
+    return run
+
+
+@pytest.mark.parametrize("case,words", [
+    ("unknown", "unknown setting train.lrr"),
+    ("bad_value", "train.lr=-1.0 is not allowed"),
+    ("missing_corpus", "/nonexistent/corpus does not exist"),
+    ("existing_run", "already exists"),
+    ("no_checkpoint", "no checkpoint to resume"),
+    ("changed_model", "model.d_model cannot change"),
+    ("no_stop", "no stop condition"),
+    ("bad_time", "--time 'banana' is not a duration"),
+    ("bad_bytes", "--bytes 'lots' is not a size"),
+])
+def test_train_errors_are_one_line(tmp_path, corpus_dir, short_run, case, words):
+    new = tmp_path / "new"
+    base = ["--preset", "tiny", "--data", corpus_dir, "--out", new]
+    args = {
+        "unknown": base + ["--steps", 1, "--set", "train.lrr=1"],
+        "bad_value": base + ["--steps", 1, "--set", "train.lr=-1"],
+        "missing_corpus": ["--preset", "tiny", "--data", "/nonexistent/corpus", "--out", new, "--steps", 1],
+        "existing_run": ["--preset", "tiny", "--data", corpus_dir, "--out", short_run, "--steps", 1],
+        "no_checkpoint": ["--resume", tmp_path],
+        "changed_model": ["--resume", short_run, "--set", "model.d_model=64"],
+        "no_stop": base,
+        "bad_time": base + ["--time", "banana"],
+        "bad_bytes": base + ["--bytes", "lots"],
+    }[case]
+    res = cli(*args)
+    assert res.exit_code == 1, res.output
+    assert isinstance(res.exception, SystemExit)
+    assert "Traceback" not in res.output
+    errors = res.stderr.strip().splitlines()
+    assert len(errors) == 1 and words in errors[0], res.stderr
+    if case != "existing_run":
+        assert not new.exists() or not any(new.iterdir())
+    assert ckpt_step(latest_checkpoint(short_run)) == 2  # nothing was trained
+
+
+def test_resume_lets_set_and_steps_override_the_config_file(tmp_path, short_run):
+    # the order of a new run: preset (here the checkpoint), then --config, then --set / --steps
+    toml = tmp_path / "more.toml"
+    toml.write_text("[train]\nsteps = 2\nlog_every = 1\n")
+    res = cli("--resume", short_run, "--config", toml, "--steps", 4)
+    assert res.exit_code == 0, res.output
+    assert "stopped by steps at step 4" in res.output
+
+
+def test_a_run_killed_before_its_first_checkpoint_can_be_restarted(tmp_path, corpus_dir, short_run):
+    # what a run killed before its first save leaves: run-config.json and metrics.jsonl
+    for ckpt in list_checkpoints(short_run):
+        for f in ckpt.iterdir():
+            f.unlink()
+        ckpt.rmdir()
+    resumed = cli("--resume", short_run)
+    fresh = cli("--preset", "tiny", "--data", corpus_dir, "--out", short_run, "--steps", 1,
+                "--set", f"data.batch_size={BATCH}")
+    assert resumed.exit_code != 0
+    # the two errors must not send the user to each other: one of them names a fix that works
+    assert fresh.exit_code == 0 or any(w in resumed.stderr for w in ("remove", "delete", "another --out")), (
+        resumed.stderr, fresh.stderr)
+
+
+def test_parse_duration_and_size():
+    assert parse_duration("90s") == 90
+    assert parse_duration("10m") == 600
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("2") == 2
+    assert parse_duration("1.5h") == 5400
+    assert parse_size("50M") == 50_000_000
+    assert parse_size("2G") == 2_000_000_000
+    assert parse_size("123") == 123
+    assert parse_size("10k") == 10_000
+    for bad in ("banana", "", "10x", "h"):
+        with pytest.raises(ValueError, match="not a duration"):
+            parse_duration(bad)
+    for bad in ("lots", "", "5X", "1h"):
+        with pytest.raises(ValueError, match="not a size"):
+            parse_size(bad)
+
+
+def test_parse_size_is_exact_for_decimal_fractions():
+    # 1.001 * 10**6 is 1000999.9999999999 in floating point
+    assert parse_size("1.001M") == 1_001_000
+    assert parse_size("2.5k") == 2_500
+
+
+# --- 6. stops, checkpoints kept, metrics ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("size,budget", [("2k", 2000), ("2048", 2048)])  # between steps, on a step
+def test_bytes_budget_keeps_two_checkpoints_and_logs_every_metric(tmp_path, corpus_dir, size, budget):
+    run = tmp_path / "run"
+    res = cli("--preset", "tiny", "--data", corpus_dir, "--out", run, "--bytes", size,
+              "--set", f"data.batch_size={BATCH}", "--set", "train.log_every=1",
+              "--set", "train.ckpt_every=3", "--set", "train.eval_every=4")
+    assert res.exit_code == 0, res.output
+    final = math.ceil(budget / BYTES_PER_STEP)
+    assert final == 8  # the checkpoint and validation steps below assume it
+    assert f"stopped by bytes at step {final} ({final * BYTES_PER_STEP:,} bytes)" in res.output
+    assert [ckpt_step(p) for p in list_checkpoints(run)] == [final - 2, final]  # 6 and 8 of 3, 6, 8
+
+    records = read_metrics(run)
+    lines = loss_lines(records)
+    assert [r["step"] for r in lines] == list(range(1, final + 1))
+    cfg = config_lib.from_dict(config_lib.Config, json.loads((run / "run-config.json").read_text()))
+    assert cfg.train.max_bytes == budget
+    for r in lines:
+        for key in ("step", "bytes", "loss", "bpb", "head_loss", "head_acc", "lr", "grad_norm",
+                    "bytes_per_s", "skipped_steps", "elapsed_s", "data"):
+            assert key in r, key
+        assert r["bytes"] == r["step"] * BYTES_PER_STEP
+        assert len(r["head_loss"]) == len(r["head_acc"]) == 8
+        assert all(math.isfinite(x) and x > 0 for x in r["head_loss"])
+        assert all(0 <= x <= 1 for x in r["head_acc"])
+        assert r["bpb"] == pytest.approx(r["head_loss"][0] / math.log(2))
+        assert r["lr"] == train_lib.lr_at(r["step"] - 1, cfg.train, final)
+        assert r["grad_norm"] > 0 and r["bytes_per_s"] > 0 and r["skipped_steps"] == 0
+        assert r["data"]["documents"] > 0 and r["data"]["bytes"] > 0 and r["data"]["skipped"] == {}
+    assert lines[-2]["bytes"] < budget <= lines[-1]["bytes"]
+    vals = [r for r in records if "val_bpb" in r]
+    assert [r["step"] for r in vals] == [4, 8]
+    for r in vals:
+        assert len(r["val_bpb"]) == 8 and all(math.isfinite(b) and 0 < b < 16 for b in r["val_bpb"])
+    state = json.loads((list_checkpoints(run)[-1] / "train_state.json").read_text())
+    assert state["bytes_seen"] == final * BYTES_PER_STEP and state["val_bpb"] == vals[-1]["val_bpb"]
+
+
+def test_time_limit_stops_and_saves(tmp_path, corpus_dir):
+    run = tmp_path / "run"
+    res = cli("--preset", "tiny", "--data", corpus_dir, "--out", run, "--time", "1s",
+              "--set", f"data.batch_size={BATCH}", "--set", "train.log_every=1",
+              "--set", "train.ckpt_every=100000")
+    assert res.exit_code == 0, res.output
+    assert "stopped by time" in res.output
+    last = loss_lines(read_metrics(run))[-1]["step"]
+    assert last >= 1 and ckpt_step(latest_checkpoint(run)) == last
+
+
+def test_resume_survives_a_torn_last_metrics_line(tmp_path, corpus_dir):
+    # a run that died mid-write (a full disk, a crash) leaves a partial last line
+    run = tmp_path / "run"
+    cfg = tiny_cfg(corpus_dir, "train.steps=10", "train.ckpt_every=5")
+    train_lib.train(cfg, run, show_progress=False, say=lambda m: None)
+    for f in (run / "checkpoints" / "step-00000010").iterdir():
+        f.unlink()
+    (run / "checkpoints" / "step-00000010").rmdir()
+    metrics = run / "metrics.jsonl"
+    kept = metrics.read_text().splitlines()[:7]
+    metrics.write_text("".join(line + "\n" for line in kept) + '{"step": 8, "bytes": 20')
+    result = train_lib.train(cfg, run, resume=True, show_progress=False, say=lambda m: None)
+    assert result.step == 10
+    assert [r["step"] for r in loss_lines(read_metrics(run))] == list(range(1, 11))
+
+
+# --- 7. the learning-rate schedule ----------------------------------------------------------------
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine_to_the_floor():
+    tc = TrainConfig(lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)
+    horizon = 110
+    floor = 1e-4
+    for step in range(10):
+        assert train_lib.lr_at(step, tc, horizon) == pytest.approx(1e-3 * (step + 1) / 10)
+    assert train_lib.lr_at(9, tc, horizon) == pytest.approx(1e-3)  # the peak ends the warmup
+    assert train_lib.lr_at(10, tc, horizon) == pytest.approx(1e-3)
+    assert train_lib.lr_at(60, tc, horizon) == pytest.approx(floor + 0.5 * (1e-3 - floor))  # half way
+    quarter = floor + (1e-3 - floor) * 0.5 * (1 + math.cos(math.pi / 4))
+    assert train_lib.lr_at(35, tc, horizon) == pytest.approx(quarter)
+    assert train_lib.lr_at(horizon, tc, horizon) == pytest.approx(floor)
+    for step in (horizon + 1, 2 * horizon, 10**6):
+        assert train_lib.lr_at(step, tc, horizon) == pytest.approx(floor)
+    lrs = [train_lib.lr_at(s, tc, horizon) for s in range(10, horizon + 1)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:])) and lrs[0] > lrs[-1]
+    ups = [train_lib.lr_at(s, tc, horizon) for s in range(10)]
+    assert all(a < b for a, b in zip(ups, ups[1:]))
+
+
+def test_lr_horizon_0_is_constant_after_warmup():
+    tc = TrainConfig(lr=2e-3, warmup_steps=4, min_lr_ratio=0.1)
+    assert [train_lib.lr_at(s, tc, 0) for s in range(4)] == pytest.approx([5e-4, 1e-3, 1.5e-3, 2e-3])
+    assert all(train_lib.lr_at(s, tc, 0) == 2e-3 for s in (4, 5, 100, 10**6))
+
+
+def test_schedule_horizon_follows_the_stop_condition():
+    assert train_lib.schedule_horizon(TrainConfig(steps=500), 256) == 500
+    assert train_lib.schedule_horizon(TrainConfig(steps=500, schedule_steps=800), 256) == 800
+    assert train_lib.schedule_horizon(TrainConfig(max_bytes=2000), 256) == 8
+    assert train_lib.schedule_horizon(TrainConfig(max_time=60.0), 256) == 0
