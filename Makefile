@@ -10,7 +10,11 @@ NAME ?= stdlib
 SRC ?=
 STDLIB = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 
-.PHONY: setup test corpus bench
+DEMO_RUN ?= runs/demo
+DEMO_STEPS ?= 600
+DEMO_TIME ?= 12m
+
+.PHONY: setup test corpus demo bench
 
 # Installs into the interpreter that PYTHON names (activate a virtual environment first if you
 # want one). A torch that is already importable (a CUDA build, say) is kept; only when there is
@@ -34,6 +38,20 @@ ifeq ($(SRC),)
 else
 	$(BYTEMTP) prep "$(SRC)" --out data/corpus/$(NAME)
 endif
+
+# The main job: the default corpus, the `small` 8-head model trained for about ten minutes on two
+# CPU cores (600 steps; far less on a GPU), then a sample from it. Run again to continue an
+# unfinished run.
+demo: setup corpus
+	@if ls $(DEMO_RUN)/checkpoints 2>/dev/null | grep -q '^step-'; then \
+	  $(BYTEMTP) train --resume $(DEMO_RUN) --steps $(DEMO_STEPS) --time $(DEMO_TIME); \
+	else \
+	  rm -rf $(DEMO_RUN); \
+	  $(BYTEMTP) train --preset small --data data/corpus/$(NAME) --out $(DEMO_RUN) \
+	    --steps $(DEMO_STEPS) --time $(DEMO_TIME); \
+	fi
+	@echo "--- a sample from $(DEMO_RUN) (greedy, prompt 'def '):"
+	$(BYTEMTP) generate --ckpt $(DEMO_RUN) --prompt 'def ' --max-bytes 200 --stats
 
 bench: setup corpus
 	$(BYTEMTP) bench train-step --preset small --json bench-train-step.json

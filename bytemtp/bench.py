@@ -19,7 +19,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -193,6 +195,32 @@ def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batc
             "seq_len": seq_len, "batch_size": batch_size, "batches": batches, "repeats": repeats,
             "loader_s": min(loader_s), "zstd_s": min(zstd_s),
             "loader_mb_s": loader_mb_s, "zstd_mb_s": zstd_mb_s, "ratio": loader_mb_s / zstd_mb_s}
+
+
+def quality(preset_name: str = "small", *, data: str = "data/corpus/stdlib", steps: int = 300,
+            eval_batches: int = 100, out_dir: str | None = None, show_progress: bool = True) -> dict:
+    """Train the preset with n_future=8 and the parameter-matched next-byte baseline on the same
+    bytes (same steps, batch and data order), and compare validation bits per byte."""
+    from bytemtp.train import train, val_data
+
+    base = preset(preset_name)
+    if val_data(dataclasses.replace(base.data, path=data)) is None:
+        raise CorpusError(f"{data} has no val split; prepare it with `make corpus` or `bytemtp prep`")
+    root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="bytemtp-quality-"))
+    results = {}
+    for name, n_future in (("ntp", 1), ("mtp", 8)):
+        cfg = dataclasses.replace(
+            base, model=dataclasses.replace(base.model, n_future=n_future),
+            data=dataclasses.replace(base.data, path=data),
+            train=dataclasses.replace(base.train, steps=steps, max_bytes=0, max_time=0.0,
+                                      eval_every=0, eval_batches=eval_batches))
+        results[name] = train(cfg, root / name, show_progress=show_progress)
+    bytes_seen = results["mtp"].bytes_seen
+    return {"preset": preset_name, "data": data, "steps": steps, "bytes": bytes_seen,
+            "eval_batches": eval_batches, "runs": str(root),
+            "ntp_bpb": results["ntp"].val_bpb[0], "mtp_bpb": results["mtp"].val_bpb[0],
+            "mtp_head_bpb": results["mtp"].val_bpb,
+            "bpb_gap": results["mtp"].val_bpb[0] - results["ntp"].val_bpb[0]}
 
 
 if __name__ == "__main__":

@@ -142,6 +142,151 @@ def corpus_info_cmd(path: str, field: str) -> None:
         click.echo(_table(rows, ("corpus " + path, "")))
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_SIZES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in '90', '90s', '10m', '1h30m', '2h'."""
+    import re
+
+    parts = re.fullmatch(r"\s*(?:\d+(?:\.\d+)?[smhd]?\s*)+", text)
+    if not parts:
+        raise ValueError(f"--time {text!r} is not a duration; write e.g. 90s, 10m, 1h30m")
+    total = 0.0
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", text):
+        total += float(number) * _UNITS[unit or "s"]
+    return total
+
+
+def parse_size(text: str) -> int:
+    """Bytes in '5000000', '50M', '2G' (decimal units)."""
+    import re
+    from decimal import Decimal
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)[bB]?\s*", text)
+    if not match:
+        raise ValueError(f"--bytes {text!r} is not a size; write e.g. 5000000, 50M, 2G")
+    return int(Decimal(match[1]) * _SIZES[match[2].lower()])
+
+
+@main.command("train")
+@_preset_option("small")
+@click.option("--data", "data_path", default=None,
+              help="Corpus (prepared directory, folder, glob or file); default data/corpus/stdlib.")
+@click.option("--out", default=None, type=click.Path(file_okay=False), help="Run directory.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="TOML or JSON file of settings applied on top of the preset.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override one setting, e.g. --set train.lr=3e-4 (repeatable; see bytemtp config --keys).")
+@click.option("--steps", type=click.IntRange(1), help="Stop after this many optimizer steps.")
+@click.option("--bytes", "max_bytes", help="Stop after this many training bytes (e.g. 50M).")
+@click.option("--time", "max_time", help="Stop after this much wall time (e.g. 10m, 1h30m).")
+@click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[RUN]",
+              help="Continue a run from its newest checkpoint (the run directory here or in --out).")
+def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: str | None,
+              overrides: tuple[str, ...], steps: int | None, max_bytes: str | None,
+              max_time: str | None, resume: str | None) -> None:
+    """Train (or resume) a byte model with multi-token prediction."""
+    sets = list(overrides)
+    if data_path:
+        sets.append(f"data.path={data_path}")
+    if steps:
+        sets.append(f"train.steps={steps}")
+    if max_bytes:
+        sets.append(f"train.max_bytes={parse_size(max_bytes)}")
+    if max_time:
+        sets.append(f"train.max_time={parse_duration(max_time)}")
+    run_dir = resume or out
+    if not run_dir:
+        raise click.UsageError("give the run directory: --out DIR (or --resume DIR)")
+    if resume is not None and out and resume and resume != out:
+        raise click.UsageError(f"--resume {resume} and --out {out} name different runs")
+    from bytemtp import train as train_lib
+    from bytemtp.checkpoint import latest_checkpoint, load_config
+
+    if resume is not None:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise ValueError(f"no checkpoint to resume in {run_dir}; start it over with --out {run_dir} "
+                             "(without --resume)")
+        saved = load_config(ckpt)
+        cfg = config_lib.load_file(config_file, saved) if config_file else saved
+        cfg = train_lib.config_for_resume(saved, config_lib.apply_overrides(cfg, sets))
+    else:
+        cfg = config_lib.resolve(preset, config_file=config_file, overrides=sets)
+    from bytemtp.corpus import corpus_files
+
+    corpus_files(cfg.data.path)  # a missing corpus fails here, before any work
+    click.echo(config_lib.to_json(cfg))
+    try:
+        result = train_lib.train(cfg, run_dir, resume=resume is not None)
+    except train_lib.TrainingError as e:
+        raise click.ClickException(str(e)) from None
+    val = (" val bits/byte " + " ".join(f"{b:.3f}" for b in result.val_bpb)) if result.val_bpb else ""
+    click.echo(f"stopped by {result.stopped_by} at step {result.step} ({result.bytes_seen:,} bytes);"
+               f"{val}\ncheckpoint {result.checkpoint}")
+
+
+@main.command("generate")
+@click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
+@click.option("--prompt", default=None, help="Prompt text (UTF-8).")
+@click.option("--prompt-file", type=click.Path(dir_okay=False, exists=True),
+              help="Read the prompt's exact bytes from a file.")
+@click.option("--max-bytes", type=click.IntRange(0), default=None,
+              help="Bytes to generate at most; default: what the context leaves.")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="0 = greedy.")
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="0 = all bytes.")
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sampler.")
+@click.option("--stop", multiple=True, help="Stop after this string (repeatable).")
+@click.option("--raw", is_flag=True, help="Write the exact bytes instead of UTF-8 text.")
+@click.option("--stats", "show_stats", is_flag=True, help="Print bytes per forward pass and speed.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, max_bytes: int | None,
+                 temperature: float, top_k: int, top_p: float, seed: int, stop: tuple[str, ...],
+                 raw: bool, show_stats: bool, device: str) -> None:
+    """Continue a prompt with a trained model, streaming the output."""
+    import sys
+
+    import torch
+
+    from bytemtp import decode
+    from bytemtp.checkpoint import load_model
+    from bytemtp.train import resolve_device
+    from bytemtp.vocab import TextStream
+
+    if (prompt is None) == (prompt_file is None):
+        raise click.UsageError("give exactly one of --prompt and --prompt-file")
+    data = prompt.encode("utf-8", "surrogateescape") if prompt is not None else open(prompt_file, "rb").read()
+    dev = resolve_device(device)
+    model, _ = load_model(ckpt, device=dev)
+    if max_bytes is None:
+        max_bytes = max(0, model.config.seq_len - len(data) - 1)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    sampling = decode.Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    text = TextStream()
+    out = sys.stdout.buffer if raw else sys.stdout
+
+    def emit(piece: bytes) -> None:
+        out.write(piece if raw else text.feed(piece))
+        out.flush()
+
+    result = decode.generate(model, data, max_bytes=max_bytes, sampling=sampling,
+                             stop=tuple(s.encode() for s in stop), on_bytes=emit)
+    if not raw:
+        out.write(text.finish())
+    out.write(b"\n" if raw else "\n")
+    out.flush()
+    if show_stats:
+        st = result.stats
+        click.echo(f"{st.bytes_out} bytes in {st.forward_passes} forward passes "
+                   f"({st.bytes_per_forward:.2f} bytes/pass), {st.wall_s:.2f} s, "
+                   f"{st.bytes_out / max(st.wall_s, 1e-9):,.0f} bytes/s; stopped by {st.stopped_by}",
+                   err=True)
+
+
 @main.command("inspect")
 @click.argument("path", type=click.Path())
 def inspect_cmd(path: str) -> None:
@@ -235,3 +380,27 @@ def _write_json(path: str | None, data: dict) -> None:
         with open(path, "w") as f:
             json.dump(data, f, indent=2)
         click.echo(f"wrote {path}")
+
+
+@bench.command("quality")
+@_preset_option("small")
+@click.option("--data", default="data/corpus/stdlib", show_default=True, help="A prepared corpus with a val split.")
+@click.option("--steps", default=300, show_default=True, type=click.IntRange(1),
+              help="Training steps of each model (the same bytes for both).")
+@click.option("--eval-batches", default=100, show_default=True, type=click.IntRange(1))
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="Keep the two runs here (default: a temporary directory).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
+def bench_quality(preset: str, data: str, steps: int, eval_batches: int, out: str | None,
+                  json_path: str | None) -> None:
+    """Validation bits per byte: 8-head model vs the next-byte baseline, same bytes."""
+    from bytemtp.bench import quality
+
+    res = quality(preset, data=data, steps=steps, eval_batches=eval_batches, out_dir=out)
+    click.echo(f"preset {preset}, {steps} steps, {res['bytes']:,} training bytes each, {data}")
+    rows = [("next-byte baseline (n=1)", f"{res['ntp_bpb']:.4f}"),
+            ("multi-token n=8, head 1", f"{res['mtp_bpb']:.4f}")]
+    rows += [(f"multi-token n=8, head {k + 1}", f"{b:.4f}") for k, b in enumerate(res["mtp_head_bpb"]) if k]
+    click.echo(_table(rows, ("model", "val bits/byte")))
+    click.echo(f"gap (n=8 head 1 - baseline): {res['bpb_gap']:+.4f} bits/byte")
+    _write_json(json_path, res)
