@@ -11,7 +11,7 @@ SRC ?=
 STDLIB = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 
 DEMO_RUN ?= runs/demo
-DEMO_STEPS ?= 600
+DEMO_STEPS ?= 500
 DEMO_TIME ?= 12m
 
 .PHONY: setup test corpus demo bench
@@ -40,7 +40,7 @@ else
 endif
 
 # The main job: the default corpus, the `small` 8-head model trained for about ten minutes on two
-# CPU cores (600 steps; far less on a GPU), then a sample from it. Run again to continue an
+# CPU cores (500 steps; far less on a GPU), then a sample from it. Run again to continue an
 # unfinished run.
 demo: setup corpus
 	@if ls $(DEMO_RUN)/checkpoints 2>/dev/null | grep -q '^step-'; then \
@@ -50,8 +50,9 @@ demo: setup corpus
 	  $(BYTEMTP) train --preset small --data data/corpus/$(NAME) --out $(DEMO_RUN) \
 	    --steps $(DEMO_STEPS) --time $(DEMO_TIME); \
 	fi
-	@echo "--- a sample from $(DEMO_RUN) (greedy, prompt 'def '):"
-	$(BYTEMTP) generate --ckpt $(DEMO_RUN) --prompt 'def ' --max-bytes 200 --stats
+	@echo "--- a sample from $(DEMO_RUN) (temperature 0.5, seed 1):"
+	$(BYTEMTP) generate --ckpt $(DEMO_RUN) --prompt "$$(printf 'import os\n\ndef ')" --max-bytes 300 \
+	  --temperature 0.5 --top-p 0.95 --seed 1 --stats
 
 bench: setup corpus
 	$(BYTEMTP) bench train-step --preset small --json bench-train-step.json

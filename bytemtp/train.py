@@ -39,7 +39,7 @@ from bytemtp import corpus
 from bytemtp.checkpoint import CheckpointError, latest_checkpoint, load_train_state, save_checkpoint
 from bytemtp.config import Config, DataConfig, TrainConfig, to_dict, to_json
 from bytemtp.loader import ByteLoader
-from bytemtp.model import ByteMTP
+from bytemtp.model import Block, ByteMTP
 from bytemtp.step import evaluate_heads, forward_backward, plain_forward_backward
 
 RUN_CONFIG = "run-config.json"
@@ -231,10 +231,9 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, device: torch.device, 
         skipped, bad_run, val_bpb = state["skipped_steps"], state["bad_run"], state.get("val_bpb")
         _keep_metrics_up_to(run_dir / METRICS, step)
         say(f"resumed {run_dir} from {ckpt.name}: step {step}, {bytes_seen:,} bytes seen")
-    train_model = model
     if tc.compile:
         for module in model.modules():
-            if type(module).__name__ == "Block":
+            if isinstance(module, Block):
                 module.compile()
     step_fn = forward_backward if tc.memory_efficient else plain_forward_backward
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
@@ -286,7 +285,7 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, device: torch.device, 
                dynamic_ncols=True)
     started, stopped_by = time.perf_counter() - elapsed, None
     session_start = time.perf_counter()
-    train_model.train()
+    model.train()
     with stop_on_signals() as flag:
         while True:
             if tc.steps and step >= tc.steps:
@@ -307,7 +306,7 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, device: torch.device, 
             for _ in range(tc.grad_accum):
                 batch = next(loader).to(device, non_blocking=True)
                 with autocast:
-                    outs.append(step_fn(train_model, batch, loss_cfg=cfg.loss, scale=1 / tc.grad_accum))
+                    outs.append(step_fn(model, batch, loss_cfg=cfg.loss, scale=1 / tc.grad_accum))
             loss = sum(o.total for o in outs) / len(outs)
             head_loss = sum(o.head_loss for o in outs) / len(outs)
             head_acc = sum(o.head_accuracy for o in outs) / len(outs)

@@ -134,6 +134,7 @@ def corpus_info_cmd(path: str, field: str) -> None:
         click.echo(f"corpus   {path}\nsource   {m.get('source')}\nlicence  {m.get('licence')}\n"
                    f"created  {m.get('created')}  by bytemtp {m.get('bytemtp_version')}")
         click.echo(_corpus_table(m))
+        click.echo("manifest.json:\n" + json.dumps(m, indent=2))
     else:
         rows = [("files", f"{info['files']:,}"), ("documents", f"{info['documents']:,}"),
                 ("bytes", f"{info['bytes']:,}"), ("on disk", f"{info['compressed_bytes']:,}"),
