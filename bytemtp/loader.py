@@ -15,7 +15,8 @@ the same position:
 - `WindowPacker` turns each document into `bytes + EOS`, cuts the stream into windows of
   seq_len + n_future ids with a stride of seq_len (consecutive windows overlap by n_future ids, so
   every id is an input exactly once and every target of every head is seen), passes them through a
-  shuffle buffer, and stacks them into (B, seq_len + n_future) int64 batches. Its state holds the
+  shuffle buffer, and stacks them into (B, seq_len + n_future) int32 batches (half the bytes of
+  int64; embeddings take int32, the loss widens its targets). Its state holds the
   unfinished tail, the buffered windows and the buffer's RNG state.
 
 `ByteLoader` runs one such chain in the training process, or one per torch DataLoader worker:
@@ -163,7 +164,7 @@ class WindowPacker:
         self.capacity = 0 if shuffle_buffer <= 1 else batch_size * -(-shuffle_buffer // batch_size)
         self.tail = np.zeros(0, dtype=np.uint16)  # ids from `offset` on are not yet cut
         self.offset = 0
-        self.buffer = np.zeros((0, window), dtype=np.int64)  # the shuffled block, rows not yet handed out
+        self.buffer = np.zeros((0, window), dtype=np.int32)  # the shuffled block, rows not yet handed out
         self.rng = np.random.Generator(np.random.PCG64([seed, docs.reader]))  # a stream per reader
         self.batches = 0
         self._doc_iter: Iterator[bytes] | None = None
@@ -188,14 +189,14 @@ class WindowPacker:
         return rows
 
     def next_batch(self) -> torch.Tensor:
-        """The next (B, window) int64 batch."""
+        """The next (B, window) int32 batch."""
         B = self.batch_size
         if self.capacity == 0:
-            rows = self._windows(B).astype(np.int64)
+            rows = self._windows(B).astype(np.int32)
         else:
             if len(self.buffer) == 0:  # one gather and one conversion for the whole block
                 perm = self.rng.permutation(self.capacity)
-                self.buffer = self._windows(self.capacity)[perm].astype(np.int64)
+                self.buffer = self._windows(self.capacity)[perm].astype(np.int32)
             rows, self.buffer = self.buffer[:B], self.buffer[B:]
         self.batches += 1
         return torch.from_numpy(rows)
@@ -219,7 +220,7 @@ class WindowPacker:
                              "n_future changed since the checkpoint")
         self.docs.load_state_dict(state["docs"])
         self.tail, self.offset = _unpack_ids(state["tail"]), 0
-        self.buffer = _unpack_ids(state["buffer"]).reshape(-1, self.window).astype(np.int64)
+        self.buffer = _unpack_ids(state["buffer"]).reshape(-1, self.window).astype(np.int32)
         self.rng.bit_generator.state = state["rng"]
         self.batches = state["batches"]
         self._doc_iter = None

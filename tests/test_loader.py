@@ -101,7 +101,7 @@ def test_batches_shape_and_dtype(corpus):
     d, _ = corpus
     loader = L.ByteLoader(DataConfig(path=str(d), batch_size=3, shuffle_buffer=8), seq_len=16, n_future=4)
     batch = next(loader)
-    assert batch.shape == (3, 20) and batch.dtype == torch.int64
+    assert batch.shape == (3, 20) and batch.dtype == torch.int32
     assert int(batch.max()) <= EOS
 
 
