@@ -144,3 +144,86 @@ def generate(model: ByteMTP, prompt: bytes, *, max_bytes: int, sampling: Samplin
     stats.bytes_out = len(out)
     stats.wall_s = time.perf_counter() - t0
     return Generation(bytes(out), stats)
+
+
+@dataclass
+class SpeculativeStats(DecodeStats):
+    drafted: list[int] = field(default_factory=list)  # per draft position 2..k: times offered
+    accepted: list[int] = field(default_factory=list)  # ... and times accepted
+
+    @property
+    def acceptance(self) -> list[float]:
+        """Acceptance rate at each draft position (head 2, 3, ..., k)."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted, self.drafted)]
+
+
+def _greedy(logits_TV: torch.Tensor) -> list[int]:
+    """Masked argmax at each position: what plain greedy decoding would pick."""
+    masked = logits_TV.float().masked_fill(~_ALLOWED.to(logits_TV.device), float("-inf"))
+    return masked.argmax(dim=-1).tolist()
+
+
+@torch.inference_mode()
+def generate_speculative(model: ByteMTP, prompt: bytes, *, max_bytes: int, heads: int | None = None,
+                         stop: tuple[bytes, ...] = (),
+                         on_bytes: Callable[[bytes], None] | None = None) -> Generation:
+    """Self-speculative greedy decoding (blockwise parallel decoding, Stern et al. 2018).
+
+    At the newest position head 1 gives the next byte, which plain greedy would emit too, and
+    heads 2..k draft the k-1 bytes after it. One forward pass over [next byte, drafts] verifies
+    them: a draft is accepted while head 1, run on everything before it, picks it; the cache
+    rewinds past the rejected ones, and the same pass yields head 1's next byte and new drafts at
+    the last accepted position. The output equals plain greedy decoding byte for byte (up to
+    float ties between chunked and one-at-a-time attention).
+    """
+    k = heads or model.config.n_future
+    if not 1 <= k <= model.config.n_future:
+        raise ValueError(f"heads={k} is not allowed; the model has {model.config.n_future} heads (1..)")
+    check_fits(model, prompt, max_bytes)
+    stats = SpeculativeStats(drafted=[0] * (k - 1), accepted=[0] * (k - 1))
+    t0 = time.perf_counter()
+    out = bytearray()
+    if max_bytes == 0:
+        stats.stopped_by = "max_bytes"
+        return Generation(bytes(out), stats)
+    device = model.embed.weight.device
+    cache = KVCache.for_model(model, batch_size=1)
+    logits = model.logits(torch.tensor([[EOS, *prompt]], device=device), cache, n_heads=k)[0, -1]
+    stats.forward_passes = 1
+    nxt, drafts = _greedy(logits[0:1])[0], _greedy(logits[1:])  # (K, V) at the newest position
+
+    def emit(byte: int) -> bool:
+        """Append one byte of output; True when generation must stop."""
+        if byte == EOS:
+            stats.stopped_by = "eos"
+            return True
+        out.append(byte)
+        if on_bytes is not None:
+            on_bytes(bytes([byte]))
+        if any(s and out.endswith(s) for s in stop):
+            stats.stopped_by = "stop"
+            return True
+        if len(out) >= max_bytes:
+            stats.stopped_by = "max_bytes"
+            return True
+        return False
+
+    while not emit(nxt):
+        offered = drafts[:max_bytes - len(out)]  # a draft only counts if it may become output
+        fed = torch.tensor([[nxt, *offered]], device=device)
+        logits = model.logits(fed, cache, n_heads=k)[0]  # (1 + len(offered), K, V)
+        stats.forward_passes += 1
+        verdict = _greedy(logits[:, 0])  # head 1's pick after each fed byte
+        n_ok = 0
+        while n_ok < len(offered) and offered[n_ok] == verdict[n_ok]:
+            n_ok += 1
+        for j in range(len(offered)):
+            stats.drafted[j] += 1
+            stats.accepted[j] += j < n_ok
+        cache.rewind(len(offered) - n_ok)
+        if any(emit(byte) for byte in offered[:n_ok]):
+            break
+        nxt, drafts = verdict[n_ok], _greedy(logits[n_ok, 1:])
+    stats.bytes_out = len(out)
+    stats.wall_s = time.perf_counter() - t0
+    return Generation(bytes(out), stats)

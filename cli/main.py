@@ -242,13 +242,23 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sampler.")
 @click.option("--stop", multiple=True, help="Stop after this string (repeatable).")
+@click.option("--heads", type=click.IntRange(1), default=None,
+              help="Heads used for self-speculative greedy decoding (default: all the model has).")
+@click.option("--no-speculative", is_flag=True,
+              help="Plain greedy decoding, one byte per forward pass, with the next-byte head only.")
 @click.option("--raw", is_flag=True, help="Write the exact bytes instead of UTF-8 text.")
 @click.option("--stats", "show_stats", is_flag=True, help="Print bytes per forward pass and speed.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, max_bytes: int | None,
                  temperature: float, top_k: int, top_p: float, seed: int, stop: tuple[str, ...],
-                 raw: bool, show_stats: bool, device: str) -> None:
-    """Continue a prompt with a trained model, streaming the output."""
+                 heads: int | None, no_speculative: bool, raw: bool, show_stats: bool,
+                 device: str) -> None:
+    """Continue a prompt with a trained model, streaming the output.
+
+    Greedy decoding (temperature 0) is self-speculative by default: the extra heads draft bytes
+    and the next-byte head verifies them, with output identical to plain greedy decoding.
+    Sampling (temperature > 0) runs one byte per forward pass.
+    """
     import sys
 
     import torch
@@ -274,8 +284,13 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, max_byt
         out.write(piece if raw else text.feed(piece))
         out.flush()
 
-    result = decode.generate(model, data, max_bytes=max_bytes, sampling=sampling,
-                             stop=tuple(s.encode() for s in stop), on_bytes=emit)
+    stops = tuple(s.encode() for s in stop)
+    if temperature == 0 and not no_speculative and model.config.n_future > 1:
+        result = decode.generate_speculative(model, data, max_bytes=max_bytes, heads=heads,
+                                             stop=stops, on_bytes=emit)
+    else:
+        result = decode.generate(model, data, max_bytes=max_bytes, sampling=sampling, stop=stops,
+                                 on_bytes=emit)
     if not raw:
         out.write(text.finish())
     out.write(b"\n" if raw else "\n")
@@ -286,6 +301,9 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, max_byt
                    f"({st.bytes_per_forward:.2f} bytes/pass), {st.wall_s:.2f} s, "
                    f"{st.bytes_out / max(st.wall_s, 1e-9):,.0f} bytes/s; stopped by {st.stopped_by}",
                    err=True)
+        if isinstance(st, decode.SpeculativeStats):
+            rates = " ".join(f"h{j + 2} {r:.2f}" for j, r in enumerate(st.acceptance))
+            click.echo(f"draft acceptance: {rates}", err=True)
 
 
 @main.command("inspect")
