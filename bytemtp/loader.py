@@ -162,7 +162,7 @@ class WindowPacker:
         self.docs, self.window, self.stride = docs, window, stride
         self.batch_size = batch_size
         self.capacity = 0 if shuffle_buffer <= 1 else batch_size * -(-shuffle_buffer // batch_size)
-        self.tail = np.zeros(0, dtype=np.uint16)  # ids from `offset` on are not yet cut
+        self.tail = np.zeros(0, dtype=np.int32)  # ids from `offset` on are not yet cut
         self.offset = 0
         self.buffer = np.zeros((0, window), dtype=np.int32)  # the shuffled block, rows not yet handed out
         self.rng = np.random.Generator(np.random.PCG64([seed, docs.reader]))  # a stream per reader
@@ -181,10 +181,10 @@ class WindowPacker:
                 doc = np.frombuffer(next(self._doc_iter), dtype=np.uint8)
                 parts += [doc, _EOS_ARRAY]
                 have += len(doc) + 1
-            self.tail, self.offset = np.concatenate(parts, dtype=np.uint16), 0
+            self.tail, self.offset = np.concatenate(parts, dtype=np.int32), 0
         tail = self.tail  # contiguous: view its windows without copying
-        rows = np.ndarray((n, self.window), dtype=np.uint16, buffer=tail, offset=self.offset * 2,
-                          strides=(self.stride * 2, 2))
+        rows = np.ndarray((n, self.window), dtype=np.int32, buffer=tail, offset=self.offset * 4,
+                          strides=(self.stride * 4, 4))
         self.offset += n * self.stride
         return rows
 
@@ -192,11 +192,11 @@ class WindowPacker:
         """The next (B, window) int32 batch."""
         B = self.batch_size
         if self.capacity == 0:
-            rows = self._windows(B).astype(np.int32)
+            rows = self._windows(B).copy()
         else:
             if len(self.buffer) == 0:  # one gather and one conversion for the whole block
                 perm = self.rng.permutation(self.capacity)
-                self.buffer = self._windows(self.capacity)[perm].astype(np.int32)
+                self.buffer = self._windows(self.capacity)[perm]  # the gather copies
             rows, self.buffer = self.buffer[:B], self.buffer[B:]
         self.batches += 1
         return torch.from_numpy(rows)
@@ -219,7 +219,7 @@ class WindowPacker:
                              f"{state['stride']}, not {self.window} and {self.stride}: seq_len or "
                              "n_future changed since the checkpoint")
         self.docs.load_state_dict(state["docs"])
-        self.tail, self.offset = _unpack_ids(state["tail"]), 0
+        self.tail, self.offset = _unpack_ids(state["tail"]).astype(np.int32), 0
         self.buffer = _unpack_ids(state["buffer"]).reshape(-1, self.window).astype(np.int32)
         self.rng.bit_generator.state = state["rng"]
         self.batches = state["batches"]
