@@ -81,11 +81,16 @@ def distribution(logits_V: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return probs
 
 
+def _greedy(logits_TV: torch.Tensor) -> list[int]:
+    """Masked argmax at each position: what plain greedy decoding would pick."""
+    masked = logits_TV.float().masked_fill(~_ALLOWED.to(logits_TV.device), float("-inf"))
+    return masked.argmax(dim=-1).tolist()
+
+
 def next_byte(logits_V: torch.Tensor, sampling: Sampling) -> int:
     """One id from the next-byte head's logits (V,)."""
     if sampling.temperature == 0:
-        masked = logits_V.float().masked_fill(~_ALLOWED.to(logits_V.device), float("-inf"))
-        return int(masked.argmax())
+        return _greedy(logits_V[None])[0]
     probs = distribution(logits_V, sampling)
     gen = sampling.generator
     return int(torch.multinomial(probs.cpu() if gen is not None and gen.device.type == "cpu" else probs,
@@ -108,42 +113,55 @@ def prefill(model: ByteMTP, prompt: bytes, cache: KVCache) -> torch.Tensor:
     return model.logits(ids, cache, n_heads=1)[0, -1, 0]
 
 
+class _Output:
+    """The bytes generated so far and the rules that end generation (EOS, stop strings, max_bytes)."""
+
+    def __init__(self, stats: DecodeStats, *, max_bytes: int, stop: tuple[bytes, ...],
+                 on_bytes: Callable[[bytes], None] | None):
+        self.data, self.stats, self.max_bytes = bytearray(), stats, max_bytes
+        self.stop, self.on_bytes = stop, on_bytes
+
+    def emit(self, byte: int) -> bool:
+        """Append one generated id; True when generation must stop."""
+        if byte == EOS:
+            self.stats.stopped_by = "eos"
+            return True
+        self.data.append(byte)
+        if self.on_bytes is not None:
+            self.on_bytes(bytes([byte]))
+        if any(s and self.data.endswith(s) for s in self.stop):
+            self.stats.stopped_by = "stop"
+            return True
+        if len(self.data) >= self.max_bytes:
+            self.stats.stopped_by = "max_bytes"
+            return True
+        return False
+
+    def result(self, t0: float) -> Generation:
+        self.stats.bytes_out = len(self.data)
+        self.stats.wall_s = time.perf_counter() - t0
+        return Generation(bytes(self.data), self.stats)
+
+
 @torch.inference_mode()
 def generate(model: ByteMTP, prompt: bytes, *, max_bytes: int, sampling: Sampling | None = None,
              stop: tuple[bytes, ...] = (), on_bytes: Callable[[bytes], None] | None = None) -> Generation:
     """Plain decoding, one byte per forward pass, until EOS, a stop string or max_bytes."""
     sampling = sampling or Sampling()
     check_fits(model, prompt, max_bytes)
-    stats = DecodeStats()
     t0 = time.perf_counter()
-    cache = KVCache.for_model(model, batch_size=1)
-    out = bytearray()
+    out = _Output(DecodeStats(), max_bytes=max_bytes, stop=stop, on_bytes=on_bytes)
     if max_bytes == 0:
-        stats.stopped_by = "max_bytes"
-        return Generation(bytes(out), stats)
+        out.stats.stopped_by = "max_bytes"
+        return out.result(t0)
+    cache = KVCache.for_model(model, batch_size=1)
     logits = prefill(model, prompt, cache)
-    stats.forward_passes = 1
-    device = logits.device
-    while True:
-        byte = next_byte(logits, sampling)
-        if byte == EOS:
-            stats.stopped_by = "eos"
-            break
-        out.append(byte)
-        if on_bytes is not None:
-            on_bytes(bytes([byte]))
-        hit = next((s for s in stop if s and out.endswith(s)), None)
-        if hit is not None:
-            stats.stopped_by = "stop"
-            break
-        if len(out) >= max_bytes:
-            stats.stopped_by = "max_bytes"
-            break
-        logits = model.logits(torch.tensor([[byte]], device=device), cache, n_heads=1)[0, -1, 0]
-        stats.forward_passes += 1
-    stats.bytes_out = len(out)
-    stats.wall_s = time.perf_counter() - t0
-    return Generation(bytes(out), stats)
+    out.stats.forward_passes = 1
+    while not out.emit(byte := next_byte(logits, sampling)):
+        ids = torch.tensor([[byte]], device=logits.device)
+        logits = model.logits(ids, cache, n_heads=1)[0, -1, 0]
+        out.stats.forward_passes += 1
+    return out.result(t0)
 
 
 @dataclass
@@ -155,12 +173,6 @@ class SpeculativeStats(DecodeStats):
     def acceptance(self) -> list[float]:
         """Acceptance rate at each draft position (head 2, 3, ..., k)."""
         return [a / d if d else 0.0 for a, d in zip(self.accepted, self.drafted)]
-
-
-def _greedy(logits_TV: torch.Tensor) -> list[int]:
-    """Masked argmax at each position: what plain greedy decoding would pick."""
-    masked = logits_TV.float().masked_fill(~_ALLOWED.to(logits_TV.device), float("-inf"))
-    return masked.argmax(dim=-1).tolist()
 
 
 @torch.inference_mode()
@@ -180,36 +192,20 @@ def generate_speculative(model: ByteMTP, prompt: bytes, *, max_bytes: int, heads
     if not 1 <= k <= model.config.n_future:
         raise ValueError(f"heads={k} is not allowed; the model has {model.config.n_future} heads (1..)")
     check_fits(model, prompt, max_bytes)
-    stats = SpeculativeStats(drafted=[0] * (k - 1), accepted=[0] * (k - 1))
     t0 = time.perf_counter()
-    out = bytearray()
+    out = _Output(SpeculativeStats(drafted=[0] * (k - 1), accepted=[0] * (k - 1)),
+                  max_bytes=max_bytes, stop=stop, on_bytes=on_bytes)
+    stats = out.stats
     if max_bytes == 0:
         stats.stopped_by = "max_bytes"
-        return Generation(bytes(out), stats)
+        return out.result(t0)
     device = model.embed.weight.device
     cache = KVCache.for_model(model, batch_size=1)
     logits = model.logits(torch.tensor([[EOS, *prompt]], device=device), cache, n_heads=k)[0, -1]
     stats.forward_passes = 1
     nxt, drafts = _greedy(logits[0:1])[0], _greedy(logits[1:])  # (K, V) at the newest position
-
-    def emit(byte: int) -> bool:
-        """Append one byte of output; True when generation must stop."""
-        if byte == EOS:
-            stats.stopped_by = "eos"
-            return True
-        out.append(byte)
-        if on_bytes is not None:
-            on_bytes(bytes([byte]))
-        if any(s and out.endswith(s) for s in stop):
-            stats.stopped_by = "stop"
-            return True
-        if len(out) >= max_bytes:
-            stats.stopped_by = "max_bytes"
-            return True
-        return False
-
-    while not emit(nxt):
-        offered = drafts[:max_bytes - len(out)]  # a draft only counts if it may become output
+    while not out.emit(nxt):
+        offered = drafts[:max_bytes - len(out.data)]  # a draft only counts if it may become output
         fed = torch.tensor([[nxt, *offered]], device=device)
         logits = model.logits(fed, cache, n_heads=k)[0]  # (1 + len(offered), K, V)
         stats.forward_passes += 1
@@ -221,9 +217,7 @@ def generate_speculative(model: ByteMTP, prompt: bytes, *, max_bytes: int, heads
             stats.drafted[j] += 1
             stats.accepted[j] += j < n_ok
         cache.rewind(len(offered) - n_ok)
-        if any(emit(byte) for byte in offered[:n_ok]):
+        if any(out.emit(byte) for byte in offered[:n_ok]):
             break
         nxt, drafts = verdict[n_ok], _greedy(logits[n_ok, 1:])
-    stats.bytes_out = len(out)
-    stats.wall_s = time.perf_counter() - t0
-    return Generation(bytes(out), stats)
+    return out.result(t0)
