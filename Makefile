@@ -51,7 +51,7 @@ demo: setup corpus
 	    --steps $(DEMO_STEPS) --time $(DEMO_TIME); \
 	fi
 	@echo "--- a sample from $(DEMO_RUN) (temperature 0.5, seed 1):"
-	$(BYTEMTP) generate --ckpt $(DEMO_RUN) --prompt "$$(printf 'import os\n\ndef ')" --max-bytes 300 \
+	$(BYTEMTP) generate --ckpt $(DEMO_RUN) --prompt "$$(printf 'import os\n\ndef ')" --max-bytes 200 \
 	  --temperature 0.5 --top-p 0.95 --seed 1 --stats
 
 bench: setup corpus
