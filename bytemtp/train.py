@@ -128,11 +128,11 @@ def val_data(data: DataConfig) -> DataConfig | None:
     return DataConfig(path=data.path, field="text", batch_size=data.batch_size, shuffle_buffer=1)
 
 
-def validate(model: ByteMTP, cfg: Config, device: torch.device, autocast) -> list[float]:
+def validate(model: ByteMTP, cfg: Config, val_cfg: DataConfig, device: torch.device,
+             autocast) -> list[float]:
     """Bits per byte of every head on the first train.eval_batches batches of the val split
     (every target counts, one EOS per document among them)."""
-    loader = ByteLoader(val_data(cfg.data), seq_len=cfg.model.seq_len, n_future=cfg.model.n_future,
-                        split="val")
+    loader = ByteLoader(val_cfg, seq_len=cfg.model.seq_len, n_future=cfg.model.n_future, split="val")
     nats = torch.zeros(cfg.model.n_future, dtype=torch.float64)
     count = torch.zeros(cfg.model.n_future, dtype=torch.float64)
     model.eval()
@@ -219,7 +219,8 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, device: torch.device, 
     model.init_weights(generator=torch.Generator().manual_seed(tc.seed))
     optimizer = build_optimizer(model, tc, device)
     loader = ByteLoader(cfg.data, seq_len=mc.seq_len, n_future=mc.n_future)
-    if val_data(cfg.data) is None:
+    val_cfg = val_data(cfg.data)
+    if val_cfg is None:
         say(f"note: {cfg.data.path} has no val split (prepare it with `bytemtp prep`); "
             "no validation in this run")
     step, bytes_seen, elapsed, skipped, bad_run, val_bpb = 0, 0, 0.0, 0, 0, None
@@ -273,9 +274,9 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, device: torch.device, 
 
     def run_validation() -> None:
         nonlocal val_bpb, last_val
-        if val_data(cfg.data) is None:
+        if val_cfg is None:
             return
-        val_bpb = validate(model, cfg, device, autocast)
+        val_bpb = validate(model, cfg, val_cfg, device, autocast)
         last_val = step
         log({"step": step, "bytes": bytes_seen, "val_bpb": val_bpb})
         say(f"step {step}: val bits/byte " + " ".join(f"h{k + 1} {b:.3f}" for k, b in enumerate(val_bpb)))

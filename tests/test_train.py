@@ -101,6 +101,19 @@ def start_cli(args: list[str], log: Path) -> subprocess.Popen:
         return subprocess.Popen(cli_cmd(*args), stdout=f, stderr=subprocess.STDOUT)
 
 
+def signal_at_step(proc: subprocess.Popen, run_dir: Path, step: int, log: Path, sig: int) -> None:
+    """Send `sig` once the run has logged `step`, and wait for it to end (killed if it hangs)."""
+    try:
+        wait_for_step(proc, run_dir, step, log)
+        assert proc.poll() is None, "the run finished before the signal could be sent"
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, log: Path, timeout: float = 120) -> int:
     """Poll metrics.jsonl until a complete line with a step >= `step` appears; return that step."""
     metrics = run_dir / "metrics.jsonl"
@@ -138,15 +151,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run_bit_for_bit(tmp_path, cor
     run_cli(new_run_args(corpus_dir, run_a, steps, *sets), tmp_path / "a.log")
 
     proc = start_cli(new_run_args(corpus_dir, run_b, steps, *sets), tmp_path / "b.log")
-    try:
-        wait_for_step(proc, run_b, 23, tmp_path / "b.log")
-        assert proc.poll() is None, "the run finished before it could be killed"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    signal_at_step(proc, run_b, 23, tmp_path / "b.log", signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
     killed_at = max(r["step"] for r in loss_lines(read_metrics(run_b)))
     ckpt = latest_checkpoint(run_b)
@@ -185,14 +190,7 @@ def test_sigterm_saves_the_step_and_exits_0_then_resumes(tmp_path, corpus_dir):
     run = tmp_path / "run"
     log = tmp_path / "run.log"
     proc = start_cli(new_run_args(corpus_dir, run, 100000, "train.ckpt_every=100000"), log)
-    try:
-        wait_for_step(proc, run, 5, log)
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    signal_at_step(proc, run, 5, log, signal.SIGTERM)
     out = log.read_text()
     assert proc.returncode == 0, out[-3000:]
     assert "SIGTERM" in out and "stopped by signal" in out
