@@ -45,7 +45,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-import orjson
+import simdjson
 import zstandard
 
 import bytemtp
@@ -343,24 +343,37 @@ def decompressed_size(path) -> int:
         return sum(len(data) for _, _, data in _pieces(f, path, (0, 0)) if data is not None)
 
 
+_parsers = threading.local()  # a simdjson parser is not reentrant: one per thread
+
+
 def parse_record(line: bytes, field: str = "text") -> bytes | str:
     """The document of one JSONL line as UTF-8 bytes, or the reason (one of SKIP_REASONS) to skip it.
 
-    orjson parses (about twice as fast as json on text-heavy lines); a line it rejects goes
-    through json to name the reason (or to accept what only json accepts, such as NaN).
+    simdjson parses (about 1.5 times as fast as orjson and 3 times as fast as json on text-heavy
+    lines). A line it rejects, or an object with a repeated key (simdjson keeps the first, json
+    the last), goes through json, the reference, which names the reason or accepts what only json
+    accepts (NaN). simdjson admits neither invalid UTF-8 nor lone surrogates.
     """
     if line.endswith(b"\r"):
         line = line[:-1]
+    parser = getattr(_parsers, "parser", None)
+    if parser is None:
+        parser = _parsers.parser = simdjson.Parser()
     try:
-        record = orjson.loads(line)
-    except orjson.JSONDecodeError:
+        record = parser.parse(line)
+    except (ValueError, RuntimeError):  # UnicodeDecodeError is a ValueError; RuntimeError: too deep
         return _parse_slowly(line, field)
-    if type(record) is not dict:
-        return "not_object"
-    doc = record.get(field)
-    if type(doc) is str:
-        return doc.encode("utf-8")  # orjson admits no lone surrogates
-    return "missing_field" if field not in record else "not_string"
+    try:  # the proxy must be gone before the parser's next parse
+        if type(record) is not simdjson.Object:
+            return "not_object"
+        doc = record.get(field)
+        if len(record) > 1 and len(record) != len(set(record.keys())):
+            return _parse_slowly(line, field)
+        if type(doc) is str:
+            return doc.encode("utf-8")
+        return "missing_field" if field not in record else "not_string"
+    finally:
+        del record
 
 
 def _parse_slowly(line: bytes, field: str) -> bytes | str:
@@ -369,8 +382,8 @@ def _parse_slowly(line: bytes, field: str) -> bytes | str:
     except UnicodeDecodeError:
         return "invalid_utf8"
     try:
-        record = json.loads(text)
-    except ValueError:
+        record = json.loads(text.removeprefix("\ufeff"))  # as simdjson, accept a byte order mark
+    except (ValueError, RecursionError):
         return "invalid_json" if text.strip() else "empty_line"
     if type(record) is not dict:
         return "not_object"

@@ -150,10 +150,11 @@ class DocumentStream:
 class WindowPacker:
     """Packs a document stream into shuffled (B, window) batches; resumable with the stream.
 
-    Windows are cut in bulk with numpy. The shuffle is by blocks: the buffer takes the next
-    `capacity` windows (a multiple of the batch size), permutes them, and hands them out a batch at
-    a time before it refills, so per batch there is one slice and no random draw. A buffer of 1
-    keeps the packing order.
+    The packed stream is held as uint16 ids (every id is below 2**16; half the memory traffic of
+    int32) and windows are cut from it in bulk with numpy, as strided views. The shuffle is by
+    blocks: the buffer takes the next `capacity` windows (a multiple of the batch size), draws one
+    permutation for them, and hands them out a batch at a time before it refills; each batch is
+    one gather of B windows, widened to int32. A buffer of 1 keeps the packing order.
     """
 
     def __init__(self, docs: DocumentStream, *, window: int, stride: int, batch_size: int,
@@ -162,15 +163,17 @@ class WindowPacker:
         self.docs, self.window, self.stride = docs, window, stride
         self.batch_size = batch_size
         self.capacity = 0 if shuffle_buffer <= 1 else batch_size * -(-shuffle_buffer // batch_size)
-        self.tail = np.zeros(0, dtype=np.int32)  # ids from `offset` on are not yet cut
+        self.tail = np.zeros(0, dtype=np.uint16)  # ids from `offset` on are not yet cut
         self.offset = 0
-        self.buffer = np.zeros((0, window), dtype=np.int32)  # the shuffled block, rows not yet handed out
+        # The shuffled block: rows of `block` in the order `order[taken:]` are not yet handed out.
+        self.block = np.zeros((0, window), dtype=np.uint16)
+        self.order, self.taken = np.zeros(0, dtype=np.intp), 0
         self.rng = np.random.Generator(np.random.PCG64([seed, docs.reader]))  # a stream per reader
         self.batches = 0
         self._doc_iter: Iterator[bytes] | None = None
 
     def _windows(self, n: int) -> np.ndarray:
-        """The next n windows (n, window), cut with a stride from the packed stream."""
+        """The next n windows (n, window) of uint16 ids: a strided view of the packed stream."""
         need = self.offset + (n - 1) * self.stride + self.window
         if need > len(self.tail):
             if self._doc_iter is None:
@@ -181,10 +184,9 @@ class WindowPacker:
                 doc = np.frombuffer(next(self._doc_iter), dtype=np.uint8)
                 parts += [doc, _EOS_ARRAY]
                 have += len(doc) + 1
-            self.tail, self.offset = np.concatenate(parts, dtype=np.int32), 0
-        tail = self.tail  # contiguous: view its windows without copying
-        rows = np.ndarray((n, self.window), dtype=np.int32, buffer=tail, offset=self.offset * 4,
-                          strides=(self.stride * 4, 4))
+            self.tail, self.offset = np.concatenate(parts, dtype=np.uint16), 0
+        rows = np.ndarray((n, self.window), dtype=np.uint16, buffer=self.tail, offset=self.offset * 2,
+                          strides=(self.stride * 2, 2))  # the view keeps its tail alive
         self.offset += n * self.stride
         return rows
 
@@ -192,22 +194,24 @@ class WindowPacker:
         """The next (B, window) int32 batch."""
         B = self.batch_size
         if self.capacity == 0:
-            rows = self._windows(B).copy()
+            rows = self._windows(B)
         else:
-            if len(self.buffer) == 0:  # one gather and one conversion for the whole block
-                perm = self.rng.permutation(self.capacity)
-                self.buffer = self._windows(self.capacity)[perm]  # the gather copies
-            rows, self.buffer = self.buffer[:B], self.buffer[B:]
+            if self.taken == len(self.order):
+                self.block = self._windows(self.capacity)
+                self.order, self.taken = self.rng.permutation(self.capacity), 0
+            rows = self.block[self.order[self.taken:self.taken + B]]
+            self.taken += B
         self.batches += 1
-        return torch.from_numpy(rows)
+        return torch.from_numpy(rows.astype(np.int32))
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         while True:
             yield self.next_batch()
 
     def state_dict(self) -> dict:
+        pending = self.block[self.order[self.taken:]]  # the buffer's rows in the order they will go
         return {"version": STATE_VERSION, "docs": self.docs.state_dict(),
-                "tail": _pack_ids(self.tail[self.offset:]), "buffer": _pack_ids(self.buffer),
+                "tail": _pack_ids(self.tail[self.offset:]), "buffer": _pack_ids(pending),
                 "rng": self.rng.bit_generator.state, "batches": self.batches,
                 "window": self.window, "stride": self.stride}
 
@@ -219,8 +223,9 @@ class WindowPacker:
                              f"{state['stride']}, not {self.window} and {self.stride}: seq_len or "
                              "n_future changed since the checkpoint")
         self.docs.load_state_dict(state["docs"])
-        self.tail, self.offset = _unpack_ids(state["tail"]).astype(np.int32), 0
-        self.buffer = _unpack_ids(state["buffer"]).reshape(-1, self.window).astype(np.int32)
+        self.tail, self.offset = _unpack_ids(state["tail"]), 0
+        self.block = _unpack_ids(state["buffer"]).reshape(-1, self.window)
+        self.order, self.taken = np.arange(len(self.block)), 0
         self.rng.bit_generator.state = state["rng"]
         self.batches = state["batches"]
         self._doc_iter = None

@@ -16,6 +16,7 @@ from bytemtp.corpus import (
     SKIP_REASONS, CorpusError, ShardWriter, corpus_files, decompressed_size, describe, file_kind,
     iter_documents, iter_lines, parse_record, prepare, read_manifest, read_raw, select_files, verify,
 )
+from bytemtp.corpus import _parse_slowly
 
 CCTX = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=True)
 SKIPPABLE = struct.pack("<II", 0x184D2A50, 3) + b"abc"
@@ -200,6 +201,7 @@ def test_parse_record_reasons():
     assert parse_record(b'{"text": "h\\u00e9"}') == "hé".encode()
     assert parse_record(b'{"text": "a"}\r') == b"a"
     assert parse_record(b'{"body": "a"}', "body") == b"a"
+    assert parse_record(b'\xef\xbb\xbf{"text": "a"}') == b"a"  # a byte order mark is not the record's
     cases = {b"": "empty_line", b"  \t\r": "empty_line", b'{"text": "\xff"}': "invalid_utf8",
              b'{"text": "\\ud800"}': "invalid_utf8", b"{nope": "invalid_json", b"[1, 2]": "not_object",
              b'"text"': "not_object", b'{"other": "a"}': "missing_field", b'{"text": 3}': "not_string",
@@ -207,6 +209,38 @@ def test_parse_record_reasons():
     for line, reason in cases.items():
         assert parse_record(line) == reason, line
     assert set(cases.values()) == set(SKIP_REASONS)
+
+
+def test_parse_record_edge_cases_match_the_json_reference():
+    lines = [b'{"text": "a", "text": "b"}', b'{"text": NaN}', b'{"text": "x", "n": Infinity}',
+             b'{"text": "a", "big": 123456789012345678901234567890}', b'{"text": "x"} junk',
+             b'{"text": "raw\ttab"}', b'{"text": "escaped\\ttab"}',
+             b"[" * 5000 + b"]" * 5000, b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b', "text": "x"}',
+             b'{"text": "\\ud83d\\ude00 \\u0000 \\/"}', b'{"text": "\xed\xa0\x80"}',
+             b'\xef\xbb\xbf{"text": "after a byte order mark"}', b"\xef\xbb\xbf"]
+    for line in lines:
+        assert parse_record(line) == _parse_slowly(line, "text"), line
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(record=st.dictionaries(st.sampled_from(["text", "meta", "t"]) | st.text(max_size=4), json_values,
+                              max_size=4),
+       ascii_only=st.booleans(), flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)),
+                                                 max_size=2))
+def test_parse_record_matches_the_json_reference(record, ascii_only, flips):
+    """The simdjson fast path returns what the json reference returns, for valid lines and for
+    lines with bytes overwritten (broken JSON, broken UTF-8, lone surrogates from text())."""
+    line = bytearray(json.dumps(record, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass"))
+    for at, value in flips:
+        line[at % len(line)] = value
+    line = bytes(line).replace(b"\n", b" ")
+    assert parse_record(line) == _parse_slowly(line, "text")
 
 
 def test_bad_lines_are_skipped_and_counted_so_nothing_is_lost(tmp_path):
