@@ -53,6 +53,9 @@ demo: setup corpus
 	@echo "--- a sample from $(DEMO_RUN) (temperature 0.5, seed 1):"
 	$(BYTEMTP) generate --ckpt $(DEMO_RUN) --prompt "$$(printf 'import os\n\ndef ')" --max-bytes 200 \
 	  --temperature 0.5 --top-p 0.95 --seed 1 --stats
+	@echo "--- greedy, plain and self-speculative (the heads draft, the next-byte head verifies):"
+	$(BYTEMTP) generate --ckpt $(DEMO_RUN) --prompt "$$(printf 'class Parser:\n    def ')" --max-bytes 200 \
+	  --compare
 
 bench: setup corpus
 	$(BYTEMTP) bench train-step --preset small --json bench-train-step.json

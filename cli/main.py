@@ -7,6 +7,7 @@ Heavy imports (torch) happen inside the commands, so `bytemtp --help` is instant
 
 from __future__ import annotations
 
+import base64
 import json
 
 import click
@@ -234,6 +235,11 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
 @click.option("--prompt", default=None, help="Prompt text (UTF-8).")
 @click.option("--prompt-file", type=click.Path(dir_okay=False, exists=True),
               help="Read the prompt's exact bytes from a file.")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, exists=True),
+              help='Many prompts, one JSON object a line ({"prompt": "..."}), decoded in batches; '
+                   "writes one JSON line per prompt.")
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1),
+              help="Prompts decoded together with --prompts.")
 @click.option("--max-bytes", type=click.IntRange(0), default=None,
               help="Bytes to generate at most; default: what the context leaves.")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
@@ -243,21 +249,24 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sampler.")
 @click.option("--stop", multiple=True, help="Stop after this string (repeatable).")
 @click.option("--heads", type=click.IntRange(1), default=None,
-              help="Heads used for self-speculative greedy decoding (default: all the model has).")
+              help="Heads used for self-speculative decoding (default: all the model has).")
 @click.option("--no-speculative", is_flag=True,
-              help="Plain greedy decoding, one byte per forward pass, with the next-byte head only.")
+              help="Plain decoding, one byte per forward pass, with the next-byte head only.")
 @click.option("--raw", is_flag=True, help="Write the exact bytes instead of UTF-8 text.")
 @click.option("--stats", "show_stats", is_flag=True, help="Print bytes per forward pass and speed.")
+@click.option("--compare", is_flag=True,
+              help="Greedy only: decode plainly and speculatively, check that the outputs are identical, "
+                   "and print bytes per forward pass and the speedup.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, max_bytes: int | None,
-                 temperature: float, top_k: int, top_p: float, seed: int, stop: tuple[str, ...],
-                 heads: int | None, no_speculative: bool, raw: bool, show_stats: bool,
-                 device: str) -> None:
+def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts_file: str | None,
+                 batch_size: int, max_bytes: int | None, temperature: float, top_k: int, top_p: float,
+                 seed: int, stop: tuple[str, ...], heads: int | None, no_speculative: bool, raw: bool,
+                 show_stats: bool, compare: bool, device: str) -> None:
     """Continue a prompt with a trained model, streaming the output.
 
-    Greedy decoding (temperature 0) is self-speculative by default: the extra heads draft bytes
-    and the next-byte head verifies them, with output identical to plain greedy decoding.
-    Sampling (temperature > 0) runs one byte per forward pass.
+    Decoding is self-speculative by default: the extra heads draft bytes and the next-byte head
+    verifies them. Greedy output (temperature 0) is identical to plain greedy decoding; sampled
+    output has exactly the distribution of plain sampling.
     """
     import sys
 
@@ -268,15 +277,37 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, max_byt
     from bytemtp.train import resolve_device
     from bytemtp.vocab import TextStream
 
-    if (prompt is None) == (prompt_file is None):
-        raise click.UsageError("give exactly one of --prompt and --prompt-file")
-    data = prompt.encode("utf-8", "surrogateescape") if prompt is not None else open(prompt_file, "rb").read()
+    if sum(x is not None for x in (prompt, prompt_file, prompts_file)) != 1:
+        raise click.UsageError("give exactly one of --prompt, --prompt-file and --prompts")
+    if compare and (temperature > 0 or no_speculative or prompts_file is not None):
+        raise click.UsageError("--compare is for greedy decoding of one prompt (temperature 0, speculative)")
+    if prompts_file is not None:
+        prompts = decode.load_prompts(prompts_file)
+    elif prompt is not None:
+        prompts = [prompt.encode("utf-8", "surrogateescape")]
+    else:
+        prompts = [open(prompt_file, "rb").read()]
     dev = resolve_device(device)
     model, _ = load_model(ckpt, device=dev)
     if max_bytes is None:
-        max_bytes = max(0, model.config.seq_len - len(data) - 1)
+        max_bytes = max(0, model.config.seq_len - max(len(p) for p in prompts) - 1)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     sampling = decode.Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    stops = tuple(s.encode() for s in stop)
+    speculative = not no_speculative and model.config.n_future > 1
+    kwargs = dict(max_bytes=max_bytes, sampling=sampling, stop=stops)
+    if prompts_file is not None:
+        for first in range(0, len(prompts), batch_size):
+            batch = prompts[first:first + batch_size]
+            results = decode.generate_batch(model, batch, heads=heads, speculative=speculative, **kwargs)
+            for i, result in enumerate(results):
+                line = {"index": first + i, "output": result.output.decode("utf-8", "replace")}
+                if raw:
+                    line["output_base64"] = base64.b64encode(result.output).decode("ascii")
+                if show_stats:
+                    line["stats"] = _stats_dict(result.stats)
+                click.echo(json.dumps(line, ensure_ascii=False))
+        return
     text = TextStream()
     out = sys.stdout.buffer if raw else sys.stdout
 
@@ -284,17 +315,28 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, max_byt
         out.write(piece if raw else text.feed(piece))
         out.flush()
 
-    stops = tuple(s.encode() for s in stop)
-    if temperature == 0 and not no_speculative and model.config.n_future > 1:
-        result = decode.generate_speculative(model, data, max_bytes=max_bytes, heads=heads,
-                                             stop=stops, on_bytes=emit)
+    if speculative:
+        result = decode.generate_speculative(model, prompts[0], heads=heads, on_bytes=emit, **kwargs)
     else:
-        result = decode.generate(model, data, max_bytes=max_bytes, sampling=sampling, stop=stops,
-                                 on_bytes=emit)
+        result = decode.generate(model, prompts[0], on_bytes=emit, **kwargs)
     if not raw:
         out.write(text.finish())
     out.write(b"\n" if raw else "\n")
     out.flush()
+    if compare:
+        plain = decode.generate(model, prompts[0], **kwargs)
+        if speculative:
+            # a second speculative run, untimed by the streaming to the terminal
+            result = decode.generate_speculative(model, prompts[0], heads=heads, **kwargs)
+        bps = lambda st: st.bytes_out / max(st.wall_s, 1e-9)  # noqa: E731
+        k = heads or model.config.n_future if speculative else 1
+        click.echo(f"plain greedy:          {bps(plain.stats):8,.0f} bytes/s, 1.00 bytes/pass", err=True)
+        click.echo(f"speculative, {k} heads: {bps(result.stats):8,.0f} bytes/s, "
+                   f"{result.stats.bytes_per_forward:.2f} bytes/pass", err=True)
+        click.echo(f"speedup {bps(result.stats) / bps(plain.stats):.2f}x; outputs identical: "
+                   f"{'yes' if plain.output == result.output else 'NO'}", err=True)
+        if plain.output != result.output:
+            raise click.ClickException("speculative output differs from plain greedy output")
     if show_stats:
         st = result.stats
         click.echo(f"{st.bytes_out} bytes in {st.forward_passes} forward passes "
@@ -304,6 +346,15 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, max_byt
         if isinstance(st, decode.SpeculativeStats):
             rates = " ".join(f"h{j + 2} {r:.2f}" for j, r in enumerate(st.acceptance))
             click.echo(f"draft acceptance: {rates}", err=True)
+
+
+def _stats_dict(st) -> dict:
+    out = {"bytes": st.bytes_out, "forward_passes": st.forward_passes,
+           "bytes_per_forward": round(st.bytes_per_forward, 3), "wall_s": round(st.wall_s, 4),
+           "stopped_by": st.stopped_by}
+    if getattr(st, "drafted", None):
+        out["acceptance"] = [round(r, 4) for r in st.acceptance]
+    return out
 
 
 @main.command("inspect")
@@ -392,6 +443,53 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, json_pa
                        ("zstd -dc > /dev/null", f"{res['zstd_mb_s']:.1f}")], ("reader", "MB/s")))
     click.echo(f"ratio {res['ratio']:.3f}")
     _write_json(json_path, res)
+
+
+@bench.command("decode")
+@click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
+@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False, exists=True),
+              help='Prompts, one {"prompt": "..."} a line; default: the starts of val documents of the '
+                   "run's corpus.")
+@click.option("--n-prompts", default=32, show_default=True, type=click.IntRange(1))
+@click.option("--prompt-bytes", default=128, show_default=True, type=click.IntRange(1),
+              help="Length of the val prompts (at most half the context).")
+@click.option("--max-bytes", default=512, show_default=True, type=click.IntRange(1),
+              help="Output bytes a prompt (at most what the context leaves).")
+@click.option("--batch-sizes", default="1,8", show_default=True, help="Comma-separated.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
+def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_bytes: int, max_bytes: int,
+                 batch_sizes: str, device: str, dtype: str, json_path: str | None) -> None:
+    """Plain greedy vs self-speculative greedy (2, 4 and all heads) on the same model and prompts."""
+    from tqdm import tqdm
+
+    from bytemtp.bench import decode_speed
+    from bytemtp.train import resolve_device
+
+    try:
+        sizes = tuple(int(b) for b in batch_sizes.split(","))
+        assert sizes and min(sizes) >= 1
+    except (ValueError, AssertionError):
+        raise click.BadParameter(f"{batch_sizes!r} is not a comma-separated list of batch sizes",
+                                 param_hint="--batch-sizes") from None
+    runs = sum(-(-n_prompts // b) * 4 for b in sizes)
+    with tqdm(total=runs, desc="decode", unit="batch") as bar:
+        res = decode_speed(ckpt, prompts_path=prompts_path, n_prompts=n_prompts, prompt_bytes=prompt_bytes,
+                           max_bytes=max_bytes, batch_sizes=sizes, device=str(resolve_device(device)),
+                           dtype=dtype, progress=bar.update)
+        bar.close()
+    click.echo(f"{res['prompts']} prompts of up to {res['prompt_bytes']} bytes, {res['max_bytes']} output bytes "
+               f"each, {res['device']} {res['dtype']}")
+    rows = [(c["batch_size"], c["heads"], f"{c['greedy_bytes_s']:,.0f}", f"{c['spec_bytes_s']:,.0f}",
+             f"{c['speedup']:.2f}", f"{c['bytes_per_forward']:.2f}", f"{c['efficiency']:.2f}",
+             "yes" if c["identical"] else "NO") for c in res["cases"]]
+    click.echo(_table(rows, ("batch", "heads", "greedy B/s", "spec B/s", "speedup", "bytes/pass", "efficiency",
+                             "identical")))
+    click.echo(f"one speculative pass costs {res['forward_cost_ratio']:.2f} plain passes")
+    _write_json(json_path, res)
+    if not res["all_identical"]:
+        raise click.ClickException("speculative output differs from plain greedy output")
 
 
 def _write_json(path: str | None, data: dict) -> None:

@@ -95,6 +95,55 @@ def test_cached_logits_equal_full_sequence(head_type):
     assert cache.length == 48
 
 
+@pytest.mark.parametrize("head_type", ["transformer", "linear"])
+@pytest.mark.parametrize("unembed", ["shared", "replicated"])
+@pytest.mark.parametrize("head_layers", [1, 2])
+def test_stacked_heads_equal_heads_one_by_one(head_type, unembed, head_layers):
+    """The decoding fast path (k heads as one batched layer) against the per-head modules, in
+    full and through a cache with rewinds, for k = all and fewer heads."""
+    model = tiny_model(head_type=head_type, unembed=unembed, head_layers=head_layers, n_future=4,
+                       n_layers=10).double().eval()
+    ids = torch.randint(0, 258, (2, 30))
+    for k in (4, 2):
+        stacked = model.stack_heads(k)
+        torch.testing.assert_close(model.logits(ids, n_heads=k, stacked=stacked), model.logits(ids, n_heads=k))
+        fast, slow = KVCache.for_model(model, 2), KVCache.for_model(model, 2)
+        for a, b, back in [(0, 9, 0), (9, 10, 0), (10, 16, 3), (13, 20, 0), (20, 30, 0)]:
+            got = model.logits(ids[:, a:b], fast, n_heads=k, stacked=stacked)
+            want = model.logits(ids[:, a:b], slow, n_heads=k)
+            torch.testing.assert_close(got, want)
+            fast.rewind(back)
+            slow.rewind(back)
+        torch.testing.assert_close(fast.k, slow.k)
+
+
+def test_causal_heads_do_not_stack():
+    assert tiny_model(head_type="causal").stack_heads(2) is None
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_rows_at_different_lengths_equal_each_row_alone(head_type):
+    """Per-row cache pointers: rows that accepted different numbers of positions go on from
+    their own lengths, and each row's logits equal that row decoded alone."""
+    model = tiny_model(head_type=head_type, n_future=3).double().eval()
+    ids = torch.randint(0, 258, (3, 40))
+    full = model.logits(ids)
+    stacked = model.stack_heads(3)
+    cache = KVCache.for_model(model, batch_size=3)
+    model.logits(ids[:, :12], cache)
+    cache.rewind([0, 5, 9])  # rows now at 12, 7 and 3
+    assert cache.lengths == [12, 7, 3]
+    fed = torch.stack([ids[0, 12:18], ids[1, 7:13], ids[2, 3:9]])
+    got = model.logits(fed, cache, stacked=stacked)
+    for row, start in enumerate([12, 7, 3]):
+        torch.testing.assert_close(got[row], full[row, start:start + 6])
+    cache.keep([2, 0])
+    assert cache.lengths == [9, 18]
+    got = model.logits(torch.stack([ids[2, 9:11], ids[0, 18:20]]), cache)
+    torch.testing.assert_close(got[0], full[2, 9:11])
+    torch.testing.assert_close(got[1], full[0, 18:20])
+
+
 def test_cache_rewind_is_a_pointer_move():
     model = tiny_model()
     cache = KVCache.for_model(model, batch_size=1)

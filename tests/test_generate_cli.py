@@ -1,0 +1,121 @@
+"""`bytemtp generate` and `bytemtp bench decode` on a tiny checkpoint, as a user runs them."""
+
+import base64
+import dataclasses
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from bytemtp import decode
+from bytemtp.checkpoint import load_model, save_checkpoint
+from bytemtp.config import tiny
+from bytemtp.corpus import prepare
+from bytemtp.model import ByteMTP
+from bytemtp_cli.main import main
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A tiny run whose corpus has a val split (for the decode benchmark's default prompts)."""
+    root = tmp_path_factory.mktemp("gen")
+    src = root / "src"
+    src.mkdir()
+    for i in range(40):
+        (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}  # {'pad ' * 10}\n" * 3)
+    prepare([src], root / "corpus", val_fraction=0.3)
+    cfg = tiny()
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(root / "corpus")))
+    model = ByteMTP(cfg.model)
+    model.init_weights(generator=torch.Generator().manual_seed(5))
+    save_checkpoint(root / "run", step=1, model=model, config=cfg, train_state={})
+    return root / "run"
+
+
+def test_generate_streams_what_the_library_returns(ckpt):
+    model, _ = load_model(ckpt)
+    want = decode.generate(model, b"def ", max_bytes=20).output
+    res = run("generate", "--ckpt", ckpt, "--prompt", "def ", "--max-bytes", 20, "--raw")
+    assert res.exit_code == 0, res.output
+    assert res.stdout_bytes == want + b"\n"
+    res = run("generate", "--ckpt", ckpt, "--prompt", "def ", "--max-bytes", 20, "--stats")
+    assert res.exit_code == 0, res.output
+    assert res.stdout == want.decode("utf-8", "replace") + "\n"
+    assert "bytes/pass" in res.stderr and "draft acceptance: h2" in res.stderr
+    res = run("generate", "--ckpt", ckpt, "--prompt", "def ", "--max-bytes", 20, "--no-speculative", "--raw")
+    assert res.stdout_bytes == want + b"\n"
+
+
+def test_compare_reports_speedup_and_identity(ckpt):
+    res = run("generate", "--ckpt", ckpt, "--prompt", "x = ", "--max-bytes", 30, "--compare", "--heads", 4)
+    assert res.exit_code == 0, res.output
+    assert "speedup" in res.stderr and "outputs identical: yes" in res.stderr
+    assert "speculative, 4 heads" in res.stderr
+    res = run("generate", "--ckpt", ckpt, "--prompt", "x", "--compare", "--temperature", "0.5")
+    assert res.exit_code != 0 and "--compare is for greedy" in res.output
+
+
+def test_prompts_file_writes_one_line_per_prompt(ckpt, tmp_path):
+    prompts = ["def ", "", "class A:\n", "é"]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts) + "\n")
+    res = run("generate", "--ckpt", ckpt, "--prompts", path, "--batch-size", 3, "--max-bytes", 16, "--raw",
+              "--stats")
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [line["index"] for line in lines] == [0, 1, 2, 3]
+    model, _ = load_model(ckpt)
+    for line, prompt in zip(lines, prompts):
+        want = decode.generate(model, prompt.encode(), max_bytes=16).output
+        assert base64.b64decode(line["output_base64"]) == want
+        assert line["output"] == want.decode("utf-8", "replace")
+        assert line["stats"]["bytes"] == len(want) and line["stats"]["forward_passes"] >= 1
+
+
+def test_sampling_is_speculative_and_seeded(ckpt):
+    args = ("generate", "--ckpt", ckpt, "--prompt", "a", "--max-bytes", 24, "--temperature", "0.9", "--raw")
+    a, b = run(*args, "--seed", 3), run(*args, "--seed", 3)
+    assert a.exit_code == 0, a.output
+    assert a.stdout_bytes == b.stdout_bytes
+    res = run(*args, "--seed", 3, "--stats")
+    assert "draft acceptance" in res.stderr  # speculative sampling by default
+
+
+@pytest.mark.parametrize("args,words", [
+    (("--prompt", "x" * 70), "more than the model's context"),
+    (("--prompt", "x", "--prompt-file", __file__), "exactly one of"),
+    (("--prompt", "x", "--heads", "9"), "heads=9 is not allowed"),
+])
+def test_user_errors_are_one_line(ckpt, args, words):
+    res = run("generate", "--ckpt", ckpt, *args)
+    assert res.exit_code != 0
+    assert words in res.output and "Traceback" not in res.output
+
+
+def test_bad_prompts_file_names_the_line(ckpt, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n')
+    res = run("generate", "--ckpt", ckpt, "--prompts", path)
+    assert res.exit_code != 0 and "bad.jsonl:2" in res.output and "Traceback" not in res.output
+    path.write_text("{nope\n")
+    res = run("generate", "--ckpt", ckpt, "--prompts", path)
+    assert res.exit_code != 0 and "bad.jsonl:1 is not JSON" in res.output
+
+
+def test_bench_decode_checks_identity_and_writes_keys(ckpt, tmp_path):
+    out = tmp_path / "decode.json"
+    res = run("bench", "decode", "--ckpt", ckpt, "--n-prompts", 3, "--prompt-bytes", 8, "--max-bytes", 12,
+              "--batch-sizes", "1,2", "--device", "cpu", "--json", out)
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    for key in ("greedy_bytes_s", "spec_bytes_s", "speedup", "bytes_per_forward", "efficiency"):
+        assert data[key] > 0, key
+    assert data["identical"] is True and data["all_identical"] is True
+    assert data["efficiency"] == pytest.approx(data["speedup"] / data["bytes_per_forward"])
+    assert {(c["batch_size"], c["heads"]) for c in data["cases"]} == {(b, k) for b in (1, 2) for k in (2, 4, 8)}
+    assert data["prompts"] == 3 and data["forward_cost_ratio"] > 0
