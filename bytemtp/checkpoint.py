@@ -63,12 +63,15 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(run_dir: str | os.PathLike, *, step: int, model: ByteMTP, config: Config,
                     train_state: dict, optimizer: torch.optim.Optimizer | None = None,
-                    keep: int = 2) -> Path:
+                    keep: int = 2, model_state: dict | None = None,
+                    optimizer_state: dict | None = None) -> Path:
     """Write checkpoints/step-NNNNNNNN/ under run_dir atomically, then prune to the newest `keep`.
 
-    `model` is the unwrapped module (not DDP, FSDP or torch.compile's wrapper); `train_state`
-    must be JSON-serialisable (tensors as lists). Without an optimizer the checkpoint is an
-    inference-only export. Returns the checkpoint directory.
+    `model` is the unwrapped module (not DDP or torch.compile's wrapper); `train_state` must be
+    JSON-serialisable (tensors as lists). Without an optimizer the checkpoint is an
+    inference-only export. `model_state` and `optimizer_state`, when given, are written instead of
+    the model's and optimizer's own state dicts (full state dicts gathered from FSDP2 shards).
+    Returns the checkpoint directory.
     """
     if not isinstance(step, int) or step < 0:
         raise CheckpointError(f"step={step!r} is not allowed; expected an integer >= 0")
@@ -91,14 +94,16 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, model: ByteMTP, co
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        weights = model.state_dict() if model_state is None else model_state
+        tensors = {k: v.detach().contiguous() for k, v in weights.items()}
         save_file(tensors, tmp / MODEL_FILE, metadata={"format_version": str(FORMAT_VERSION)})
         meta = {"format_version": FORMAT_VERSION, "bytemtp_version": bytemtp.__version__,
                 "config": to_dict(config)}
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         (tmp / STATE_FILE).write_text(state_json + "\n", encoding="utf-8")
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        if optimizer_state is not None or optimizer is not None:
+            torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state,
+                       tmp / OPTIMIZER_FILE)
         for path in tmp.iterdir():  # the writers have closed their files; make them durable
             _fsync(path)
         _fsync(tmp)
@@ -243,11 +248,8 @@ def load_train_state(ckpt_dir: str | os.PathLike, *, model: ByteMTP,
     """Load weights into `model` (unwrapped, on any device) and, if given, the optimizer state;
     return the saved train_state dict (with "step")."""
     ckpt = resolve_checkpoint(ckpt_dir)
-    if optimizer is not None and not (ckpt / OPTIMIZER_FILE).is_file():
-        raise CheckpointError(
-            f"{ckpt / OPTIMIZER_FILE} is missing: the checkpoint was saved without an optimizer "
-            "(an inference-only export); resume from a checkpoint saved with one, or pass "
-            "optimizer=None to load only the weights and train state")
+    if optimizer is not None:
+        _require_optimizer_file(ckpt)
     state = _read_json(ckpt / STATE_FILE)
     device = next(model.parameters()).device
     weights = ckpt / MODEL_FILE
@@ -256,20 +258,36 @@ def load_train_state(ckpt_dir: str | os.PathLike, *, model: ByteMTP,
                    against="the given model")
     model.load_state_dict(tensors)
     if optimizer is not None:
-        path = ckpt / OPTIMIZER_FILE
-        try:  # staged on the CPU: load_state_dict moves each tensor to its parameter's device
-            # but keeps Adam's `step` where it was loaded, and a non-fused `step` on a GPU costs a
-            # host sync per parameter per step
-            optim_state = torch.load(path, weights_only=True, map_location="cpu")
-        except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
-            raise CheckpointError(f"{OPTIMIZER_FILE} at {path} is truncated or corrupt "
-                                  f"({_reason(e)}); resume from an earlier checkpoint") from e
-        try:
-            optimizer.load_state_dict(optim_state)
-        except (ValueError, KeyError) as e:
-            raise CheckpointError(f"{path} does not fit the given optimizer ({_reason(e)}); build it "
-                                  "with the same parameter groups as the saved run") from e
+        load_optimizer_state(ckpt, optimizer)
     return state
+
+
+def _require_optimizer_file(ckpt: Path) -> None:
+    if not (ckpt / OPTIMIZER_FILE).is_file():
+        raise CheckpointError(
+            f"{ckpt / OPTIMIZER_FILE} is missing: the checkpoint was saved without an optimizer "
+            "(an inference-only export); resume from a checkpoint saved with one, or pass "
+            "optimizer=None to load only the weights and train state")
+
+
+def load_optimizer_state(ckpt_dir: str | os.PathLike, optimizer: torch.optim.Optimizer, load=None) -> None:
+    """Load a checkpoint's optimizer state into `optimizer`, through `load(optimizer, state)`
+    when given (FSDP2 loads a full state into sharded parameters)."""
+    ckpt = resolve_checkpoint(ckpt_dir)
+    _require_optimizer_file(ckpt)
+    path = ckpt / OPTIMIZER_FILE
+    try:  # staged on the CPU: load_state_dict moves each tensor to its parameter's device
+        # but keeps Adam's `step` where it was loaded, and a non-fused `step` on a GPU costs a
+        # host sync per parameter per step
+        optim_state = torch.load(path, weights_only=True, map_location="cpu")
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        raise CheckpointError(f"{OPTIMIZER_FILE} at {path} is truncated or corrupt "
+                              f"({_reason(e)}); resume from an earlier checkpoint") from e
+    try:
+        (load or (lambda opt, st: opt.load_state_dict(st)))(optimizer, optim_state)
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(f"{path} does not fit the given optimizer ({_reason(e)}); build it "
+                              "with the same parameter groups as the saved run") from e
 
 
 def _require_file(path: Path) -> None:

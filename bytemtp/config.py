@@ -239,6 +239,10 @@ class TrainConfig:
     """Checkpoints kept on disk (at least 2)."""
     max_bad_steps: int = 10
     """Abort after this many consecutive steps with a non-finite loss or gradient."""
+    parallel: str = "ddp"
+    """Under torchrun: ddp (replicate the model) or fsdp (FSDP2: shard it, for models that do not fit)."""
+    dist_timeout: float = 600.0
+    """Seconds a process waits in a collective before the job ends with an error (a stuck rank)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "max_bytes", "warmup_steps", "schedule_steps", "eval_every", "seed"):
@@ -257,6 +261,8 @@ class TrainConfig:
         _check(0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0, "train.beta1/beta2",
                (self.beta1, self.beta2), "expected 0 <= beta < 1")
         _check(self.grad_clip >= 0, "train.grad_clip", self.grad_clip, "expected >= 0")
+        _check(self.parallel in ("ddp", "fsdp"), "train.parallel", self.parallel, "choose ddp or fsdp")
+        _check(self.dist_timeout > 0, "train.dist_timeout", self.dist_timeout, "expected seconds > 0")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                "train.device", self.device, "choose auto, cpu, cuda or cuda:N")
 

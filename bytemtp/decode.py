@@ -195,7 +195,8 @@ def verify_sampled(p_TV: torch.Tensor, q_DV: torch.Tensor, drafts: list[int],
     """
     for j, d in enumerate(drafts):
         ratio = float(p_TV[j, d]) / float(q_DV[j, d])
-        if float(torch.rand((), generator=generator)) < min(1.0, ratio):
+        u = torch.rand((), generator=generator, device=generator.device if generator is not None else "cpu")
+        if float(u) < min(1.0, ratio):
             continue
         residual = (p_TV[j] - q_DV[j]).clamp(min=0.0)
         if float(residual.sum()) <= 0.0:  # p == q up to rounding: rejection had probability ~0
@@ -278,7 +279,8 @@ def generate_batch(model: ByteMTP, prompts: list[bytes], *, max_bytes: int, head
     for r, prompt in enumerate(prompts):
         ids[r, 1:lengths[r]] = torch.tensor(list(prompt), dtype=torch.long)
     logits = model.logits(ids.to(device), cache, n_heads=k, stacked=heads_fast)
-    cache.rewind([max(lengths) - n for n in lengths])
+    longest = max(lengths)
+    cache.rewind([longest - n for n in lengths])
     last = _picks(logits[torch.arange(len(prompts)), torch.tensor(lengths) - 1], sampling)  # (B, K, ...)
     for r, row in enumerate(rows):
         row.propose(last[r], sampling)

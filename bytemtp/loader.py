@@ -329,14 +329,20 @@ class ByteLoader:
             docs = [self._packer.docs.state_dict()]
         else:
             docs = [state["docs"] for state in self.states if state is not None]
-        total = {"documents": 0, "bytes": 0, "lines": 0, "skipped": {}, "epoch": 0}
-        for d in docs:
-            for key in ("documents", "bytes", "lines"):
-                total[key] += d["counts"][key]
-            for reason, n in d["counts"]["skipped"].items():
-                total["skipped"][reason] = total["skipped"].get(reason, 0) + n
-            total["epoch"] = max(total["epoch"], d["epoch"])
-        return total
+        return combine_stats([{**d["counts"], "epoch": d["epoch"]} for d in docs])
+
+
+def combine_stats(parts: list[dict]) -> dict:
+    """Reader (or rank) statistics as one: counts added, skipped lines added by reason, and the
+    epoch of the furthest reader."""
+    total = {"documents": 0, "bytes": 0, "lines": 0, "skipped": {}, "epoch": 0}
+    for part in parts:
+        for key in ("documents", "bytes", "lines"):
+            total[key] += part[key]
+        for reason, n in part["skipped"].items():
+            total["skipped"][reason] = total["skipped"].get(reason, 0) + n
+        total["epoch"] = max(total["epoch"], part["epoch"])
+    return total
 
 
 def _mp_context():

@@ -296,7 +296,7 @@ class ByteMTP(nn.Module):
         are not written: a cache used with n_heads=1 serves next-byte decoding only. `stacked`
         (from `stack_heads(n_heads)`) runs the heads as one batched layer.
         """
-        z_BTD = self.forward(ids_BT, cache)
+        z_BTD = self(ids_BT, cache)  # through __call__, so wrappers' hooks run
         if stacked is not None:
             assert n_heads in (None, stacked.k), (n_heads, stacked.k)
             out = stacked(z_BTD, self._start(ids_BT.shape[1], cache), cache)

@@ -19,6 +19,14 @@ failure of the final save ends the run with an error.
 
 Run directory: `run-config.json` (the resolved configuration), `metrics.jsonl` (one JSON object
 per logged step or validation), `checkpoints/step-NNNNNNNN/`.
+
+Many processes: launched by torchrun, the same loop trains one model on every rank
+(`bytemtp.distributed`: DDP or FSDP2 after train.parallel). Each rank reads its own share of the
+corpus; loss and metrics are averaged over the ranks, the stop conditions (signal, time,
+non-finite loss) are agreed at every step boundary so that all ranks stop at the same step, and
+rank 0 alone logs and writes checkpoints, which hold every rank's loader position and RNG state.
+A run resumes only with the number of processes that saved it. Restarted by torchrun
+(--max-restarts), a run resumes from its newest checkpoint by itself.
 """
 
 from __future__ import annotations
@@ -36,9 +44,11 @@ import torch
 from tqdm import tqdm
 
 from bytemtp import corpus
-from bytemtp.checkpoint import CheckpointError, latest_checkpoint, load_train_state, save_checkpoint
+from bytemtp import distributed as dist_lib
+from bytemtp.checkpoint import (
+    CheckpointError, latest_checkpoint, load_optimizer_state, load_train_state, save_checkpoint)
 from bytemtp.config import Config, DataConfig, TrainConfig, to_dict, to_json
-from bytemtp.loader import ByteLoader
+from bytemtp.loader import ByteLoader, combine_stats
 from bytemtp.model import Block, ByteMTP
 from bytemtp.step import evaluate_heads, forward_backward, plain_forward_backward
 
@@ -163,7 +173,7 @@ def stop_on_signals():
             signal.signal(s, h)
 
 
-def _prepare_run_dir(run_dir: Path, cfg: Config, resume: bool) -> Path | None:
+def _prepare_run_dir(run_dir: Path, cfg: Config, resume: bool, *, mutate: bool = True) -> Path | None:
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
@@ -176,9 +186,9 @@ def _prepare_run_dir(run_dir: Path, cfg: Config, resume: bool) -> Path | None:
     leftovers = {p.name for p in run_dir.iterdir()} if run_dir.exists() else set()
     if leftovers - {RUN_CONFIG, METRICS, "checkpoints"}:
         raise ValueError(f"{run_dir} exists and is not a run directory; choose another --out")
-    # a run that died before its first checkpoint: start it over
-    (run_dir / METRICS).unlink(missing_ok=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if mutate:  # a run that died before its first checkpoint: start it over
+        (run_dir / METRICS).unlink(missing_ok=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
     return None
 
 
@@ -204,30 +214,48 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, show_progre
     if not (tc.steps or tc.max_bytes or tc.max_time):
         raise ValueError("no stop condition: give --steps, --bytes or --time "
                          "(train.steps, train.max_bytes or train.max_time)")
-    ckpt = _prepare_run_dir(run_dir, cfg, resume)
-    (run_dir / RUN_CONFIG).write_text(to_json(cfg) + "\n")
+    if dist_lib.restarted() and latest_checkpoint(run_dir) is not None:
+        resume = True  # torchrun restarted the job after a failure: go on from the newest checkpoint
     device = resolve_device(tc.device)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(tc.seed)
-        return _train(cfg, run_dir, ckpt, device, show_progress=show_progress, say=say)
+    d = dist_lib.setup(device, timeout_s=tc.dist_timeout)
+    try:
+        ckpt = _prepare_run_dir(run_dir, cfg, resume, mutate=d.is_main)
+        if d.is_main:
+            (run_dir / RUN_CONFIG).write_text(to_json(cfg) + "\n")
+        dist_lib.barrier(d)
+        with torch.random.fork_rng(devices=[d.device] if d.device.type == "cuda" else []):
+            torch.manual_seed(tc.seed + d.rank)  # dropout differs between ranks
+            return _train(cfg, run_dir, ckpt, d, show_progress=show_progress and d.is_main,
+                          say=say if d.is_main else (lambda *_: None))
+    finally:
+        dist_lib.teardown()
 
 
-def _train(cfg: Config, run_dir: Path, ckpt: Path | None, device: torch.device, *,
+def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
            show_progress: bool, say) -> RunResult:
     tc, mc = cfg.train, cfg.model
-    model = ByteMTP(mc).to(device)
+    device = d.device
+    model = ByteMTP(mc).to(device)  # the same initial weights on every rank
     model.init_weights(generator=torch.Generator().manual_seed(tc.seed))
-    optimizer = build_optimizer(model, tc, device)
-    loader = ByteLoader(cfg.data, seq_len=mc.seq_len, n_future=mc.n_future)
+    loader = ByteLoader(cfg.data, seq_len=mc.seq_len, n_future=mc.n_future, rank=d.rank,
+                        world_size=d.world_size)
     val_cfg = val_data(cfg.data)
     if val_cfg is None:
         say(f"note: {cfg.data.path} has no val split (prepare it with `bytemtp prep`); "
             "no validation in this run")
     step, bytes_seen, elapsed, skipped, bad_run, val_bpb = 0, 0, 0.0, 0, 0, None
-    if ckpt is not None:
-        state = load_train_state(ckpt, model=model, optimizer=optimizer)
-        loader.load_state_dict(state["loader"])
-        set_rng_state(state["rng"], device)
+    state = load_train_state(ckpt, model=model) if ckpt is not None else None  # weights before wrapping
+    wrapped = dist_lib.wrap_model(model, d, tc.parallel)
+    optimizer = build_optimizer(model, tc, device)
+    if state is not None:
+        load_optimizer_state(ckpt, optimizer, load=dist_lib.load_optimizer(wrapped))
+        loaders, rngs = state.get("loaders", [state.get("loader")]), state.get("rngs", [state.get("rng")])
+        if len(loaders) != d.world_size:
+            raise ValueError(f"{ckpt} was saved by {len(loaders)} process(es) and this run has "
+                             f"{d.world_size}: each reads its own share of the corpus, so resume with "
+                             f"{len(loaders)} (torchrun --nproc-per-node, --nnodes) or start a new run")
+        loader.load_state_dict(loaders[d.rank])
+        set_rng_state(rngs[d.rank], device)
         step, bytes_seen, elapsed = state["step"], state["bytes_seen"], state["elapsed_s"]
         skipped, bad_run, val_bpb = state["skipped_steps"], state["bad_run"], state.get("val_bpb")
         _keep_metrics_up_to(run_dir / METRICS, step)
@@ -238,24 +266,33 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, device: torch.device, 
                 module.compile()
     step_fn = forward_backward if tc.memory_efficient else plain_forward_backward
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-    bytes_per_step = cfg.data.batch_size * mc.seq_len * tc.grad_accum
+    bytes_per_step = cfg.data.batch_size * mc.seq_len * tc.grad_accum * d.world_size
     horizon = schedule_horizon(tc, bytes_per_step)
     params = list(model.parameters())
-    metrics, metrics_ok = open(run_dir / METRICS, "a"), True
+    metrics, metrics_ok = open(run_dir / METRICS, "a") if d.is_main else None, True
     last_saved = last_val = step if ckpt is not None else -1
 
     def save(final: bool) -> Path | None:
+        """Every rank takes part (gathering); rank 0 writes, and all agree on whether it worked."""
         nonlocal last_saved
-        state = {"bytes_seen": bytes_seen, "elapsed_s": elapsed, "skipped_steps": skipped,
-                 "bad_run": bad_run, "val_bpb": val_bpb, "loader": loader.state_dict(),
-                 "loader_stats": loader.stats(), "rng": rng_state(device)}
-        try:
-            path = save_checkpoint(run_dir, step=step, model=model, config=cfg, train_state=state,
-                                   optimizer=optimizer, keep=tc.keep_checkpoints)
-        except CheckpointError as e:
+        loaders, rngs = dist_lib.gather(loader.state_dict(), d), dist_lib.gather(rng_state(device), d)
+        stats = dist_lib.gather(loader.stats(), d)
+        weights, optim = dist_lib.full_state(wrapped, optimizer)
+        path, error = None, None
+        if d.is_main:
+            state = {"bytes_seen": bytes_seen, "elapsed_s": elapsed, "skipped_steps": skipped,
+                     "bad_run": bad_run, "val_bpb": val_bpb, "world_size": d.world_size,
+                     "loaders": loaders, "loader_stats": combine_stats(stats), "rngs": rngs}
+            try:
+                path = save_checkpoint(run_dir, step=step, model=model, config=cfg, train_state=state,
+                                       keep=tc.keep_checkpoints, model_state=weights, optimizer_state=optim)
+            except CheckpointError as e:
+                error = e
+        if dist_lib.any_rank(error is not None, d, device):
+            message = str(error) if error is not None else "rank 0 could not save a checkpoint"
             if final:
-                raise TrainingError(str(e)) from None
-            say(f"warning: {e}; training goes on")
+                raise TrainingError(message)
+            say(f"warning: {message}; training goes on")
             return None
         last_saved = step
         return path
@@ -263,6 +300,8 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, device: torch.device, 
     def log(record: dict) -> None:
         """One metrics line; non-finite numbers become null (strict JSON); a full disk warns."""
         nonlocal metrics_ok
+        if metrics is None:
+            return
         try:
             metrics.write(json.dumps(_finite(record)) + "\n")
             metrics.flush()
@@ -289,14 +328,14 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, device: torch.device, 
     model.train()
     with stop_on_signals() as flag:
         while True:
+            out_of_time = bool(tc.max_time) and time.perf_counter() - session_start >= tc.max_time
             if tc.steps and step >= tc.steps:
                 stopped_by = "steps"
             elif tc.max_bytes and bytes_seen >= tc.max_bytes:
                 stopped_by = "bytes"
-            elif tc.max_time and time.perf_counter() - session_start >= tc.max_time:
-                stopped_by = "time"
-            elif flag["signal"]:
-                stopped_by = "signal"
+            # clocks and signals differ between ranks: every rank stops when one must
+            elif dist_lib.any_rank(out_of_time or bool(flag["signal"]), d, device):
+                stopped_by = "time" if out_of_time else "signal"
             if stopped_by:
                 break
             lr = lr_at(step, tc, horizon)
@@ -304,14 +343,15 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, device: torch.device, 
                 group["lr"] = lr
             t0 = time.perf_counter()
             outs = []
-            for _ in range(tc.grad_accum):
+            for micro in range(tc.grad_accum):
                 batch = next(loader).to(device, non_blocking=True)
-                with autocast:
+                with autocast, dist_lib.gradient_sync(wrapped, last=micro == tc.grad_accum - 1):
                     outs.append(step_fn(model, batch, loss_cfg=cfg.loss, scale=1 / tc.grad_accum))
-            loss = sum(o.total for o in outs) / len(outs)
-            head_loss = sum(o.head_loss for o in outs) / len(outs)
-            head_acc = sum(o.head_accuracy for o in outs) / len(outs)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip or float("inf"))
+            dist_lib.reduce_gradients(wrapped, d)
+            loss = dist_lib.mean(sum(o.total for o in outs) / len(outs), d)
+            head_loss = dist_lib.mean(sum(o.head_loss for o in outs) / len(outs), d)
+            head_acc = dist_lib.mean(sum(o.head_accuracy for o in outs) / len(outs), d)
+            grad_norm = dist_lib.local(torch.nn.utils.clip_grad_norm_(params, tc.grad_clip or float("inf")))
             if torch.isfinite(loss) and torch.isfinite(grad_norm):
                 optimizer.step()
                 bad_run = 0
@@ -334,21 +374,28 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, device: torch.device, 
             bar.set_postfix_str(f"loss {loss.item():.3f} bpb {bpb:.3f} {bytes_per_step / step_s:,.0f} B/s",
                                 refresh=False)
             if step % tc.log_every == 0 or step == tc.steps:
+                data_stats = combine_stats(dist_lib.gather(loader.stats(), d))
                 log({"step": step, "bytes": bytes_seen, "loss": loss.item(), "bpb": bpb,
                      "head_loss": head_loss.tolist(), "head_acc": head_acc.tolist(), "lr": lr,
                      "grad_norm": grad_norm.item(), "bytes_per_s": bytes_per_step / step_s,
-                     "skipped_steps": skipped, "elapsed_s": elapsed, "data": loader.stats()})
+                     "skipped_steps": skipped, "elapsed_s": elapsed, "data": data_stats})
             if tc.eval_every and step % tc.eval_every == 0:
                 run_validation()
             if step % tc.ckpt_every == 0:
                 save(final=False)
         bar.close()
         if stopped_by == "signal":
-            say(f"{flag['signal']} received: saving step {step} and stopping")
+            names = dist_lib.gather(flag["signal"], d)
+            rank = next(r for r, name in enumerate(names) if name)
+            where = f" (by rank {rank})" if d.active else ""
+            say(f"{names[rank]} received{where}: saving step {step} and stopping")
         if last_val != step:
             run_validation()
-        path = save(final=True) if last_saved != step else latest_checkpoint(run_dir)
-    metrics.close()
+        path = save(final=True) if last_saved != step else None
+        dist_lib.barrier(d)
+        path = path or latest_checkpoint(run_dir)
+    if metrics is not None:
+        metrics.close()
     return RunResult(step=step, bytes_seen=bytes_seen, stopped_by=stopped_by, checkpoint=path,
                      val_bpb=val_bpb)
 

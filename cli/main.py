@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 
 import click
 
@@ -186,11 +187,23 @@ def parse_size(text: str) -> int:
 @click.option("--time", "max_time", help="Stop after this much wall time (e.g. 10m, 1h30m).")
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[RUN]",
               help="Continue a run from its newest checkpoint (the run directory here or in --out).")
+@click.option("--parallel", type=click.Choice(["ddp", "fsdp"]), default=None,
+              help="Under torchrun: DDP (default) or FSDP2 (train.parallel).")
+@click.option("--nproc", type=click.IntRange(1), default=None,
+              help="Launch this many processes on this machine with torchrun (one per GPU).")
 def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: str | None,
               overrides: tuple[str, ...], steps: int | None, max_bytes: str | None,
-              max_time: str | None, resume: str | None) -> None:
-    """Train (or resume) a byte model with multi-token prediction."""
+              max_time: str | None, resume: str | None, parallel: str | None, nproc: int | None) -> None:
+    """Train (or resume) a byte model with multi-token prediction.
+
+    On many GPUs: `torchrun --nproc-per-node 8 -m bytemtp_cli train ...` (add --nnodes and a
+    rendezvous endpoint across machines), or `bytemtp train --nproc 8 ...` on one machine.
+    """
+    if nproc is not None:
+        _relaunch_with_torchrun(nproc)
     sets = list(overrides)
+    if parallel:
+        sets.append(f"train.parallel={parallel}")
     if data_path:
         sets.append(f"data.path={data_path}")
     if steps:
@@ -220,14 +233,36 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
     from bytemtp.corpus import corpus_files
 
     corpus_files(cfg.data.path)  # a missing corpus fails here, before any work
-    click.echo(config_lib.to_json(cfg))
+    main_rank = os.environ.get("RANK", "0") == "0"
+    if main_rank:
+        click.echo(config_lib.to_json(cfg))
     try:
         result = train_lib.train(cfg, run_dir, resume=resume is not None)
     except train_lib.TrainingError as e:
         raise click.ClickException(str(e)) from None
     val = (" val bits/byte " + " ".join(f"{b:.3f}" for b in result.val_bpb)) if result.val_bpb else ""
-    click.echo(f"stopped by {result.stopped_by} at step {result.step} ({result.bytes_seen:,} bytes);"
-               f"{val}\ncheckpoint {result.checkpoint}")
+    if main_rank:
+        click.echo(f"stopped by {result.stopped_by} at step {result.step} ({result.bytes_seen:,} bytes);"
+                   f"{val}\ncheckpoint {result.checkpoint}")
+
+
+def _relaunch_with_torchrun(nproc: int) -> None:
+    """Replace this process by torchrun running the same command, less --nproc, on nproc processes."""
+    import sys
+
+    if "RANK" in os.environ:
+        raise click.UsageError("--nproc launches torchrun; inside torchrun leave it out")
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            args.append(arg)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "bytemtp_cli", *args]
+    os.execv(sys.executable, command)
 
 
 @main.command("generate")

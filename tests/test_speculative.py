@@ -27,18 +27,22 @@ class ScriptedModel:
     def _byte(self, position: int) -> int:
         return self.stream[position] if position < len(self.stream) else EOS
 
-    def logits(self, ids, cache, n_heads=None):
+    def stack_heads(self, k):
+        return None
+
+    def logits(self, ids, cache, n_heads=None, stacked=None):
         self.calls += 1
         K = n_heads or self.config.n_future
-        T = ids.shape[1]
-        out = torch.zeros(1, T, K, VOCAB_SIZE)
-        for t in range(T):
-            pos = cache.length + t
-            for j in range(K):
-                target = self._byte(pos + j + 1)
-                if j > 0 and not self.right(j + 1):
-                    target = (target + 1) % 256
-                out[0, t, j, target] = 10.0
+        B, T = ids.shape
+        out = torch.zeros(B, T, K, VOCAB_SIZE)
+        for b in range(B):
+            for t in range(T):
+                pos = cache.lengths[b] + t
+                for j in range(K):
+                    target = self._byte(pos + j + 1)
+                    if j > 0 and not self.right(j + 1):
+                        target = (target + 1) % 256
+                    out[b, t, j, target] = 10.0
         cache.advance(T)
         return out
 
@@ -146,3 +150,441 @@ def test_speculative_greedy_equals_plain_greedy(seed, head_type, prompt, k, max_
     assert spec.output == plain.output
     assert spec.stats.stopped_by == plain.stats.stopped_by
     assert spec.stats.forward_passes <= plain.stats.forward_passes
+
+
+@pytest.fixture
+def one_thread():
+    """Decoding runs thousands of tiny tensor ops; with an intra-op thread pool some of them
+    (softmax) wait on the pool's other thread, which on a busy machine costs a scheduler tick
+    each (seen: 30x slower). The new tests below run single-threaded."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# --- batches: every row equals that row decoded alone ------------------------------------------
+
+_HEAD_TYPES = ["transformer", "linear", "causal"]
+
+
+def _batch_prompts(seq_len: int, max_bytes: int) -> list[bytes]:
+    """Prompts of different lengths: empty, one byte, song fragments, random bytes, and two that
+    end near the context end (the longest fills it exactly: 1 + len + max_bytes == seq_len)."""
+    longest = seq_len - 1 - max_bytes
+    filler = _SONGS[0] * 3
+    return [b"", b"o", b"one two t", b"la la la, la la", bytes(range(200, 212)),
+            filler[:longest - 3], filler[5:5 + longest]]
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("head_type", _HEAD_TYPES)
+def test_greedy_batch_equals_each_row_alone(head_type):
+    model = _fitted_model(0, head_type)
+    max_bytes = 16
+    prompts = _batch_prompts(model.config.seq_len, max_bytes)
+    assert len(prompts[-1]) + 1 + max_bytes == model.config.seq_len
+    alone = [decode.generate(model, p, max_bytes=max_bytes) for p in prompts]
+    runs = {("plain batch", False): decode.generate_batch(model, prompts, max_bytes=max_bytes,
+                                                          speculative=False)}
+    for k in (2, model.config.n_future):
+        for stacked in (True, False):
+            runs[(k, stacked)] = decode.generate_batch(model, prompts, max_bytes=max_bytes, heads=k,
+                                                       stacked=stacked)
+    accepted = 0
+    for key, batch in runs.items():
+        assert len(batch) == len(prompts)
+        for p, got, ref in zip(prompts, batch, alone):
+            assert got.output == ref.output, (key, p)
+            assert got.stats.stopped_by == ref.stats.stopped_by, (key, p)
+            assert got.stats.bytes_out == len(got.output)
+            assert 1 <= got.stats.forward_passes <= ref.stats.forward_passes, (key, p)
+            accepted += sum(got.stats.accepted)
+    # the plain (k = 1) batch does exactly what plain decoding does, pass for pass
+    for got, ref in zip(runs[("plain batch", False)], alone):
+        assert got.stats.forward_passes == ref.stats.forward_passes
+        assert got.stats.drafted == got.stats.accepted == []
+    assert accepted > 0  # the drafts did something: the speculative path was exercised
+
+
+@pytest.mark.usefixtures("one_thread")
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(head_type=st.sampled_from(_HEAD_TYPES),
+       prompts=st.lists(st.one_of(st.binary(max_size=30), st.sampled_from(_SONGS),
+                                  st.sampled_from(_SONGS).map(lambda s: s[:7])), min_size=1, max_size=5),
+       k=st.integers(1, 8), max_bytes=st.integers(0, 24), stacked=st.booleans())
+def test_greedy_batch_equals_rows_alone_property(head_type, prompts, k, max_bytes, stacked):
+    model = _fitted_model(0, head_type)
+    max_bytes = min(max_bytes, model.config.seq_len - 1 - max(map(len, prompts)))
+    batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, heads=k, stacked=stacked)
+    for p, got in zip(prompts, batch):
+        ref = decode.generate(model, p, max_bytes=max_bytes)
+        assert (got.output, got.stats.stopped_by) == (ref.output, ref.stats.stopped_by)
+
+
+# --- scripted rows with their own texts and acceptance patterns ---------------------------------
+
+class ScriptedBatchModel:
+    """A batch version of ScriptedModel: knows several documents (prompt + text), and each row
+    follows the one its own prefix selects. Head 1 predicts the document's next byte; head j > 1
+    the byte j ahead when that document's `right(j)` says so, else a wrong byte.
+
+    The stub keeps each row's ids in the KV cache it is given (layer 0, head 0, feature 0), so
+    it sees every row's prefix exactly as the decoder's cache bookkeeping (per-row lengths,
+    rewinds, dropped rows) leaves it; a prefix that matches no document predicts '?' bytes."""
+
+    def __init__(self, docs: list[tuple[bytes, bytes, object]], n_future: int = 8):
+        self.config = dataclasses.replace(C.tiny().model, head_type="linear", n_layers=1, d_model=2,
+                                          n_attn_heads=1, n_future=n_future, seq_len=128)
+        self.embed = torch.nn.Embedding(1, 1, dtype=torch.float64)  # cache dtype: ids stored exactly
+        self.docs = [([EOS, *prompt, *text, EOS], right) for prompt, text, right in docs]
+        self.calls = 0
+
+    def stack_heads(self, k):
+        return None
+
+    def _doc(self, prefix: list[int]):
+        for stream, right in self.docs:
+            if (stream + [EOS] * len(prefix))[:len(prefix)] == prefix:  # EOS after the end
+                return stream, right
+        return None, None
+
+    def logits(self, ids, cache, n_heads=None, stacked=None):
+        self.calls += 1
+        K = n_heads or self.config.n_future
+        B, T = ids.shape
+        assert len(cache.lengths) == B
+        history = cache.k[0, :, 0, :, 0]  # (B, L)
+        out = torch.zeros(B, T, K, VOCAB_SIZE)
+        for b in range(B):
+            start = cache.lengths[b]
+            history[b, start:start + T] = ids[b].to(history.dtype)
+            for t in range(T):
+                pos = start + t
+                stream, right = self._doc([int(i) for i in history[b, :pos + 1].tolist()])
+                for j in range(K):
+                    if stream is None:
+                        target = ord("?")
+                    else:
+                        target = stream[pos + j + 1] if pos + j + 1 < len(stream) else EOS
+                        if j > 0 and not right(j + 1):
+                            target = (target + 1) % 256
+                    out[b, t, j, target] = 10.0
+        cache.advance(T)
+        return out
+
+
+_DOCS = [  # prompt, text, which draft heads are right
+    (b"", TEXT, lambda j: j <= 3),
+    (b"A", b"always right: every draft is accepted until the end\n", lambda j: True),
+    (b"Nv", b"never right", lambda j: False),
+    (b"Odd", b"odd heads are right, even heads are wrong.", lambda j: j % 2 == 1),
+    (b"S", b"ab", lambda j: True),  # EOS arrives inside an accepted draft
+]
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("k", [1, 2, 5, 8])
+def test_scripted_batch_rows_follow_their_own_texts(k):
+    model = ScriptedBatchModel(_DOCS)
+    prompts = [prompt for prompt, _, _ in _DOCS]
+    batch = decode.generate_batch(model, prompts, max_bytes=100, heads=k)
+    for (prompt, text, right), got in zip(_DOCS, batch):
+        assert got.output == text and got.stats.stopped_by == "eos"
+        alone_model = ScriptedBatchModel(_DOCS)
+        alone = decode.generate_speculative(alone_model, prompt, max_bytes=100, heads=k)
+        assert alone.output == text and alone_model.calls == alone.stats.forward_passes
+        # per-row stats are that row's own: as many passes and drafts as decoding it alone
+        assert got.stats.forward_passes == alone.stats.forward_passes
+        assert got.stats.drafted == alone.stats.drafted and got.stats.accepted == alone.stats.accepted
+        assert got.stats.bytes_out == len(text)
+        assert all(a <= d for a, d in zip(got.stats.accepted, got.stats.drafted))
+    passes = [got.stats.forward_passes for got in batch]
+    assert max(passes) == model.calls  # the last row to finish took part in every pass
+    never, always, short = batch[2].stats, batch[1].stats, batch[4].stats
+    assert never.forward_passes == len(_DOCS[2][1]) + 1  # prefill + one pass per byte (last: EOS)
+    assert never.accepted == [0] * (k - 1)
+    if k > 1:
+        assert always.acceptance == [1.0] * (k - 1)
+        # the prefill gives one byte, then each pass k (its next byte and k - 1 accepted drafts)
+        assert always.forward_passes == 1 + -(-len(_DOCS[1][1]) // k)
+        assert short.forward_passes == 2  # "a" from the prefill, then "b" and EOS as drafts
+        assert batch[0].stats.acceptance[:2] == [1.0, 1.0][:k - 1]
+        if k > 3:
+            assert batch[0].stats.acceptance[2] == 0.0
+        assert batch[3].stats.accepted == [0] * (k - 1)  # head 2 is wrong: nothing after it counts
+    # the rows finished at different passes, so the cache dropped rows while others continued
+    assert len(set(passes)) > 2
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_scripted_batch_eos_inside_accepted_drafts_while_other_rows_continue():
+    docs = [(b"S", b"ab", lambda j: True), (b"T", b"xy", lambda j: True),
+            (b"L", b"a longer text that keeps going", lambda j: j <= 4)]
+    model = ScriptedBatchModel(docs)
+    pieces = {}
+    batch = decode.generate_batch(model, [d[0] for d in docs], max_bytes=60, heads=8,
+                                  on_bytes=lambda r, piece: pieces.setdefault(r, []).append(piece))
+    assert [g.output for g in batch] == [d[1] for d in docs]
+    assert [g.stats.stopped_by for g in batch] == ["eos"] * 3
+    assert batch[0].stats.forward_passes == batch[1].stats.forward_passes == 2
+    assert batch[2].stats.forward_passes > 2
+    assert {r: b"".join(p) for r, p in pieces.items()} == {r: g.output for r, g in enumerate(batch)}
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("extra", [0, 1, 2, "k", "k+1"])
+def test_scripted_batch_max_bytes_edges(k, extra):
+    max_bytes = {"k": k, "k+1": k + 1}.get(extra, extra)
+    model = ScriptedBatchModel(_DOCS[:4])
+    prompts = [d[0] for d in _DOCS[:4]]
+    batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, heads=k)
+    for (_, text, _), got in zip(_DOCS, batch):
+        assert got.output == text[:max_bytes]
+        assert got.stats.stopped_by == "max_bytes" and got.stats.bytes_out == max_bytes
+        # no draft is offered past max_bytes, and no pass runs after the last byte is known
+        assert sum(got.stats.accepted) <= max(0, max_bytes - 1)
+        assert got.stats.forward_passes <= max(1, max_bytes)
+    if max_bytes == 0:
+        assert model.calls == 0
+    else:
+        # all drafts accepted: the prefill gives the first byte, then each pass up to k more
+        assert batch[1].stats.forward_passes == 1 + -(-(max_bytes - 1) // k)
+        # ... and a draft is only offered (counted) where it may still become output
+        n, drafted = 1, [0] * (k - 1)
+        while n < max_bytes:
+            offered = min(k - 1, max_bytes - n)
+            drafted[:offered] = [d + 1 for d in drafted[:offered]]
+            n += offered + 1  # the offered drafts, then the next byte
+        assert batch[1].stats.drafted == batch[1].stats.accepted == drafted
+        assert model.calls == max(got.stats.forward_passes for got in batch)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_scripted_batch_stop_strings_per_row():
+    model = ScriptedBatchModel(_DOCS)
+    batch = decode.generate_batch(model, [d[0] for d in _DOCS], max_bytes=100, heads=6,
+                                  stop=(b"():", b"ri", b"heads"))
+    assert [g.output for g in batch] == [b"def main():", b"always ri", b"never ri",
+                                         b"odd heads", b"ab"]
+    assert [g.stats.stopped_by for g in batch] == ["stop"] * 4 + ["eos"]
+
+
+@pytest.mark.usefixtures("one_thread")
+@settings(max_examples=100, deadline=None)
+@given(docs=st.lists(st.tuples(st.binary(max_size=3), st.binary(max_size=30),
+                               st.frozensets(st.integers(2, 8))), min_size=1, max_size=5),
+       k=st.integers(1, 8), max_bytes=st.integers(0, 40), data=st.data())
+def test_scripted_batch_rows_equal_rows_alone_property(docs, k, max_bytes, data):
+    # distinct first prompt bytes, so that each row's prefix selects its own document
+    docs = [(bytes([65 + i]) + prompt, text, right.__contains__)
+            for i, (prompt, text, right) in enumerate(docs)]
+    stop = data.draw(st.lists(st.binary(min_size=1, max_size=2), max_size=2).map(tuple))
+    model = ScriptedBatchModel(docs)
+    batch = decode.generate_batch(model, [d[0] for d in docs], max_bytes=max_bytes, heads=k, stop=stop)
+    for (prompt, text, _), got in zip(docs, batch):
+        alone = decode.generate_speculative(ScriptedBatchModel(docs), prompt, max_bytes=max_bytes,
+                                            heads=k, stop=stop)
+        plain = decode.generate(ScriptedBatchModel(docs), prompt, max_bytes=max_bytes, stop=stop)
+        assert got.output == alone.output == plain.output and text.startswith(got.output)
+        assert got.stats.stopped_by == alone.stats.stopped_by == plain.stats.stopped_by
+        assert (got.stats.forward_passes, got.stats.drafted, got.stats.accepted) == \
+            (alone.stats.forward_passes, alone.stats.drafted, alone.stats.accepted)
+    assert model.calls == max(g.stats.forward_passes for g in batch)
+
+
+# --- speculative sampling has exactly the target distribution -----------------------------------
+
+_SYMBOLS = list(b"abc")
+# head 1's distribution over a, b, c given the previous id, at even and odd positions
+_TARGET = {
+    0: {EOS: (0.5, 0.3, 0.2), 97: (0.6, 0.3, 0.1), 98: (0.2, 0.2, 0.6), 99: (0.3, 0.45, 0.25)},
+    1: {EOS: (0.4, 0.4, 0.2), 97: (0.15, 0.5, 0.35), 98: (0.7, 0.1, 0.2), 99: (0.25, 0.25, 0.5)},
+}
+# the draft heads' distributions: deliberately far from the target (head 3 reversed)
+_DRAFT = {EOS: (0.1, 0.3, 0.6), 97: (0.2, 0.6, 0.2), 98: (0.5, 0.4, 0.1), 99: (0.6, 0.2, 0.2)}
+# chi-square critical value at p = 0.001 for 3 ** 3 - 1 = 26 degrees of freedom (standard
+# table; scipy.stats.chi2.ppf(0.999, 26) = 54.052), checked below against torch's gammaincc
+_CHI2_26_P001 = 54.052
+
+
+class MarkovModel:
+    """A stub whose head 1 samples a, b or c from a table indexed by the previous id and the
+    position's parity (every other id at -inf, EOS excluded); heads 2..K draft from other tables.
+    Vectorized over the batch, so thousands of rows decode in seconds."""
+
+    def __init__(self, n_future: int = 3):
+        self.config = dataclasses.replace(C.tiny().model, head_type="linear", n_layers=1, d_model=2,
+                                          n_attn_heads=1, n_future=n_future, seq_len=8)
+        self.embed = torch.nn.Embedding(1, 1)
+        table = torch.full((2, VOCAB_SIZE, n_future, VOCAB_SIZE), float("-inf"))
+        table[..., _SYMBOLS] = 0.0  # ids that never occur: uniform over the symbols
+        for parity in (0, 1):
+            for prev in (EOS, *_SYMBOLS):
+                table[parity, prev, 0, _SYMBOLS] = torch.tensor(_TARGET[parity][prev]).log()
+                for j in range(1, n_future):
+                    q = _DRAFT[prev] if j % 2 else _DRAFT[prev][::-1]
+                    table[parity, prev, j, _SYMBOLS] = torch.tensor(q).log()
+        self.table = table
+
+    def stack_heads(self, k):
+        return None
+
+    def logits(self, ids, cache, n_heads=None, stacked=None):
+        B, T = ids.shape
+        pos_BT = torch.tensor(cache.lengths)[:, None] + torch.arange(T)
+        out = self.table[pos_BT % 2, ids.cpu()][:, :, :n_heads or self.config.n_future]
+        cache.advance(T)
+        return out
+
+
+def _target_probs() -> dict[bytes, float]:
+    """Exact probability of each 3-byte output: the product of head 1's conditionals (the first
+    byte is predicted at position 0, after the leading EOS)."""
+    probs = {}
+    for a in range(3):
+        for b in range(3):
+            for c in range(3):
+                x = [_SYMBOLS[a], _SYMBOLS[b], _SYMBOLS[c]]
+                probs[bytes(x)] = (_TARGET[0][EOS][a] * _TARGET[1][x[0]][b] * _TARGET[0][x[1]][c])
+    return probs
+
+
+def _chi_square(outputs: list[bytes]) -> float:
+    expected = _target_probs()
+    assert set(outputs) <= set(expected), set(outputs) - set(expected)  # 3 bytes of a, b, c
+    counts = {x: 0 for x in expected}
+    for out in outputs:
+        counts[out] += 1
+    n = len(outputs)
+    return sum((counts[x] - n * p) ** 2 / (n * p) for x, p in expected.items())
+
+
+def _sample_outputs(n: int, heads: int, seed: int, speculative: bool = True):
+    gen = torch.Generator().manual_seed(seed)
+    sampling = decode.Sampling(temperature=1.0, generator=gen)
+    model, outputs, stats = MarkovModel(), [], []
+    for _ in range(n // 2000):  # batches of 2000 rows (one call per batch)
+        batch = decode.generate_batch(model, [b""] * 2000, max_bytes=3, heads=heads,
+                                      speculative=speculative, sampling=sampling)
+        outputs += [g.output for g in batch]
+        stats += [g.stats for g in batch]
+    return outputs, stats
+
+
+def test_chi_square_critical_value():
+    df = torch.tensor(26 / 2, dtype=torch.float64)
+    assert float(torch.special.gammaincc(df, torch.tensor(_CHI2_26_P001 / 2, dtype=torch.float64))) == \
+        pytest.approx(0.001, rel=1e-3)
+    assert sum(_target_probs().values()) == pytest.approx(1.0)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("heads", [2, 3])
+def test_speculative_sampling_has_the_target_distribution(heads):
+    outputs, stats = _sample_outputs(8000, heads, seed=heads)
+    assert _chi_square(outputs) < _CHI2_26_P001
+    drafted = sum(sum(s.drafted) for s in stats)
+    accepted = sum(sum(s.accepted) for s in stats)
+    assert 0 < accepted < drafted  # drafts were both accepted and rejected
+    for s in stats:
+        assert len(s.drafted) == heads - 1 and all(0.0 <= r <= 1.0 for r in s.acceptance)
+        assert all(0 <= a <= d for a, d in zip(s.accepted, s.drafted))
+        assert s.stopped_by == "max_bytes" and s.bytes_out == 3
+    # P(accept) of the first draft is sum_x min(p(x), q(x)) for the position after the first byte
+    assert 0.3 < accepted / drafted < 0.8
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_plain_batch_sampling_has_the_target_distribution():
+    outputs, stats = _sample_outputs(4000, 1, seed=7, speculative=False)
+    assert _chi_square(outputs) < _CHI2_26_P001
+    assert all(s.forward_passes == 3 and s.drafted == [] for s in stats)
+
+
+def _accept_all_drafts(p_TV, q_DV, drafts, generator):
+    """A wrong rule: every draft accepted, the bonus byte from p (emits the draft distribution)."""
+    return len(drafts), decode._sample(p_TV[len(drafts)][None], generator)[0]
+
+
+def _resample_target_on_reject(p_TV, q_DV, drafts, generator):
+    """A subtly wrong rule: at a rejection the next byte comes from p, not from norm(max(0, p - q))."""
+    for j, d in enumerate(drafts):
+        if float(torch.rand((), generator=generator)) < min(1.0, float(p_TV[j, d]) / float(q_DV[j, d])):
+            continue
+        return j, decode._sample(p_TV[j][None], generator)[0]
+    return len(drafts), decode._sample(p_TV[len(drafts)][None], generator)[0]
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("wrong_rule,n", [(_accept_all_drafts, 2000), (_resample_target_on_reject, 4000)])
+def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch, wrong_rule, n):
+    monkeypatch.setattr(decode, "verify_sampled", wrong_rule)
+    outputs, _ = _sample_outputs(n, 2, seed=11)
+    assert _chi_square(outputs) > _CHI2_26_P001
+
+
+# --- sampling from a fitted model in a batch; streaming ------------------------------------------
+
+_SAMPLE_PROMPTS = [b"", b"o", b"la la", b"one two three", bytes(range(240, 250))]
+
+
+def _sampling(seed: int, **kw) -> decode.Sampling:
+    return decode.Sampling(**{"temperature": 1.0, **kw}, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("head_type", _HEAD_TYPES)
+def test_batch_sampling_is_reproducible_from_the_seed(head_type):
+    model = _fitted_model(0, head_type)
+    runs = {}
+    for seed in (1, 1, 2):
+        for stacked in (True, False):
+            batch = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=24, heads=4, stacked=stacked,
+                                          sampling=_sampling(seed, temperature=1.3, top_k=40, top_p=0.97))
+            runs.setdefault(seed, []).append([g.output for g in batch])
+            assert all(len(g.output) <= 24 and 0.0 <= min(g.stats.acceptance, default=0.0)
+                       and max(g.stats.acceptance, default=0.0) <= 1.0 for g in batch)
+    assert all(run == runs[1][0] for run in runs[1])  # same seed: same outputs, stacked or not
+    assert runs[2][0] == runs[2][1]
+    assert runs[1][0] != runs[2][0]  # the seed matters (24 bytes at temperature 1.3 in 5 rows)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("head_type", _HEAD_TYPES)
+def test_plain_batch_sampling_runs_and_matches_plain_decoding(head_type):
+    model = _fitted_model(0, head_type)
+    batch = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, speculative=False,
+                                  sampling=_sampling(3, temperature=0.9, top_p=0.9))
+    again = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, speculative=False,
+                                  sampling=_sampling(3, temperature=0.9, top_p=0.9))
+    assert [g.output for g in batch] == [g.output for g in again]
+    for got in batch:
+        stats = got.stats
+        assert stats.drafted == [] and len(got.output) <= 20
+        # one byte per pass: the last pass gave the final byte, or one more gave EOS
+        assert stats.forward_passes == stats.bytes_out + (stats.stopped_by == "eos")
+    # one row with k = 1 draws from the generator exactly as plain decoding does, byte for byte
+    for prompt in _SAMPLE_PROMPTS[:3]:
+        row = decode.generate_batch(model, [prompt], max_bytes=20, speculative=False,
+                                    sampling=_sampling(5, temperature=1.1))[0]
+        plain = decode.generate(model, prompt, max_bytes=20, sampling=_sampling(5, temperature=1.1))
+        assert row.output == plain.output
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("sampling", [None, "sampled"])
+@pytest.mark.parametrize("head_type", _HEAD_TYPES)
+def test_streamed_pieces_per_row_equal_the_outputs(head_type, sampling):
+    model = _fitted_model(0, head_type)
+    for k, speculative in ((4, True), (8, True), (1, False)):
+        pieces = {}
+        batch = decode.generate_batch(
+            model, _SAMPLE_PROMPTS, max_bytes=20, heads=k, speculative=speculative,
+            sampling=_sampling(4) if sampling else None, stop=(b"la l",),
+            on_bytes=lambda r, piece: pieces.setdefault(r, []).append(piece))
+        assert set(pieces) <= set(range(len(_SAMPLE_PROMPTS))) and any(g.output for g in batch)
+        for r, got in enumerate(batch):
+            assert all(isinstance(p, bytes) and p for p in pieces.get(r, []))
+            assert b"".join(pieces.get(r, [])) == got.output

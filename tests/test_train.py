@@ -178,7 +178,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run_bit_for_bit(tmp_path, cor
         assert torch.equal(weights_a[key], weights_b[key]), key
     state_a = json.loads((final_a / "train_state.json").read_text())
     state_b = json.loads((final_b / "train_state.json").read_text())
-    for key in ("loader", "rng", "bytes_seen", "skipped_steps", "val_bpb"):
+    for key in ("loaders", "rngs", "world_size", "bytes_seen", "skipped_steps", "val_bpb"):
         assert state_a[key] == state_b[key], key
 
 
