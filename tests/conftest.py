@@ -10,3 +10,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(no_gpu)
+
+
+@pytest.fixture(scope="session")
+def code_corpus(tmp_path_factory):
+    """A small prepared corpus of generated Python files, with a val split."""
+    from bytemtp.corpus import prepare
+
+    root = tmp_path_factory.mktemp("code")
+    src = root / "src"
+    src.mkdir()
+    for i in range(60):
+        (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + {i * 7}  # {'pad ' * 10}\n" * (2 + i % 5))
+    prepare([src], root / "corpus", val_fraction=0.2)
+    return root / "corpus"

@@ -23,7 +23,6 @@ from safetensors.torch import load_file
 
 from bytemtp import distributed as dist_lib
 from bytemtp.checkpoint import latest_checkpoint
-from bytemtp.corpus import prepare
 
 pytestmark = pytest.mark.distributed
 HERE = Path(__file__).parent
@@ -62,14 +61,8 @@ def test_steps_under_ddp_and_fsdp_equal_one_process(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dist")
-    src = root / "src"
-    src.mkdir()
-    for i in range(60):
-        (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + {i * 7}\n" * (2 + i % 5))
-    prepare([src], root / "corpus", val_fraction=0.1)
-    return root / "corpus"
+def corpus(code_corpus):
+    return code_corpus
 
 
 def _train_args(corpus, out, *more) -> list[str]:

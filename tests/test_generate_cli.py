@@ -11,7 +11,6 @@ from click.testing import CliRunner
 from bytemtp import decode
 from bytemtp.checkpoint import load_model, save_checkpoint
 from bytemtp.config import tiny
-from bytemtp.corpus import prepare
 from bytemtp.model import ByteMTP
 from bytemtp_cli.main import main
 
@@ -21,16 +20,11 @@ def run(*args):
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
+def ckpt(tmp_path_factory, code_corpus):
     """A tiny run whose corpus has a val split (for the decode benchmark's default prompts)."""
     root = tmp_path_factory.mktemp("gen")
-    src = root / "src"
-    src.mkdir()
-    for i in range(40):
-        (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}  # {'pad ' * 10}\n" * 3)
-    prepare([src], root / "corpus", val_fraction=0.3)
     cfg = tiny()
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(root / "corpus")))
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(code_corpus)))
     model = ByteMTP(cfg.model)
     model.init_weights(generator=torch.Generator().manual_seed(5))
     save_checkpoint(root / "run", step=1, model=model, config=cfg, train_state={})
