@@ -6,7 +6,8 @@
 2. `bytemtp train --nproc 2`: a run stopped and resumed under torchrun equals an uninterrupted
    one, under DDP and FSDP2; resuming with another number of processes is a one-line error.
 3. SIGTERM to one rank: every rank stops at the same step, one checkpoint is saved, exit 0.
-4. Restarted by torchrun (--max-restarts), a run resumes from its newest checkpoint by itself.
+4. A non-finite loss on one rank skips the step on both.
+5. Restarted by torchrun (--max-restarts), a run resumes from its newest checkpoint by itself.
 """
 
 import json
@@ -107,6 +108,19 @@ def test_resume_under_torchrun_equals_uninterrupted(corpus, tmp_path, parallel):
     res = _bytemtp("train", "--resume", str(whole), "--steps", "10")
     assert res.returncode != 0
     assert "saved by 2 process(es)" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_non_finite_loss_on_one_rank_skips_the_step_on_all(corpus, tmp_path):
+    run, out = tmp_path / "run", tmp_path / "digest"
+    proc = subprocess.run([*TORCHRUN, str(HERE / "dist_train_worker.py"), str(corpus), str(run), str(out)],
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)]
+    assert ranks[0]["digest"] == ranks[1]["digest"]  # both skipped the same step: still the same model
+    assert ranks[0]["calls"] == ranks[1]["calls"] == 5
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "loss" in line]
+    assert [r["skipped_steps"] for r in lines] == [0, 0, 1, 1, 1]
+    assert lines[2]["loss"] is None  # the average over the ranks is not finite
 
 
 def _children(pid: int) -> list[int]:
