@@ -43,3 +43,29 @@ def test_peak_memory_efficient_below_plain_on_cuda():
     efficient = peak_memory_mb("small", "mtp", batch_size=8, device="cuda")
     plain = peak_memory_mb("small", "mtp_plain", batch_size=8, device="cuda")
     assert efficient < plain
+
+
+def test_stacked_heads_and_per_row_cache_on_cuda():
+    model = ByteMTP(dataclasses.replace(C.tiny().model, n_future=4)).cuda().eval()
+    ids = torch.randint(0, 256, (3, 30), device="cuda")
+    full = model.logits(ids)
+    cache = KVCache.for_model(model, batch_size=3)
+    model.logits(ids[:, :10], cache)
+    cache.rewind([0, 4, 7])
+    fed = torch.stack([ids[0, 10:14], ids[1, 6:10], ids[2, 3:7]])
+    got = model.logits(fed, cache, stacked=model.stack_heads(4))
+    for row, start in enumerate([10, 6, 3]):
+        torch.testing.assert_close(got[row], full[row, start:start + 4], atol=1e-4, rtol=1e-4)
+
+
+def test_batched_decoding_on_cuda_with_a_cuda_generator():
+    from bytemtp import decode
+
+    model = ByteMTP(C.tiny().model).cuda().eval()
+    prompts = [b"", b"def ", b"x" * 20]
+    plain = [decode.generate(model, p, max_bytes=16).output for p in prompts]
+    assert [g.output for g in decode.generate_batch(model, prompts, max_bytes=16)] == plain
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    sampled = decode.generate_batch(model, prompts, max_bytes=16,
+                                    sampling=decode.Sampling(temperature=1.0, generator=gen))
+    assert all(len(g.output) <= 16 for g in sampled)
