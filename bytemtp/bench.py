@@ -29,6 +29,7 @@ from bytemtp.config import DataConfig, LossConfig, preset
 from bytemtp import decode
 from bytemtp.checkpoint import load_model
 from bytemtp.corpus import CorpusError, corpus_files, decompressed_size, iter_documents
+from bytemtp.flops import peak_gpu_flops, step_flops
 from bytemtp.loader import ByteLoader
 from bytemtp.model import ByteMTP, KVCache
 from bytemtp.step import forward_backward, plain_forward_backward
@@ -40,29 +41,12 @@ TRAIN_STEP_VARIANTS = {  # name: (n_future, memory-efficient step)
     "mtp_plain": (8, False),
 }
 
-# dense bf16 peak of GPUs we know, for model FLOP utilisation
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
-
-
-def step_flops(model: ByteMTP, tokens: int, seq_len: int) -> float:
-    """FLOPs of forward + backward: 6 per matmul parameter per token, plus causal attention."""
-    cfg = model.config
-    matmul_params = model.num_params() - model.num_params("embed")
-    attention = 6 * cfg.total_layers * seq_len * cfg.d_model  # QK^T and AV, causal half, fwd + bwd
-    return tokens * (6 * matmul_params + attention)
-
-
 def _memory_kib(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _peak_gpu_flops(device: torch.device) -> float | None:
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
 
 
 class _Variant:
@@ -141,7 +125,7 @@ def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 
             progress("warm-up" if i < warmup else "timing")
     result = {"preset": preset_name, "device": device, "batch_size": batch_size,
               "seq_len": variants["ntp"].cfg.seq_len, "steps": steps}
-    peak_flops = _peak_gpu_flops(dev) if dev.type == "cuda" else None
+    peak_flops = peak_gpu_flops(dev)
     for name, v in variants.items():
         step_s = statistics.median(times[name])
         result[f"{name}_step_s"] = step_s

@@ -61,7 +61,8 @@ class Dist:
 
     @property
     def active(self) -> bool:
-        return self.world_size > 1
+        """Under torchrun (a process group exists), even with one process: the same code path."""
+        return dist.is_initialized()
 
 
 def launched_by_torchrun() -> bool:

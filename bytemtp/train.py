@@ -48,6 +48,7 @@ from bytemtp import distributed as dist_lib
 from bytemtp.checkpoint import (
     CheckpointError, latest_checkpoint, load_optimizer_state, load_train_state, save_checkpoint)
 from bytemtp.config import Config, DataConfig, TrainConfig, to_dict, to_json
+from bytemtp.flops import peak_gpu_flops, step_flops
 from bytemtp.loader import ByteLoader, combine_stats
 from bytemtp.model import Block, ByteMTP
 from bytemtp.step import evaluate_heads, forward_backward, plain_forward_backward
@@ -267,6 +268,8 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
     step_fn = forward_backward if tc.memory_efficient else plain_forward_backward
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     bytes_per_step = cfg.data.batch_size * mc.seq_len * tc.grad_accum * d.world_size
+    flops_per_step = step_flops(model, bytes_per_step, mc.seq_len)  # the model's, over all ranks
+    peak_flops = peak_gpu_flops(device)
     horizon = schedule_horizon(tc, bytes_per_step)
     params = list(model.parameters())
     metrics, metrics_ok = open(run_dir / METRICS, "a") if d.is_main else None, True
@@ -375,7 +378,12 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
                                 refresh=False)
             if step % tc.log_every == 0 or step == tc.steps:
                 data_stats = combine_stats(dist_lib.gather(loader.stats(), d))
-                log({"step": step, "bytes": bytes_seen, "loss": loss.item(), "bpb": bpb,
+                gpu = {}
+                if device.type == "cuda":  # model FLOP utilisation of all ranks' GPUs; this rank's memory
+                    gpu["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+                    if peak_flops:
+                        gpu["mfu"] = flops_per_step / step_s / (peak_flops * d.world_size)
+                log({**gpu, "step": step, "bytes": bytes_seen, "loss": loss.item(), "bpb": bpb,
                      "head_loss": head_loss.tolist(), "head_acc": head_acc.tolist(), "lr": lr,
                      "grad_norm": grad_norm.item(), "bytes_per_s": bytes_per_step / step_s,
                      "skipped_steps": skipped, "elapsed_s": elapsed, "data": data_stats})

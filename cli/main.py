@@ -392,6 +392,50 @@ def _stats_dict(st) -> dict:
     return out
 
 
+@main.command("eval")
+@click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
+@click.option("--data", "data_path", default=None,
+              help="Corpus to evaluate on (prepared directory, folder, glob or file); default: the run's.")
+@click.option("--split", type=click.Choice(["val", "train", "all"]), default="val", show_default=True,
+              help="Split of a prepared corpus; all = every file.")
+@click.option("--batches", default=50, show_default=True, type=click.IntRange(1),
+              help="Batches at most (per process); fewer when the split ends first.")
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
+def eval_cmd(ckpt: str, data_path: str | None, split: str, batches: int, batch_size: int, device: str,
+             json_path: str | None) -> None:
+    """Bits per byte and accuracy of every head, and the acceptance profile of self-speculative decoding.
+
+    Runs under torchrun too (each process evaluates its share; the sums are added).
+    """
+    from tqdm import tqdm
+
+    from bytemtp import distributed as dist_lib
+    from bytemtp.checkpoint import load_model
+    from bytemtp.evaluate import evaluate
+    from bytemtp.train import resolve_device
+
+    d = dist_lib.setup(resolve_device(device))
+    try:
+        model, cfg = load_model(ckpt, device=d.device)
+        data = data_path or cfg.data.path
+        with tqdm(total=batches, desc="eval", unit="batch", disable=not d.is_main) as bar:
+            res = evaluate(model, data, split=None if split == "all" else split, batches=batches,
+                           batch_size=batch_size, device=d.device, d=d, progress=bar.update)
+    finally:
+        dist_lib.teardown()
+    if not d.is_main:
+        return
+    res = {"ckpt": str(ckpt), "data": str(data), "split": split, **res}
+    click.echo(f"{res['bytes']:,} bytes of {data} ({split})")
+    rows = [(f"h{k + 1}", f"{b:.3f}", f"{a:.3f}", f"{res['acceptance'].get(k + 1, 1.0):.3f}" if k else "-",
+             f"{res['bytes_per_forward'].get(k + 1, 1.0):.2f}" if k else "1.00")
+            for k, (b, a) in enumerate(zip(res["bpb"], res["accuracy"]))]
+    click.echo(_table(rows, ("head", "bits/byte", "accuracy", "heads 2..k right", "bytes/pass with k")))
+    _write_json(json_path, res)
+
+
 @main.command("inspect")
 @click.argument("path", type=click.Path())
 def inspect_cmd(path: str) -> None:

@@ -1,0 +1,93 @@
+"""Evaluation of a trained model on any corpus: every head's bits per byte and top-1 accuracy,
+and the acceptance profile that self-speculative decoding would see.
+
+The acceptance profile, from the true text: at a position t, draft head j (j = 2..K) is right
+when its greedy byte equals the byte j positions ahead. For each k, `acceptance[k]` is the
+fraction of positions at which heads 2..k are all right, among the positions whose targets 1..k
+all lie inside the document. Greedy self-speculative decoding with k heads emits head 1's byte
+plus the drafts up to the first wrong one, so where head 1 follows the text it emits on average
+1 + acceptance[2] + ... + acceptance[k] bytes per forward pass (`bytes_per_forward[k]`). Decoding
+verifies against the model's own greedy continuation rather than the text, so this is a
+prediction from the data, not a measurement of decoding (`bytemtp bench decode` measures that).
+
+Under torchrun every rank evaluates its own share of the corpus; the sums are added over the
+ranks before anything is divided.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from bytemtp import distributed as dist_lib
+from bytemtp.config import DataConfig
+from bytemtp.corpus import CorpusError
+from bytemtp.loader import ByteLoader
+from bytemtp.loss import IGNORE, future_targets
+from bytemtp.model import ByteMTP
+
+LN2 = math.log(2)
+
+
+@torch.inference_mode()
+def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: int = 50, batch_size: int = 8,
+             device: torch.device = torch.device("cpu"), d: dist_lib.Dist | None = None,
+             progress=None) -> dict:
+    """Bits per byte, accuracy and the acceptance profile of `model` on up to `batches` batches
+    (per rank) of one pass over the corpus (its `split`: val, train, or None for every file)."""
+    d = d or dist_lib.Dist(device=device)
+    cfg = model.config
+    K, T = cfg.n_future, cfg.seq_len
+    loader = ByteLoader(DataConfig(path=data, batch_size=batch_size, shuffle_buffer=1), seq_len=T, n_future=K,
+                        rank=d.rank, world_size=d.world_size, split=split)
+    if not loader.files:
+        raise CorpusError(f"{data} has no {split} split to evaluate; pass split=None (--split all)")
+    sums = torch.zeros(4, K, dtype=torch.float64)  # nats, correct, count per head; accepted per k
+    runs = torch.zeros(K, dtype=torch.float64)  # positions whose targets 1..k are all valid
+    model.eval()
+    for _ in range(batches):
+        batch = next(loader).to(device)
+        if loader.epoch > 0:  # one pass: every document once
+            break
+        targets_BTK = future_targets(batch, n_future=K, seq_len=T, mask_after_eos=True)
+        z_BTD = model(batch[:, :T])
+        right_BTK = torch.zeros(targets_BTK.shape, dtype=torch.bool, device=device)
+        h_BTD = None
+        for k in range(K):
+            h_BTD = model.head_state(k, model.head_input(k, z_BTD, h_BTD))
+            logits = model.head_logits(k, h_BTD).float()
+            targets = targets_BTK[:, :, k]
+            valid = targets != IGNORE
+            nats = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(),
+                                                     ignore_index=IGNORE, reduction="sum")
+            right_BTK[:, :, k] = (logits.argmax(-1) == targets) & valid
+            sums[0, k] += float(nats)
+            sums[1, k] += float(right_BTK[:, :, k].sum())
+            sums[2, k] += float(valid.sum())
+        valid_BTK = targets_BTK != IGNORE
+        all_valid = valid_BTK.cumprod(dim=-1).bool()  # targets 1..k inside the document
+        drafts_right = right_BTK.clone()
+        drafts_right[:, :, 0] = True  # head 1's byte is emitted whatever; drafts are heads 2..k
+        all_right = drafts_right.cumprod(dim=-1).bool() & all_valid
+        sums[3] += all_right.flatten(0, 1).sum(0).double().cpu()
+        runs += all_valid.flatten(0, 1).sum(0).double().cpu()
+        if progress is not None:
+            progress()
+    if d.active:
+        both = torch.cat([sums.flatten(), runs]).to(device)
+        torch.distributed.all_reduce(both)
+        both = both.cpu()
+        sums, runs = both[:4 * K].view(4, K), both[4 * K:]
+    nats, correct, count, accepted = sums
+    if count[0] == 0:
+        raise CorpusError(f"{data} gave no bytes to evaluate ({split or 'all'} split)")
+    acceptance = (accepted / runs.clamp(min=1)).tolist()
+    acceptance[0] = 1.0
+    return {
+        "bytes": int(count[0]),
+        "bpb": (nats / count.clamp(min=1) / LN2).tolist(),
+        "accuracy": (correct / count.clamp(min=1)).tolist(),
+        "acceptance": {k + 1: acceptance[k] for k in range(1, K)},
+        "bytes_per_forward": {k + 1: 1 + sum(acceptance[1:k + 1]) for k in range(1, K)},
+    }

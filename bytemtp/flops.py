@@ -1,0 +1,26 @@
+"""Model FLOPs of a training step and the peak of the GPU it runs on: model FLOP utilisation."""
+
+from __future__ import annotations
+
+import torch
+
+from bytemtp.model import ByteMTP
+
+# dense bf16 peak of GPUs we know, for model FLOP utilisation
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+
+def step_flops(model: ByteMTP, tokens: int, seq_len: int) -> float:
+    """FLOPs of forward + backward: 6 per matmul parameter per token, plus causal attention."""
+    cfg = model.config
+    matmul_params = model.num_params() - model.num_params("embed")
+    attention = 6 * cfg.total_layers * seq_len * cfg.d_model  # QK^T and AV, causal half, fwd + bwd
+    return tokens * (6 * matmul_params + attention)
+
+
+def peak_gpu_flops(device: torch.device) -> float | None:
+    """The dense bf16 peak of the GPU behind `device`, when it is one we know."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The checks that the issues ask for "where an NVIDIA GPU is at hand", in one run on one GPU
+# (about 10 minutes on an H200). Logs, metrics and JSON go to $OUT (default: gpu-check/); the
+# figures then go into BENCHMARKS.md. Needs bytemtp's dependencies importable (`make setup`, or
+# wheels on PYTHONPATH where the machine has no network).
+set -uo pipefail
+OUT=${OUT:-gpu-check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+B="python3 -m bytemtp_cli"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+
+# 1. the gpu-marked tests: fast paths in bf16, stacked heads, batched decoding with a CUDA generator
+python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/tests.log"
+
+# 2. training step: time and peak memory, next-byte vs 8 heads (memory-efficient and plain)
+$B bench train-step --preset small --device cuda --json "$OUT/train-step.json" 2>&1 | tee "$OUT/train-step.log"
+
+# 3. the default corpus, a small model trained on it, and the decode benchmark in bf16 at batch 1 and 16
+STDLIB=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+[ -f data/corpus/stdlib/manifest.json ] || $B prep "$STDLIB" --out data/corpus/stdlib --include '*.py' \
+  --exclude 'site-packages/*' --licence PSF-2.0 > "$OUT/prep.log" 2>&1
+rm -rf runs/gpu-small
+$B train --preset small --data data/corpus/stdlib --out runs/gpu-small --steps 1500 --time 3m \
+  --set train.eval_every=500 > "$OUT/train-small.log" 2>&1
+$B bench decode --ckpt runs/gpu-small --device cuda --dtype bfloat16 --batch-sizes 1,16 \
+  --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log"
+
+# 4. the base preset under FSDP2 in bf16, n_future 8 vs 1: bytes/s, MFU and peak memory per logged step
+for n in 8 1; do
+  rm -rf "runs/gpu-base-$n"
+  python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m bytemtp_cli train --parallel fsdp \
+    --preset base --data data/corpus/stdlib --out "runs/gpu-base-$n" --steps 200 --time 90s \
+    --set model.n_future=$n --set train.eval_every=0 --set train.eval_batches=2 > "$OUT/base-$n.log" 2>&1
+  cp "runs/gpu-base-$n/metrics.jsonl" "$OUT/base-$n-metrics.jsonl"
+done

@@ -1,0 +1,133 @@
+"""`bytemtp eval`: per-head bits per byte and accuracy, and the acceptance profile, held against
+slow references: the training loop's validation and a position-by-position recount."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from bytemtp import config as C
+from bytemtp.checkpoint import save_checkpoint
+from bytemtp.config import DataConfig
+from bytemtp.evaluate import evaluate
+from bytemtp.loader import ByteLoader
+from bytemtp.loss import IGNORE, future_targets
+from bytemtp.model import ByteMTP
+from bytemtp.train import validate
+from bytemtp_cli.main import main
+
+
+def _model(head_type="transformer", seed=2):
+    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=4)
+    model = ByteMTP(cfg)
+    model.init_weights(generator=torch.Generator().manual_seed(seed))
+    return model.eval()
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+def test_bits_per_byte_equal_the_training_validation(code_corpus, head_type):
+    model = _model(head_type)
+    cfg = dataclasses.replace(C.tiny(), model=model.config)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_batches=3))
+    val_cfg = DataConfig(path=str(code_corpus), batch_size=2, shuffle_buffer=1)
+    want = validate(model, cfg, val_cfg, torch.device("cpu"), torch.autocast("cpu", enabled=False))
+    got = evaluate(model, str(code_corpus), batches=3, batch_size=2)
+    assert got["bpb"] == pytest.approx(want, rel=1e-5)
+
+
+def _recount(model, corpus, batches, batch_size):
+    """Acceptance by hand: position by position over the same batches."""
+    K, T = model.config.n_future, model.config.seq_len
+    loader = ByteLoader(DataConfig(path=str(corpus), batch_size=batch_size, shuffle_buffer=1), seq_len=T,
+                        n_future=K, split="val")
+    accepted, positions = [0] * (K + 1), [0] * (K + 1)
+    for _ in range(batches):
+        batch = next(loader)
+        if loader.epoch > 0:
+            break
+        targets = future_targets(batch, n_future=K, seq_len=T, mask_after_eos=True)
+        with torch.no_grad():
+            picks = model.logits(batch[:, :T]).argmax(-1)
+        for b in range(batch.shape[0]):
+            for t in range(T):
+                for k in range(2, K + 1):
+                    if all(targets[b, t, j] != IGNORE for j in range(k)):
+                        positions[k] += 1
+                        accepted[k] += all(picks[b, t, j] == targets[b, t, j] for j in range(1, k))
+    return {k: accepted[k] / positions[k] for k in range(2, K + 1)}
+
+
+def test_acceptance_profile_equals_a_position_by_position_count(code_corpus):
+    model = _model()
+    got = evaluate(model, str(code_corpus), batches=2, batch_size=2)
+    want = _recount(model, code_corpus, 2, 2)
+    assert got["acceptance"].keys() == want.keys()
+    for k in want:
+        assert got["acceptance"][k] == pytest.approx(want[k], abs=1e-12), k
+    rates = [got["acceptance"][k] for k in sorted(got["acceptance"])]
+    assert rates == sorted(rates, reverse=True)  # more heads all right: never more often
+    for k in got["bytes_per_forward"]:
+        assert got["bytes_per_forward"][k] == pytest.approx(1 + sum(got["acceptance"][j] for j in range(2, k + 1)))
+
+
+def test_a_model_trained_to_copy_gets_drafts_right(code_corpus):
+    """A trained model's heads must be right more often than an untrained one's: the profile
+    measures the model, not the data alone."""
+    from bytemtp.step import forward_backward
+
+    model = _model(seed=5).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    loader = ByteLoader(DataConfig(path=str(code_corpus), batch_size=8), seq_len=model.config.seq_len,
+                        n_future=4)
+    before = evaluate(model.eval(), str(code_corpus), batches=4, batch_size=4)
+    model.train()
+    for _ in range(60):
+        forward_backward(model, next(loader), loss_cfg=C.LossConfig())
+        optimizer.step()
+        optimizer.zero_grad()
+    after = evaluate(model.eval(), str(code_corpus), batches=4, batch_size=4)
+    assert after["bpb"][0] < before["bpb"][0]
+    assert after["acceptance"][2] > before["acceptance"][2]
+
+
+def test_eval_command(code_corpus, tmp_path):
+    model = _model()
+    cfg = dataclasses.replace(C.tiny(), model=model.config,
+                              data=dataclasses.replace(C.tiny().data, path=str(code_corpus)))
+    save_checkpoint(tmp_path / "run", step=1, model=model, config=cfg, train_state={})
+    out = tmp_path / "eval.json"
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(tmp_path / "run"), "--batches", "3", "--batch-size", "2",
+                                    "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "heads 2..k right" in res.output and "h4" in res.output
+    data = json.loads(out.read_text())
+    assert len(data["bpb"]) == len(data["accuracy"]) == 4 and data["bytes"] > 0
+    assert set(data["acceptance"]) == {"2", "3", "4"}
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(tmp_path / "run"), "--data", str(tmp_path / "none")])
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(tmp_path / "run"), "--split", "all", "--batches", "2"])
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.distributed
+def test_eval_under_torchrun_adds_the_ranks(code_corpus, tmp_path):
+    model = _model()
+    cfg = dataclasses.replace(C.tiny(), model=model.config,
+                              data=dataclasses.replace(C.tiny().data, path=str(code_corpus)))
+    save_checkpoint(tmp_path / "run", step=1, model=model, config=cfg, train_state={})
+    one = evaluate(model, str(code_corpus), batches=1000, batch_size=2)
+    out = tmp_path / "eval.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           "-m", "bytemtp_cli", "eval", "--ckpt", str(tmp_path / "run"), "--batches", "1000",
+                           "--batch-size", "2", "--device", "cpu", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = json.loads(out.read_text())
+    # the two ranks pack their halves of the documents into windows of their own: the same bytes
+    # up to the partial windows at the ends
+    assert two["bytes"] == pytest.approx(one["bytes"], rel=0.1)
+    assert two["bpb"][0] == pytest.approx(one["bpb"][0], rel=0.02)
