@@ -436,6 +436,38 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str, batches: int, batch_s
     _write_json(json_path, res)
 
 
+@main.command("plot")
+@click.argument("run", type=click.Path(file_okay=False))
+@click.option("--out", default=None, type=click.Path(file_okay=False), help="Folder for the PNGs; default RUN/plots.")
+@click.option("--eval", "eval_json", type=click.Path(dir_okay=False, exists=True),
+              help="Take the acceptance profile from `bytemtp eval --json` output instead of evaluating.")
+@click.option("--eval-batches", default=20, show_default=True, type=click.IntRange(0),
+              help="Val batches to evaluate for the acceptance profile (0: no profile).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+def plot_cmd(run: str, out: str | None, eval_json: str | None, eval_batches: int, device: str) -> None:
+    """PNG figures of a run: loss and validation bits per byte per head, and the acceptance profile."""
+    from bytemtp import plot
+
+    out_dir = out or os.path.join(run, "plots")
+    written = plot.training_curves(run, out_dir)
+    if eval_json:
+        result = json.loads(open(eval_json).read())
+    elif eval_batches:
+        from bytemtp.checkpoint import load_model
+        from bytemtp.evaluate import evaluate
+        from bytemtp.train import resolve_device
+
+        dev = resolve_device(device)
+        model, cfg = load_model(run, device=dev)
+        result = evaluate(model, cfg.data.path, batches=eval_batches, device=dev) if model.config.n_future > 1 else None
+    else:
+        result = None
+    if result is not None:
+        written.append(plot.acceptance_profile(result, os.path.join(out_dir, "acceptance.png")))
+    for path in written:
+        click.echo(f"wrote {path}")
+
+
 @main.command("inspect")
 @click.argument("path", type=click.Path())
 def inspect_cmd(path: str) -> None:

@@ -12,7 +12,7 @@ LAYER = {
     "config": 0, "vocab": 0,
     "model": 1, "loss": 1, "corpus": 1, "tasks": 1,
     "step": 2, "checkpoint": 2, "loader": 2, "decode": 2, "distributed": 2, "flops": 2,
-    "train": 3, "evaluate": 3,
+    "train": 3, "evaluate": 3, "plot": 4,
     "bench": 4,
 }
 NO_TORCH = {"config", "vocab"}
