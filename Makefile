@@ -57,6 +57,8 @@ demo: setup corpus
 	$(BYTEMTP) generate --ckpt $(DEMO_RUN) --prompt "$$(printf 'class Parser:\n    def ')" --max-bytes 200 \
 	  --compare
 
+# Every benchmark in one run (a few minutes on two CPU cores); decode and eval use the
+# make demo run, so it comes first when there is none.
 bench: setup corpus
-	$(BYTEMTP) bench train-step --preset small --json bench-train-step.json
-	$(BYTEMTP) bench loader --data data/corpus/$(NAME) --json bench-loader.json
+	@ls $(DEMO_RUN)/checkpoints 2>/dev/null | grep -q '^step-' || $(MAKE) demo
+	$(BYTEMTP) bench all --ckpt $(DEMO_RUN) --data data/corpus/$(NAME) --json bench-all.json

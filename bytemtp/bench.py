@@ -29,6 +29,7 @@ from bytemtp.config import DataConfig, LossConfig, preset
 from bytemtp import decode
 from bytemtp.checkpoint import load_model
 from bytemtp.corpus import CorpusError, corpus_files, decompressed_size, iter_documents
+from bytemtp.evaluate import evaluate
 from bytemtp.flops import peak_gpu_flops, step_flops
 from bytemtp.loader import ByteLoader
 from bytemtp.model import ByteMTP, KVCache
@@ -331,3 +332,29 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
                                           "efficiency", "identical")},
             "forward_cost_ratio": _forward_cost_ratio(model, n_future),
             "all_identical": all(c["identical"] for c in cases), "cases": cases}
+
+
+def all_benchmarks(*, ckpt: str, data: str = "data/corpus/stdlib", preset_name: str = "small",
+                   device: str = "cpu", n_prompts: int = 32, eval_batches: int = 20, progress=None) -> dict:
+    """The training step, the loader, decoding and evaluation in one run (under two minutes on
+    two CPU cores with the `small` preset and the `make demo` run): each one's result under its
+    name, and `summary`, the figures that BENCHMARKS.md tracks."""
+    say = progress or (lambda name: None)
+    say("train-step")
+    step = train_step(preset_name, device=device)
+    say("loader")
+    loader = loader_throughput(data)
+    say("decode")
+    dec = decode_speed(ckpt, n_prompts=n_prompts, device=device)
+    say("eval")
+    model, cfg = load_model(ckpt, device=torch.device(device))
+    ev = evaluate(model, cfg.data.path, batches=eval_batches, device=torch.device(device))
+    k = model.config.n_future
+    summary = {
+        "train_step.time_ratio": step["time_ratio"], "train_step.memory_ratio": step["memory_ratio"],
+        "loader.ratio": loader["ratio"], "loader.loader_mb_s": loader["loader_mb_s"],
+        "decode.speedup": dec["speedup"], "decode.bytes_per_forward": dec["bytes_per_forward"],
+        "decode.efficiency": dec["efficiency"], "decode.identical": dec["all_identical"],
+        "eval.bpb_head1": ev["bpb"][0], f"eval.bytes_per_forward_{k}": ev["bytes_per_forward"][k],
+    }
+    return {"summary": summary, "train_step": step, "loader": loader, "decode": dec, "eval": ev}

@@ -603,6 +603,28 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
         raise click.ClickException("speculative output differs from plain greedy output")
 
 
+@bench.command("all")
+@click.option("--ckpt", default="runs/demo", show_default=True,
+              help="The run that decode and eval use (make demo trains it).")
+@click.option("--data", default="data/corpus/stdlib", show_default=True, help="A prepared corpus for the loader.")
+@_preset_option("small")
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N].")
+@click.option("--json", "json_path", default="bench-all.json", show_default=True, type=click.Path(dir_okay=False))
+def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) -> None:
+    """Train step, loader, decode and eval in one run: one table, one JSON."""
+    from bytemtp.bench import all_benchmarks
+    from bytemtp.checkpoint import latest_checkpoint
+
+    if latest_checkpoint(ckpt) is None and not os.path.isfile(os.path.join(ckpt, "config.json")):
+        raise click.ClickException(f"no checkpoint in {ckpt}: run `make demo` first, or give --ckpt RUN")
+    res = all_benchmarks(ckpt=ckpt, data=data, preset_name=preset, device=device,
+                         progress=lambda name: click.echo(f"--- {name}", err=True))
+    rows = [(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+            for key, value in res["summary"].items()]
+    click.echo(_table(rows, ("figure", "value")))
+    _write_json(json_path, res)
+
+
 def _write_json(path: str | None, data: dict) -> None:
     if path:
         with open(path, "w") as f:

@@ -113,3 +113,15 @@ def test_bench_decode_checks_identity_and_writes_keys(ckpt, tmp_path):
     assert data["efficiency"] == pytest.approx(data["speedup"] / data["bytes_per_forward"])
     assert {(c["batch_size"], c["heads"]) for c in data["cases"]} == {(b, k) for b in (1, 2) for k in (2, 4, 8)}
     assert data["prompts"] == 3 and data["forward_cost_ratio"] > 0
+
+
+def test_bench_all_writes_one_json(ckpt, code_corpus, tmp_path):
+    out = tmp_path / "all.json"
+    res = run("bench", "all", "--ckpt", ckpt, "--data", code_corpus, "--preset", "tiny", "--json", out)
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert set(data) == {"summary", "train_step", "loader", "decode", "eval"}
+    assert data["summary"]["decode.identical"] is True and data["summary"]["loader.ratio"] > 0
+    assert "train_step.time_ratio" in res.stdout
+    res = run("bench", "all", "--ckpt", tmp_path / "none")
+    assert res.exit_code != 0 and "make demo" in res.output
