@@ -14,7 +14,7 @@ DEMO_RUN ?= runs/demo
 DEMO_STEPS ?= 500
 DEMO_TIME ?= 12m
 
-.PHONY: setup test corpus demo bench
+.PHONY: setup test corpus corpus-poly demo bench
 
 # Installs into the interpreter that PYTHON names (activate a virtual environment first if you
 # want one). A torch that is already importable (a CUDA build, say) is kept; only when there is
@@ -38,6 +38,12 @@ ifeq ($(SRC),)
 else
 	$(BYTEMTP) prep "$(SRC)" --out data/corpus/$(NAME)
 endif
+
+# The paper's polynomial arithmetic (section 4.2): 200,000 problems of 1 to 5 operations over
+# F7[X]/(X^5) in data/corpus/poly; `bytemtp eval-task poly --ckpt RUN` tests 1 to 10.
+corpus-poly: setup
+	@if [ -f data/corpus/poly/manifest.json ]; then echo "data/corpus/poly exists (remove it to rebuild)"; \
+	else $(BYTEMTP) task-corpus poly --out data/corpus/poly --documents 200000; fi
 
 # The main job: the default corpus, the `small` 8-head model trained for about ten minutes on two
 # CPU cores (500 steps; far less on a GPU), then a sample from it. Run again to continue an

@@ -91,3 +91,25 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
         "acceptance": {k + 1: acceptance[k] for k in range(1, K)},
         "bytes_per_forward": {k + 1: 1 + sum(acceptance[1:k + 1]) for k in range(1, K)},
     }
+
+
+def task_accuracy(model: ByteMTP, test: dict, *, batch_size: int = 64, max_bytes: int = 32,
+                  progress=None) -> dict[int, float]:
+    """Greedy exact-match accuracy for each group of a task's test set ({group: [Problem]}): the
+    model continues each problem's prompt until EOS, and the continuation must be the answer.
+    Decoding is self-speculative where the model has heads to draft with (the same bytes as plain
+    greedy decoding), batch_size problems at a time."""
+    from bytemtp.decode import generate_batch
+
+    accuracy = {}
+    for group, items in test.items():
+        right = 0
+        for first in range(0, len(items), batch_size):
+            chunk = items[first:first + batch_size]
+            outs = generate_batch(model, [p.prompt.encode() for p in chunk], max_bytes=max_bytes,
+                                  speculative=model.config.n_future > 1)
+            right += sum(out.output == p.answer.encode() for out, p in zip(outs, chunk))
+            if progress is not None:
+                progress(len(chunk))
+        accuracy[group] = right / len(items)
+    return accuracy

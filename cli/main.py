@@ -468,6 +468,71 @@ def plot_cmd(run: str, out: str | None, eval_json: str | None, eval_batches: int
         click.echo(f"wrote {path}")
 
 
+def _parse_counts(text: str) -> range:
+    try:
+        low, _, high = text.partition("-")
+        counts = range(int(low), int(high or low) + 1)
+        assert len(counts) > 0 and counts.start >= 1
+        return counts
+    except (ValueError, AssertionError):
+        raise click.BadParameter(f"{text!r} is not a count or a range such as 1-10", param_hint="--counts") from None
+
+
+@main.command("task-corpus")
+@click.argument("task", type=click.Choice(["poly"]))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="The prepared corpus to write.")
+@click.option("--documents", default=200_000, show_default=True, type=click.IntRange(1))
+@click.option("--counts", default="1-5", show_default=True, help="Numbers of operations in training problems.")
+@click.option("--seed", default=0, show_default=True, type=int)
+def task_corpus_cmd(task: str, out: str, documents: int, counts: str, seed: int) -> None:
+    """Write a synthetic task's training problems as a prepared corpus (poly: paper section 4.2)."""
+    import tempfile
+
+    from bytemtp import tasks
+    from bytemtp.corpus import prepare
+
+    ops = _parse_counts(counts)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{task}.jsonl")
+        with open(path, "w") as f:
+            for p in tasks.problems(documents, operations=(ops.start, ops.stop - 1), seed=seed):
+                f.write(json.dumps({"text": p.text}) + "\n")
+        summary = prepare([path], out, val_fraction=0.01, licence="generated (CC0)",
+                          source_name=f"polynomial arithmetic over F7[X]/(X^5), {counts} operations, seed {seed}")
+    splits = summary.get("splits", {})
+    click.echo(f"wrote {out}: " + ", ".join(f"{name} {s.get('documents', 0):,} documents"
+                                            for name, s in splits.items())
+               + f"; {summary.get('duplicates', 0):,} duplicate problems left out")
+
+
+@main.command("eval-task")
+@click.argument("task", type=click.Choice(["poly"]))
+@click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
+@click.option("--per-count", default=2000, show_default=True, type=click.IntRange(1),
+              help="Test problems for each number of operations.")
+@click.option("--counts", default="1-10", show_default=True, help="Numbers of operations (1-5 in domain).")
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
+def eval_task_cmd(task: str, ckpt: str, per_count: int, counts: str, batch_size: int, device: str,
+                  json_path: str | None) -> None:
+    """Greedy exact-match accuracy on a synthetic task's fixed test set, per number of operations."""
+    from tqdm import tqdm
+
+    from bytemtp import tasks
+    from bytemtp.checkpoint import load_model
+    from bytemtp.evaluate import task_accuracy
+    from bytemtp.train import resolve_device
+
+    ops = _parse_counts(counts)
+    model, _ = load_model(ckpt, device=resolve_device(device))
+    test = tasks.test_set(per_count, ops)
+    with tqdm(total=per_count * len(ops), desc=task, unit="problem") as bar:
+        accuracy = task_accuracy(model, test, batch_size=batch_size, progress=bar.update)
+    click.echo(_table([(n, f"{a:.3f}") for n, a in accuracy.items()], ("operations", "exact match")))
+    _write_json(json_path, {"task": task, "ckpt": str(ckpt), "per_count": per_count, "accuracy": accuracy})
+
+
 @main.command("inspect")
 @click.argument("path", type=click.Path())
 def inspect_cmd(path: str) -> None:
