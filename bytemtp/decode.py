@@ -85,8 +85,8 @@ def distribution(logits_V: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return probs
 
 
-def _greedy(logits_TV: torch.Tensor) -> list[int]:
-    """Masked argmax at each position: what plain greedy decoding would pick."""
+def _greedy(logits_TV: torch.Tensor) -> list:
+    """Masked argmax over the last dim (nested lists for more dims): what greedy decoding picks."""
     masked = logits_TV.float().masked_fill(~_ALLOWED.to(logits_TV.device), float("-inf"))
     return masked.argmax(dim=-1).tolist()
 
@@ -229,8 +229,7 @@ def _picks(logits: torch.Tensor, sampling: Sampling):
     """Greedy: the masked argmax of every head at every position, as nested lists (one transfer).
     Sampling: the logits as float32 on the CPU, where the generator draws."""
     if sampling.temperature == 0:
-        masked = logits.float().masked_fill(~_ALLOWED.to(logits.device), float("-inf"))
-        return masked.argmax(dim=-1).tolist()
+        return _greedy(logits)
     gen = sampling.generator
     return logits.float() if gen is not None and gen.device == logits.device else logits.float().cpu()
 

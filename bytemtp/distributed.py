@@ -95,9 +95,16 @@ def setup(device: torch.device, *, timeout_s: float = 600.0) -> Dist:
     return Dist(rank=rank, world_size=world, local_rank=local, device=device)
 
 
-def teardown() -> None:
+def teardown(*, wait: bool = True) -> None:
+    """Leave the process group, once every rank is done with it when `wait` (a rank that
+    destroys its end while a peer still talks to it can abort the peer). After an error, leave
+    at once: the peers may never reach the barrier."""
     if dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            if wait:
+                dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def wrap_model(model: ByteMTP, d: Dist, parallel: str) -> nn.Module:

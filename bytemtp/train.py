@@ -226,10 +226,13 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, show_progre
         dist_lib.barrier(d)
         with torch.random.fork_rng(devices=[d.device] if d.device.type == "cuda" else []):
             torch.manual_seed(tc.seed + d.rank)  # dropout differs between ranks
-            return _train(cfg, run_dir, ckpt, d, show_progress=show_progress and d.is_main,
-                          say=say if d.is_main else (lambda *_: None))
-    finally:
-        dist_lib.teardown()
+            result = _train(cfg, run_dir, ckpt, d, show_progress=show_progress and d.is_main,
+                            say=say if d.is_main else (lambda *_: None))
+    except BaseException:
+        dist_lib.teardown(wait=False)
+        raise
+    dist_lib.teardown()
+    return result
 
 
 def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
@@ -345,15 +348,9 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
             for group in optimizer.param_groups:
                 group["lr"] = lr
             t0 = time.perf_counter()
-            outs = []
-            for micro in range(tc.grad_accum):
-                batch = next(loader).to(device, non_blocking=True)
-                with autocast, dist_lib.gradient_sync(wrapped, last=micro == tc.grad_accum - 1):
-                    outs.append(step_fn(model, batch, loss_cfg=cfg.loss, scale=1 / tc.grad_accum))
-            dist_lib.reduce_gradients(wrapped, d)
-            loss = dist_lib.mean(sum(o.total for o in outs) / len(outs), d)
-            head_loss = dist_lib.mean(sum(o.head_loss for o in outs) / len(outs), d)
-            head_acc = dist_lib.mean(sum(o.head_accuracy for o in outs) / len(outs), d)
+            loss, head_loss, head_acc = accumulate_gradients(
+                model, wrapped, (next(loader).to(device, non_blocking=True) for _ in range(tc.grad_accum)),
+                step_fn=step_fn, loss_cfg=cfg.loss, accum=tc.grad_accum, d=d, autocast=autocast)
             grad_norm = dist_lib.local(torch.nn.utils.clip_grad_norm_(params, tc.grad_clip or float("inf")))
             if torch.isfinite(loss) and torch.isfinite(grad_norm):
                 optimizer.step()
@@ -406,6 +403,20 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
         metrics.close()
     return RunResult(step=step, bytes_seen=bytes_seen, stopped_by=stopped_by, checkpoint=path,
                      val_bpb=val_bpb)
+
+
+def accumulate_gradients(model: ByteMTP, wrapped, batches, *, step_fn, loss_cfg, accum: int,
+                         d: dist_lib.Dist, autocast=contextlib.nullcontext()):
+    """Forward and backward of one optimizer step's `accum` micro-batches, with the gradients
+    reduced once over the ranks; the loss, per-head loss and per-head accuracy averaged over the
+    micro-batches and the ranks."""
+    outs = []
+    for micro, batch in enumerate(batches):
+        with autocast, dist_lib.gradient_sync(wrapped, last=micro == accum - 1):
+            outs.append(step_fn(model, batch, loss_cfg=loss_cfg, scale=1 / accum))
+    dist_lib.reduce_gradients(wrapped, d)
+    return tuple(dist_lib.mean(sum(values) / len(outs), d) for values in
+                 zip(*((o.total, o.head_loss, o.head_accuracy) for o in outs)))
 
 
 def _finite(value):

@@ -423,8 +423,10 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str, batches: int, batch_s
         with tqdm(total=batches, desc="eval", unit="batch", disable=not d.is_main) as bar:
             res = evaluate(model, data, split=None if split == "all" else split, batches=batches,
                            batch_size=batch_size, device=d.device, d=d, progress=bar.update)
-    finally:
-        dist_lib.teardown()
+    except BaseException:
+        dist_lib.teardown(wait=False)
+        raise
+    dist_lib.teardown()
     if not d.is_main:
         return
     res = {"ckpt": str(ckpt), "data": str(data), "split": split, **res}

@@ -13,7 +13,7 @@ from bytemtp import config as C
 from bytemtp import distributed as dist_lib
 from bytemtp.model import ByteMTP
 from bytemtp.step import forward_backward, plain_forward_backward
-from bytemtp.train import build_optimizer
+from bytemtp.train import accumulate_gradients, build_optimizer
 
 CASES = [  # parallel, head_type, unembed, memory_efficient, grad_accum
     ("ddp", "transformer", "replicated", True, 2),
@@ -45,19 +45,16 @@ def build(head_type: str, unembed: str):
 
 
 def train_steps(model, wrapped, cfg, data, *, memory_efficient: bool, d: dist_lib.Dist) -> list[float]:
-    """The training loop's step: micro-batches under gradient_sync, one reduction, clip, AdamW."""
+    """The training loop's step (`accumulate_gradients` on this rank's rows), clip, AdamW."""
     step_fn = forward_backward if memory_efficient else plain_forward_backward
     optimizer = build_optimizer(model, cfg.train, torch.device("cpu"))
     params = list(model.parameters())
     losses = []
     for micro_batches in data:
-        outs = []
-        for i, batch in enumerate(micro_batches):
-            rows = batch.chunk(d.world_size)[d.rank]
-            with dist_lib.gradient_sync(wrapped, last=i == len(micro_batches) - 1):
-                outs.append(step_fn(model, rows, loss_cfg=cfg.loss, scale=1 / len(micro_batches)))
-        dist_lib.reduce_gradients(wrapped, d)
-        losses.append(float(dist_lib.mean(sum(o.total for o in outs) / len(outs), d)))
+        rows = (batch.chunk(d.world_size)[d.rank] for batch in micro_batches)
+        loss, _, _ = accumulate_gradients(model, wrapped, rows, step_fn=step_fn, loss_cfg=cfg.loss,
+                                          accum=len(micro_batches), d=d)
+        losses.append(float(loss))
         dist_lib.local(torch.nn.utils.clip_grad_norm_(params, 1.0))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
