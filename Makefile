@@ -14,7 +14,7 @@ DEMO_RUN ?= runs/demo
 DEMO_STEPS ?= 500
 DEMO_TIME ?= 12m
 
-.PHONY: setup test corpus corpus-poly demo bench
+.PHONY: setup test corpus corpus-poly corpus-induction demo bench
 
 # Installs into the interpreter that PYTHON names (activate a virtual environment first if you
 # want one). A torch that is already importable (a CUDA build, say) is kept; only when there is
@@ -44,6 +44,13 @@ endif
 corpus-poly: setup
 	@if [ -f data/corpus/poly/manifest.json ]; then echo "data/corpus/poly exists (remove it to rebuild)"; \
 	else $(BYTEMTP) task-corpus poly --out data/corpus/poly --documents 200000; fi
+
+# The paper's induction task (section 4.1): 100,000 short stories whose characters carry made-up
+# two-part names, in data/corpus/induction; `bytemtp eval-task induction --ckpt RUN` scores the
+# second part of each name at its later mentions.
+corpus-induction: setup
+	@if [ -f data/corpus/induction/manifest.json ]; then echo "data/corpus/induction exists (remove it to rebuild)"; \
+	else $(BYTEMTP) task-corpus induction --out data/corpus/induction --documents 100000; fi
 
 # The main job: the default corpus, the `small` 8-head model trained for about ten minutes on two
 # CPU cores (500 steps; far less on a GPU), then a sample from it. Run again to continue an

@@ -94,11 +94,13 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
 
 
 def task_accuracy(model: ByteMTP, test: dict, *, batch_size: int = 64, max_bytes: int = 32,
-                  progress=None) -> dict[int, float]:
-    """Greedy exact-match accuracy for each group of a task's test set ({group: [Problem]}): the
-    model continues each problem's prompt until EOS, and the continuation must be the answer.
-    Decoding is self-speculative where the model has heads to draft with (the same bytes as plain
-    greedy decoding), batch_size problems at a time."""
+                  until_eos: bool = True, progress=None) -> dict:
+    """Greedy exact-match accuracy for each group of a task's test set ({group: [problem]}, each
+    with a prompt and an answer). With until_eos the model continues each prompt until EOS (at
+    most max_bytes) and the continuation must be the answer; without, it continues for as many
+    bytes as the answer has, and they must be the answer. Decoding is self-speculative where the
+    model has heads to draft with (the same bytes as plain greedy decoding), batch_size problems
+    at a time."""
     from bytemtp.decode import generate_batch
 
     accuracy = {}
@@ -106,10 +108,13 @@ def task_accuracy(model: ByteMTP, test: dict, *, batch_size: int = 64, max_bytes
         right = 0
         for first in range(0, len(items), batch_size):
             chunk = items[first:first + batch_size]
-            outs = generate_batch(model, [p.prompt.encode() for p in chunk], max_bytes=max_bytes,
+            answers = [p.answer.encode() for p in chunk]
+            limit = max_bytes if until_eos else max(map(len, answers))
+            outs = generate_batch(model, [p.prompt.encode() for p in chunk], max_bytes=limit,
                                   speculative=model.config.n_future > 1)
-            right += sum(out.output == p.answer.encode() for out, p in zip(outs, chunk))
+            right += sum((out.output if until_eos else out.output[:len(answer)]) == answer
+                         for out, answer in zip(outs, answers))
             if progress is not None:
                 progress(len(chunk))
-        accuracy[group] = right / len(items)
+        accuracy[group] = right / len(items) if items else float("nan")
     return accuracy

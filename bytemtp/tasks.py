@@ -1,20 +1,34 @@
-"""Synthetic tasks of the paper (Gloeckle et al. 2024, section 4.2): polynomial arithmetic.
+"""The paper's synthetic tasks (Gloeckle et al. 2024, section 4): polynomial arithmetic (4.2) and
+induction (4.1). Each gives training documents for a prepared corpus and a fixed test set of
+problems, {group: [problem]}, where a problem is a prompt and the answer a model must continue it
+with (`bytemtp.evaluate.task_accuracy` scores them).
 
-Polynomials over F7[X]/(X^5): five coefficients modulo 7 (X^5 = 0). Expressions combine random
-polynomials with unary negation, addition, multiplication and composition (A@B is A(B(X)): B
-substituted into A's representative of degree below 5, then reduced; on the quotient ring that
-is a ring map only where B has no constant term, and the task is defined on the
-representatives); an expression with n operations applies n of them. The answer is computed
-exactly.
-
-The byte format, one problem a document:
+Polynomial arithmetic. Polynomials over F7[X]/(X^5): five coefficients modulo 7 (X^5 = 0).
+Expressions combine random polynomials with unary negation, addition, multiplication and
+composition (A@B is A(B(X)): B substituted into A's representative of degree below 5, then
+reduced; on the quotient ring that is a ring map only where B has no constant term, and the task
+is defined on the representatives); an expression with n operations applies n of them. The
+answer is computed exactly. The byte format, one problem a document:
 
     ((3x^2+1)*-(x+4))@(2x^3+x)=4x^4+2x^3+x^2+3
 
 Every binary operation is in parentheses and negation prefixes a parenthesised operand, so the
 expression reads one way only. A polynomial prints from the highest degree down, a coefficient
 of 1 only for the constant, and the zero polynomial as 0. A model is asked the text up to and
-including "=" and must continue with the answer; exact match counts.
+including "=" and must continue with the answer and end the document; exact match counts.
+Groups: the number of operations.
+
+Induction. Short children's stories, one a document, whose two or three characters carry
+made-up two-part names drawn afresh for every story (syllables of a consonant and a vowel: first
+parts of two syllables, second parts of two or three, about 350,000 of them), so that a name's
+second part cannot be learnt, only copied from earlier in the story:
+
+    Once upon a time, there was a little fox named Toka Rivelu. One day, Toka Rivelu met ...
+
+A problem is a later mention of a character: the story up to that mention's first part and its
+space; the answer is the second part (the bytes that follow are not scored). Groups: the
+mention's number (2, 3, 4+). Stories are at most STORY_MAX bytes, so a context of 512 holds any
+prompt of the test set.
 """
 
 from __future__ import annotations
@@ -110,6 +124,123 @@ def problems(n: int, *, operations: tuple[int, int], seed: int) -> list[Problem]
 
 
 def test_set(per_count: int, counts: range, *, seed: int = 1_000_003) -> dict[int, list[Problem]]:
-    """The fixed evaluation set: `per_count` problems for each number of operations."""
+    """The fixed polynomial test set: `per_count` problems for each number of operations."""
     rng = random.Random(f"bytemtp-poly-test:{seed}")
     return {n: [problem(n, rng) for _ in range(per_count)] for n in counts}
+
+
+# --- induction ------------------------------------------------------------------------------------
+
+CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
+STORY_MAX = 480  # bytes
+
+_KINDS = ("fox", "rabbit", "bear", "cat", "dog", "owl", "mouse", "duck", "frog", "girl", "boy", "bird")
+_ADJECTIVES = ("little", "happy", "small", "brave", "kind", "shy", "curious", "clever")
+_PLACES = ("park", "forest", "garden", "river", "hill", "town", "beach", "farm")
+_THINGS = ("ball", "kite", "red box", "shiny stone", "big leaf", "blue hat", "toy boat", "cake")
+_PLAYS = ("play", "dance", "sing", "look for shells", "build a tower", "climb trees", "run", "paint")
+
+_OPENINGS = (
+    "Once upon a time, there was a {adj} {kind} named {A}.",
+    "There was once a {adj} {kind} called {A}.",
+    "{A} was a {adj} {kind} who lived near the {place}.",
+)
+_MEETINGS = (
+    "One day, {A} met a {kind} named {B}.",
+    "{A} had a friend, a {adj} {kind} called {B}.",
+    "At the {place}, {A} saw a {kind}. Its name was {B}.",
+)
+_MIDDLES = (
+    "{B} said, \"Hello, {A}! Let us {play}.\"",
+    "{A} and {B} went to the {place} to {play}.",
+    "{A} found a {thing} and showed it to {B}.",
+    "{B} gave {A} a {thing}.",
+    "{A} smiled at {B}.",
+    "{A} asked {B} to help with the {thing}.",
+    "{B} laughed and ran after {A}.",
+    "{B} and {A} sat by the {place} and talked.",
+)
+_THIRD = "Then {C}, a {adj} {kind}, came by and wanted to {play} with {A}."
+_ENDINGS = (
+    "From that day on, {A} and {B} were best friends.",
+    "In the evening, {A} said goodbye to {B} and went home.",
+    "{A} and {B} were very happy.",
+)
+
+
+@dataclass(frozen=True)
+class Mention:
+    """A later mention of a character: the story up to it and the name's second part."""
+
+    prompt: str
+    answer: str
+    mention: int  # 2 for the second time the character is named, and so on
+
+
+def made_up_name(rng: random.Random, syllables: int) -> str:
+    return "".join(rng.choice(CONSONANTS) + rng.choice(VOWELS) for _ in range(syllables)).capitalize()
+
+
+def story(rng: random.Random) -> tuple[str, list[Mention]]:
+    """A story of at most STORY_MAX bytes and its scored mentions (each character's second and
+    later), found where the names were put in, not by searching the text."""
+    while True:
+        text, mentions = _story_once(rng)
+        if len(text.encode()) <= STORY_MAX:
+            return text, mentions
+
+
+def _story_once(rng: random.Random) -> tuple[str, list[Mention]]:
+    n_chars = rng.choice((2, 2, 3))
+    firsts: list[str] = []
+    while len(firsts) < n_chars:
+        first = made_up_name(rng, 2)
+        if first not in firsts:
+            firsts.append(first)
+    names = {role: (first, made_up_name(rng, rng.choice((2, 3))))
+             for role, first in zip("ABC", firsts)}
+    sentences = [rng.choice(_OPENINGS), rng.choice(_MEETINGS)]
+    middles = rng.sample(_MIDDLES, rng.randint(3, 5))
+    if n_chars == 3:
+        middles.insert(rng.randint(1, len(middles)), _THIRD)
+        middles.append(rng.choice(("{C} waved to {A} and {B}.", "{B} gave {C} a {thing}.")))
+    sentences += middles + [rng.choice(_ENDINGS)]
+
+    text, mentions, seen = "", [], {}
+    for sentence in sentences:
+        text += " " if text else ""
+        rest = sentence
+        while rest:
+            head, brace, rest = rest.partition("{")
+            text += head
+            if not brace:
+                break
+            key, _, rest = rest.partition("}")
+            if key in names:
+                first, second = names[key]
+                seen[key] = seen.get(key, 0) + 1
+                text += first + " "
+                if seen[key] > 1:
+                    mentions.append(Mention(text, second, seen[key]))
+                text += second
+            else:
+                text += rng.choice({"adj": _ADJECTIVES, "kind": _KINDS, "place": _PLACES,
+                                    "thing": _THINGS, "play": _PLAYS}[key])
+    return text, mentions
+
+
+def stories(n: int, *, seed: int) -> list[str]:
+    """n training stories."""
+    rng = random.Random(f"bytemtp-induction:{seed}")
+    return [story(rng)[0] for _ in range(n)]
+
+
+def induction_test_set(n_stories: int, *, seed: int = 1_000_003) -> dict[str, list[Mention]]:
+    """The fixed induction test set: the later mentions of `n_stories` stories, by mention number
+    (2, 3, 4+)."""
+    rng = random.Random(f"bytemtp-induction-test:{seed}")
+    groups: dict[str, list[Mention]] = {"2": [], "3": [], "4+": []}
+    for _ in range(n_stories):
+        for m in story(rng)[1]:
+            groups[str(m.mention) if m.mention < 4 else "4+"].append(m)
+    return groups

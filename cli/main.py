@@ -480,45 +480,62 @@ def _parse_counts(text: str) -> range:
         raise click.BadParameter(f"{text!r} is not a count or a range such as 1-10", param_hint="--counts") from None
 
 
+TASK_DOCUMENTS = {"poly": 200_000, "induction": 100_000}
+
+
 @main.command("task-corpus")
-@click.argument("task", type=click.Choice(["poly"]))
+@click.argument("task", type=click.Choice(["poly", "induction"]))
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="The prepared corpus to write.")
-@click.option("--documents", default=200_000, show_default=True, type=click.IntRange(1))
-@click.option("--counts", default="1-5", show_default=True, help="Numbers of operations in training problems.")
+@click.option("--documents", type=click.IntRange(1),
+              help="Problems (poly) or stories (induction) to write.  [default: 200,000 / 100,000]")
+@click.option("--counts", help="poly: numbers of operations in training problems.  [default: 1-5]")
 @click.option("--seed", default=0, show_default=True, type=int)
-def task_corpus_cmd(task: str, out: str, documents: int, counts: str, seed: int) -> None:
-    """Write a synthetic task's training problems as a prepared corpus (poly: paper section 4.2)."""
+def task_corpus_cmd(task: str, out: str, documents: int | None, counts: str | None, seed: int) -> None:
+    """Write a synthetic task's training documents as a prepared corpus: poly (paper section 4.2),
+    induction (section 4.1)."""
     import tempfile
 
     from bytemtp import tasks
     from bytemtp.corpus import prepare
 
-    ops = _parse_counts(counts)
+    documents = documents or TASK_DOCUMENTS[task]
+    if task == "poly":
+        counts = counts or "1-5"
+        ops = _parse_counts(counts)
+        texts = (p.text for p in tasks.problems(documents, operations=(ops.start, ops.stop - 1), seed=seed))
+        source = f"polynomial arithmetic over F7[X]/(X^5), {counts} operations, seed {seed}"
+    else:
+        if counts is not None:
+            raise click.UsageError("--counts is for poly; induction stories have no operations")
+        texts = iter(tasks.stories(documents, seed=seed))
+        source = f"induction stories with made-up two-part names, seed {seed}"
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"{task}.jsonl")
         with open(path, "w") as f:
-            for p in tasks.problems(documents, operations=(ops.start, ops.stop - 1), seed=seed):
-                f.write(json.dumps({"text": p.text}) + "\n")
-        summary = prepare([path], out, val_fraction=0.01, licence="generated (CC0)",
-                          source_name=f"polynomial arithmetic over F7[X]/(X^5), {counts} operations, seed {seed}")
+            for text in texts:
+                f.write(json.dumps({"text": text}) + "\n")
+        summary = prepare([path], out, val_fraction=0.01, licence="generated (CC0)", source_name=source)
     splits = summary.get("splits", {})
     click.echo(f"wrote {out}: " + ", ".join(f"{name} {s.get('documents', 0):,} documents"
                                             for name, s in splits.items())
-               + f"; {summary.get('duplicates', 0):,} duplicate problems left out")
+               + f"; {summary.get('duplicates', 0):,} duplicate documents left out")
 
 
 @main.command("eval-task")
-@click.argument("task", type=click.Choice(["poly"]))
+@click.argument("task", type=click.Choice(["poly", "induction"]))
 @click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
-@click.option("--per-count", default=2000, show_default=True, type=click.IntRange(1),
-              help="Test problems for each number of operations.")
-@click.option("--counts", default="1-10", show_default=True, help="Numbers of operations (1-5 in domain).")
+@click.option("--per-count", type=click.IntRange(1),
+              help="poly: test problems for each number of operations.  [default: 2000]")
+@click.option("--counts", help="poly: numbers of operations (1-5 in domain).  [default: 1-10]")
+@click.option("--stories", type=click.IntRange(1),
+              help="induction: test stories (each has several later mentions).  [default: 200]")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1))
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
-def eval_task_cmd(task: str, ckpt: str, per_count: int, counts: str, batch_size: int, device: str,
-                  json_path: str | None) -> None:
-    """Greedy exact-match accuracy on a synthetic task's fixed test set, per number of operations."""
+def eval_task_cmd(task: str, ckpt: str, per_count: int | None, counts: str | None, stories: int | None,
+                  batch_size: int, device: str, json_path: str | None) -> None:
+    """Greedy exact-match accuracy on a synthetic task's fixed test set: poly per number of
+    operations, induction (the second part of a name at its later mentions) per mention."""
     from tqdm import tqdm
 
     from bytemtp import tasks
@@ -526,13 +543,31 @@ def eval_task_cmd(task: str, ckpt: str, per_count: int, counts: str, batch_size:
     from bytemtp.evaluate import task_accuracy
     from bytemtp.train import resolve_device
 
-    ops = _parse_counts(counts)
+    if task == "poly":
+        if stories is not None:
+            raise click.UsageError("--stories is for induction; poly takes --per-count and --counts")
+        test, until_eos = tasks.test_set(per_count or 2000, _parse_counts(counts or "1-10")), True
+        header, settings = "operations", {"per_count": per_count or 2000}
+    else:
+        if per_count is not None or counts is not None:
+            raise click.UsageError("--per-count and --counts are for poly; induction takes --stories")
+        test, until_eos = tasks.induction_test_set(stories or 200), False
+        header, settings = "mention", {"stories": stories or 200}
     model, _ = load_model(ckpt, device=resolve_device(device))
-    test = tasks.test_set(per_count, ops)
-    with tqdm(total=per_count * len(ops), desc=task, unit="problem") as bar:
-        accuracy = task_accuracy(model, test, batch_size=batch_size, progress=bar.update)
-    click.echo(_table([(n, f"{a:.3f}") for n, a in accuracy.items()], ("operations", "exact match")))
-    _write_json(json_path, {"task": task, "ckpt": str(ckpt), "per_count": per_count, "accuracy": accuracy})
+    longest = max(len(p.prompt.encode()) + len(p.answer.encode()) + 1 for ps in test.values() for p in ps)
+    if longest > model.config.seq_len:
+        raise click.ClickException(
+            f"the {task} test set needs a context of {longest} bytes, and this model's is "
+            f"{model.config.seq_len}; train with --set model.seq_len={1 << (longest - 1).bit_length()}")
+    sizes = {group: len(ps) for group, ps in test.items()}
+    with tqdm(total=sum(sizes.values()), desc=task, unit="problem") as bar:
+        accuracy = task_accuracy(model, test, batch_size=batch_size, until_eos=until_eos,
+                                 progress=bar.update)
+    overall = sum(accuracy[g] * n for g, n in sizes.items() if n) / sum(sizes.values())
+    rows = [(g, n, f"{accuracy[g]:.3f}") for g, n in sizes.items()] + [("all", sum(sizes.values()), f"{overall:.3f}")]
+    click.echo(_table(rows, (header, "problems", "exact match")))
+    _write_json(json_path, {"task": task, "ckpt": str(ckpt), **settings, "problems": sizes,
+                            "accuracy": accuracy, "overall": overall})
 
 
 @main.command("inspect")

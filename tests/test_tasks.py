@@ -155,3 +155,106 @@ def test_task_corpus_and_eval_task_commands(tmp_path):
     assert set(data["accuracy"]) == {"1", "2"} and all(0 <= a <= 1 for a in data["accuracy"].values())
     res = CliRunner().invoke(main, ["eval-task", "poly", "--ckpt", str(tmp_path / "run"), "--counts", "x"])
     assert res.exit_code != 0 and "--counts" in res.output
+
+
+# --- induction ------------------------------------------------------------------------------------
+
+_SYL = "[bdfgklmnprstvz][aeiou]"
+_NAME = re.compile(rf"\b([BDFGKLMNPRSTVZ][aeiou]{_SYL}) ([BDFGKLMNPRSTVZ][aeiou]{_SYL}(?:{_SYL})?)\b")
+
+
+def _recount(text: str) -> list[tuple[str, str, int]]:
+    """Later mentions found independently, by a pattern for the names: (prompt, answer, mention)."""
+    seen, out = {}, []
+    for m in _NAME.finditer(text):
+        seen[m[0]] = seen.get(m[0], 0) + 1
+        if seen[m[0]] > 1:
+            out.append((text[:m.start(2)], m[2], seen[m[0]]))
+    return out
+
+
+def test_induction_mentions_match_an_independent_recount():
+    rng = random.Random(5)
+    for _ in range(300):
+        text, mentions = T.story(rng)
+        assert len(text.encode()) <= T.STORY_MAX and text.isascii()
+        assert [(m.prompt, m.answer, m.mention) for m in mentions] == _recount(text)
+        names = {m[0] for m in _NAME.finditer(text)}
+        assert len({n.split()[0] for n in names}) == len(names) >= 2  # first parts differ in a story
+        for m in mentions:  # solvable by copying: the full name is in the prompt
+            assert text.startswith(m.prompt + m.answer) and m.prompt.endswith(" ")
+            first = m.prompt.rsplit(" ", 2)[-2]
+            assert f"{first} {m.answer}" in m.prompt
+
+
+def test_induction_names_carry_no_learnable_pairing():
+    # the same first part comes with many second parts across stories, so only the context tells
+    pairs = {}
+    for text in T.stories(3000, seed=0):
+        for m in _NAME.finditer(text):
+            pairs.setdefault(m[1], set()).add(m[2])
+    repeated = [seconds for seconds in pairs.values() if len(seconds) > 1]
+    assert len(pairs) > 1000 and len(repeated) > 100
+    assert sum(len(s) for s in pairs.values()) / len(pairs) > 1.5
+
+
+def test_induction_sets_are_fixed_by_their_seeds():
+    assert T.stories(20, seed=1) == T.stories(20, seed=1) != T.stories(20, seed=2)
+    test = T.induction_test_set(30)
+    assert list(test) == ["2", "3", "4+"] and all(test.values())
+    assert test == T.induction_test_set(30) != T.induction_test_set(30, seed=7)
+    assert all(m.mention == 2 for m in test["2"]) and all(m.mention >= 4 for m in test["4+"])
+
+
+def test_induction_accuracy_scores_the_second_part_only(monkeypatch):
+    from bytemtp import decode
+
+    test = T.induction_test_set(20)
+    model = ByteMTP(dataclasses.replace(C.small().model, n_layers=10, d_model=32, n_attn_heads=2))
+
+    def copier(model, prompts, *, max_bytes, **kw):  # induction by pattern: copy the name's second part
+        outs = []
+        for p in prompts:
+            text = p.decode()
+            first = text.rsplit(" ", 2)[-2]
+            second = re.search(rf"\b{first} (\w+)", text)[1]
+            outs.append(decode.Generation((second + " went home.").encode()[:max_bytes]))
+        return outs
+
+    def guesser(model, prompts, *, max_bytes, **kw):  # a name's shape, no copying
+        rng = random.Random(0)
+        return [decode.Generation(T.made_up_name(rng, 2).encode()) for _ in prompts]
+
+    monkeypatch.setattr(decode, "generate_batch", copier)
+    assert task_accuracy(model, test, batch_size=7, until_eos=False) == {"2": 1.0, "3": 1.0, "4+": 1.0}
+    assert task_accuracy(model, test, batch_size=7) == {"2": 0.0, "3": 0.0, "4+": 0.0}  # EOS required
+    monkeypatch.setattr(decode, "generate_batch", guesser)
+    assert max(task_accuracy(model, test, until_eos=False).values()) < 0.05
+
+
+def test_induction_corpus_and_eval_commands(tmp_path):
+    out = tmp_path / "induction"
+    res = CliRunner().invoke(main, ["task-corpus", "induction", "--out", str(out), "--documents", "200"])
+    assert res.exit_code == 0, res.output
+    docs = [d.decode() for path in corpus_files(str(out), split=None) for d in iter_documents(path)]
+    assert len(docs) == 200 and sorted(docs) == sorted(T.stories(200, seed=0))
+    res = CliRunner().invoke(main, ["task-corpus", "induction", "--out", str(tmp_path / "x"), "--counts", "1-5"])
+    assert res.exit_code != 0 and "--counts is for poly" in res.output
+
+    def run(seq_len):
+        cfg = dataclasses.replace(C.small(), model=dataclasses.replace(
+            C.small().model, n_layers=10, d_model=32, n_attn_heads=2, n_future=2, seq_len=seq_len))
+        save_checkpoint(tmp_path / f"run{seq_len}", step=1, model=ByteMTP(cfg.model), config=cfg, train_state={})
+        return str(tmp_path / f"run{seq_len}")
+
+    res = CliRunner().invoke(main, ["eval-task", "induction", "--ckpt", run(512), "--stories", "3",
+                                    "--device", "cpu", "--json", str(tmp_path / "i.json")])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "i.json").read_text())
+    assert data["stories"] == 3 and set(data["accuracy"]) == {"2", "3", "4+"}
+    assert sum(data["problems"].values()) == sum(len(v) for v in T.induction_test_set(3).values())
+    assert "all" in res.output
+    res = CliRunner().invoke(main, ["eval-task", "induction", "--ckpt", run(64), "--stories", "3", "--device", "cpu"])
+    assert res.exit_code == 1 and "model.seq_len=512" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(main, ["eval-task", "induction", "--ckpt", run(512), "--per-count", "3"])
+    assert res.exit_code != 0 and "for poly" in res.output
