@@ -26,6 +26,7 @@ from bytemtp.corpus import CorpusError
 from bytemtp.loader import ByteLoader
 from bytemtp.loss import IGNORE, future_targets
 from bytemtp.model import ByteMTP
+from bytemtp.vocab import EOS
 
 LN2 = math.log(2)
 
@@ -118,3 +119,35 @@ def task_accuracy(model: ByteMTP, test: dict, *, batch_size: int = 64, max_bytes
                 progress(len(chunk))
         accuracy[group] = right / len(items) if items else float("nan")
     return accuracy
+
+
+@torch.inference_mode()
+def task_answer_scores(model: ByteMTP, test: dict, *, until_eos: bool = True, batch_size: int = 64) -> dict:
+    """Teacher-forced scores of the answers, a finer signal than exact match while a model is
+    still far from solving a task: for each group, the next-byte head's top-1 accuracy on the
+    answer bytes (and the EOS after them, with until_eos) given the true prefix, and their bits
+    per byte. {group: {"byte_accuracy": ..., "bpb": ..., "bytes": bytes scored}}."""
+    device = model.embed.weight.device
+    scores = {}
+    for group, items in test.items():
+        right = total = 0
+        nats = 0.0
+        for first in range(0, len(items), batch_size):
+            chunk = items[first:first + batch_size]
+            rows = [[EOS, *p.prompt.encode(), *p.answer.encode(), *([EOS] if until_eos else [])]
+                    for p in chunk]
+            ids = torch.full((len(chunk), max(map(len, rows))), EOS, dtype=torch.long)
+            targets = torch.full(ids.shape, IGNORE, dtype=torch.long)
+            for r, (p, row) in enumerate(zip(chunk, rows)):
+                ids[r, :len(row)] = torch.tensor(row)
+                start = len(p.prompt.encode())  # position len(prompt) predicts the answer's first byte
+                targets[r, start:len(row) - 1] = torch.tensor(row[start + 1:])
+            logits = model.logits(ids.to(device), n_heads=1)[:, :, 0].float()
+            mask = targets.to(device) != IGNORE
+            picked, tgt = logits[mask], targets.to(device)[mask]
+            right += int((picked.argmax(-1) == tgt).sum())
+            nats += float(torch.nn.functional.cross_entropy(picked, tgt, reduction="sum"))
+            total += int(mask.sum())
+        scores[group] = {"byte_accuracy": right / total if total else float("nan"),
+                         "bpb": nats / LN2 / total if total else float("nan"), "bytes": total}
+    return scores

@@ -535,12 +535,14 @@ def task_corpus_cmd(task: str, out: str, documents: int | None, counts: str | No
 def eval_task_cmd(task: str, ckpt: str, per_count: int | None, counts: str | None, stories: int | None,
                   batch_size: int, device: str, json_path: str | None) -> None:
     """Greedy exact-match accuracy on a synthetic task's fixed test set: poly per number of
-    operations, induction (the second part of a name at its later mentions) per mention."""
+    operations, induction (the second part of a name at its later mentions) per mention. Beside
+    it, teacher-forced scores of the answers (top-1 accuracy and bits per byte of the next-byte
+    head on the answer's bytes given the true prefix): a finer signal for weak models."""
     from tqdm import tqdm
 
     from bytemtp import tasks
     from bytemtp.checkpoint import load_model
-    from bytemtp.evaluate import task_accuracy
+    from bytemtp.evaluate import task_accuracy, task_answer_scores
     from bytemtp.train import resolve_device
 
     if task == "poly":
@@ -563,11 +565,13 @@ def eval_task_cmd(task: str, ckpt: str, per_count: int | None, counts: str | Non
     with tqdm(total=sum(sizes.values()), desc=task, unit="problem") as bar:
         accuracy = task_accuracy(model, test, batch_size=batch_size, until_eos=until_eos,
                                  progress=bar.update)
+    scores = task_answer_scores(model, test, until_eos=until_eos, batch_size=batch_size)
     overall = sum(accuracy[g] * n for g, n in sizes.items() if n) / sum(sizes.values())
-    rows = [(g, n, f"{accuracy[g]:.3f}") for g, n in sizes.items()] + [("all", sum(sizes.values()), f"{overall:.3f}")]
-    click.echo(_table(rows, (header, "problems", "exact match")))
+    rows = [(g, n, f"{accuracy[g]:.3f}", f"{scores[g]['byte_accuracy']:.3f}", f"{scores[g]['bpb']:.3f}")
+            for g, n in sizes.items()] + [("all", sum(sizes.values()), f"{overall:.3f}", "", "")]
+    click.echo(_table(rows, (header, "problems", "exact match", "answer byte acc", "answer bits/byte")))
     _write_json(json_path, {"task": task, "ckpt": str(ckpt), **settings, "problems": sizes,
-                            "accuracy": accuracy, "overall": overall})
+                            "accuracy": accuracy, "overall": overall, "answer_scores": scores})
 
 
 @main.command("inspect")

@@ -4,7 +4,7 @@
 # accuracy for each. Usage: scripts/reproduce-tasks.sh poly|induction
 # Settings (environment): STEPS (800), WIDTH (d_model, 128), LAYERS (n_layers, 10: every model has
 # as many layers, the heads take theirs from the trunk), SEQ (context: 256 for poly, 512 for
-# induction), BATCH (16), HEADS ("1 2 4 8"), OUT (runs/repro-TASK). Results: $OUT/summary.json
+# induction), BATCH (4096 bytes a step: 16 for poly, 8 for induction), HEADS ("1 2 4 8"), OUT (runs/repro-TASK). Results: $OUT/summary.json
 # and a table on screen. About 7 minutes a model on two CPU cores with the defaults.
 set -euo pipefail
 TASK=${1:?usage: scripts/reproduce-tasks.sh poly|induction}
@@ -13,7 +13,7 @@ case "$TASK" in
   induction) SEQ=${SEQ:-512}; EVAL_ARGS=(--stories "${STORIES:-200}") ;;
   *) echo "unknown task $TASK: choose poly or induction" >&2; exit 2 ;;
 esac
-STEPS=${STEPS:-800}; WIDTH=${WIDTH:-128}; LAYERS=${LAYERS:-10}; BATCH=${BATCH:-16}
+STEPS=${STEPS:-800}; WIDTH=${WIDTH:-128}; LAYERS=${LAYERS:-10}; BATCH=${BATCH:-$((4096 / SEQ))}
 HEADS=${HEADS:-"1 2 4 8"}; OUT=${OUT:-runs/repro-$TASK}
 PYTHON=${PYTHON:-python3}
 B="$PYTHON -m bytemtp_cli"

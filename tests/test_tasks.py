@@ -258,3 +258,33 @@ def test_induction_corpus_and_eval_commands(tmp_path):
     assert res.exit_code == 1 and "model.seq_len=512" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(main, ["eval-task", "induction", "--ckpt", run(512), "--per-count", "3"])
     assert res.exit_code != 0 and "for poly" in res.output
+
+
+@pytest.mark.parametrize("until_eos", [True, False])
+def test_answer_scores_equal_a_problem_by_problem_count(until_eos):
+    """Teacher-forced answer scores, batched with padding, against each problem scored alone."""
+    import math
+
+    from bytemtp.evaluate import task_answer_scores
+    from bytemtp.vocab import EOS
+
+    model = ByteMTP(dataclasses.replace(C.small().model, n_layers=10, d_model=32, n_attn_heads=2,
+                                        n_future=2, seq_len=512)).double().eval()
+    test = {"poly": T.test_set(6, range(1, 3))[2], "induction": T.induction_test_set(2)["3"]}
+    got = task_answer_scores(model, test, until_eos=until_eos, batch_size=4)
+    for group, items in test.items():
+        right = total = 0
+        nats = 0.0
+        for p in items:
+            prompt, answer = list(p.prompt.encode()), list(p.answer.encode()) + ([EOS] if until_eos else [])
+            seq = torch.tensor([[EOS, *prompt, *answer]])
+            with torch.no_grad():
+                logits = model.logits(seq, n_heads=1)[0, :, 0]
+            for j, target in enumerate(answer):
+                row = logits[len(prompt) + j]
+                right += int(row.argmax()) == target
+                nats -= float(torch.log_softmax(row, -1)[target])
+                total += 1
+        assert got[group]["bytes"] == total == sum(len(p.answer) + until_eos for p in items)
+        assert got[group]["byte_accuracy"] == right / total
+        assert got[group]["bpb"] == pytest.approx(nats / math.log(2) / total, rel=1e-6)  # float32 logits
