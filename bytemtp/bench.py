@@ -233,10 +233,11 @@ def _forward_cost_ratio(model: ByteMTP, k: int, accepted: int, *, repeats: int =
     heads), or all k heads on all k ids (causal heads). What a pass costs more."""
     cache = KVCache.for_model(model, batch_size=1)
     device = model.embed.weight.device
-    head_1, rest = model.stack_heads(1), model.stack_heads(k, first=1) if k > 1 else None
+    stacked = model.stack_heads(k)
+    head_1, rest = (stacked.part(0, 1), stacked.part(1, k)) if stacked is not None and k > 1 else (None, None)
     with torch.inference_mode():
         model.logits(torch.full((1, model.config.seq_len // 2), EOS, device=device), cache, n_heads=k,
-                     stacked=model.stack_heads(k))
+                     stacked=stacked)
         ids_1, ids_k = torch.zeros(1, 1, dtype=torch.long, device=device), torch.zeros(1, k, dtype=torch.long,
                                                                                      device=device)
 

@@ -278,7 +278,7 @@ def generate_batch(model: ByteMTP, prompts: list[bytes], *, max_bytes: int, head
         return [row.out.result(t0) for row in rows]
     device = model.embed.weight.device
     heads_fast = model.stack_heads(k) if stacked and k > 1 else None
-    phases = (model.stack_heads(1), model.stack_heads(k, first=1)) if heads_fast is not None else None
+    phases = (heads_fast.part(0, 1), heads_fast.part(1, k)) if heads_fast is not None else None
     cache = KVCache.for_model(model, batch_size=len(prompts))
     # prefill, right-padded: each row then rewinds to its own length
     lengths = [1 + len(p) for p in prompts]

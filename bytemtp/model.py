@@ -27,6 +27,7 @@ Legend: B batch, T time, K heads, V vocabulary, D width, H attention heads, E he
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -360,6 +361,21 @@ class StackedHeads:
             self.unembed = torch.stack([u.weight for u in list(model.unembed)[first:k]]).detach().transpose(1, 2)
         else:
             self.unembed = model.unembed[0].weight.detach().t()  # (D, V), shared
+
+    def part(self, first: int, k: int) -> StackedHeads:
+        """Heads first..k-1 of these (numbered as in the model), as views of the same stacked
+        weights: no copy."""
+        assert self.first <= first < k <= self.k, (self.first, first, k, self.k)
+        lo, hi = first - self.first, k - self.first
+        out = copy.copy(self)
+        out.k, out.first, out.n = k, first, k - first
+        out.final_norm = self.final_norm[lo:hi]
+        if not self.layers:
+            out.proj = self.proj[lo:hi]
+        out.layers = [{name: w[lo:hi] for name, w in layer.items()} for layer in self.layers]
+        if self.unembed.dim() == 3:
+            out.unembed = self.unembed[lo:hi]
+        return out
 
     def _mm(self, x_KBTD: torch.Tensor, w_KDF: torch.Tensor) -> torch.Tensor:
         K, B, T, D = x_KBTD.shape

@@ -130,6 +130,10 @@ def test_two_phase_pass_equals_every_head_on_every_position(head_type, unembed, 
     ids = torch.randint(0, 258, (2, 40))
     head_1, rest = model.stack_heads(1), model.stack_heads(4, first=1)
     assert rest.first == 1 and rest.n == 3
+    if head_type == "transformer":  # parts of one stack: views of its weights
+        whole = model.stack_heads(4)
+        head_1, rest = whole.part(0, 1), whole.part(1, 4)
+        assert rest.layers[0]["qkv"].data_ptr() == whole.layers[0]["qkv"][1].data_ptr()
     fast, slow = KVCache.for_model(model, 2), KVCache.for_model(model, 2)
     for cache in (fast, slow):
         model.logits(ids[:, :12], cache)
