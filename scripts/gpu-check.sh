@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that the issues ask for "where an NVIDIA GPU is at hand", in one run on one GPU
-# (about 10 minutes on an H200). Logs, metrics and JSON go to $OUT (default: gpu-check/); the
+# (about 10 minutes on an H200), and the loader benchmark on that machine's idle CPU cores. Logs, metrics and JSON go to $OUT (default: gpu-check/); the
 # figures then go into BENCHMARKS.md. Needs bytemtp's dependencies importable (`make setup`, or
 # wheels on PYTHONPATH where the machine has no network).
 set -uo pipefail
@@ -34,3 +34,11 @@ for n in 8 1; do
     --set model.n_future=$n --set train.eval_every=0 --set train.eval_batches=2 > "$OUT/base-$n.log" 2>&1
   cp "runs/gpu-base-$n/metrics.jsonl" "$OUT/base-$n-metrics.jsonl"
 done
+
+# 5. the loader against zstd -dc on this machine's idle cores (the 2-core development VM runs the
+#    decompressing thread and the parsing side by side at about half speed)
+if command -v zstd > /dev/null; then
+  for i in 1 2 3; do
+    $B bench loader --data data/corpus/stdlib --repeats 5 --json "$OUT/loader-$i.json" 2>&1 | tee -a "$OUT/loader.log"
+  done
+fi
