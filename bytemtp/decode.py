@@ -250,14 +250,7 @@ def generate_batch(model: ByteMTP, prompts: list[bytes], *, max_bytes: int, head
     attention), and every row equals that row decoded alone; sampled output has exactly the
     model's distribution. Rows leave the batch as they finish. With `speculative` False the same
     loop emits one byte per row per pass (k = 1). `on_bytes(row, piece)` streams each row's
-    output.
-
-    Independent heads run stacked (`ByteMTP.stack_heads`) unless `stacked` is False, and in two
-    phases: the trunk and head 1 run on all T fed positions, the verdict is taken, then heads
-    2..k run only on the positions up to the furthest accepted one, since the rest are rewound
-    and only the newest accepted position's drafts are read. With 8 heads and about 2 bytes
-    accepted a pass, the heads do a quarter of the work of running on every position. With
-    `stacked` False every head runs on every position, one after the other: the reference.
+    output. The heads run as one stacked layer (`ByteMTP.stack_heads`) unless `stacked` is False.
     """
     sampling = sampling or Sampling()
     k = (heads or model.config.n_future) if speculative else 1
@@ -278,7 +271,6 @@ def generate_batch(model: ByteMTP, prompts: list[bytes], *, max_bytes: int, head
         return [row.out.result(t0) for row in rows]
     device = model.embed.weight.device
     heads_fast = model.stack_heads(k) if stacked and k > 1 else None
-    phases = (heads_fast.part(0, 1), heads_fast.part(1, k)) if heads_fast is not None else None
     cache = KVCache.for_model(model, batch_size=len(prompts))
     # prefill, right-padded: each row then rewinds to its own length
     lengths = [1 + len(p) for p in prompts]
@@ -302,13 +294,8 @@ def generate_batch(model: ByteMTP, prompts: list[bytes], *, max_bytes: int, head
         T = 1 + min(k - 1, seq_len - max(cache.lengths) - 1)
         n_off = [min(T - 1, max_bytes - len(row.out.data)) for row in active]
         fed = torch.tensor([[row.nxt, *row.drafts[:T - 1]] for row in active], device=device)
-        if phases is None:  # (B, T, K, ...): every head at every position
-            picks = _picks(model.logits(fed, cache, n_heads=k, stacked=heads_fast), sampling)
-        else:  # (B, T, 1, ...): head 1 only, for the verdict
-            z_BTD = model(fed, cache)
-            start = model._start(T, cache)
-            picks = _picks(phases[0](z_BTD, start, cache), sampling)
-        verdicts, done = [], []
+        picks = _picks(model.logits(fed, cache, n_heads=k, stacked=heads_fast), sampling)  # (B, T, K, ...)
+        kept, done = [], []
         for i, row in enumerate(active):
             stats = row.out.stats
             stats.forward_passes += 1
@@ -324,20 +311,10 @@ def generate_batch(model: ByteMTP, prompts: list[bytes], *, max_bytes: int, head
             for j in range(len(offered)):
                 stats.drafted[j] += 1
                 stats.accepted[j] += j < n_ok
-            verdicts.append((n_ok, nxt))
+            kept.append(T - 1 - n_ok)
             done.append(any(row.out.emit(byte) for byte in offered[:n_ok]))
-        if phases is not None:  # heads 2..k up to the furthest accepted position
-            drafts = _picks(phases[1](z_BTD[:, :1 + max(n for n, _ in verdicts)], start, cache), sampling)
-            cache.advance(T)
-        for i, (row, (n_ok, nxt)) in enumerate(zip(active, verdicts)):
-            if phases is None:
-                at = picks[i][n_ok]
-            elif sampling.temperature == 0:
-                at = picks[i][n_ok] + drafts[i][n_ok]
-            else:
-                at = torch.cat([picks[i, n_ok], drafts[i, n_ok]])
-            row.propose(at, sampling, nxt=nxt)
-        cache.rewind([T - 1 - n_ok for n_ok, _ in verdicts])
+            row.propose(picks[i][n_ok], sampling, nxt=nxt)
+        cache.rewind(kept)
         active = _drop_finished(cache, active, done)
     return [row.out.result(t0) for row in rows]
 

@@ -27,7 +27,6 @@ Legend: B batch, T time, K heads, V vocabulary, D width, H attention heads, E he
 
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
@@ -299,7 +298,7 @@ class ByteMTP(nn.Module):
         """
         z_BTD = self(ids_BT, cache)  # through __call__, so wrappers' hooks run
         if stacked is not None:
-            assert stacked.first == 0 and n_heads in (None, stacked.k), (stacked.first, n_heads, stacked.k)
+            assert n_heads in (None, stacked.k), (n_heads, stacked.k)
             out = stacked(z_BTD, self._start(ids_BT.shape[1], cache), cache)
         else:
             heads, h_BTD = [], None
@@ -311,12 +310,12 @@ class ByteMTP(nn.Module):
             cache.advance(ids_BT.shape[1])
         return out
 
-    def stack_heads(self, k: int, first: int = 0) -> StackedHeads | None:
-        """Heads first..k-1 (the first k by default) stacked for decoding, or None where they
-        cannot run side by side (causal heads: each needs the previous one's state)."""
+    def stack_heads(self, k: int) -> StackedHeads | None:
+        """The first k heads stacked for decoding, or None where they cannot run side by side
+        (causal heads: each needs the previous one's state)."""
         if self.config.head_type == "causal":
             return None
-        return StackedHeads(self, k, first)
+        return StackedHeads(self, k)
 
     def num_params(self, part: str = "all") -> int:
         """Parameters in the whole model, or in one part: embed, trunk, heads, unembed."""
@@ -331,18 +330,18 @@ def _rms_norm(x: torch.Tensor, weight_K1D: torch.Tensor, eps: float) -> torch.Te
 
 
 class StackedHeads:
-    """Independent heads first..k-1 with their weights stacked along a new leading dim: they run
-    on the trunk state as one batched layer, into the same cache slots as `Head` by `Head`.
+    """The first k independent heads with their weights stacked along a new leading dim: they
+    run on the trunk state as one batched layer, into the same cache slots as `Head` by `Head`.
 
     A snapshot for inference: built from the model's weights when made, not kept in step with
     later training.
     """
 
-    def __init__(self, model: ByteMTP, k: int, first: int = 0):
+    def __init__(self, model: ByteMTP, k: int):
         cfg = model.config
-        assert cfg.head_type != "causal" and 0 <= first < k <= cfg.n_future, (cfg.head_type, first, k)
-        self.k, self.first, self.n, self.cfg, self.model = k, first, k - first, cfg, model
-        heads = list(model.heads)[first:k]
+        assert cfg.head_type != "causal" and 1 <= k <= cfg.n_future, (cfg.head_type, k)
+        self.k, self.cfg, self.model = k, cfg, model
+        heads = list(model.heads)[:k]
         stack = lambda get: torch.stack([get(h) for h in heads]).detach()  # noqa: E731
         self.final_norm = stack(lambda h: h.norm.weight)[:, None, None, :]  # (K, 1, 1, D)
         if cfg.head_type == "linear":
@@ -358,24 +357,9 @@ class StackedHeads:
                 "down": stack(lambda h: h.layers[i].mlp.out.weight).transpose(1, 2),
             } for i in range(cfg.head_layers)]
         if len(model.unembed) > 1:
-            self.unembed = torch.stack([u.weight for u in list(model.unembed)[first:k]]).detach().transpose(1, 2)
+            self.unembed = torch.stack([u.weight for u in list(model.unembed)[:k]]).detach().transpose(1, 2)
         else:
             self.unembed = model.unembed[0].weight.detach().t()  # (D, V), shared
-
-    def part(self, first: int, k: int) -> StackedHeads:
-        """Heads first..k-1 of these (numbered as in the model), as views of the same stacked
-        weights: no copy."""
-        assert self.first <= first < k <= self.k, (self.first, first, k, self.k)
-        lo, hi = first - self.first, k - self.first
-        out = copy.copy(self)
-        out.k, out.first, out.n = k, first, k - first
-        out.final_norm = self.final_norm[lo:hi]
-        if not self.layers:
-            out.proj = self.proj[lo:hi]
-        out.layers = [{name: w[lo:hi] for name, w in layer.items()} for layer in self.layers]
-        if self.unembed.dim() == 3:
-            out.unembed = self.unembed[lo:hi]
-        return out
 
     def _mm(self, x_KBTD: torch.Tensor, w_KDF: torch.Tensor) -> torch.Tensor:
         K, B, T, D = x_KBTD.shape
@@ -390,9 +374,9 @@ class StackedHeads:
         q, k, v = apply_rope(qkv[0], cos, sin), apply_rope(qkv[1], cos, sin), qkv[2]  # (K, B, H, T, E)
         ck = cv = None
         if cache is not None:  # head j's layer i sits at trunk + j * layers_per_head + i
-            step = cfg.layers_per_head
-            lo = cfg.trunk_layers + self.first * step + i
-            ck, cv = cache.k[lo:lo + self.n * step:step], cache.v[lo:lo + self.n * step:step]
+            first, step = cfg.trunk_layers + i, cfg.layers_per_head
+            ck = cache.k[first:first + self.k * step:step]
+            cv = cache.v[first:first + self.k * step:step]
         y = attend(q, k, v, start, ck, cv)
         return self._mm(y.transpose(2, 3).reshape(K, B, T, D), layer["out"])
 
@@ -406,9 +390,9 @@ class StackedHeads:
         return self._mm(h, layer["down"])
 
     def __call__(self, z_BTD: torch.Tensor, start: int | torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """Logits (B, T, k - first, V) of the stacked heads on trunk state z (B, T, D)."""
+        """Logits (B, T, K, V) of the k heads on trunk state z (B, T, D)."""
         eps = self.cfg.norm_eps
-        x = z_BTD.expand(self.n, *z_BTD.shape)
+        x = z_BTD.expand(self.k, *z_BTD.shape)
         if not self.layers:
             x = self._mm(x, self.proj)
         for i, layer in enumerate(self.layers):

@@ -117,46 +117,6 @@ def test_stacked_heads_equal_heads_one_by_one(head_type, unembed, head_layers):
         torch.testing.assert_close(fast.k, slow.k)
 
 
-@pytest.mark.parametrize("head_type", ["transformer", "linear"])
-@pytest.mark.parametrize("unembed", ["shared", "replicated"])
-@pytest.mark.parametrize("head_layers", [1, 2])
-def test_two_phase_pass_equals_every_head_on_every_position(head_type, unembed, head_layers):
-    """The decoding pass in two phases (trunk and head 1 on all T fed positions, heads 2..k on
-    the first a of them, as `generate_batch` runs it) against all heads on all positions and a
-    rewind to the accepted ones: the same logits where both have them, and the same cache over
-    every valid position, so that the next pass sees the same past. Rows at different lengths."""
-    model = tiny_model(head_type=head_type, unembed=unembed, head_layers=head_layers, n_future=4,
-                       n_layers=10).double().eval()
-    ids = torch.randint(0, 258, (2, 40))
-    head_1, rest = model.stack_heads(1), model.stack_heads(4, first=1)
-    assert rest.first == 1 and rest.n == 3
-    if head_type == "transformer":  # parts of one stack: views of its weights
-        whole = model.stack_heads(4)
-        head_1, rest = whole.part(0, 1), whole.part(1, 4)
-        assert rest.layers[0]["qkv"].data_ptr() == whole.layers[0]["qkv"][1].data_ptr()
-    fast, slow = KVCache.for_model(model, 2), KVCache.for_model(model, 2)
-    for cache in (fast, slow):
-        model.logits(ids[:, :12], cache)
-        cache.rewind([0, 4])  # rows at 12 and 8
-    for T, accepted in [(4, [1, 3]), (3, [3, 2]), (4, [2, 1])]:
-        fed = torch.stack([ids[r, n:n + T] for r, n in enumerate(fast.lengths)])
-        want = model.logits(fed, slow)
-        z = model(fed, fast)
-        start = model._start(T, fast)
-        got_1 = head_1(z, start, fast)
-        a = max(accepted)
-        got_rest = rest(z[:, :a], start, fast)
-        fast.advance(T)
-        torch.testing.assert_close(got_1, want[:, :, :1])
-        torch.testing.assert_close(got_rest, want[:, :a, 1:])
-        for cache in (fast, slow):
-            cache.rewind([T - n for n in accepted])
-        assert fast.lengths == slow.lengths
-        for r, n in enumerate(fast.lengths):
-            torch.testing.assert_close(fast.k[:, r, :, :n], slow.k[:, r, :, :n])
-            torch.testing.assert_close(fast.v[:, r, :, :n], slow.v[:, r, :, :n])
-
-
 def test_causal_heads_do_not_stack():
     assert tiny_model(head_type="causal").stack_heads(2) is None
 
