@@ -94,7 +94,17 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
     }
 
 
-def task_accuracy(model: ByteMTP, test: dict, *, batch_size: int = 64, max_bytes: int = 32,
+ANSWER_MAX_BYTES = 32  # how far task_accuracy decodes an answer that must end with EOS
+
+
+def task_context(test: dict, *, until_eos: bool = True, max_bytes: int = ANSWER_MAX_BYTES) -> int:
+    """The context that task_accuracy needs for a test set: the leading EOS, the longest prompt
+    and what is decoded after it."""
+    return max(1 + len(p.prompt.encode()) + (max_bytes if until_eos else len(p.answer.encode()))
+               for items in test.values() for p in items)
+
+
+def task_accuracy(model: ByteMTP, test: dict, *, batch_size: int = 64, max_bytes: int = ANSWER_MAX_BYTES,
                   until_eos: bool = True, progress=None) -> dict:
     """Greedy exact-match accuracy for each group of a task's test set ({group: [problem]}, each
     with a prompt and an answer). With until_eos the model continues each prompt until EOS (at

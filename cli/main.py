@@ -542,7 +542,7 @@ def eval_task_cmd(task: str, ckpt: str, per_count: int | None, counts: str | Non
 
     from bytemtp import tasks
     from bytemtp.checkpoint import load_model
-    from bytemtp.evaluate import task_accuracy, task_answer_scores
+    from bytemtp.evaluate import task_accuracy, task_answer_scores, task_context
     from bytemtp.train import resolve_device
 
     if task == "poly":
@@ -556,7 +556,7 @@ def eval_task_cmd(task: str, ckpt: str, per_count: int | None, counts: str | Non
         test, until_eos = tasks.induction_test_set(stories or 200), False
         header, settings = "mention", {"stories": stories or 200}
     model, _ = load_model(ckpt, device=resolve_device(device))
-    longest = max(len(p.prompt.encode()) + len(p.answer.encode()) + 1 for ps in test.values() for p in ps)
+    longest = task_context(test, until_eos=until_eos)
     if longest > model.config.seq_len:
         raise click.ClickException(
             f"the {task} test set needs a context of {longest} bytes, and this model's is "

@@ -288,3 +288,22 @@ def test_answer_scores_equal_a_problem_by_problem_count(until_eos):
         assert got[group]["bytes"] == total == sum(len(p.answer) + until_eos for p in items)
         assert got[group]["byte_accuracy"] == right / total
         assert got[group]["bpb"] == pytest.approx(nats / math.log(2) / total, rel=1e-6)  # float32 logits
+
+
+def test_eval_task_checks_the_context_it_decodes_into(tmp_path):
+    """Poly decodes up to ANSWER_MAX_BYTES after the prompt: a context one byte short of that is
+    a one-line error, and one that fits runs."""
+    from bytemtp.evaluate import ANSWER_MAX_BYTES, task_context
+
+    test = T.test_set(5, range(10, 11))
+    need = task_context(test)
+    assert need == 1 + max(len(p.prompt) for p in test[10]) + ANSWER_MAX_BYTES
+    assert task_context(test, until_eos=False) == 1 + max(len(p.prompt) + len(p.answer) for p in test[10])
+    for seq_len, ok in ((need - 1, False), (need, True)):
+        cfg = dataclasses.replace(C.small(), model=dataclasses.replace(
+            C.small().model, n_layers=10, d_model=32, n_attn_heads=2, n_future=2, seq_len=seq_len))
+        save_checkpoint(tmp_path / f"run{seq_len}", step=1, model=ByteMTP(cfg.model), config=cfg, train_state={})
+        res = CliRunner().invoke(main, ["eval-task", "poly", "--ckpt", str(tmp_path / f"run{seq_len}"),
+                                        "--per-count", "5", "--counts", "10", "--device", "cpu"])
+        assert (res.exit_code == 0) == ok, res.output
+        assert "Traceback" not in res.output and (ok or f"needs a context of {need} bytes" in res.output)
