@@ -262,7 +262,8 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
         set_rng_state(rngs[d.rank], device)
         step, bytes_seen, elapsed = state["step"], state["bytes_seen"], state["elapsed_s"]
         skipped, bad_run, val_bpb = state["skipped_steps"], state["bad_run"], state.get("val_bpb")
-        _keep_metrics_up_to(run_dir / METRICS, step)
+        if d.is_main:  # the one writer of metrics.jsonl: two ranks rewriting it race and lose lines
+            _keep_metrics_up_to(run_dir / METRICS, step)
         say(f"resumed {run_dir} from {ckpt.name}: step {step}, {bytes_seen:,} bytes seen")
     if tc.compile:
         for module in model.modules():
