@@ -153,8 +153,9 @@ def task_answer_scores(model: ByteMTP, test: dict, *, until_eos: bool = True, ba
                 start = len(p.prompt.encode())  # position len(prompt) predicts the answer's first byte
                 targets[r, start:len(row) - 1] = torch.tensor(row[start + 1:])
             logits = model.logits(ids.to(device), n_heads=1)[:, :, 0].float()
-            mask = targets.to(device) != IGNORE
-            picked, tgt = logits[mask], targets.to(device)[mask]
+            targets = targets.to(device)
+            mask = targets != IGNORE
+            picked, tgt = logits[mask], targets[mask]
             right += int((picked.argmax(-1) == tgt).sum())
             nats += float(torch.nn.functional.cross_entropy(picked, tgt, reduction="sum"))
             total += int(mask.sum())

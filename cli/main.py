@@ -548,13 +548,15 @@ def eval_task_cmd(task: str, ckpt: str, per_count: int | None, counts: str | Non
     if task == "poly":
         if stories is not None:
             raise click.UsageError("--stories is for induction; poly takes --per-count and --counts")
-        test, until_eos = tasks.test_set(per_count or 2000, _parse_counts(counts or "1-10")), True
-        header, settings = "operations", {"per_count": per_count or 2000}
+        per_count = per_count or 2000
+        test, until_eos = tasks.test_set(per_count, _parse_counts(counts or "1-10")), True
+        header, settings = "operations", {"per_count": per_count}
     else:
         if per_count is not None or counts is not None:
             raise click.UsageError("--per-count and --counts are for poly; induction takes --stories")
-        test, until_eos = tasks.induction_test_set(stories or 200), False
-        header, settings = "mention", {"stories": stories or 200}
+        stories = stories or 200
+        test, until_eos = tasks.induction_test_set(stories), False
+        header, settings = "mention", {"stories": stories}
     model, _ = load_model(ckpt, device=resolve_device(device))
     longest = task_context(test, until_eos=until_eos)
     if longest > model.config.seq_len:
