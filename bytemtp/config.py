@@ -291,14 +291,17 @@ def tiny() -> Config:
 
 
 def small() -> Config:
-    """About 10M parameters: learns visibly in 10-15 minutes on two CPU cores."""
+    """About 10M parameters: learns visibly in 10-15 minutes on two CPU cores. A 4-layer trunk
+    under 8 heads, unlike the paper's proportion: at the same parameter count a deeper, narrower
+    trunk trains and decodes several times slower per step on a CPU (BENCHMARKS.md)."""
     return Config(model=ModelConfig(n_layers=12, d_model=256, n_attn_heads=4, seq_len=256),
                   train=TrainConfig(lr=2e-3, warmup_steps=50, eval_every=100, ckpt_every=100))
 
 
 def base() -> Config:
-    """About 100M parameters, for one GPU."""
-    return Config(model=ModelConfig(n_layers=14, d_model=768, n_attn_heads=12, seq_len=2048),
+    """About 100M parameters, for one GPU: a 24-layer trunk under 8 one-layer heads, the paper's
+    7B byte model's proportion, so the heads are a quarter of every speculative pass."""
+    return Config(model=ModelConfig(n_layers=32, d_model=512, n_attn_heads=8, seq_len=2048),
                   data=DataConfig(batch_size=16, num_workers=2),
                   train=TrainConfig(lr=6e-4, warmup_steps=500, eval_every=500, ckpt_every=1000))
 

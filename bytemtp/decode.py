@@ -1,21 +1,35 @@
 """Decoding: plain one-byte-per-pass decoding (the reference) and self-speculative decoding.
 
-A stack of small functions in the manner of gpt-fast: `prefill` runs the prompt through the
-model into a preallocated `KVCache`; `next_byte` picks a byte from the next-byte head's logits
-(greedy, or sampling with temperature, top-k and top-p through a seeded `torch.Generator`);
-`generate` loops until EOS, a stop string or `max_bytes`. It is the reference that the fast
-path, `generate_batch`, is tested against: many prompts at once, heads 2..k drafting and the
-next-byte head verifying (greedy: identical output; sampling: the speculative sampling rule,
-identical distribution), each row accepting its own number of bytes per pass.
+`generate` is the reference: one prompt, one byte per forward pass, greedy or sampled (temperature,
+top-k, top-p through a seeded `torch.Generator`), until EOS, a stop string or `max_bytes`.
+
+`Decoder` is the fast path, a stack of small steps in the manner of gpt-fast, for many prompts
+at once: `prefill` runs the prompts through the model; each pass `draft` lays out the byte head 1
+chose and a chain or tree of the heads' candidates after it, one forward pass runs them,
+`verify_greedy` or `verify_sampled` says which path survives, and `accept` emits it, keeps its
+cache slots and takes the next byte and candidates from its last node. Which heads run and which
+tree is drafted is chosen each pass from what a pass costs on this device and how often each
+head has been right (bytemtp.drafting), so speculation does not cost more than it returns: on
+a model whose extra heads are untrained it settles on plain decoding. Greedy output equals plain
+greedy output; sampled output has exactly the model's distribution (the speculative sampling
+rule, on chains).
 
 Generation starts a new document: the prompt is preceded by EOS, as every document is in the
 packed training stream. The model never emits BOS, PAD or the padding ids above them; EOS ends
-the output and is not part of it. Prompt plus output must fit in the context (model.seq_len):
-a longer request is a clear error, not a silent truncation.
+the output and is not part of it. Generation is not limited by the context: when the next
+prediction would need more than `seq_len` positions, the window slides (the newest 3/4 of the
+context is kept and run through the model again), by one rule (`window_start`) that plain and
+speculative decoding share, so their greedy outputs stay equal.
+
+Exactness: greedy speculative output equals plain greedy output wherever a verify pass over T
+bytes computes the same next-byte choices as T one-byte passes; in float32 and float64 they
+differ only at exact ties, in bf16 rounding can flip a choice. Plain and speculative decoding
+of a batch share one prefill, so comparing them never mixes in the batch's own rounding.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import dataclass, field
@@ -23,7 +37,10 @@ from typing import Callable
 
 import torch
 
-from bytemtp.model import ByteMTP, KVCache
+from bytemtp.drafting import (MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts,
+                              best_tree, choose)
+from bytemtp.kvcache import KVCache, Layout
+from bytemtp.model import ByteMTP
 from bytemtp.vocab import EOS, VOCAB_SIZE
 
 # ids that generation may emit: the 256 bytes and EOS
@@ -48,6 +65,10 @@ class Sampling:
             raise ValueError(f"top_k={self.top_k} is not allowed; expected >= 0 (0 = all)")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p} is not allowed; expected 0 < top_p <= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
 
 
 @dataclass
@@ -85,36 +106,30 @@ def distribution(logits_V: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return probs
 
 
-def _greedy(logits_TV: torch.Tensor) -> list:
-    """Masked argmax over the last dim (nested lists for more dims): what greedy decoding picks."""
-    masked = logits_TV.float().masked_fill(~_ALLOWED.to(logits_TV.device), float("-inf"))
-    return masked.argmax(dim=-1).tolist()
+def _masked(logits: torch.Tensor) -> torch.Tensor:
+    return logits.float().masked_fill(~_ALLOWED.to(logits.device), float("-inf"))
+
+
+def _sample(probs_NV: torch.Tensor, generator: torch.Generator | None) -> list[int]:
+    if generator is not None and generator.device != probs_NV.device:
+        probs_NV = probs_NV.to(generator.device)
+    return torch.multinomial(probs_NV, 1, generator=generator)[:, 0].tolist()
 
 
 def next_byte(logits_V: torch.Tensor, sampling: Sampling) -> int:
     """One id from the next-byte head's logits (V,)."""
-    if sampling.temperature == 0:
-        return _greedy(logits_V[None])[0]
-    probs = distribution(logits_V, sampling)
-    gen = sampling.generator
-    return int(torch.multinomial(probs.cpu() if gen is not None and gen.device.type == "cpu" else probs,
-                                 1, generator=gen))
+    if sampling.greedy:
+        return int(_masked(logits_V).argmax())
+    return _sample(distribution(logits_V, sampling)[None], sampling.generator)[0]
 
 
-def check_fits(model: ByteMTP, prompt: bytes, max_bytes: int) -> None:
-    need = len(prompt) + 1 + max_bytes  # the leading EOS
-    if need > model.config.seq_len:
-        raise ValueError(f"prompt of {len(prompt)} bytes plus max_bytes={max_bytes} needs {need} positions, "
-                         f"more than the model's context of {model.config.seq_len} bytes; shorten the "
-                         f"prompt or lower --max-bytes to {max(0, model.config.seq_len - len(prompt) - 1)}")
-
-
-@torch.inference_mode()
-def prefill(model: ByteMTP, prompt: bytes, cache: KVCache) -> torch.Tensor:
-    """Run EOS + prompt through the model; the next-byte logits (V,) at the last position."""
-    device = model.embed.weight.device
-    ids = torch.tensor([[EOS, *prompt]], dtype=torch.long, device=device)
-    return model.logits(ids, cache, n_heads=1)[0, -1, 0]
+def window_start(n: int, start: int, seq_len: int) -> int:
+    """Where the context of the prediction of token n begins (tokens count from the leading EOS;
+    the context is tokens start..n-1): the current start while that fits in seq_len, else the
+    newest 3/4 of the context. Plain and speculative decoding both follow this rule."""
+    if n - start <= seq_len:
+        return start
+    return n - max(1, 3 * seq_len // 4)
 
 
 class _Output:
@@ -150,19 +165,29 @@ class _Output:
 @torch.inference_mode()
 def generate(model: ByteMTP, prompt: bytes, *, max_bytes: int, sampling: Sampling | None = None,
              stop: tuple[bytes, ...] = (), on_bytes: Callable[[bytes], None] | None = None) -> Generation:
-    """Plain decoding, one byte per forward pass, until EOS, a stop string or max_bytes."""
+    """Plain decoding, one byte per forward pass, until EOS, a stop string or max_bytes: the
+    reference that `Decoder` is tested against (the window slides by `window_start`)."""
     sampling = sampling or Sampling()
-    check_fits(model, prompt, max_bytes)
     t0 = time.perf_counter()
     out = _Output(DecodeStats(), max_bytes=max_bytes, stop=stop, on_bytes=on_bytes)
     if max_bytes == 0:
         out.stats.stopped_by = "max_bytes"
         return out.result(t0)
+    device, seq_len = model.embed.weight.device, model.config.seq_len
+    tokens = [EOS, *prompt]
     cache = KVCache.for_model(model, batch_size=1)
-    logits = prefill(model, prompt, cache)
+    start = window_start(len(tokens), 0, seq_len)
+    logits = model.logits(torch.tensor([tokens[start:]], device=device), cache, n_heads=1)[0, -1, 0]
     out.stats.forward_passes = 1
     while not out.emit(byte := next_byte(logits, sampling)):
-        ids = torch.tensor([[byte]], device=logits.device)
+        tokens.append(byte)
+        moved = window_start(len(tokens), start, seq_len)
+        if moved != start:  # slide: run the newest part of the context again
+            start = moved
+            cache.reset()
+            ids = torch.tensor([tokens[start:]], device=device)
+        else:
+            ids = torch.tensor([[byte]], device=device)
         logits = model.logits(ids, cache, n_heads=1)[0, -1, 0]
         out.stats.forward_passes += 1
     return out.result(t0)
@@ -170,17 +195,23 @@ def generate(model: ByteMTP, prompt: bytes, *, max_bytes: int, sampling: Samplin
 
 @dataclass
 class SpeculativeStats(DecodeStats):
-    drafted: list[int] = field(default_factory=list)  # per draft position 2..k: times offered
-    accepted: list[int] = field(default_factory=list)  # ... and times accepted
+    drafted: list[int] = field(default_factory=list)  # per draft depth 1..k-1: passes that offered it
+    accepted: list[int] = field(default_factory=list)  # ... and passes whose output used it
+    heads_used: dict = field(default_factory=dict)  # heads run in a pass -> passes
+    shapes: dict = field(default_factory=dict)  # draft shape (DraftTree.describe) -> passes
+    slides: int = 0  # times the window slid
 
     @property
     def acceptance(self) -> list[float]:
         """Acceptance rate at each draft position (head 2, 3, ..., k)."""
         return [a / d if d else 0.0 for a, d in zip(self.accepted, self.drafted)]
 
-
-def _sample(probs_NV: torch.Tensor, generator: torch.Generator | None) -> list[int]:
-    return torch.multinomial(probs_NV, 1, generator=generator)[:, 0].tolist()
+    def count(self, depth: int, *, used: bool) -> None:
+        while len(self.drafted) < depth:
+            self.drafted.append(0)
+            self.accepted.append(0)
+        self.drafted[depth - 1] += 1
+        self.accepted[depth - 1] += used
 
 
 def verify_sampled(p_TV: torch.Tensor, q_DV: torch.Tensor, drafts: list[int],
@@ -191,151 +222,384 @@ def verify_sampled(p_TV: torch.Tensor, q_DV: torch.Tensor, drafts: list[int],
     with p[len(drafts)] the one after the last draft. Draft j is accepted with probability
     min(1, p[j][d] / q[j][d]); at the first rejection the next byte comes from
     norm(max(0, p[j] - q[j])), and when all are accepted from p[len(drafts)] (the bonus byte).
-    Every emitted byte then has exactly the target distribution.
+    Every emitted byte then has exactly the target distribution. One uniform per draft is drawn
+    at once, and one transfer says where the first rejection is.
     """
-    for j, d in enumerate(drafts):
-        ratio = float(p_TV[j, d]) / float(q_DV[j, d])
-        u = torch.rand((), generator=generator, device=generator.device if generator is not None else "cpu")
-        if float(u) < min(1.0, ratio):
-            continue
-        residual = (p_TV[j] - q_DV[j]).clamp(min=0.0)
-        if float(residual.sum()) <= 0.0:  # p == q up to rounding: rejection had probability ~0
-            residual = p_TV[j]
-        return j, _sample((residual / residual.sum())[None], generator)[0]
-    return len(drafts), _sample(p_TV[len(drafts)][None], generator)[0]
+    n = len(drafts)
+    if n:
+        idx = torch.tensor(drafts, device=p_TV.device)
+        rows = torch.arange(n, device=p_TV.device)
+        ratio = p_TV[rows, idx] / q_DV[rows, idx]
+        u = torch.rand(n, generator=generator, device=generator.device if generator is not None else "cpu")
+        rejected = (u.to(ratio.device) >= ratio.clamp(max=1.0)).tolist()
+        for j, bad in enumerate(rejected):
+            if bad:
+                residual = (p_TV[j] - q_DV[j]).clamp(min=0.0)
+                if float(residual.sum()) <= 0.0:  # p == q up to rounding: rejection had probability ~0
+                    residual = p_TV[j]
+                return j, _sample((residual / residual.sum())[None], generator)[0]
+    return n, _sample(p_TV[n][None], generator)[0]
 
 
 class _Row:
-    """One prompt's decoding: its output rules, the byte due next and the drafts after it."""
+    """One prompt's decoding: its output rules, its window, the byte due next and the candidates
+    of the heads after it (greedy: each head's top bytes; sampling: one draft each and its q)."""
 
-    def __init__(self, out: _Output, k: int):
-        self.out, self.k = out, k
-        self.nxt, self.drafts, self.q = 0, [], None
+    def __init__(self, prompt: bytes, out: _Output):
+        self.prompt, self.out = prompt, out
+        self.start = 0  # window start, in tokens from the leading EOS
+        self.nxt = EOS
+        self.cand: list[list[int]] = []  # [depth - 1][rank]
+        self.q: torch.Tensor | None = None  # (depths, V) draft distributions when sampling
 
-    def propose(self, logits_KV: torch.Tensor | list[int], sampling: Sampling, nxt: int | None = None) -> None:
-        """Take head 1's next byte (unless already chosen) and heads 2..k's drafts at one position:
-        from the heads' greedy picks (a list), or by sampling their logits (K, V)."""
-        if isinstance(logits_KV, list):
-            self.nxt = logits_KV[0] if nxt is None else nxt
-            self.drafts = logits_KV[1:]
-            return
-        probs = distribution(logits_KV, sampling)
-        self.nxt = _sample(probs[:1], sampling.generator)[0] if nxt is None else nxt
-        self.q = probs[1:]
-        self.drafts = _sample(self.q, sampling.generator) if self.k > 1 else []
+    @property
+    def stats(self) -> SpeculativeStats:
+        return self.out.stats
 
-
-def _picks(logits: torch.Tensor, sampling: Sampling):
-    """Greedy: the masked argmax of every head at every position, as nested lists (one transfer).
-    Sampling: the logits as float32 on the CPU, where the generator draws."""
-    if sampling.temperature == 0:
-        return _greedy(logits)
-    gen = sampling.generator
-    return logits.float() if gen is not None and gen.device == logits.device else logits.float().cpu()
+    def tokens(self) -> list[int]:
+        return [EOS, *self.prompt, *self.out.data]
 
 
-@torch.inference_mode()
-def generate_batch(model: ByteMTP, prompts: list[bytes], *, max_bytes: int, heads: int | None = None,
-                   speculative: bool = True, sampling: Sampling | None = None, stop: tuple[bytes, ...] = (),
-                   on_bytes: Callable[[int, bytes], None] | None = None,
-                   stacked: bool = True) -> list[Generation]:
-    """Decode many prompts at once; self-speculative unless `speculative` is False.
+class Decoder:
+    """Self-speculative decoding of one loaded model (see the module docstring).
 
-    At each row's newest position head 1 gives the next byte and heads 2..k draft the k-1
-    bytes after it. One forward pass over [next byte, drafts] of every row verifies the drafts
-    with head 1: greedy accepts a draft while head 1, run on everything before it, picks it;
-    sampling accepts by the rule of `verify_sampled`. Each row's cache rewinds past its own
-    rejected drafts, and the same pass gives its next byte and new drafts. Greedy output equals
-    plain greedy decoding byte for byte (up to float ties between chunked and one-at-a-time
-    attention), and every row equals that row decoded alone; sampled output has exactly the
-    model's distribution. Rows leave the batch as they finish. With `speculative` False the same
-    loop emits one byte per row per pass (k = 1). `on_bytes(row, piece)` streams each row's
-    output. The heads run as one stacked layer (`ByteMTP.stack_heads`) unless `stacked` is False.
+    Made once per model and reused: the heads are stacked once (`ByteMTP.stack_heads`), what a
+    pass costs is measured once per batch size (`pass_costs`), and the heads' acceptance is
+    tracked across calls. `costs` gives the pass costs instead of measuring them (tests).
     """
-    sampling = sampling or Sampling()
-    k = (heads or model.config.n_future) if speculative else 1
-    if not 1 <= k <= model.config.n_future:
-        raise ValueError(f"heads={k} is not allowed; the model has {model.config.n_future} heads (1..)")
-    if not prompts:
-        return []
-    for prompt in prompts:
-        check_fits(model, prompt, max_bytes)
-    t0 = time.perf_counter()
-    rows = [_Row(_Output(SpeculativeStats(drafted=[0] * (k - 1), accepted=[0] * (k - 1)),
-                         max_bytes=max_bytes, stop=stop,
-                         on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))), k)
-            for r in range(len(prompts))]
-    if max_bytes == 0:
+
+    def __init__(self, model: ByteMTP, *, stacked: bool = True, costs: PassCosts | None = None):
+        self.model = model
+        self.stacked = model.stack_heads() if stacked else None
+        n = model.config.n_future
+        self.profiles = {True: AcceptanceProfile(n), False: AcceptanceProfile(n, ranks=1)}  # by greedy
+        self._costs: dict[int, PassCosts] = {}
+        self._fixed_costs = costs
+        self.last_choice: Choice | None = None
+
+    # --- what a pass costs -------------------------------------------------------------------
+
+    def pass_costs(self, batch_size: int) -> PassCosts:
+        """Seconds per pass for k heads over T nodes at this batch size, measured on a grid at
+        the middle of the context (interleaved, median of repeats) the first time it is asked."""
+        if self._fixed_costs is not None:  # given: used as they are, never calibrated
+            return self._fixed_costs
+        if batch_size not in self._costs:
+            with torch.inference_mode():
+                self._costs[batch_size] = measure_pass_costs(self, batch_size)
+        return self._costs[batch_size]
+
+    def _calibrated(self, batch_size: int, *, measure: bool) -> PassCosts | None:
+        """The costs that this run's passes calibrate: none when they were given, and under a
+        forced draft only those already measured (plain decoding never waits to measure)."""
+        if self._fixed_costs is not None:
+            return None
+        return self.pass_costs(batch_size) if measure else self._costs.get(batch_size)
+
+    # --- the steps of a pass -----------------------------------------------------------------
+
+    def prefill(self, rows: list[_Row], cache: KVCache, heads: int) -> None:
+        """Run each row's window (EOS + prompt, or its newest part) through the model, right-
+        padded into one batch, and take the next byte and the candidates at its last position."""
+        model, seq_len = self.model, self.model.config.seq_len
+        windows = []
         for row in rows:
-            row.out.stats.stopped_by = "max_bytes"
+            tokens = row.tokens()
+            row.start = window_start(len(tokens), row.start, seq_len)
+            windows.append(tokens[row.start:])
+        lengths = [len(w) for w in windows]
+        ids = torch.full((len(rows), max(lengths)), EOS, dtype=torch.long)
+        for r, w in enumerate(windows):
+            ids[r, :len(w)] = torch.tensor(w, dtype=torch.long)
+        cache.lengths = [0] * len(rows)
+        logits = model.logits(ids.to(model.embed.weight.device), cache, n_heads=heads, stacked=self.stacked,
+                              last=[n - 1 for n in lengths])  # (B, 1, K, V)
+        cache.lengths = lengths
+        for row, logits_KV in zip(rows, logits[:, 0]):
+            self._propose(row, logits_KV, None)
+            row.stats.forward_passes += 1
+
+    def _propose(self, row: _Row, logits_KV: torch.Tensor, nxt: int | None,
+                 cand: list[list[int]] | None = None) -> None:
+        """The next byte (head 1's choice, unless verification already made it) and the heads'
+        candidates after it, from the logits (K, V) at the row's last accepted node."""
+        if self.sampling.greedy:
+            if cand is None:
+                masked = _masked(logits_KV)
+                cand = masked[1:].topk(min(TREE_RANKS, VOCAB_SIZE), dim=-1).indices.tolist()
+                nxt = int(masked[0].argmax()) if nxt is None else nxt
+            row.nxt, row.cand = nxt, cand
+            return
+        probs = distribution(logits_KV, self.sampling)
+        row.nxt = _sample(probs[:1], self.sampling.generator)[0] if nxt is None else nxt
+        row.q = probs[1:]
+        row.cand = [[d] for d in _sample(row.q, self.sampling.generator)] if len(probs) > 1 else []
+
+    def draft(self, rows: list[_Row], tree: DraftTree, cache: KVCache) -> tuple[torch.Tensor, Layout]:
+        """The ids of one pass (B, T) — each row's next byte and its candidates laid out as the
+        tree — and their layout after each row's cache."""
+        ids = [[row.nxt] + [row.cand[d - 1][r] for d, r in zip(tree.depths[1:], tree.ranks[1:])]
+               for row in rows]
+        model = self.model
+        layout = Layout(cache.lengths, tree.T, rope=(model.rope_cos, model.rope_sin), cached=True,
+                        depths=None if tree.is_chain else list(tree.depths),
+                        ancestors=None if tree.is_chain else tree.ancestors())
+        return torch.tensor(ids, device=model.embed.weight.device), layout
+
+    def verify_greedy(self, logits_BTKV: torch.Tensor, rows: list[_Row], tree: DraftTree,
+                      offered: list[int]) -> list[tuple[list[int], int, list[list[int]]]]:
+        """For each row: the accepted path (node indices from the root), head 1's byte after it
+        and the heads' candidates there. A child is accepted when its byte is head 1's choice at
+        its parent and its depth is within what the row may use (`offered`)."""
+        masked = _masked(logits_BTKV)
+        picks = masked[:, :, 0].argmax(-1).tolist()  # (B, T)
+        cands = masked[:, :, 1:].topk(TREE_RANKS, dim=-1).indices.tolist() if masked.shape[2] > 1 else None
+        kids = tree.children()
+        out = []
+        for b, row in enumerate(rows):
+            path, node = [0], 0
+            while True:
+                want = picks[b][node]
+                nxt = next((c for c in kids[node] if tree.depths[c] <= offered[b]
+                            and row.cand[tree.depths[c] - 1][tree.ranks[c]] == want), None)
+                if nxt is None:
+                    break
+                path.append(nxt)
+                node = nxt
+            out.append((path, picks[b][node], cands[b][node] if cands is not None else []))
+        return out
+
+    def verify_sampled(self, logits_BTKV: torch.Tensor, rows: list[_Row],
+                       offered: list[int]) -> list[tuple[list[int], int]]:
+        """For each row (a chain): the accepted path and the byte after it, by `verify_sampled`."""
+        out = []
+        for b, row in enumerate(rows):
+            n = offered[b]
+            p = distribution(logits_BTKV[b, :n + 1, 0], self.sampling)
+            n_ok, nxt = verify_sampled(p, row.q, [c[0] for c in row.cand[:n]], self.sampling.generator)
+            out.append((list(range(n_ok + 1)), nxt))
+        return out
+
+    def accept(self, row: _Row, b: int, path: list[int], tree: DraftTree, cache: KVCache, *,
+               start: int, layers: int, offered: int) -> bool:
+        """Emit the accepted drafts (until the output ends), count them, record what the heads
+        got right, and keep the path's cache slots; True when the row is finished."""
+        stats = row.stats
+        stats.forward_passes += 1
+        emitted, done = 0, False
+        for node in path[1:]:
+            byte = row.cand[tree.depths[node] - 1][tree.ranks[node]]
+            done = row.out.emit(byte)
+            emitted += byte != EOS
+            if done:
+                break
+        for depth in range(1, offered + 1):
+            stats.count(depth, used=depth <= emitted)
+        cache.compact(b, [start + node for node in path], layers=layers)
+        cache.lengths[b] = start + len(path)
+        return done
+
+    def _record(self, row: _Row, path: list[int], nxt: int, tree: DraftTree, offered: int) -> None:
+        """What the heads got right this pass: at each depth up to the first miss, the rank of
+        the true byte among that head's candidates (sampling: accepted or not)."""
+        profile = self.profiles[self.sampling.greedy]
+        truth = [row.cand[tree.depths[n] - 1][tree.ranks[n]] for n in path[1:]] + [nxt]
+        for depth in range(1, min(len(truth), len(row.cand), max(offered, 1)) + 1):
+            if self.sampling.greedy:
+                ranks = row.cand[depth - 1]
+                profile.record(depth, ranks.index(truth[depth - 1]) if truth[depth - 1] in ranks else None)
+            elif depth <= offered:
+                profile.record(depth, 0 if depth < len(truth) else None)
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[bytes], *, max_bytes: int, heads: int | None = None,
+                 draft: str = "auto", speculative: bool = True, sampling: Sampling | None = None,
+                 stop: tuple[bytes, ...] = (),
+                 on_bytes: Callable[[int, bytes], None] | None = None) -> list[Generation]:
+        """Decode many prompts at once; self-speculative unless `speculative` is False.
+
+        `heads` None chooses the heads and the draft each pass (cost-aware); a number forces
+        that many heads drafting a chain of heads - 1 bytes (`draft="tree"`: the best tree of
+        that depth). `draft="chain"` keeps automatic choice to chains. Sampling drafts chains.
+        Each row accepts its own number of bytes per pass and leaves the batch when it
+        finishes; every row equals that row decoded alone. `on_bytes(row, piece)` streams.
+        """
+        self.sampling = sampling or Sampling()
+        model, n_future, seq_len = self.model, self.model.config.n_future, self.model.config.seq_len
+        if draft not in ("auto", "chain", "tree"):
+            raise ValueError(f"draft={draft!r} is not allowed; choose auto, chain or tree")
+        if heads is not None and not 1 <= heads <= n_future:
+            raise ValueError(f"heads={heads} is not allowed; the model has {n_future} heads (1..{n_future})")
+        forced = 1 if not speculative else heads
+        use_tree = self.sampling.greedy and draft != "chain" and (forced is None or draft == "tree")
+        t0 = time.perf_counter()
+        depths = 0 if forced == 1 else (forced or n_future) - 1
+        rows = [_Row(p, _Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
+                                max_bytes=max_bytes, stop=stop,
+                                on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))))
+                for r, p in enumerate(prompts)]
+        if not rows:
+            return []
+        if max_bytes == 0:
+            for row in rows:
+                row.out.stats.stopped_by = "max_bytes"
+            return [row.out.result(t0) for row in rows]
+        profile = self.profiles[self.sampling.greedy]
+
+        def plan(batch: int) -> Choice:
+            if forced is not None and (forced == 1 or not use_tree):
+                tree = DraftTree.chain(forced - 1)
+                return Choice(forced, tree, 0.0, 0.0)
+            return choose(profile, self.pass_costs(batch), max_heads=n_future, tree=use_tree, heads=forced)
+
+        choice = self.last_choice = plan(len(rows))
+        state = _Batch(rows, KVCache.for_model(model, batch_size=len(rows), max_len=seq_len + MAX_NODES),
+                       warm=choice.heads, costs=self._calibrated(len(rows), measure=forced is None or use_tree))
+        self.prefill(rows, state.cache, state.warm)
+        passes = 0
+        while self.emit_next(state):
+            state.drop_finished()
+            if passes % 8 == 0 and (forced is None or use_tree):  # re-plan from the newest profile
+                choice = self.last_choice = plan(len(state.active))
+            self.step(state, choice)
+            passes += 1
         return [row.out.result(t0) for row in rows]
+
+    def emit_next(self, state: _Batch) -> bool:
+        """Emit each row's next byte, sliding the windows that are full (a slide runs the row's
+        newest context again, which chooses its next byte anew); False when all are finished."""
+        seq_len = self.model.config.seq_len
+        for b, r in enumerate(state.active):
+            row = state.rows[r]
+            while r not in state.finished:
+                if row.out.emit(row.nxt):
+                    state.finished.add(r)
+                    break
+                moved = window_start(len(row.prompt) + 1 + len(row.out.data), row.start, seq_len)
+                if moved == row.start:
+                    break
+                row.start = moved
+                row.stats.slides += 1
+                view = state.cache.row(b)
+                self.prefill([row], view, state.warm)
+                state.cache.lengths[b] = view.lengths[0]
+        return len(state.finished) < len(state.rows)
+
+    def step(self, state: _Batch, choice: Choice) -> None:
+        """One speculative pass over the batch: draft, run, verify, accept; its time calibrates
+        the pass costs (under automatic choice)."""
+        t0 = time.perf_counter()
+        model, cache, seq_len = self.model, state.cache, self.model.config.seq_len
+        k = min(choice.heads, state.warm)  # heads whose caches are complete can run
+        tree = choice.tree.truncated(state.warm - 1)  # ... and only they gave candidates
+        batch = [state.rows[r] for r in state.active]
+        # a row offers drafts up to the depth that max_bytes and its window leave
+        offered = [0 if r in state.finished else
+                   min(tree.depth, row.out.max_bytes - len(row.out.data),
+                       seq_len - (len(row.prompt) + 1 + len(row.out.data) - row.start))
+                   for r, row in zip(state.active, batch)]
+        starts = list(cache.lengths)
+        ids, layout = self.draft(batch, tree, cache)
+        logits = model.logits(ids, cache, n_heads=k, stacked=self.stacked, layout=layout)
+        cache.rewind(tree.T)
+        layers = model.config.trunk_layers + k * model.config.layers_per_head
+        if self.sampling.greedy:
+            verdicts = self.verify_greedy(logits, batch, tree, offered)
+        else:
+            verdicts = [(path, nxt, None) for path, nxt in self.verify_sampled(logits, batch, offered)]
+        for b, (r, row) in enumerate(zip(state.active, batch)):
+            if r in state.finished:
+                continue
+            path, nxt, cand = verdicts[b]
+            self._record(row, path, nxt, tree, offered[b])
+            row.stats.heads_used[k] = row.stats.heads_used.get(k, 0) + 1
+            shape = tree.truncated(offered[b]).describe()
+            row.stats.shapes[shape] = row.stats.shapes.get(shape, 0) + 1
+            if self.accept(row, b, path, tree, cache, start=starts[b], layers=layers, offered=offered[b]):
+                state.finished.add(r)
+                continue
+            self._propose(row, logits[b, path[-1], :k], nxt, cand)
+        state.warm = k
+        if state.costs is not None:
+            state.costs.observe(k, tree.T, time.perf_counter() - t0)
+
+
+class _Batch:
+    """The rows being decoded together: cache row b holds rows[active[b]]; finished rows stay
+    in the cache (fed, never accepted) until half of them are, then the cache drops them."""
+
+    def __init__(self, rows: list[_Row], cache: KVCache, *, warm: int, costs: PassCosts | None):
+        self.rows, self.cache, self.warm = rows, cache, warm  # warm: heads whose caches are complete
+        self.costs = costs  # calibrated by the passes (automatic choice only)
+        self.active = list(range(len(rows)))
+        self.finished: set[int] = set()
+
+    def drop_finished(self) -> None:
+        live = [b for b, r in enumerate(self.active) if r not in self.finished]
+        if len(live) * 2 <= len(self.active) and len(live) < len(self.active):
+            self.cache.keep(live)
+            self.active = [self.active[b] for b in live]
+
+
+def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5) -> PassCosts:
+    """Seconds per decoding step (draft, forward pass, verify, accept) of k heads over T nodes,
+    for k in 1, 2, 4, all and T in 1, 2, 4, 8, 16, on rows in the middle of the context: the
+    median of interleaved repeats after a warm-up round, timed as `Decoder.step` runs."""
+    model = decoder.model
+    n, seq_len = model.config.n_future, model.config.seq_len
+    ks = sorted({1, min(2, n), min(4, n), n})
+    Ts = [1, 2, 4, 8, MAX_NODES]
+    flat = AcceptanceProfile(n, prior=[0.5] * (n - 1), strength=1.0)
+    shapes = {(k, T): DraftTree.from_paths([p for p, _ in best_tree(flat, k - 1, T, ranks=TREE_RANKS)])
+              for k in ks for T in Ts if k > 1 or T == 1}
+    rows = [_Row(b"", _Output(SpeculativeStats(), max_bytes=1 << 30, stop=(), on_bytes=None))
+            for _ in range(batch_size)]
+    cache = KVCache.for_model(model, batch_size=batch_size, max_len=seq_len + MAX_NODES)
+    state = _Batch(rows, cache, warm=max(ks), costs=None)
     device = model.embed.weight.device
-    heads_fast = model.stack_heads(k) if stacked and k > 1 else None
-    cache = KVCache.for_model(model, batch_size=len(prompts))
-    # prefill, right-padded: each row then rewinds to its own length
-    lengths = [1 + len(p) for p in prompts]
-    ids = torch.full((len(prompts), max(lengths)), EOS, dtype=torch.long)
-    for r, prompt in enumerate(prompts):
-        ids[r, 1:lengths[r]] = torch.tensor(list(prompt), dtype=torch.long)
-    logits = model.logits(ids.to(device), cache, n_heads=k, stacked=heads_fast)
-    longest = max(lengths)
-    cache.rewind([longest - n for n in lengths])
-    last = _picks(logits[torch.arange(len(prompts)), torch.tensor(lengths) - 1], sampling)  # (B, K, ...)
-    for r, row in enumerate(rows):
-        row.propose(last[r], sampling)
-        row.out.stats.forward_passes = 1
-    active = list(rows)
-    seq_len = model.config.seq_len
-    while True:
-        active = _drop_finished(cache, active, [row.out.emit(row.nxt) for row in active])
-        if not active:
-            break
-        # every row feeds T ids; row i offers its first n_off[i] drafts, the rest count as rejected
-        T = 1 + min(k - 1, seq_len - max(cache.lengths) - 1)
-        n_off = [min(T - 1, max_bytes - len(row.out.data)) for row in active]
-        fed = torch.tensor([[row.nxt, *row.drafts[:T - 1]] for row in active], device=device)
-        picks = _picks(model.logits(fed, cache, n_heads=k, stacked=heads_fast), sampling)  # (B, T, K, ...)
-        kept, done = [], []
-        for i, row in enumerate(active):
-            stats = row.out.stats
-            stats.forward_passes += 1
-            offered = row.drafts[:n_off[i]]
-            if sampling.temperature == 0:
-                n_ok = 0
-                while n_ok < len(offered) and offered[n_ok] == picks[i][n_ok][0]:
-                    n_ok += 1
-                nxt = picks[i][n_ok][0]
-            else:
-                p = distribution(picks[i, :n_off[i] + 1, 0], sampling)
-                n_ok, nxt = verify_sampled(p, row.q, offered, sampling.generator)
-            for j in range(len(offered)):
-                stats.drafted[j] += 1
-                stats.accepted[j] += j < n_ok
-            kept.append(T - 1 - n_ok)
-            done.append(any(row.out.emit(byte) for byte in offered[:n_ok]))
-            row.propose(picks[i][n_ok], sampling, nxt=nxt)
-        cache.rewind(kept)
-        active = _drop_finished(cache, active, done)
-    return [row.out.result(t0) for row in rows]
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    saved, decoder.sampling = getattr(decoder, "sampling", None), Sampling()
+    profiles = copy.deepcopy(decoder.profiles)  # the dummy rows teach the profile nothing
+    times: dict[tuple[int, int], list[float]] = {key: [] for key in shapes}
+    for rep in range(repeats + 1):
+        for (k, T), tree in shapes.items():
+            for row in rows:
+                row.nxt, row.cand, row.start = 0, [list(range(TREE_RANKS))] * (n - 1), 0
+                row.out.data = bytearray(b"x" * (seq_len // 2))
+            cache.lengths = [seq_len // 2] * batch_size
+            state.warm, state.finished = max(ks), set()
+            sync()
+            t0 = time.perf_counter()
+            decoder.step(state, Choice(k, tree, 0.0, 0.0))
+            sync()
+            if rep:  # the first round warms up
+                times[k, T].append(time.perf_counter() - t0)
+    decoder.sampling, decoder.profiles = saved, profiles
+    table = {key: sorted(v)[len(v) // 2] for key, v in times.items()}
+    for T in Ts[1:]:  # one head drafts nothing: its row is only ever read at T = 1
+        table[1, T] = table[min(2, n), T] if n > 1 else table[1, 1]
+    return PassCosts(table)
 
 
-def _drop_finished(cache: KVCache, active: list[_Row], finished: list[bool]) -> list[_Row]:
-    if not any(finished):
-        return active
-    keep = [i for i, f in enumerate(finished) if not f]
-    if keep:
-        cache.keep(keep)
-    return [active[i] for i in keep]
+def generate_batch(model: ByteMTP, prompts: list[bytes], *, max_bytes: int, heads: int | None = None,
+                   draft: str = "auto", speculative: bool = True, sampling: Sampling | None = None,
+                   stop: tuple[bytes, ...] = (), on_bytes: Callable[[int, bytes], None] | None = None,
+                   stacked: bool = True, costs: PassCosts | None = None) -> list[Generation]:
+    """`Decoder(model).generate(...)` in one call (a new decoder: stacks the heads and, for the
+    automatic choice, measures pass costs; make one `Decoder` to decode many times)."""
+    return Decoder(model, stacked=stacked, costs=costs).generate(
+        prompts, max_bytes=max_bytes, heads=heads, draft=draft, speculative=speculative,
+        sampling=sampling, stop=stop, on_bytes=on_bytes)
 
 
 def generate_speculative(model: ByteMTP, prompt: bytes, *, max_bytes: int, heads: int | None = None,
                          sampling: Sampling | None = None, stop: tuple[bytes, ...] = (),
-                         on_bytes: Callable[[bytes], None] | None = None,
-                         stacked: bool = True) -> Generation:
-    """Self-speculative decoding of one prompt (see `generate_batch`)."""
+                         on_bytes: Callable[[bytes], None] | None = None, **kw) -> Generation:
+    """Self-speculative decoding of one prompt (see `Decoder.generate`)."""
     return generate_batch(model, [prompt], max_bytes=max_bytes, heads=heads, sampling=sampling, stop=stop,
-                          on_bytes=None if on_bytes is None else (lambda _, piece: on_bytes(piece)),
-                          stacked=stacked)[0]
+                          on_bytes=None if on_bytes is None else (lambda _, piece: on_bytes(piece)), **kw)[0]
 
 
 def load_prompts(path, field: str = "prompt") -> list[bytes]:

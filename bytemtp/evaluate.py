@@ -112,8 +112,9 @@ def task_accuracy(model: ByteMTP, test: dict, *, batch_size: int = 64, max_bytes
     bytes as the answer has, and they must be the answer. Decoding is self-speculative where the
     model has heads to draft with (the same bytes as plain greedy decoding), batch_size problems
     at a time."""
-    from bytemtp.decode import generate_batch
+    from bytemtp.decode import Decoder
 
+    decoder = Decoder(model)  # heads stacked once, pass costs measured once, acceptance kept
     accuracy = {}
     for group, items in test.items():
         right = 0
@@ -121,8 +122,8 @@ def task_accuracy(model: ByteMTP, test: dict, *, batch_size: int = 64, max_bytes
             chunk = items[first:first + batch_size]
             answers = [p.answer.encode() for p in chunk]
             limit = max_bytes if until_eos else max(map(len, answers))
-            outs = generate_batch(model, [p.prompt.encode() for p in chunk], max_bytes=limit,
-                                  speculative=model.config.n_future > 1)
+            outs = decoder.generate([p.prompt.encode() for p in chunk], max_bytes=limit,
+                                    speculative=model.config.n_future > 1)
             right += sum((out.output if until_eos else out.output[:len(answer)]) == answer
                          for out, answer in zip(outs, answers))
             if progress is not None:
@@ -135,8 +136,8 @@ def task_accuracy(model: ByteMTP, test: dict, *, batch_size: int = 64, max_bytes
 def task_answer_scores(model: ByteMTP, test: dict, *, until_eos: bool = True, batch_size: int = 64) -> dict:
     """Teacher-forced scores of the answers, a finer signal than exact match while a model is
     still far from solving a task: for each group, the next-byte head's top-1 accuracy on the
-    answer bytes (and the EOS after them, with until_eos) given the true prefix, and their bits
-    per byte. {group: {"byte_accuracy": ..., "bpb": ..., "bytes": bytes scored}}."""
+    answer bytes (and the EOS after them, with until_eos) given the true prefix (its newest
+    seq_len bytes where it is longer), and their bits per byte. {group: {"byte_accuracy": ..., "bpb": ..., "bytes": bytes scored}}."""
     device = model.embed.weight.device
     scores = {}
     for group, items in test.items():
@@ -144,13 +145,16 @@ def task_answer_scores(model: ByteMTP, test: dict, *, until_eos: bool = True, ba
         nats = 0.0
         for first in range(0, len(items), batch_size):
             chunk = items[first:first + batch_size]
-            rows = [[EOS, *p.prompt.encode(), *p.answer.encode(), *([EOS] if until_eos else [])]
+            full = [[EOS, *p.prompt.encode(), *p.answer.encode(), *([EOS] if until_eos else [])]
                     for p in chunk]
+            cuts = [max(0, len(row) - model.config.seq_len) for row in full]  # keep the newest context
+            rows = [row[cut:] for row, cut in zip(full, cuts)]
             ids = torch.full((len(chunk), max(map(len, rows))), EOS, dtype=torch.long)
             targets = torch.full(ids.shape, IGNORE, dtype=torch.long)
             for r, (p, row) in enumerate(zip(chunk, rows)):
                 ids[r, :len(row)] = torch.tensor(row)
-                start = len(p.prompt.encode())  # position len(prompt) predicts the answer's first byte
+                # position len(prompt) predicts the answer's first byte
+                start = max(0, len(p.prompt.encode()) - cuts[r])
                 targets[r, start:len(row) - 1] = torch.tensor(row[start + 1:])
             logits = model.logits(ids.to(device), n_heads=1)[:, :, 0].float()
             targets = targets.to(device)

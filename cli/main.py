@@ -275,8 +275,8 @@ def _relaunch_with_torchrun(nproc: int) -> None:
                    "writes one JSON line per prompt.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1),
               help="Prompts decoded together with --prompts.")
-@click.option("--max-bytes", type=click.IntRange(0), default=None,
-              help="Bytes to generate at most; default: what the context leaves.")
+@click.option("--max-bytes", type=click.IntRange(0), default=256, show_default=True,
+              help="Bytes to generate at most (past the context, the window slides).")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
               help="0 = greedy.")
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="0 = all bytes.")
@@ -284,24 +284,29 @@ def _relaunch_with_torchrun(nproc: int) -> None:
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sampler.")
 @click.option("--stop", multiple=True, help="Stop after this string (repeatable).")
 @click.option("--heads", type=click.IntRange(1), default=None,
-              help="Heads used for self-speculative decoding (default: all the model has).")
+              help="Force this many heads (a chain of heads - 1 drafts); default: chosen each pass from "
+                   "measured pass costs and the heads' acceptance.")
+@click.option("--draft", type=click.Choice(["auto", "chain", "tree"]), default="auto", show_default=True,
+              help="Draft shape: auto (trees where they pay, greedy only), chain, or tree (with --heads).")
 @click.option("--no-speculative", is_flag=True,
               help="Plain decoding, one byte per forward pass, with the next-byte head only.")
 @click.option("--raw", is_flag=True, help="Write the exact bytes instead of UTF-8 text.")
-@click.option("--stats", "show_stats", is_flag=True, help="Print bytes per forward pass and speed.")
+@click.option("--stats", "show_stats", is_flag=True,
+              help="Print bytes per forward pass, speed, and the heads and drafts that were chosen.")
 @click.option("--compare", is_flag=True,
-              help="Greedy only: decode plainly and speculatively, check that the outputs are identical, "
-                   "and print bytes per forward pass and the speedup.")
+              help="Greedy only: decode plainly and speculatively (interleaved, best of 3), check that the "
+                   "outputs are identical, and print bytes per forward pass and the speedup.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts_file: str | None,
-                 batch_size: int, max_bytes: int | None, temperature: float, top_k: int, top_p: float,
-                 seed: int, stop: tuple[str, ...], heads: int | None, no_speculative: bool, raw: bool,
+                 batch_size: int, max_bytes: int, temperature: float, top_k: int, top_p: float,
+                 seed: int, stop: tuple[str, ...], heads: int | None, draft: str, no_speculative: bool, raw: bool,
                  show_stats: bool, compare: bool, device: str) -> None:
     """Continue a prompt with a trained model, streaming the output.
 
-    Decoding is self-speculative by default: the extra heads draft bytes and the next-byte head
-    verifies them. Greedy output (temperature 0) is identical to plain greedy decoding; sampled
-    output has exactly the distribution of plain sampling.
+    Decoding is self-speculative by default: the extra heads draft bytes (a chain or a tree of
+    candidates) and the next-byte head verifies them, with as many heads as pay off on this
+    device. Greedy output (temperature 0) is identical to plain greedy decoding; sampled output
+    has exactly the distribution of plain sampling.
     """
     import sys
 
@@ -316,6 +321,8 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         raise click.UsageError("give exactly one of --prompt, --prompt-file and --prompts")
     if compare and (temperature > 0 or no_speculative or prompts_file is not None):
         raise click.UsageError("--compare is for greedy decoding of one prompt (temperature 0, speculative)")
+    if draft == "tree" and temperature > 0:
+        raise click.UsageError("--draft tree is for greedy decoding; sampling drafts chains")
     if prompts_file is not None:
         prompts = decode.load_prompts(prompts_file)
     elif prompt is not None:
@@ -324,17 +331,20 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         prompts = [open(prompt_file, "rb").read()]
     dev = resolve_device(device)
     model, _ = load_model(ckpt, device=dev)
-    if max_bytes is None:
-        max_bytes = max(0, model.config.seq_len - max(len(p) for p in prompts) - 1)
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    if heads is not None and heads > model.config.n_future:
+        raise click.BadParameter(f"{heads} is more than the model's {model.config.n_future} heads",
+                                 param_hint="--heads")
+    generator = torch.Generator(device=dev).manual_seed(seed)
     sampling = decode.Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     stops = tuple(s.encode() for s in stop)
     speculative = not no_speculative and model.config.n_future > 1
-    kwargs = dict(max_bytes=max_bytes, sampling=sampling, stop=stops)
+    decoder = decode.Decoder(model)
+    kwargs = dict(max_bytes=max_bytes, sampling=sampling, stop=stops, heads=heads, draft=draft,
+                  speculative=speculative)
     if prompts_file is not None:
         for first in range(0, len(prompts), batch_size):
             batch = prompts[first:first + batch_size]
-            results = decode.generate_batch(model, batch, heads=heads, speculative=speculative, **kwargs)
+            results = decoder.generate(batch, **kwargs)
             for i, result in enumerate(results):
                 line = {"index": first + i, "output": result.output.decode("utf-8", "replace")}
                 if raw:
@@ -346,30 +356,36 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
     text = TextStream()
     out = sys.stdout.buffer if raw else sys.stdout
 
-    def emit(piece: bytes) -> None:
+    def emit(_row: int, piece: bytes) -> None:
         out.write(piece if raw else text.feed(piece))
         out.flush()
 
-    if speculative:
-        result = decode.generate_speculative(model, prompts[0], heads=heads, on_bytes=emit, **kwargs)
-    else:
-        result = decode.generate(model, prompts[0], on_bytes=emit, **kwargs)
+    if compare:
+        decoder.generate(prompts, **{**kwargs, "max_bytes": min(max_bytes, 32)})  # warm-up: costs measured
+    result = decoder.generate(prompts, on_bytes=emit, **kwargs)[0]
     if not raw:
         out.write(text.finish())
     out.write(b"\n" if raw else "\n")
     out.flush()
     if compare:
-        plain = decode.generate(model, prompts[0], **kwargs)
-        if speculative:
-            # a second speculative run, untimed by the streaming to the terminal
-            result = decode.generate_speculative(model, prompts[0], heads=heads, **kwargs)
+        plains, specs = [], []
+        for _ in range(3):  # interleaved, so that a busy moment hits both
+            plains.append(decoder.generate(prompts, **{**kwargs, "speculative": False})[0])
+            specs.append(decoder.generate(prompts, **kwargs)[0])
+        plain = min(plains, key=lambda g: g.stats.wall_s)
+        result = min(specs, key=lambda g: g.stats.wall_s)
         bps = lambda st: st.bytes_out / max(st.wall_s, 1e-9)  # noqa: E731
-        k = heads or model.config.n_future if speculative else 1
-        click.echo(f"plain greedy:          {bps(plain.stats):8,.0f} bytes/s, 1.00 bytes/pass", err=True)
-        click.echo(f"speculative, {k} heads: {bps(result.stats):8,.0f} bytes/s, "
+        ratios = sorted(p.stats.wall_s / s.stats.wall_s for p, s in zip(plains, specs))
+        mode = f"{heads} heads, {draft}" if heads else f"automatic ({draft})"
+        click.echo(f"plain greedy:                 {bps(plain.stats):8,.0f} bytes/s, 1.00 bytes/pass", err=True)
+        click.echo(f"speculative, {mode:16s} {bps(result.stats):8,.0f} bytes/s, "
                    f"{result.stats.bytes_per_forward:.2f} bytes/pass", err=True)
-        click.echo(f"speedup {bps(result.stats) / bps(plain.stats):.2f}x; outputs identical: "
+        click.echo(f"speedup {bps(result.stats) / bps(plain.stats):.2f}x (runs: "
+                   f"{', '.join(f'{r:.2f}' for r in ratios)}); outputs identical: "
                    f"{'yes' if plain.output == result.output else 'NO'}", err=True)
+        if plain.output and len(set(plain.output)) == 1:
+            click.echo(f"note: the output is one byte repeated ({plain.output[:1]!r}): a degenerate "
+                       "continuation says little about speed; try another prompt", err=True)
         if plain.output != result.output:
             raise click.ClickException("speculative output differs from plain greedy output")
     if show_stats:
@@ -378,9 +394,26 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
                    f"({st.bytes_per_forward:.2f} bytes/pass), {st.wall_s:.2f} s, "
                    f"{st.bytes_out / max(st.wall_s, 1e-9):,.0f} bytes/s; stopped by {st.stopped_by}",
                    err=True)
-        if isinstance(st, decode.SpeculativeStats):
-            rates = " ".join(f"h{j + 2} {r:.2f}" for j, r in enumerate(st.acceptance))
-            click.echo(f"draft acceptance: {rates}", err=True)
+        if speculative:
+            click.echo(_draft_summary(st, decoder), err=True)
+
+
+def _draft_summary(st, decoder) -> str:
+    """What the decoder chose: heads per pass, the commonest draft shapes, acceptance per depth."""
+    total = max(1, sum(st.heads_used.values()))
+    heads = ", ".join(f"{k} ({100 * n / total:.0f}%)" for k, n in
+                      sorted(st.heads_used.items(), key=lambda kv: -kv[1]))
+    shapes = ", ".join(f"{s} ({100 * n / total:.0f}%)" for s, n in
+                       sorted(st.shapes.items(), key=lambda kv: -kv[1])[:3])
+    rates = " ".join(f"d{j + 1} {r:.2f}" for j, r in enumerate(st.acceptance) if st.drafted[j])
+    lines = [f"heads run: {heads}; drafts: {shapes}", f"draft acceptance by depth: {rates or 'none drafted'}"]
+    choice = decoder.last_choice
+    if choice is not None and choice.speedup:
+        lines.append(f"last plan: {choice.heads} heads, {choice.tree.describe()}, expected "
+                     f"{choice.bytes_per_pass:.2f} bytes/pass and {choice.speedup:.2f}x plain")
+    if st.slides:
+        lines.append(f"the window slid {st.slides} times")
+    return "\n".join(lines)
 
 
 def _stats_dict(st) -> dict:
@@ -389,6 +422,7 @@ def _stats_dict(st) -> dict:
            "stopped_by": st.stopped_by}
     if getattr(st, "drafted", None):
         out["acceptance"] = [round(r, 4) for r in st.acceptance]
+        out["heads_used"] = {str(k): n for k, n in sorted(st.heads_used.items())}
     return out
 
 
@@ -560,9 +594,9 @@ def eval_task_cmd(task: str, ckpt: str, per_count: int | None, counts: str | Non
     model, _ = load_model(ckpt, device=resolve_device(device))
     longest = task_context(test, until_eos=until_eos)
     if longest > model.config.seq_len:
-        raise click.ClickException(
-            f"the {task} test set needs a context of {longest} bytes, and this model's is "
-            f"{model.config.seq_len}; train with --set model.seq_len={1 << (longest - 1).bit_length()}")
+        click.echo(f"note: the {task} test set needs up to {longest} bytes of context and this model has "
+                   f"{model.config.seq_len}; decoding slides its window and scoring keeps the newest "
+                   f"{model.config.seq_len} bytes", err=True)
     sizes = {group: len(ps) for group, ps in test.items()}
     with tqdm(total=sum(sizes.values()), desc=task, unit="problem") as bar:
         accuracy = task_accuracy(model, test, batch_size=batch_size, until_eos=until_eos,
@@ -668,19 +702,23 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, json_pa
 @click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
 @click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False, exists=True),
               help='Prompts, one {"prompt": "..."} a line; default: the starts of val documents of the '
-                   "run's corpus.")
-@click.option("--n-prompts", default=32, show_default=True, type=click.IntRange(1))
+                   "run's corpus (text the model did not train on).")
+@click.option("--n-prompts", default=16, show_default=True, type=click.IntRange(1))
 @click.option("--prompt-bytes", default=128, show_default=True, type=click.IntRange(1),
-              help="Length of the val prompts (at most half the context).")
-@click.option("--max-bytes", default=512, show_default=True, type=click.IntRange(1),
-              help="Output bytes a prompt (at most what the context leaves).")
+              help="Length of the val prompts.")
+@click.option("--max-bytes", default=256, show_default=True, type=click.IntRange(1),
+              help="Output bytes a prompt (the window slides past the context).")
 @click.option("--batch-sizes", default="1,8", show_default=True, help="Comma-separated.")
+@click.option("--modes", default="auto,chain-2,chain-4,chain-all,tree-4,tree-all", show_default=True,
+              help="Drafting modes against plain greedy: auto, chain-K, tree-K (K heads or 'all').")
+@click.option("--rounds", default=2, show_default=True, type=click.IntRange(1),
+              help="Times every batch is decoded in every mode (interleaved).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
 def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_bytes: int, max_bytes: int,
-                 batch_sizes: str, device: str, dtype: str, json_path: str | None) -> None:
-    """Plain greedy vs self-speculative greedy (2, 4 and all heads) on the same model and prompts."""
+                 batch_sizes: str, modes: str, rounds: int, device: str, dtype: str, json_path: str | None) -> None:
+    """Plain greedy vs self-speculative greedy (automatic, fixed chains, trees) on one model."""
     from tqdm import tqdm
 
     from bytemtp.bench import decode_speed
@@ -692,20 +730,31 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
     except (ValueError, AssertionError):
         raise click.BadParameter(f"{batch_sizes!r} is not a comma-separated list of batch sizes",
                                  param_hint="--batch-sizes") from None
-    runs = sum(-(-n_prompts // b) * 4 for b in sizes)
+    mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
+    for m in mode_list:
+        shape, _, k = m.partition("-")
+        if not (m == "auto" or (shape in ("chain", "tree") and (k == "all" or k.isdigit() and int(k) >= 1))):
+            raise click.BadParameter(f"{m!r} is not a mode; use auto, chain-K or tree-K (K a number or all)",
+                                     param_hint="--modes")
+    runs = sum(-(-n_prompts // b) * rounds for b in sizes)
     with tqdm(total=runs, desc="decode", unit="batch") as bar:
-        res = decode_speed(ckpt, prompts_path=prompts_path, n_prompts=n_prompts, prompt_bytes=prompt_bytes,
-                           max_bytes=max_bytes, batch_sizes=sizes, device=str(resolve_device(device)),
-                           dtype=dtype, progress=bar.update)
+        try:
+            res = decode_speed(ckpt, prompts_path=prompts_path, n_prompts=n_prompts, prompt_bytes=prompt_bytes,
+                               max_bytes=max_bytes, batch_sizes=sizes, modes=mode_list, rounds=rounds,
+                               device=str(resolve_device(device)), dtype=dtype, progress=bar.update)
+        except RuntimeError as e:
+            raise click.ClickException(str(e)) from None
         bar.close()
-    click.echo(f"{res['prompts']} prompts of up to {res['prompt_bytes']} bytes, {res['max_bytes']} output bytes "
-               f"each, {res['device']} {res['dtype']}")
-    rows = [(c["batch_size"], c["heads"], f"{c['greedy_bytes_s']:,.0f}", f"{c['spec_bytes_s']:,.0f}",
-             f"{c['speedup']:.2f}", f"{c['bytes_per_forward']:.2f}", f"{c['efficiency']:.2f}",
-             "yes" if c["identical"] else "NO") for c in res["cases"]]
-    click.echo(_table(rows, ("batch", "heads", "greedy B/s", "spec B/s", "speedup", "bytes/pass", "efficiency",
-                             "identical")))
-    click.echo(f"one speculative pass costs {res['forward_cost_ratio']:.2f} plain passes")
+    bpb = f"; model val bits/byte {res['val_bpb']:.3f}" if res["val_bpb"] is not None else ""
+    click.echo(f"{res['prompts']} held-out prompts of up to {res['prompt_bytes']} bytes, {res['max_bytes']} output "
+               f"bytes each, {res['rounds']} interleaved rounds, {res['device']} {res['dtype']}{bpb}")
+    rows = [(c["batch_size"], c["mode"], f"{c['plain_bytes_s']:,.0f}", f"{c['spec_bytes_s']:,.0f}",
+             f"{c['speedup']:.2f} ({c['speedup_min']:.2f}-{c['speedup_max']:.2f})",
+             f"{c['bytes_per_forward']:.2f}", f"{c['pass_cost']:.2f}", "yes" if c["identical"] else "NO",
+             ", ".join(f"{k}:{n}" for k, n in sorted(c["heads_used"].items())))
+            for c in res["cases"]]
+    click.echo(_table(rows, ("batch", "mode", "plain B/s", "spec B/s", "speedup (spread)", "bytes/pass",
+                             "pass cost", "identical", "heads:passes")))
     _write_json(json_path, res)
     if not res["all_identical"]:
         raise click.ClickException("speculative output differs from plain greedy output")

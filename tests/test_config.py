@@ -140,6 +140,14 @@ def test_preset_counts_match_arithmetic(name):
         assert 90e6 < model.num_params() < 115e6
 
 
+@pytest.mark.parametrize("name", ["base", "paper-7b-byte"])
+def test_presets_keep_heads_a_minority_of_the_layers(name):
+    """Every speculative pass pays for the heads it runs: as in the paper's 7B byte model (24 + 8),
+    the GPU presets' trunk has three times the heads' layers."""
+    cfg = C.preset(name).model
+    assert cfg.trunk_layers == 3 * cfg.n_future * cfg.layers_per_head
+
+
 def test_data_validation():
     with pytest.raises(ValueError, match="data.batch_size"):
         C.DataConfig(batch_size=0)

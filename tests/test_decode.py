@@ -50,8 +50,10 @@ def test_limits_and_stops():
     cut = decode.generate(model, b"x", max_bytes=40, stop=(stop,))
     assert cut.output.endswith(stop) and cut.stats.stopped_by == "stop"
     assert full.startswith(cut.output)
-    with pytest.raises(ValueError, match="more than the model's context of 64"):
-        decode.generate(model, b"y" * 60, max_bytes=10)
+    # no context wall: a prompt near or past the context of 64 slides the window
+    long = decode.generate(model, b"y" * 60, max_bytes=10)
+    assert long.stats.bytes_out == 10 or long.stats.stopped_by == "eos"
+    assert decode.generate(model, b"y" * 100, max_bytes=5).stats.forward_passes >= 1
 
 
 def test_never_emits_pad_or_special_ids():

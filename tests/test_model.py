@@ -104,8 +104,8 @@ def test_stacked_heads_equal_heads_one_by_one(head_type, unembed, head_layers):
     model = tiny_model(head_type=head_type, unembed=unembed, head_layers=head_layers, n_future=4,
                        n_layers=10).double().eval()
     ids = torch.randint(0, 258, (2, 30))
+    stacked = model.stack_heads()
     for k in (4, 2):
-        stacked = model.stack_heads(k)
         torch.testing.assert_close(model.logits(ids, n_heads=k, stacked=stacked), model.logits(ids, n_heads=k))
         fast, slow = KVCache.for_model(model, 2), KVCache.for_model(model, 2)
         for a, b, back in [(0, 9, 0), (9, 10, 0), (10, 16, 3), (13, 20, 0), (20, 30, 0)]:
@@ -118,7 +118,7 @@ def test_stacked_heads_equal_heads_one_by_one(head_type, unembed, head_layers):
 
 
 def test_causal_heads_do_not_stack():
-    assert tiny_model(head_type="causal").stack_heads(2) is None
+    assert tiny_model(head_type="causal").stack_heads() is None
 
 
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
@@ -128,13 +128,13 @@ def test_rows_at_different_lengths_equal_each_row_alone(head_type):
     model = tiny_model(head_type=head_type, n_future=3).double().eval()
     ids = torch.randint(0, 258, (3, 40))
     full = model.logits(ids)
-    stacked = model.stack_heads(3)
+    stacked = model.stack_heads()
     cache = KVCache.for_model(model, batch_size=3)
     model.logits(ids[:, :12], cache)
     cache.rewind([0, 5, 9])  # rows now at 12, 7 and 3
     assert cache.lengths == [12, 7, 3]
     fed = torch.stack([ids[0, 12:18], ids[1, 7:13], ids[2, 3:9]])
-    got = model.logits(fed, cache, stacked=stacked)
+    got = model.logits(fed, cache, n_heads=3, stacked=stacked)
     for row, start in enumerate([12, 7, 3]):
         torch.testing.assert_close(got[row], full[row, start:start + 6])
     cache.keep([2, 0])
@@ -190,3 +190,59 @@ def test_causal_heads_see_previous_head():
             p.add_(0.05)
     # ... and leaves them alone for independent heads
     torch.testing.assert_close(before[:, :, 1:], indep.logits(ids)[:, :, 1:])
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "linear", "causal"])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_tree_pass_equals_each_branch_as_a_chain(head_type, rows):
+    """A tree of candidates in one pass (tree mask, per-node rotary positions) gives each node
+    the logits of its branch fed as a plain chain; after compacting the accepted path the cache
+    equals the cache of that path, and decoding goes on from it exactly."""
+    from bytemtp.kvcache import Layout
+
+    model = tiny_model(head_type=head_type, n_future=3).double().eval()
+    stacked = model.stack_heads()
+    ids = torch.randint(0, 256, (rows, 30))
+    # root 0; children 1, 2 of the root; 3 under 1; 4 under 2; 5 under 3
+    parents = [-1, 0, 0, 1, 2, 3]
+    depths = [0, 1, 1, 2, 2, 3]
+    anc = torch.zeros(6, 6, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        anc[i, i] = True
+        while p >= 0:
+            anc[i, p] = True
+            p = parents[p]
+    tree_ids = torch.randint(0, 256, (rows, 6))
+    starts = [10, 7][:rows]
+    cache = KVCache.for_model(model, rows)
+    model.logits(ids[:, :10], cache, n_heads=3)
+    cache.rewind([0, 3][:rows])
+    layout = Layout(cache.lengths, 6, rope=(model.rope_cos, model.rope_sin), cached=True, depths=depths,
+                    ancestors=anc)
+    got = model.logits(tree_ids, cache, n_heads=3, stacked=stacked, layout=layout)
+    for r, s in enumerate(starts):
+        for node in range(6):
+            branch = [j for j in range(6) if anc[node, j]]  # ancestors in depth order
+            seq = torch.cat([ids[r, :s], tree_ids[r, branch]])[None]
+            want = model.logits(seq, n_heads=3)[0, -1]
+            torch.testing.assert_close(got[r, node], want)
+    # accept the path 0 -> 2 -> 4 in every row, compact, and decode one more id
+    cache.rewind(6)
+    for r in range(rows):
+        cache.compact(r, [starts[r] + j for j in (0, 2, 4)], layers=model.config.total_layers)
+    cache.advance(3)
+    nxt = torch.randint(0, 256, (rows, 1))
+    got = model.logits(nxt, cache, n_heads=3)
+    for r, s in enumerate(starts):
+        seq = torch.cat([ids[r, :s], tree_ids[r, [0, 2, 4]], nxt[r]])[None]
+        torch.testing.assert_close(got[r, 0], model.logits(seq, n_heads=3)[0, -1])
+
+
+def test_prefill_unembeds_only_the_last_positions():
+    model = tiny_model(n_future=3).double().eval()
+    ids = torch.randint(0, 256, (2, 12))
+    full = model.logits(ids)
+    for stacked in (None, model.stack_heads()):
+        got = model.logits(ids, KVCache.for_model(model, 2), stacked=stacked, last=[11, 4])
+        assert got.shape == (2, 1, 3, full.shape[-1])
+        torch.testing.assert_close(got[:, 0], full[[0, 1], [11, 4]])

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from bytemtp import config as C
 from bytemtp import decode
+from bytemtp.drafting import PassCosts
 from bytemtp.model import ByteMTP
 from bytemtp.vocab import EOS, VOCAB_SIZE
 
@@ -20,6 +21,7 @@ class ScriptedModel:
     def __init__(self, text: bytes, right, n_future: int = 8):
         self.config = dataclasses.replace(C.tiny().model, n_future=n_future, seq_len=128)
         self.embed = torch.nn.Embedding(1, 1)  # only its device is read
+        self.rope_cos = self.rope_sin = torch.zeros(self.config.seq_len, 1)
         self.stream = [EOS, *text, EOS]
         self.right = right
         self.calls = 0
@@ -27,10 +29,11 @@ class ScriptedModel:
     def _byte(self, position: int) -> int:
         return self.stream[position] if position < len(self.stream) else EOS
 
-    def stack_heads(self, k):
+    def stack_heads(self):
         return None
 
-    def logits(self, ids, cache, n_heads=None, stacked=None):
+    def logits(self, ids, cache, n_heads=None, stacked=None, *, layout=None, last=None):
+        assert layout is None or layout.chain
         self.calls += 1
         K = n_heads or self.config.n_future
         B, T = ids.shape
@@ -44,7 +47,7 @@ class ScriptedModel:
                         target = (target + 1) % 256
                     out[b, t, j, target] = 10.0
         cache.advance(T)
-        return out
+        return out if last is None else out[torch.arange(B), last][:, None]
 
 
 TEXT = b"def main():\n    return 42\n"
@@ -58,24 +61,28 @@ TEXT = b"def main():\n    return 42\n"
 def test_scripted_acceptance(name, right, per_forward):
     plain = decode.generate(ScriptedModel(TEXT, right), b"", max_bytes=100)
     model = ScriptedModel(TEXT, right)
-    spec = decode.generate_speculative(model, b"", max_bytes=100)
+    spec = decode.generate_speculative(model, b"", max_bytes=100, heads=8)
     assert plain.output == spec.output == TEXT
     stats = spec.stats
     if name == "never":
         assert stats.acceptance == [0.0] * 7 and stats.bytes_per_forward <= 1.0
     elif name == "always":
-        assert all(rate == 1.0 for rate in stats.acceptance[:5])
+        # every draft is used but those of the last pass that lie past the end (EOS)
+        assert all(a >= d - 1 for a, d in zip(stats.accepted, stats.drafted))
         assert stats.forward_passes <= -(-len(TEXT) // 8) + 2
     else:
-        assert stats.acceptance[:2] == [1.0, 1.0] and stats.acceptance[2] == 0.0
+        assert all(a >= d - 1 for a, d in zip(stats.accepted[:2], stats.drafted[:2]))
+        assert stats.accepted[2] == 0
         assert stats.bytes_per_forward == pytest.approx(per_forward, abs=0.5)
     assert stats.forward_passes == model.calls
 
 
 def test_eos_inside_an_accepted_draft_stops_there():
     model = ScriptedModel(b"abc", lambda j: True)
-    got = decode.generate_speculative(model, b"", max_bytes=50)
+    got = decode.generate_speculative(model, b"", max_bytes=50, heads=8)
     assert got.output == b"abc" and got.stats.stopped_by == "eos"
+    # honest counts: the EOS draft ends the output and is not counted as a used draft
+    assert got.stats.accepted[:3] == [1, 1, 0] and got.stats.bytes_out == 3
 
 
 @pytest.mark.parametrize("max_bytes", [0, 1, 7, 8, 9])
@@ -88,14 +95,16 @@ def test_max_bytes_edges(max_bytes):
 
 def test_stop_string_inside_accepted_drafts():
     model = ScriptedModel(TEXT, lambda j: True)
-    got = decode.generate_speculative(model, b"", max_bytes=50, stop=(b"():",))
+    got = decode.generate_speculative(model, b"", max_bytes=50, stop=(b"():",), heads=8)
     assert got.output == b"def main():" and got.stats.stopped_by == "stop"
+    # drafts after the stop string were right but are not output, so they are not counted
+    assert sum(got.stats.accepted) + got.stats.forward_passes == len(got.output) + 1
 
 
 def test_streamed_pieces_equal_the_output():
     pieces = []
     model = ScriptedModel(TEXT, lambda j: j % 2 == 0)
-    got = decode.generate_speculative(model, b"", max_bytes=50, on_bytes=pieces.append)
+    got = decode.generate_speculative(model, b"", max_bytes=50, on_bytes=pieces.append, heads=8)
     assert b"".join(pieces) == got.output == TEXT
 
 
@@ -132,7 +141,7 @@ def _fitted_model(seed: int, head_type: str) -> ByteMTP:
 def test_fitted_models_accept_some_drafts_but_not_all():
     rates = []
     for head_type in ("transformer", "causal", "linear"):
-        got = decode.generate_speculative(_fitted_model(0, head_type), b"one t", max_bytes=40)
+        got = decode.generate_speculative(_fitted_model(0, head_type), b"one t", max_bytes=40, heads=8)
         rates += got.stats.acceptance
     assert 0.1 < sum(rates) / len(rates) < 1.0
 
@@ -237,10 +246,11 @@ class ScriptedBatchModel:
         self.config = dataclasses.replace(C.tiny().model, head_type="linear", n_layers=1, d_model=2,
                                           n_attn_heads=1, n_future=n_future, seq_len=128)
         self.embed = torch.nn.Embedding(1, 1, dtype=torch.float64)  # cache dtype: ids stored exactly
+        self.rope_cos = self.rope_sin = torch.zeros(self.config.seq_len, 1)
         self.docs = [([EOS, *prompt, *text, EOS], right) for prompt, text, right in docs]
         self.calls = 0
 
-    def stack_heads(self, k):
+    def stack_heads(self):
         return None
 
     def _doc(self, prefix: list[int]):
@@ -249,7 +259,8 @@ class ScriptedBatchModel:
                 return stream, right
         return None, None
 
-    def logits(self, ids, cache, n_heads=None, stacked=None):
+    def logits(self, ids, cache, n_heads=None, stacked=None, *, layout=None, last=None):
+        assert layout is None or layout.chain
         self.calls += 1
         K = n_heads or self.config.n_future
         B, T = ids.shape
@@ -271,7 +282,7 @@ class ScriptedBatchModel:
                             target = (target + 1) % 256
                     out[b, t, j, target] = 10.0
         cache.advance(T)
-        return out
+        return out if last is None else out[torch.arange(B), last][:, None]
 
 
 _DOCS = [  # prompt, text, which draft heads are right
@@ -305,11 +316,11 @@ def test_scripted_batch_rows_follow_their_own_texts(k):
     assert never.forward_passes == len(_DOCS[2][1]) + 1  # prefill + one pass per byte (last: EOS)
     assert never.accepted == [0] * (k - 1)
     if k > 1:
-        assert always.acceptance == [1.0] * (k - 1)
+        assert all(a >= d - 1 for a, d in zip(always.accepted, always.drafted))  # all but past the end
         # the prefill gives one byte, then each pass k (its next byte and k - 1 accepted drafts)
         assert always.forward_passes == 1 + -(-len(_DOCS[1][1]) // k)
         assert short.forward_passes == 2  # "a" from the prefill, then "b" and EOS as drafts
-        assert batch[0].stats.acceptance[:2] == [1.0, 1.0][:k - 1]
+        assert all(a >= d - 1 for a, d in zip(batch[0].stats.accepted[:2], batch[0].stats.drafted[:2]))
         if k > 3:
             assert batch[0].stats.acceptance[2] == 0.0
         assert batch[3].stats.accepted == [0] * (k - 1)  # head 2 is wrong: nothing after it counts
@@ -418,6 +429,7 @@ class MarkovModel:
         self.config = dataclasses.replace(C.tiny().model, head_type="linear", n_layers=1, d_model=2,
                                           n_attn_heads=1, n_future=n_future, seq_len=8)
         self.embed = torch.nn.Embedding(1, 1)
+        self.rope_cos = self.rope_sin = torch.zeros(self.config.seq_len, 1)
         table = torch.full((2, VOCAB_SIZE, n_future, VOCAB_SIZE), float("-inf"))
         table[..., _SYMBOLS] = 0.0  # ids that never occur: uniform over the symbols
         for parity in (0, 1):
@@ -428,15 +440,16 @@ class MarkovModel:
                     table[parity, prev, j, _SYMBOLS] = torch.tensor(q).log()
         self.table = table
 
-    def stack_heads(self, k):
+    def stack_heads(self):
         return None
 
-    def logits(self, ids, cache, n_heads=None, stacked=None):
+    def logits(self, ids, cache, n_heads=None, stacked=None, *, layout=None, last=None):
+        assert layout is None or layout.chain
         B, T = ids.shape
         pos_BT = torch.tensor(cache.lengths)[:, None] + torch.arange(T)
         out = self.table[pos_BT % 2, ids.cpu()][:, :, :n_heads or self.config.n_future]
         cache.advance(T)
-        return out
+        return out if last is None else out[torch.arange(B), last][:, None]
 
 
 def _target_probs() -> dict[bytes, float]:
@@ -588,3 +601,83 @@ def test_streamed_pieces_per_row_equal_the_outputs(head_type, sampling):
         for r, got in enumerate(batch):
             assert all(isinstance(p, bytes) and p for p in pieces.get(r, []))
             assert b"".join(pieces.get(r, [])) == got.output
+
+
+# --- longer outputs: draft positions >= 3, the bonus byte at k >= 3, temperature, top-k, top-p ----
+
+_FLAT_COSTS = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (5, 1): 1.0, (5, 16): 1.0})  # drafting is free
+
+
+def _chi2_critical(df: int, p: float = 0.001) -> float:
+    """The chi-square value that a statistic with df degrees of freedom exceeds with
+    probability p (bisection on torch's regularized upper incomplete gamma)."""
+    lo, hi = 0.0, 10.0 * df + 100.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        tail = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                             torch.tensor(mid / 2, dtype=torch.float64)))
+        lo, hi = (mid, hi) if tail > p else (lo, mid)
+    return lo
+
+
+def _exact_output_probs(model: "MarkovModel", sampling: decode.Sampling, n_bytes: int) -> dict[bytes, float]:
+    """Exact probability of every n-byte output under head 1 with the sampling transform."""
+    probs = {b"": 1.0}
+    for pos in range(n_bytes):
+        nxt = {}
+        for prefix, pr in probs.items():
+            prev = prefix[-1] if prefix else EOS
+            dist = decode.distribution(model.table[pos % 2, prev, 0], sampling)
+            for x in _SYMBOLS:
+                if float(dist[x]) > 0:
+                    nxt[prefix + bytes([x])] = pr * float(dist[x])
+        probs = nxt
+    return probs
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("heads,kw", [
+    (4, {}),                                        # positions 2 and 3 drafted, bonus byte after 3 drafts
+    (5, {"temperature": 0.7}),                      # four drafts: every byte after the first is a draft
+    (4, {"temperature": 1.3, "top_k": 2}),
+    (None, {"top_p": 0.8}),                         # automatic draft length
+])
+def test_longer_speculative_sampling_has_the_target_distribution(heads, kw):
+    n_bytes, n = 4, 12000
+    model = MarkovModel(n_future=5)
+    sampling = _sampling(17 + (heads or 0), **kw)
+    expected = _exact_output_probs(model, sampling, n_bytes)
+    assert sum(expected.values()) == pytest.approx(1.0)
+    outputs, stats = [], []
+    decoder = decode.Decoder(model, costs=_FLAT_COSTS)
+    for _ in range(n // 2000):
+        batch = decoder.generate([b""] * 2000, max_bytes=n_bytes, heads=heads, sampling=sampling)
+        outputs += [g.output for g in batch]
+        stats += [g.stats for g in batch]
+    assert set(outputs) <= set(expected), set(outputs) - set(expected)
+    # bins with an expected count of at least 5; the rest pooled into one bin
+    big = {x for x, p in expected.items() if n * p >= 5}
+    counts = {x: 0 for x in big}
+    rest = 0
+    for out in outputs:
+        if out in big:
+            counts[out] += 1
+        else:
+            rest += 1
+    rest_p = 1.0 - sum(expected[x] for x in big)
+    chi2 = sum((counts[x] - n * expected[x]) ** 2 / (n * expected[x]) for x in big)
+    bins = len(big)
+    if n * rest_p >= 5:
+        chi2 += (rest - n * rest_p) ** 2 / (n * rest_p)
+        bins += 1
+    assert chi2 < _chi2_critical(bins - 1), (chi2, bins)
+    # deep drafts were offered and used, and some bytes came as the bonus after all drafts
+    drafted = [sum(s.drafted[j] for s in stats) for j in range(3)]
+    accepted = [sum(s.accepted[j] for s in stats) for j in range(3)]
+    assert all(d > 0 for d in drafted) and accepted[2] > 0
+    assert all(0 < a < d for a, d in zip(accepted[:2], drafted[:2]))
+
+
+def test_the_chi_square_critical_values_match_the_table():
+    assert _chi2_critical(26) == pytest.approx(_CHI2_26_P001, abs=0.01)
+    assert _chi2_critical(80) == pytest.approx(124.839, abs=0.01)  # standard table value

@@ -1,0 +1,249 @@
+"""What to draft: the shape of a speculative pass, the heads' running acceptance, what a pass costs.
+
+Self-speculative decoding pays only when the bytes a pass accepts outweigh what the pass costs
+over a plain one, and both depend on the model, the device and the batch. So the decoder does
+not take a fixed draft length: each pass it drafts the shape that maximises expected bytes per
+second,
+
+    rate(k, tree) = (1 + sum over tree nodes of P(node accepted)) / cost(k heads, T nodes),
+
+where a node at depth d stands for rank r of head d+1's candidates and is accepted when every
+node on its path is, so P(node) is the product of `AcceptanceProfile.p(depth, rank)` along the
+path (rank 0 = the head's top byte). `PassCosts` holds measured seconds per pass for k heads
+over T fed nodes. A model whose heads 2..n are untrained soon shows p ~ 0 at depth 1, and the
+best shape becomes the root alone with one head: plain decoding.
+
+A `DraftTree` lists its nodes with parents before children and the all-top-rank chain first,
+so a pass that accepts along that chain leaves its cache slots in place. A chain is the tree
+with one candidate per depth; sampling always drafts a chain (the rule of Leviathan et al. is
+proven for one draft per position).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import torch
+
+TREE_RANKS = 8  # candidates per head that a tree may use (its top 8 bytes)
+MAX_NODES = 16  # fed nodes in one pass at most (root included)
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Nodes of one pass: node 0 is the root (the byte head 1 already chose); node i > 0 is
+    candidate `ranks[i]` of head `depths[i] + 1`, child of `parents[i]`."""
+
+    parents: tuple[int, ...]
+    depths: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+    @classmethod
+    def chain(cls, n_drafts: int) -> DraftTree:
+        n = n_drafts + 1
+        return cls(tuple(range(-1, n - 1)), tuple(range(n)), (0,) * n)
+
+    @classmethod
+    def from_paths(cls, paths: list[tuple[int, ...]]) -> DraftTree:
+        """From rank paths (each a tuple of ranks, depth = its length), closed under prefixes:
+        the all-zero chain first, then the others in the given order (parents before children)."""
+        chain = sorted((p for p in paths if not any(p)), key=len)
+        order = [()] + chain + [p for p in paths if any(p)]
+        index = {p: i for i, p in enumerate(order)}
+        assert len(index) == len(order) and all(p[:-1] in index for p in order[1:]), paths
+        return cls(tuple(index[p[:-1]] if p else -1 for p in order), tuple(len(p) for p in order),
+                   tuple(p[-1] if p else 0 for p in order))
+
+    @property
+    def T(self) -> int:
+        return len(self.parents)
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.depths == tuple(range(self.T))
+
+    def children(self) -> list[list[int]]:
+        kids: list[list[int]] = [[] for _ in self.parents]
+        for i, p in enumerate(self.parents[1:], 1):
+            kids[p].append(i)
+        return kids
+
+    def ancestors(self) -> torch.Tensor:
+        """(T, T) bools: node i sees node j (itself and every node on its path)."""
+        see = torch.zeros(self.T, self.T, dtype=torch.bool)
+        for i, p in enumerate(self.parents):
+            see[i, i] = True
+            if p >= 0:
+                see[i] |= see[p]
+        return see
+
+    def truncated(self, depth: int) -> DraftTree:
+        """The nodes of depth <= `depth` (parents come first, so indices stay valid)."""
+        keep = [i for i, d in enumerate(self.depths) if d <= depth]
+        if len(keep) == self.T:
+            return self
+        where = {i: j for j, i in enumerate(keep)}
+        return DraftTree(tuple(where.get(self.parents[i], -1) for i in keep),
+                         tuple(self.depths[i] for i in keep), tuple(self.ranks[i] for i in keep))
+
+    def describe(self) -> str:
+        if self.T == 1:
+            return "none"
+        if self.is_chain:
+            return f"chain of {self.T - 1}"
+        width = [sum(d == depth for d in self.depths) for depth in range(1, self.depth + 1)]
+        return f"tree of {self.T - 1} ({'-'.join(map(str, width))})"
+
+
+class AcceptanceProfile:
+    """Running estimate of p(depth, rank): how often head depth+1's rank-th candidate is the
+    byte head 1 settles on at that depth, once the path before it has been accepted.
+
+    Counts start from a prior worth `strength` observations (a fair guess for a trained model:
+    0.6 for the first draft, decaying with depth), so early passes explore and the counts soon
+    dominate. Counts decay by `forget` each record, so the profile follows the text."""
+
+    def __init__(self, n_future: int, *, ranks: int = TREE_RANKS, strength: float = 2.0,
+                 forget: float = 0.995, prior: list[float] | None = None):
+        depths = max(0, n_future - 1)
+        prior = prior or [0.6 * 0.85 ** d for d in range(depths)]
+        self.ranks, self.forget = ranks, forget
+        self.prior = [[p] + [min(0.5 * (1 - p), 0.15) / r for r in range(1, ranks)] for p in prior]
+        self.strength = strength
+        self.hits = [[0.0] * ranks for _ in range(depths)]
+        self.trials = [0.0] * depths
+
+    def p(self, depth: int, rank: int) -> float:
+        d = depth - 1
+        return (self.hits[d][rank] + self.strength * self.prior[d][rank]) / (self.trials[d] + self.strength)
+
+    def record(self, depth: int, rank: int | None) -> None:
+        """At `depth`, the true byte was candidate `rank` of its head (None: not among them)."""
+        d = depth - 1
+        self.trials[d] = self.trials[d] * self.forget + 1.0
+        row = self.hits[d]
+        for r in range(self.ranks):
+            row[r] *= self.forget
+        if rank is not None and rank < self.ranks:
+            row[rank] += 1.0
+
+    def first(self) -> list[float]:
+        """p(depth, 0) for every depth: the chain's conditional acceptance."""
+        return [self.p(d, 0) for d in range(1, len(self.trials) + 1)]
+
+
+class PassCosts:
+    """Seconds of one pass that runs k heads over T fed nodes: measured on a grid of (k, T)
+    before decoding and interpolated linearly in between (flat beyond the grid), then corrected
+    by what passes really take while decoding (`observe`): a (k, T) that has run uses its own
+    running mean, and the others are scaled by how far the passes that ran were off the grid's
+    prediction. So the choice follows the device as it is, overheads of the loop included."""
+
+    def __init__(self, table: dict[tuple[int, int], float], *, calibrate: bool = True):
+        self.table = dict(table)
+        self.ks = sorted({k for k, _ in table})
+        self.Ts = sorted({T for _, T in table})
+        self.calibrate = calibrate
+        self.seen: dict[tuple[int, int], float] = {}  # running mean of observed seconds
+        self.scale = 1.0  # observed over predicted, running
+
+    @staticmethod
+    def _between(grid: list[int], x: int) -> tuple[int, int, float]:
+        if x <= grid[0]:
+            return grid[0], grid[0], 0.0
+        for lo, hi in zip(grid, grid[1:]):
+            if x <= hi:
+                return lo, hi, (x - lo) / (hi - lo)
+        return grid[-1], grid[-1], 0.0
+
+    def predicted(self, k: int, T: int) -> float:
+        """The grid's interpolation, uncorrected."""
+        k0, k1, a = self._between(self.ks, k)
+        T0, T1, b = self._between(self.Ts, T)
+        t = self.table
+        return ((1 - a) * (1 - b) * t[k0, T0] + a * (1 - b) * t[k1, T0]
+                + (1 - a) * b * t[k0, T1] + a * b * t[k1, T1])
+
+    def __call__(self, k: int, T: int) -> float:
+        if (k, T) in self.seen:
+            return self.seen[k, T]
+        return self.predicted(k, T) * self.scale
+
+    def observe(self, k: int, T: int, seconds: float, *, weight: float = 0.1) -> None:
+        """A pass of k heads over T nodes took `seconds` (its whole step, from draft to accept)."""
+        if not self.calibrate:
+            return
+        old = self.seen.get((k, T))
+        self.seen[k, T] = seconds if old is None else (1 - weight) * old + weight * seconds
+        self.scale = (1 - weight) * self.scale + weight * seconds / self.predicted(k, T)
+
+    def ratio(self, k: int, T: int) -> float:
+        """What the pass costs over a plain one (one head, one node)."""
+        return self(k, T) / self(1, 1)
+
+    def to_dict(self) -> dict:
+        return {f"{k}x{T}": round(s * 1e3, 4) for (k, T), s in sorted(self.table.items())}
+
+    def seen_dict(self) -> dict:
+        return {f"{k}x{T}": round(s * 1e3, 4) for (k, T), s in sorted(self.seen.items())}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Heads to run in a pass and the tree it verifies, with the expected bytes per pass and
+    the expected rate relative to plain decoding."""
+
+    heads: int
+    tree: DraftTree
+    bytes_per_pass: float
+    speedup: float
+
+
+def best_tree(profile: AcceptanceProfile, max_depth: int, max_nodes: int, *,
+              ranks: int) -> list[tuple[tuple[int, ...], float]]:
+    """The nodes (rank paths) of the most likely tree, best first, up to max_nodes - 1 of them,
+    each with its probability of being accepted (best-first search over ranks sorted by p)."""
+    if max_depth < 1 or max_nodes < 2:
+        return []
+    out = []
+    heap = [(-profile.p(1, 0), (0,))]
+    while heap and len(out) < max_nodes - 1:
+        neg, path = heapq.heappop(heap)
+        prob = -neg
+        out.append((path, prob))
+        depth, rank = len(path), path[-1]
+        if rank + 1 < ranks:  # the next sibling
+            sib = path[:-1] + (rank + 1,)
+            parent = prob / profile.p(depth, rank) if profile.p(depth, rank) > 0 else 0.0
+            heapq.heappush(heap, (-parent * profile.p(depth, rank + 1), sib))
+        if depth < max_depth:  # the first child
+            heapq.heappush(heap, (-prob * profile.p(depth + 1, 0), path + (0,)))
+    return out
+
+
+def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree: bool,
+           max_nodes: int = MAX_NODES, heads: int | None = None) -> Choice:
+    """The (heads, tree) that maximises expected bytes per second, assuming the next passes
+    draft alike; `heads` fixes the number of heads (a forced --heads), `tree` False drafts
+    chains only."""
+    ranks = profile.ranks if tree else 1
+    best = None
+    for k in ([heads] if heads else range(1, max_heads + 1)):
+        nodes = best_tree(profile, k - 1, max_nodes, ranks=ranks)
+        expected = 1.0
+        options = [(expected, 0)]
+        for n, (_, prob) in enumerate(nodes, 1):
+            expected += prob
+            options.append((expected, n))
+        for expected, n in options:
+            rate = expected / costs(k, n + 1)
+            if best is None or rate > best[0] * 1.0001:
+                best = (rate, k, [p for p, _ in nodes[:n]], expected)
+    rate, k, paths, expected = best
+    return Choice(heads=k, tree=DraftTree.from_paths(paths) if paths else DraftTree.chain(0),
+                  bytes_per_pass=expected, speedup=rate * costs(1, 1))

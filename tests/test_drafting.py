@@ -1,0 +1,164 @@
+"""Cost-aware drafting, tree drafts and the sliding window, each against its slow reference:
+plain greedy decoding (`decode.generate`), which knows nothing of drafts, trees or costs."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bytemtp import decode
+from bytemtp.drafting import AcceptanceProfile, DraftTree, PassCosts, best_tree, choose
+from test_speculative import _SONGS, TEXT, ScriptedModel, _fitted_model
+
+FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})  # every pass costs alike
+# a plain pass costs 1; drafting heads and fed nodes cost more (the shape of a CPU's costs)
+CPU_LIKE = PassCosts({(1, 1): 1.0, (1, 16): 1.5, (8, 1): 1.45, (8, 16): 2.4})
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# --- the pieces ---------------------------------------------------------------------------------
+
+def test_tree_from_paths_puts_the_top_chain_first_and_parents_before_children():
+    tree = DraftTree.from_paths([(1,), (0,), (0, 0), (1, 0), (0, 1), (0, 0, 0)])
+    assert tree.depths[:4] == (0, 1, 2, 3) and tree.ranks[:4] == (0, 0, 0, 0)
+    assert all(p < i for i, p in enumerate(tree.parents) if i)
+    see = tree.ancestors()
+    assert see.sum(1).tolist() == [d + 1 for d in tree.depths]  # each node sees its path
+    assert tree.truncated(1).depths == (0, 1, 1)
+    assert DraftTree.chain(3).is_chain and not tree.is_chain
+    assert tree.describe() == "tree of 6 (2-3-1)"
+
+
+def test_profile_learns_and_forgets_its_prior():
+    profile = AcceptanceProfile(4)
+    assert 0.5 < profile.p(1, 0) < 0.7
+    for _ in range(50):
+        profile.record(1, None)
+    assert profile.p(1, 0) < 0.05
+    for _ in range(200):
+        profile.record(2, 1)
+    assert profile.p(2, 1) > 0.9 and profile.p(2, 0) < 0.05
+
+
+def test_best_tree_is_the_most_likely_prefix_closed_set():
+    profile = AcceptanceProfile(4, strength=1.0, prior=[0.8, 0.5, 0.3])
+    nodes = best_tree(profile, 3, 6, ranks=4)
+    paths = [p for p, _ in nodes]
+    assert paths[0] == (0,) and all(p[:-1] in paths or len(p) == 1 for p in paths)
+    probs = [q for _, q in nodes]
+    assert probs == sorted(probs, reverse=True)
+    assert probs[1] == pytest.approx(0.8 * 0.5)
+
+
+def test_choice_falls_back_to_plain_when_heads_are_never_right():
+    profile = AcceptanceProfile(8)
+    for depth in range(1, 8):
+        for _ in range(100):
+            profile.record(depth, None)
+    got = choose(profile, CPU_LIKE, max_heads=8, tree=True)
+    assert got.heads == 1 and got.tree.T == 1 and got.speedup == pytest.approx(1.0)
+
+
+def test_choice_grows_with_acceptance_and_cheap_passes():
+    good = AcceptanceProfile(8, prior=[0.9] * 7)
+    assert choose(good, FLAT, max_heads=8, tree=False).tree.depth == 7  # free passes: draft all
+    cpu = choose(good, CPU_LIKE, max_heads=8, tree=True)
+    assert cpu.heads > 2 and cpu.speedup > 1.5
+    assert choose(good, CPU_LIKE, max_heads=8, tree=False, heads=3).heads == 3
+
+
+def test_pass_costs_interpolate():
+    costs = PassCosts({(1, 1): 1.0, (1, 3): 2.0, (3, 1): 3.0, (3, 3): 5.0})
+    assert costs(2, 2) == pytest.approx((1 + 2 + 3 + 5) / 4)
+    assert costs(8, 8) == 5.0 and costs.ratio(3, 1) == 3.0
+
+
+# --- cost-aware decoding against plain decoding --------------------------------------------------
+
+def test_auto_settles_on_plain_decoding_when_drafts_are_never_right():
+    plain = decode.generate(ScriptedModel(TEXT * 4, lambda j: False), b"", max_bytes=100)
+    model = ScriptedModel(TEXT * 4, lambda j: False)
+    got = decode.generate_batch(model, [b""], max_bytes=100, draft="chain", costs=CPU_LIKE)[0]
+    assert got.output == plain.output
+    used = got.stats.heads_used
+    assert used.get(1, 0) >= 0.8 * sum(used.values())  # a few exploring passes, then plain
+    assert got.stats.forward_passes <= plain.stats.forward_passes
+
+
+def test_auto_drafts_long_chains_when_drafts_are_always_right():
+    model = ScriptedModel(TEXT * 3, lambda j: True)
+    got = decode.generate_batch(model, [b""], max_bytes=70, draft="chain", costs=FLAT)[0]
+    assert got.output == (TEXT * 3)[:70]
+    assert got.stats.bytes_per_forward > 5 and max(got.stats.heads_used) == 8
+
+
+def test_a_decoder_measures_costs_once_and_keeps_its_profile():
+    model = _fitted_model(0, "transformer")
+    dec = decode.Decoder(model)
+    a = dec.generate([b"one t"], max_bytes=30)[0]
+    costs = dec.pass_costs(1)
+    assert costs is dec.pass_costs(1) and costs(1, 1) > 0
+    b = dec.generate([b"one t"], max_bytes=30)[0]
+    assert a.output == b.output == decode.generate(model, b"one t", max_bytes=30).output
+    assert sum(dec.profiles[True].trials) > 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2), head_type=st.sampled_from(["transformer", "linear", "causal"]),
+       prompts=st.lists(st.one_of(st.binary(max_size=30), st.sampled_from(_SONGS)), min_size=1, max_size=3),
+       mode=st.sampled_from([("auto", None), ("tree", 4), ("tree", 8), ("chain", None)]),
+       costs=st.sampled_from([FLAT, CPU_LIKE]), max_bytes=st.integers(0, 30))
+def test_tree_and_auto_greedy_equal_plain_greedy(seed, head_type, prompts, mode, costs, max_bytes):
+    model = _fitted_model(seed, head_type)
+    draft, heads = mode
+    batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, heads=heads, draft=draft, costs=costs)
+    for p, got in zip(prompts, batch):
+        ref = decode.generate(model, p, max_bytes=max_bytes)
+        assert (got.output, got.stats.stopped_by) == (ref.output, ref.stats.stopped_by)
+        assert got.stats.forward_passes <= ref.stats.forward_passes + 0  # never more passes
+        assert all(0 <= a <= d for a, d in zip(got.stats.accepted, got.stats.drafted))
+
+
+def test_trees_accept_more_bytes_per_pass_than_chains_on_a_fitted_model():
+    model = _fitted_model(1, "transformer")
+    prompts = [b"one two", b"la la", b"0123", b"four five"]
+    chain = decode.generate_batch(model, prompts, max_bytes=40, heads=4)
+    tree = decode.generate_batch(model, prompts, max_bytes=40, heads=4, draft="tree", costs=FLAT)
+    assert [g.output for g in chain] == [g.output for g in tree]
+    rate = lambda gens: sum(g.stats.bytes_out for g in gens) / sum(g.stats.forward_passes for g in gens)  # noqa: E731
+    assert rate(tree) >= rate(chain)
+    assert any(shape.startswith("tree") for g in tree for shape in g.stats.shapes)
+
+
+# --- no context wall ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+@pytest.mark.parametrize("prompt_len", [0, 10, 63, 150])
+def test_the_window_slides_and_speculative_equals_plain(head_type, prompt_len):
+    """seq_len is 64: 200 bytes need several slides, and a 150-byte prompt starts beyond the
+    context; plain and speculative greedy follow the same window rule and agree byte for byte."""
+    model = _fitted_model(0, head_type)
+    prompt = (b"".join(_SONGS) * 4)[:prompt_len]
+    plain = decode.generate(model, prompt, max_bytes=200)
+    assert plain.stats.bytes_out == 200 or plain.stats.stopped_by == "eos"
+    for heads, draft in ((None, "auto"), (8, "chain"), (4, "tree")):
+        got = decode.generate_batch(model, [prompt, prompt[:5]], max_bytes=200, heads=heads, draft=draft,
+                                    costs=FLAT)
+        assert got[0].output == plain.output
+        assert got[1].output == decode.generate(model, prompt[:5], max_bytes=200).output
+        if plain.stats.bytes_out == 200:
+            assert got[0].stats.slides >= 2
+
+
+def test_window_rule():
+    assert decode.window_start(64, 0, 64) == 0
+    assert decode.window_start(65, 0, 64) == 65 - 48
+    assert decode.window_start(65 + 15, 17, 64) == 17  # 63 positions: still fits
+    assert decode.window_start(200, 0, 64) == 200 - 48
