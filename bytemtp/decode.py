@@ -448,21 +448,21 @@ class Decoder:
             return [row.out.result(t0) for row in rows]
         profile = self.profiles[self.sampling.greedy]
 
-        def plan(batch: int) -> Choice:
+        def plan() -> Choice:  # with the costs of the batch as it started (rows that finish leave)
             if forced is not None and (forced == 1 or not use_tree):
                 tree = DraftTree.chain(forced - 1)
                 return Choice(forced, tree, 0.0, 0.0)
-            return choose(profile, self.pass_costs(batch), max_heads=n_future, tree=use_tree, heads=forced)
+            return choose(profile, self.pass_costs(len(rows)), max_heads=n_future, tree=use_tree, heads=forced)
 
-        choice = self.last_choice = plan(len(rows))
+        choice = self.last_choice = plan()
         state = _Batch(rows, KVCache.for_model(model, batch_size=len(rows), max_len=seq_len + MAX_NODES),
                        warm=choice.heads, costs=self._calibrated(len(rows), measure=forced is None or use_tree))
         self.prefill(rows, state.cache, state.warm)
         passes = 0
         while self.emit_next(state):
             state.drop_finished()
-            if passes % 8 == 0 and (forced is None or use_tree):  # re-plan from the newest profile
-                choice = self.last_choice = plan(len(state.active))
+            if passes % 16 == 0 and (forced is None or use_tree):  # re-plan from the newest profile
+                choice = self.last_choice = plan()
             self.step(state, choice)
             passes += 1
         return [row.out.result(t0) for row in rows]
@@ -546,7 +546,7 @@ class _Batch:
 def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5) -> PassCosts:
     """Seconds per decoding step (draft, forward pass, verify, accept) of k heads over T nodes,
     for k in 1, 2, 4, all and T in 1, 2, 4, 8, 16, on rows in the middle of the context: the
-    median of interleaved repeats after a warm-up round, timed as `Decoder.step` runs."""
+    fastest of interleaved repeats after a warm-up round, timed as `Decoder.step` runs."""
     model = decoder.model
     n, seq_len = model.config.n_future, model.config.seq_len
     ks = sorted({1, min(2, n), min(4, n), n})
@@ -577,7 +577,7 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5) -
             if rep:  # the first round warms up
                 times[k, T].append(time.perf_counter() - t0)
     decoder.sampling, decoder.profiles = saved, profiles
-    table = {key: sorted(v)[len(v) // 2] for key, v in times.items()}
+    table = {key: min(v) for key, v in times.items()}
     for T in Ts[1:]:  # one head drafts nothing: its row is only ever read at T = 1
         table[1, T] = table[min(2, n), T] if n > 1 else table[1, 1]
     return PassCosts(table)

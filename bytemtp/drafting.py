@@ -141,16 +141,23 @@ class PassCosts:
     """Seconds of one pass that runs k heads over T fed nodes: measured on a grid of (k, T)
     before decoding and interpolated linearly in between (flat beyond the grid), then corrected
     by what passes really take while decoding (`observe`): a (k, T) that has run uses its own
-    running mean, and the others are scaled by how far the passes that ran were off the grid's
-    prediction. So the choice follows the device as it is, overheads of the loop included."""
+    running mean (the loop's overheads and the machine's load included), the others the grid.
+    The grid is made monotone (more heads or nodes never cost less) and is measured as the
+    fastest of several tries, so an untried shape is never made to look worse than it is by a
+    busy moment, while a shape that has run is judged by what it really cost."""
 
     def __init__(self, table: dict[tuple[int, int], float], *, calibrate: bool = True):
-        self.table = dict(table)
         self.ks = sorted({k for k, _ in table})
         self.Ts = sorted({T for _, T in table})
+        # a pass with more heads or more nodes never costs less: smooth the noise out of the grid
+        self.table = {}
+        for k in self.ks:
+            for T in self.Ts:
+                below = [self.table[k2, T] for k2 in self.ks if k2 < k] + \
+                        [self.table[k, T2] for T2 in self.Ts if T2 < T]
+                self.table[k, T] = max([table[k, T], *below])
         self.calibrate = calibrate
         self.seen: dict[tuple[int, int], float] = {}  # running mean of observed seconds
-        self.scale = 1.0  # observed over predicted, running
 
     @staticmethod
     def _between(grid: list[int], x: int) -> tuple[int, int, float]:
@@ -172,7 +179,7 @@ class PassCosts:
     def __call__(self, k: int, T: int) -> float:
         if (k, T) in self.seen:
             return self.seen[k, T]
-        return self.predicted(k, T) * self.scale
+        return self.predicted(k, T)
 
     def observe(self, k: int, T: int, seconds: float, *, weight: float = 0.1) -> None:
         """A pass of k heads over T nodes took `seconds` (its whole step, from draft to accept)."""
@@ -180,7 +187,6 @@ class PassCosts:
             return
         old = self.seen.get((k, T))
         self.seen[k, T] = seconds if old is None else (1 - weight) * old + weight * seconds
-        self.scale = (1 - weight) * self.scale + weight * seconds / self.predicted(k, T)
 
     def ratio(self, k: int, T: int) -> float:
         """What the pass costs over a plain one (one head, one node)."""
@@ -227,10 +233,11 @@ def best_tree(profile: AcceptanceProfile, max_depth: int, max_nodes: int, *,
 
 
 def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree: bool,
-           max_nodes: int = MAX_NODES, heads: int | None = None) -> Choice:
+           max_nodes: int = MAX_NODES, heads: int | None = None, margin: float = 0.05) -> Choice:
     """The (heads, tree) that maximises expected bytes per second, assuming the next passes
     draft alike; `heads` fixes the number of heads (a forced --heads), `tree` False drafts
-    chains only."""
+    chains only. Speculation must promise `margin` more than plain decoding to be chosen over
+    it, so that estimates off by a few percent do not make decoding slower."""
     ranks = profile.ranks if tree else 1
     best = None
     for k in ([heads] if heads else range(1, max_heads + 1)):
@@ -245,5 +252,7 @@ def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree
             if best is None or rate > best[0] * 1.0001:
                 best = (rate, k, [p for p, _ in nodes[:n]], expected)
     rate, k, paths, expected = best
+    if heads is None and k > 1 and rate < (1 + margin) / costs(1, 1):
+        rate, k, paths, expected = 1 / costs(1, 1), 1, [], 1.0
     return Choice(heads=k, tree=DraftTree.from_paths(paths) if paths else DraftTree.chain(0),
                   bytes_per_pass=expected, speedup=rate * costs(1, 1))

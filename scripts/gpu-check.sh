@@ -34,6 +34,10 @@ for n in 8 1; do
     --set model.n_future=$n --set train.eval_every=0 --set train.eval_batches=2 > "$OUT/base-$n.log" 2>&1
   cp "runs/gpu-base-$n/metrics.jsonl" "$OUT/base-$n-metrics.jsonl"
 done
+# ... and decoding on the (briefly trained) 8-head base model in bf16 at batch 1 and 16: automatic
+# drafting, chains and trees, the pass cost ratio and the speedup (CUDA graphs: not implemented yet)
+$B bench decode --ckpt runs/gpu-base-8 --device cuda --dtype bfloat16 --batch-sizes 1,16 --n-prompts 16 \
+  --json "$OUT/decode-base.json" 2>&1 | tee "$OUT/decode-base.log"
 
 # 5. the loader against zstd -dc on this machine's idle cores (the 2-core development VM runs the
 #    decompressing thread and the parsing side by side at about half speed)

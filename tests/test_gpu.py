@@ -53,7 +53,7 @@ def test_stacked_heads_and_per_row_cache_on_cuda():
     model.logits(ids[:, :10], cache)
     cache.rewind([0, 4, 7])
     fed = torch.stack([ids[0, 10:14], ids[1, 6:10], ids[2, 3:7]])
-    got = model.logits(fed, cache, stacked=model.stack_heads(4))
+    got = model.logits(fed, cache, n_heads=4, stacked=model.stack_heads())
     for row, start in enumerate([10, 6, 3]):
         torch.testing.assert_close(got[row], full[row, start:start + 4], atol=1e-4, rtol=1e-4)
 
@@ -69,3 +69,14 @@ def test_batched_decoding_on_cuda_with_a_cuda_generator():
     sampled = decode.generate_batch(model, prompts, max_bytes=16,
                                     sampling=decode.Sampling(temperature=1.0, generator=gen))
     assert all(len(g.output) <= 16 for g in sampled)
+
+
+def test_tree_and_automatic_drafts_equal_plain_greedy_on_cuda():
+    from bytemtp import decode
+
+    model = ByteMTP(C.tiny().model).cuda().double().eval()
+    prompts = [b"", b"def ", b"x" * 80]  # the last one slides the window (context 64)
+    plain = [decode.generate(model, p, max_bytes=100).output for p in prompts]
+    decoder = decode.Decoder(model)
+    for kw in ({}, {"heads": 4, "draft": "tree"}, {"heads": 8, "draft": "chain"}):
+        assert [g.output for g in decoder.generate(prompts, max_bytes=100, **kw)] == plain, kw
