@@ -17,7 +17,7 @@ rule, on chains).
 Generation starts a new document: the prompt is preceded by EOS, as every document is in the
 packed training stream. The model never emits BOS, PAD or the padding ids above them; EOS ends
 the output and is not part of it. Generation is not limited by the context: when the next
-prediction would need more than `seq_len` positions, the window slides (the newest 3/4 of the
+prediction would need more than `seq_len` positions, the window slides (the newest half of the
 context is kept and run through the model again), by one rule (`window_start`) that plain and
 speculative decoding share, so their greedy outputs stay equal.
 
@@ -126,10 +126,11 @@ def next_byte(logits_V: torch.Tensor, sampling: Sampling) -> int:
 def window_start(n: int, start: int, seq_len: int) -> int:
     """Where the context of the prediction of token n begins (tokens count from the leading EOS;
     the context is tokens start..n-1): the current start while that fits in seq_len, else the
-    newest 3/4 of the context. Plain and speculative decoding both follow this rule."""
+    newest half of the context (a slide re-runs seq_len / 2 bytes once every seq_len / 2 bytes:
+    one extra position a byte). Plain and speculative decoding both follow this rule."""
     if n - start <= seq_len:
         return start
-    return n - max(1, 3 * seq_len // 4)
+    return n - max(1, seq_len // 2)
 
 
 class _Output:

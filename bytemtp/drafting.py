@@ -233,7 +233,7 @@ def best_tree(profile: AcceptanceProfile, max_depth: int, max_nodes: int, *,
 
 
 def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree: bool,
-           max_nodes: int = MAX_NODES, heads: int | None = None, margin: float = 0.05) -> Choice:
+           max_nodes: int = MAX_NODES, heads: int | None = None, margin: float = 0.1) -> Choice:
     """The (heads, tree) that maximises expected bytes per second, assuming the next passes
     draft alike; `heads` fixes the number of heads (a forced --heads), `tree` False drafts
     chains only. Speculation must promise `margin` more than plain decoding to be chosen over

@@ -159,6 +159,6 @@ def test_the_window_slides_and_speculative_equals_plain(head_type, prompt_len):
 
 def test_window_rule():
     assert decode.window_start(64, 0, 64) == 0
-    assert decode.window_start(65, 0, 64) == 65 - 48
-    assert decode.window_start(65 + 15, 17, 64) == 17  # 63 positions: still fits
-    assert decode.window_start(200, 0, 64) == 200 - 48
+    assert decode.window_start(65, 0, 64) == 65 - 32
+    assert decode.window_start(33 + 64, 33, 64) == 33  # 64 positions: still fits
+    assert decode.window_start(200, 0, 64) == 200 - 32
