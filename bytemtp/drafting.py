@@ -141,10 +141,10 @@ class PassCosts:
     """Seconds of one pass that runs k heads over T fed nodes: measured on a grid of (k, T)
     before decoding and interpolated linearly in between (flat beyond the grid), then corrected
     by what passes really take while decoding (`observe`): a (k, T) that has run uses its own
-    running mean (the loop's overheads and the machine's load included), the others the grid.
-    The grid is made monotone (more heads or nodes never cost less) and is measured as the
-    fastest of several tries, so an untried shape is never made to look worse than it is by a
-    busy moment, while a shape that has run is judged by what it really cost."""
+    running mean (the loop's overheads and the machine's load included), the others the grid
+    times the running ratio of observed to predicted over all passes, plain ones included. The
+    grid times whole decoding steps, as the fastest of several tries, and is made monotone (more
+    heads or nodes never cost less), so its shape is clean and the ratio carries the load."""
 
     def __init__(self, table: dict[tuple[int, int], float], *, calibrate: bool = True):
         self.ks = sorted({k for k, _ in table})
@@ -158,6 +158,7 @@ class PassCosts:
                 self.table[k, T] = max([table[k, T], *below])
         self.calibrate = calibrate
         self.seen: dict[tuple[int, int], float] = {}  # running mean of observed seconds
+        self.scale = 1.0  # running mean of observed over predicted: the loop and the load now
 
     @staticmethod
     def _between(grid: list[int], x: int) -> tuple[int, int, float]:
@@ -179,7 +180,7 @@ class PassCosts:
     def __call__(self, k: int, T: int) -> float:
         if (k, T) in self.seen:
             return self.seen[k, T]
-        return self.predicted(k, T)
+        return self.predicted(k, T) * self.scale
 
     def observe(self, k: int, T: int, seconds: float, *, weight: float = 0.1) -> None:
         """A pass of k heads over T nodes took `seconds` (its whole step, from draft to accept)."""
@@ -187,6 +188,7 @@ class PassCosts:
             return
         old = self.seen.get((k, T))
         self.seen[k, T] = seconds if old is None else (1 - weight) * old + weight * seconds
+        self.scale = (1 - weight) * self.scale + weight * seconds / self.predicted(k, T)
 
     def ratio(self, k: int, T: int) -> float:
         """What the pass costs over a plain one (one head, one node)."""

@@ -162,3 +162,49 @@ def test_window_rule():
     assert decode.window_start(65, 0, 64) == 65 - 32
     assert decode.window_start(33 + 64, 33, 64) == 33  # 64 positions: still fits
     assert decode.window_start(200, 0, 64) == 200 - 32
+
+
+# --- the steps of a pass, each on its own ---------------------------------------------------------
+
+def _row(cand):
+    row = decode._Row(b"", decode._Output(decode.SpeculativeStats(), max_bytes=100, stop=(), on_bytes=None))
+    row.nxt, row.cand = ord("a"), cand
+    return row
+
+
+def _logits(picks_TK):
+    """Logits (1, T, K, V) whose argmax at node t, head k is picks_TK[t][k]."""
+    T, K = len(picks_TK), len(picks_TK[0])
+    out = torch.zeros(1, T, K, 264)
+    for t in range(T):
+        for k in range(K):
+            out[0, t, k, picks_TK[t][k]] = 5.0
+    return out
+
+
+def test_verify_greedy_walks_the_tree_along_head_1():
+    tree = DraftTree.from_paths([(0,), (1,), (1, 0), (0, 0)])  # nodes: root, (0), (0,0), (1), (1,0)
+    assert tree.ranks == (0, 0, 0, 1, 0) and tree.parents == (-1, 0, 1, 0, 3)
+    row = _row([[ord("x"), ord("b")], [ord("c"), ord("y")]])  # head 2: x, b; head 3: c, y
+    dec = decode.Decoder.__new__(decode.Decoder)
+    dec.sampling = decode.Sampling()
+    # head 1 after the root says b (rank 1 of head 2: node 3), after b says c (node 4), then d
+    picks = [[ord("b"), 1, 2], [ord("q"), 1, 2], [ord("q"), 1, 2], [ord("c"), 1, 2], [ord("d"), 7, 8]]
+    (path, nxt, cand), = dec.verify_greedy(_logits(picks), [row], tree, offered=[2])
+    assert path == [0, 3, 4] and nxt == ord("d") and [c[0] for c in cand] == [7, 8]
+    (path, nxt, _), = dec.verify_greedy(_logits(picks), [row], tree, offered=[1])  # depth 2 not usable
+    assert path == [0, 3] and nxt == ord("c")
+
+
+def test_accept_emits_counts_and_compacts_the_path():
+    model = _fitted_model(0, "transformer")
+    cache = decode.KVCache.for_model(model, 1, max_len=80)
+    cache.k[:, 0, :, 10:15] = torch.arange(5, dtype=cache.k.dtype)[:, None]  # slot s holds s - 10
+    cache.lengths = [10]
+    tree = DraftTree.from_paths([(0,), (1,), (1, 0), (0, 0)])
+    row = _row([[ord("x"), ord("b")], [ord("c"), ord("y")]])
+    dec = decode.Decoder.__new__(decode.Decoder)
+    done = dec.accept(row, 0, [0, 3, 4], tree, cache, start=10, layers=model.config.total_layers, offered=2)
+    assert not done and bytes(row.out.data) == b"bc"
+    assert row.stats.drafted == [1, 1] and row.stats.accepted == [1, 1] and row.stats.forward_passes == 1
+    assert cache.lengths == [13] and cache.k[0, 0, 0, 10:13, 0].tolist() == [0.0, 3.0, 4.0]
