@@ -510,10 +510,12 @@ class Decoder:
             verdicts = self.verify_greedy(logits, batch, tree, offered)
         else:
             verdicts = [(path, nxt, None) for path, nxt in self.verify_sampled(logits, batch, offered)]
+        gained = []  # bytes each live row gets from this pass
         for b, (r, row) in enumerate(zip(state.active, batch)):
             if r in state.finished:
                 continue
             path, nxt, cand = verdicts[b]
+            gained.append(len(path))
             self._record(row, path, nxt, tree, offered[b])
             row.stats.heads_used[k] = row.stats.heads_used.get(k, 0) + 1
             shape = tree.truncated(offered[b]).describe()
@@ -524,7 +526,8 @@ class Decoder:
             self._propose(row, logits[b, path[-1], :k], nxt, cand)
         state.warm = k
         if state.costs is not None:
-            state.costs.observe(k, tree.T, time.perf_counter() - t0)
+            state.costs.observe(k, tree.T, time.perf_counter() - t0,
+                                bytes_per_row=sum(gained) / max(1, len(gained)))
 
 
 class _Batch:

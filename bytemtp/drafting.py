@@ -159,6 +159,7 @@ class PassCosts:
         self.calibrate = calibrate
         self.seen: dict[tuple[int, int], float] = {}  # running mean of observed seconds
         self.scale = 1.0  # running mean of observed over predicted: the loop and the load now
+        self.realized: dict[bool, float] = {}  # bytes a row per second, speculative passes or plain
 
     @staticmethod
     def _between(grid: list[int], x: int) -> tuple[int, int, float]:
@@ -182,10 +183,16 @@ class PassCosts:
             return self.seen[k, T]
         return self.predicted(k, T) * self.scale
 
-    def observe(self, k: int, T: int, seconds: float, *, weight: float = 0.1) -> None:
-        """A pass of k heads over T nodes took `seconds` (its whole step, from draft to accept)."""
+    def observe(self, k: int, T: int, seconds: float, *, bytes_per_row: float | None = None,
+                weight: float = 0.1) -> None:
+        """A pass of k heads over T nodes took `seconds` (its whole step, from draft to accept)
+        and gave each row `bytes_per_row` bytes on average."""
         if not self.calibrate:
             return
+        if bytes_per_row is not None:
+            spec, rate = T > 1, bytes_per_row / seconds
+            old_rate = self.realized.get(spec)
+            self.realized[spec] = rate if old_rate is None else (1 - weight) * old_rate + weight * rate
         old = self.seen.get((k, T))
         self.seen[k, T] = seconds if old is None else (1 - weight) * old + weight * seconds
         self.scale = (1 - weight) * self.scale + weight * seconds / self.predicted(k, T)
@@ -239,7 +246,8 @@ def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree
     """The (heads, tree) that maximises expected bytes per second, assuming the next passes
     draft alike; `heads` fixes the number of heads (a forced --heads), `tree` False drafts
     chains only. Speculation must promise `margin` more than plain decoding to be chosen over
-    it, so that estimates off by a few percent do not make decoding slower."""
+    it, so that estimates off by a few percent do not make decoding slower, and where both have
+    run, speculation must have really delivered more bytes per second than plain decoding."""
     ranks = profile.ranks if tree else 1
     best = None
     for k in ([heads] if heads else range(1, max_heads + 1)):
@@ -254,7 +262,10 @@ def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree
             if best is None or rate > best[0] * 1.0001:
                 best = (rate, k, [p for p, _ in nodes[:n]], expected)
     rate, k, paths, expected = best
-    if heads is None and k > 1 and rate < (1 + margin) / costs(1, 1):
-        rate, k, paths, expected = 1 / costs(1, 1), 1, [], 1.0
+    plain_rate = costs.realized.get(False, 1 / costs(1, 1))
+    spec_rate = costs.realized.get(True)  # what speculation has really delivered, where it has run
+    if heads is None and k > 1 and (rate < (1 + margin) * plain_rate
+                                    or spec_rate is not None and spec_rate < plain_rate):
+        rate, k, paths, expected = plain_rate, 1, [], 1.0
     return Choice(heads=k, tree=DraftTree.from_paths(paths) if paths else DraftTree.chain(0),
                   bytes_per_pass=expected, speedup=rate * costs(1, 1))
