@@ -63,9 +63,9 @@ demo: setup corpus
 	  $(BYTEMTP) train --preset small --data data/corpus/$(NAME) --out $(DEMO_RUN) \
 	    --steps $(DEMO_STEPS) --time $(DEMO_TIME); \
 	fi
-	@echo "--- a sample from $(DEMO_RUN) (temperature 0.5, seed 1):"
+	@echo "--- a sample from $(DEMO_RUN) (temperature 0.5, seed 1, a fixed draft of 4 heads so the seed repeats it):"
 	$(BYTEMTP) generate --ckpt $(DEMO_RUN) --prompt "$$(printf 'import os\n\ndef ')" --max-bytes 200 \
-	  --temperature 0.5 --top-p 0.95 --seed 1 --stats
+	  --temperature 0.5 --top-p 0.95 --seed 1 --heads 4 --stats
 	@echo "--- greedy, plain and self-speculative (the heads draft, the next-byte head verifies):"
 	$(BYTEMTP) generate --ckpt $(DEMO_RUN) --prompt "$$(printf 'class Parser:\n    def ')" --max-bytes 200 \
 	  --compare

@@ -338,7 +338,8 @@ def all_benchmarks(*, ckpt: str, data: str = "data/corpus/stdlib", preset_name: 
     say("loader")
     loader = loader_throughput(data)
     say("decode")
-    dec = decode_speed(ckpt, n_prompts=n_prompts, device=device, eval_batches=0)
+    dec = decode_speed(ckpt, n_prompts=n_prompts, device=device, eval_batches=0, max_bytes=128, rounds=1,
+                       modes=("auto", "chain-2", "chain-all", "tree-4"))
     say("eval")
     model, cfg = load_model(ckpt, device=torch.device(device))
     ev = evaluate(model, cfg.data.path, batches=eval_batches, device=torch.device(device))

@@ -281,7 +281,9 @@ def _relaunch_with_torchrun(nproc: int) -> None:
               help="0 = greedy.")
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="0 = all bytes.")
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sampler.")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of the sampler; the draws repeat exactly with a fixed draft (--heads or "
+                   "--no-speculative), since the automatic one follows measured timings.")
 @click.option("--stop", multiple=True, help="Stop after this string (repeatable).")
 @click.option("--heads", type=click.IntRange(1), default=None,
               help="Force this many heads (a chain of heads - 1 drafts); default: chosen each pass from "

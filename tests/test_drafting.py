@@ -110,7 +110,7 @@ def test_a_decoder_measures_costs_once_and_keeps_its_profile():
     assert sum(dec.profiles[True].trials) > 0
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2), head_type=st.sampled_from(["transformer", "linear", "causal"]),
        prompts=st.lists(st.one_of(st.binary(max_size=30), st.sampled_from(_SONGS)), min_size=1, max_size=3),
        mode=st.sampled_from([("auto", None), ("tree", 4), ("tree", 8), ("chain", None)]),
