@@ -134,7 +134,7 @@ class Layout:
         else:
             self.rows_BT = torch.arange(len(starts), device=device)[:, None]
             self.slots_BT = (torch.tensor(starts)[:, None] + torch.arange(T)).to(device)
-        self._folded: dict[int, torch.Tensor] = {}
+        self._folded: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
     def rotate(self, x_BHTE: torch.Tensor) -> torch.Tensor:
         """Rotary embedding at each node's position (x of shape (..., B, H, T, E))."""
@@ -143,13 +143,17 @@ class Layout:
         rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
         return rotated.type_as(x_BHTE)
 
-    def mask_for(self, n: int) -> torch.Tensor | None:
-        """The mask for n stacked heads folded into the batch ((n * B, 1, T, L)), made once."""
-        if self.mask is None or self.mask.shape[0] == 1 or n == 1:
-            return self.mask
-        if n not in self._folded:
-            self._folded[n] = self.mask.repeat(n, 1, 1, 1)
-        return self._folded[n]
+    def mask_for(self, n: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """The mask as an additive bias of the queries' dtype (0 or -inf), for n stacked heads
+        folded into the batch ((n * B, 1, T, L)): made once a pass, not once a layer."""
+        if self.mask is None:
+            return None
+        n = 1 if self.mask.shape[0] == 1 else n
+        if (n, dtype) not in self._folded:
+            bias = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
+            bias.masked_fill_(~self.mask, float("-inf"))
+            self._folded[n, dtype] = bias.repeat(n, 1, 1, 1) if n > 1 else bias
+        return self._folded[n, dtype]
 
 
 def causal_layout(T: int, rope: tuple[torch.Tensor, torch.Tensor]) -> Layout:
@@ -165,7 +169,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout,
     at the layout's slots and the queries attend as the layout says. Leading dims (stacked
     heads) fold into the batch for SDPA.
     """
-    mask = layout.mask
     if cache_k is not None:
         T = layout.T
         if layout.start is not None:
@@ -177,10 +180,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout,
             cache_v.transpose(-3, -2)[..., layout.rows_BT, layout.slots_BT, :, :] = v.transpose(-3, -2)
         k, v = cache_k[..., :layout.L, :], cache_v[..., :layout.L, :]
     lead, shape = q.shape[:-4], q.shape
+    n = math.prod(lead) if lead else 1
     if lead:  # SDPA wants (N, H, T, E): fold the stacked heads into the batch
         B, H, E = q.shape[-4], q.shape[-3], q.shape[-1]
-        n = math.prod(lead)
         q, k, v = (x.reshape(n * B, H, x.shape[-2], E) for x in (q, k, v))
-        mask = layout.mask_for(n)
+    mask = layout.mask_for(n, q.dtype)
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=layout.causal, dropout_p=dropout)
     return y.reshape(shape) if lead else y
