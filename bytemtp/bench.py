@@ -226,11 +226,6 @@ def val_prompts(data_path: str, *, n: int, prompt_bytes: int) -> list[bytes]:
     return prompts
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 DECODE_MODES = ("auto", "chain-2", "chain-4", "chain-all", "tree-4", "tree-all")
 
 
@@ -280,10 +275,10 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
         for rnd in range(rounds):
             for i, batch in enumerate(batches):
                 for mode in modes:
-                    _sync(dev)
+                    decode.synchronize(dev)
                     t0 = time.perf_counter()
                     got = decoder.generate(batch, max_bytes=max_bytes, **_mode_args(mode, n_future))
-                    _sync(dev)
+                    decode.synchronize(dev)
                     took[mode][rnd][i] = time.perf_counter() - t0
                     outs[mode][i] = got
                 if progress is not None:

@@ -29,7 +29,6 @@ of a batch share one prefill, so comparing them never mixes in the batch's own r
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from bytemtp.drafting import (MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, 
 from bytemtp.kvcache import KVCache, Layout
 from bytemtp.model import ByteMTP
 from bytemtp.sampling import Sampling, _masked, _sample, distribution, next_byte, verify_sampled  # noqa: F401
-from bytemtp.vocab import EOS, VOCAB_SIZE
+from bytemtp.vocab import EOS
 
 @dataclass
 class DecodeStats:
@@ -172,6 +171,11 @@ class _Row:
     def tokens(self) -> list[int]:
         return [EOS, *self.prompt, *self.out.data]
 
+    @property
+    def n_tokens(self) -> int:
+        """Tokens so far, the leading EOS and the byte due next (already emitted) included."""
+        return 1 + len(self.prompt) + len(self.out.data)
+
 
 class Decoder:
     """Self-speculative decoding of one loaded model (see the module docstring).
@@ -194,7 +198,7 @@ class Decoder:
 
     def pass_costs(self, batch_size: int) -> PassCosts:
         """Seconds per pass for k heads over T nodes at this batch size, measured on a grid at
-        the middle of the context (interleaved, median of repeats) the first time it is asked."""
+        the middle of the context (`measure_pass_costs`) the first time it is asked."""
         if self._fixed_costs is not None:  # given: used as they are, never calibrated
             return self._fixed_costs
         if batch_size not in self._costs:
@@ -211,7 +215,7 @@ class Decoder:
 
     # --- the steps of a pass -----------------------------------------------------------------
 
-    def prefill(self, rows: list[_Row], cache: KVCache, heads: int) -> None:
+    def prefill(self, rows: list[_Row], cache: KVCache, heads: int, sampling: Sampling) -> None:
         """Run each row's window (EOS + prompt, or its newest part) through the model, right-
         padded into one batch, and take the next byte and the candidates at its last position."""
         model, seq_len = self.model, self.model.config.seq_len
@@ -229,24 +233,25 @@ class Decoder:
                               last=[n - 1 for n in lengths])  # (B, 1, K, V)
         cache.lengths = lengths
         for row, logits_KV in zip(rows, logits[:, 0]):
-            self._propose(row, logits_KV, None)
+            self._propose(row, logits_KV, None, sampling)
             row.stats.forward_passes += 1
 
-    def _propose(self, row: _Row, logits_KV: torch.Tensor, nxt: int | None,
+    @staticmethod
+    def _propose(row: _Row, logits_KV: torch.Tensor, nxt: int | None, sampling: Sampling,
                  cand: list[list[int]] | None = None) -> None:
         """The next byte (head 1's choice, unless verification already made it) and the heads'
         candidates after it, from the logits (K, V) at the row's last accepted node."""
-        if self.sampling.greedy:
+        if sampling.greedy:
             if cand is None:
                 masked = _masked(logits_KV)
-                cand = masked[1:].topk(min(TREE_RANKS, VOCAB_SIZE), dim=-1).indices.tolist()
+                cand = masked[1:].topk(TREE_RANKS, dim=-1).indices.tolist()
                 nxt = int(masked[0].argmax()) if nxt is None else nxt
             row.nxt, row.cand = nxt, cand
             return
-        probs = distribution(logits_KV, self.sampling)
-        row.nxt = _sample(probs[:1], self.sampling.generator)[0] if nxt is None else nxt
+        probs = distribution(logits_KV, sampling)
+        row.nxt = _sample(probs[:1], sampling.generator)[0] if nxt is None else nxt
         row.q = probs[1:]
-        row.cand = [[d] for d in _sample(row.q, self.sampling.generator)] if len(probs) > 1 else []
+        row.cand = [[d] for d in _sample(row.q, sampling.generator)] if len(probs) > 1 else []
 
     def draft(self, rows: list[_Row], tree: DraftTree, cache: KVCache) -> tuple[torch.Tensor, Layout]:
         """The ids of one pass (B, T) — each row's next byte and its candidates laid out as the
@@ -256,7 +261,7 @@ class Decoder:
         model = self.model
         layout = Layout(cache.lengths, tree.T, rope=(model.rope_cos, model.rope_sin), cached=True,
                         depths=None if tree.is_chain else list(tree.depths),
-                        ancestors=None if tree.is_chain else tree.ancestors())
+                        ancestors=None if tree.is_chain else tree.ancestors)
         return torch.tensor(ids, device=model.embed.weight.device), layout
 
     def verify_greedy(self, logits_BTKV: torch.Tensor, rows: list[_Row], tree: DraftTree,
@@ -267,7 +272,7 @@ class Decoder:
         masked = _masked(logits_BTKV)
         picks = masked[:, :, 0].argmax(-1).tolist()  # (B, T)
         cands = masked[:, :, 1:].topk(TREE_RANKS, dim=-1).indices.tolist() if masked.shape[2] > 1 else None
-        kids = tree.children()
+        kids = tree.children
         out = []
         for b, row in enumerate(rows):
             path, node = [0], 0
@@ -282,14 +287,15 @@ class Decoder:
             out.append((path, picks[b][node], cands[b][node] if cands is not None else []))
         return out
 
-    def verify_sampled(self, logits_BTKV: torch.Tensor, rows: list[_Row],
-                       offered: list[int]) -> list[tuple[list[int], int]]:
+    @staticmethod
+    def verify_sampled(logits_BTKV: torch.Tensor, rows: list[_Row], offered: list[int],
+                       sampling: Sampling) -> list[tuple[list[int], int]]:
         """For each row (a chain): the accepted path and the byte after it, by `verify_sampled`."""
         out = []
         for b, row in enumerate(rows):
             n = offered[b]
-            p = distribution(logits_BTKV[b, :n + 1, 0], self.sampling)
-            n_ok, nxt = verify_sampled(p, row.q, [c[0] for c in row.cand[:n]], self.sampling.generator)
+            p = distribution(logits_BTKV[b, :n + 1, 0], sampling)
+            n_ok, nxt = verify_sampled(p, row.q, [c[0] for c in row.cand[:n]], sampling.generator)
             out.append((list(range(n_ok + 1)), nxt))
         return out
 
@@ -312,13 +318,14 @@ class Decoder:
         cache.lengths[b] = start + len(path)
         return done
 
-    def _record(self, row: _Row, path: list[int], nxt: int, tree: DraftTree, offered: int) -> None:
+    @staticmethod
+    def _record(profile: AcceptanceProfile, row: _Row, path: list[int], nxt: int, tree: DraftTree,
+                offered: int, *, greedy: bool) -> None:
         """What the heads got right this pass: at each depth up to the first miss, the rank of
         the true byte among that head's candidates (sampling: accepted or not)."""
-        profile = self.profiles[self.sampling.greedy]
         truth = [row.cand[tree.depths[n] - 1][tree.ranks[n]] for n in path[1:]] + [nxt]
         for depth in range(1, min(len(truth), len(row.cand), max(offered, 1)) + 1):
-            if self.sampling.greedy:
+            if greedy:
                 ranks = row.cand[depth - 1]
                 profile.record(depth, ranks.index(truth[depth - 1]) if truth[depth - 1] in ranks else None)
             elif depth <= offered:
@@ -339,14 +346,14 @@ class Decoder:
         Each row accepts its own number of bytes per pass and leaves the batch when it
         finishes; every row equals that row decoded alone. `on_bytes(row, piece)` streams.
         """
-        self.sampling = sampling or Sampling()
+        sampling = sampling or Sampling()
         model, n_future, seq_len = self.model, self.model.config.n_future, self.model.config.seq_len
         if draft not in ("auto", "chain", "tree"):
             raise ValueError(f"draft={draft!r} is not allowed; choose auto, chain or tree")
         if heads is not None and not 1 <= heads <= n_future:
             raise ValueError(f"heads={heads} is not allowed; the model has {n_future} heads (1..{n_future})")
         forced = 1 if not speculative else heads
-        use_tree = self.sampling.greedy and draft != "chain" and (forced is None or draft == "tree")
+        use_tree = sampling.greedy and draft != "chain" and (forced is None or draft == "tree")
         t0 = time.perf_counter()
         depths = 0 if forced == 1 else (forced or n_future) - 1
         rows = [_Row(p, _Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
@@ -359,7 +366,7 @@ class Decoder:
             for row in rows:
                 row.out.stats.stopped_by = "max_bytes"
             return [row.out.result(t0) for row in rows]
-        profile = self.profiles[self.sampling.greedy]
+        profile = self.profiles[sampling.greedy]
 
         def plan() -> Choice:  # with the costs of the batch as it started (rows that finish leave)
             if forced is not None and (forced == 1 or not use_tree):
@@ -369,8 +376,9 @@ class Decoder:
 
         choice = self.last_choice = plan()
         state = _Batch(rows, KVCache.for_model(model, batch_size=len(rows), max_len=seq_len + MAX_NODES),
-                       warm=choice.heads, costs=self._calibrated(len(rows), measure=forced is None or use_tree))
-        self.prefill(rows, state.cache, state.warm)
+                       warm=choice.heads, sampling=sampling, profile=profile,
+                       costs=self._calibrated(len(rows), measure=forced is None or use_tree))
+        self.prefill(rows, state.cache, state.warm, sampling)
         passes = 0
         while self.emit_next(state):
             state.drop_finished()
@@ -390,13 +398,13 @@ class Decoder:
                 if row.out.emit(row.nxt):
                     state.finished.add(r)
                     break
-                moved = window_start(len(row.prompt) + 1 + len(row.out.data), row.start, seq_len)
+                moved = window_start(row.n_tokens, row.start, seq_len)
                 if moved == row.start:
                     break
                 row.start = moved
                 row.stats.slides += 1
                 view = state.cache.row(b)
-                self.prefill([row], view, state.warm)
+                self.prefill([row], view, state.warm, state.sampling)
                 state.cache.lengths[b] = view.lengths[0]
         return len(state.finished) < len(state.rows)
 
@@ -410,32 +418,35 @@ class Decoder:
         batch = [state.rows[r] for r in state.active]
         # a row offers drafts up to the depth that max_bytes and its window leave
         offered = [0 if r in state.finished else
-                   min(tree.depth, row.out.max_bytes - len(row.out.data),
-                       seq_len - (len(row.prompt) + 1 + len(row.out.data) - row.start))
+                   min(tree.depth, row.out.max_bytes - len(row.out.data), seq_len - (row.n_tokens - row.start))
                    for r, row in zip(state.active, batch)]
         starts = list(cache.lengths)
         ids, layout = self.draft(batch, tree, cache)
         logits = model.logits(ids, cache, n_heads=k, stacked=self.stacked, layout=layout)
         cache.rewind(tree.T)
         layers = model.config.trunk_layers + k * model.config.layers_per_head
-        if self.sampling.greedy:
+        sampling = state.sampling
+        if sampling.greedy:
             verdicts = self.verify_greedy(logits, batch, tree, offered)
         else:
-            verdicts = [(path, nxt, None) for path, nxt in self.verify_sampled(logits, batch, offered)]
+            verdicts = [(path, nxt, None) for path, nxt in self.verify_sampled(logits, batch, offered, sampling)]
+        shapes: dict[int, str] = {}  # the shape offered to rows that may use drafts to a depth, by depth
         gained = []  # bytes each live row gets from this pass
         for b, (r, row) in enumerate(zip(state.active, batch)):
             if r in state.finished:
                 continue
             path, nxt, cand = verdicts[b]
             gained.append(len(path))
-            self._record(row, path, nxt, tree, offered[b])
+            if state.profile is not None:
+                self._record(state.profile, row, path, nxt, tree, offered[b], greedy=sampling.greedy)
             row.stats.heads_used[k] = row.stats.heads_used.get(k, 0) + 1
-            shape = tree.truncated(offered[b]).describe()
-            row.stats.shapes[shape] = row.stats.shapes.get(shape, 0) + 1
+            if offered[b] not in shapes:
+                shapes[offered[b]] = tree.truncated(offered[b]).describe()
+            row.stats.shapes[shapes[offered[b]]] = row.stats.shapes.get(shapes[offered[b]], 0) + 1
             if self.accept(row, b, path, tree, cache, start=starts[b], layers=layers, offered=offered[b]):
                 state.finished.add(r)
                 continue
-            self._propose(row, logits[b, path[-1], :k], nxt, cand)
+            self._propose(row, logits[b, path[-1], :k], nxt, sampling, cand)
         state.warm = k
         if state.costs is not None:
             state.costs.observe(k, tree.T, time.perf_counter() - t0,
@@ -443,12 +454,14 @@ class Decoder:
 
 
 class _Batch:
-    """The rows being decoded together: cache row b holds rows[active[b]]; finished rows stay
-    in the cache (fed, never accepted) until half of them are, then the cache drops them."""
+    """The rows being decoded together in one call, and how: cache row b holds rows[active[b]];
+    finished rows stay in the cache (fed, never accepted) until half of them are, then the cache
+    drops them. `profile` learns from the passes and `costs` are calibrated by them (None: not)."""
 
-    def __init__(self, rows: list[_Row], cache: KVCache, *, warm: int, costs: PassCosts | None):
+    def __init__(self, rows: list[_Row], cache: KVCache, *, warm: int, sampling: Sampling,
+                 profile: AcceptanceProfile | None, costs: PassCosts | None):
         self.rows, self.cache, self.warm = rows, cache, warm  # warm: heads whose caches are complete
-        self.costs = costs  # calibrated by the passes (automatic choice only)
+        self.sampling, self.profile, self.costs = sampling, profile, costs
         self.active = list(range(len(rows)))
         self.finished: set[int] = set()
 
@@ -457,6 +470,12 @@ class _Batch:
         if len(live) * 2 <= len(self.active) and len(live) < len(self.active):
             self.cache.keep(live)
             self.active = [self.active[b] for b in live]
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (timing a GPU needs it; the CPU runs in order)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5) -> PassCosts:
@@ -473,11 +492,9 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5) -
     rows = [_Row(b"", _Output(SpeculativeStats(), max_bytes=1 << 30, stop=(), on_bytes=None))
             for _ in range(batch_size)]
     cache = KVCache.for_model(model, batch_size=batch_size, max_len=seq_len + MAX_NODES)
-    state = _Batch(rows, cache, warm=max(ks), costs=None)
+    # the dummy rows teach no profile and calibrate nothing
+    state = _Batch(rows, cache, warm=max(ks), sampling=Sampling(), profile=None, costs=None)
     device = model.embed.weight.device
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    saved, decoder.sampling = getattr(decoder, "sampling", None), Sampling()
-    profiles = copy.deepcopy(decoder.profiles)  # the dummy rows teach the profile nothing
     times: dict[tuple[int, int], list[float]] = {key: [] for key in shapes}
     for rep in range(repeats + 1):
         for (k, T), tree in shapes.items():
@@ -486,13 +503,12 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5) -
                 row.out.data = bytearray(b"x" * (seq_len // 2))
             cache.lengths = [seq_len // 2] * batch_size
             state.warm, state.finished = max(ks), set()
-            sync()
+            synchronize(device)
             t0 = time.perf_counter()
             decoder.step(state, Choice(k, tree, 0.0, 0.0))
-            sync()
+            synchronize(device)
             if rep:  # the first round warms up
                 times[k, T].append(time.perf_counter() - t0)
-    decoder.sampling, decoder.profiles = saved, profiles
     table = {key: min(v) for key, v in times.items()}
     for T in Ts[1:]:  # one head drafts nothing: its row is only ever read at T = 1
         table[1, T] = table[min(2, n), T] if n > 1 else table[1, 1]

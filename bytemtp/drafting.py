@@ -21,6 +21,7 @@ proven for one draft per position).
 
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass
 
@@ -67,12 +68,15 @@ class DraftTree:
     def is_chain(self) -> bool:
         return self.depths == tuple(range(self.T))
 
+    @functools.cached_property
     def children(self) -> list[list[int]]:
+        """Each node's children (made once per tree: a tree is reused pass after pass)."""
         kids: list[list[int]] = [[] for _ in self.parents]
         for i, p in enumerate(self.parents[1:], 1):
             kids[p].append(i)
         return kids
 
+    @functools.cached_property
     def ancestors(self) -> torch.Tensor:
         """(T, T) bools: node i sees node j (itself and every node on its path)."""
         see = torch.zeros(self.T, self.T, dtype=torch.bool)

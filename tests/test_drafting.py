@@ -29,7 +29,7 @@ def test_tree_from_paths_puts_the_top_chain_first_and_parents_before_children():
     tree = DraftTree.from_paths([(1,), (0,), (0, 0), (1, 0), (0, 1), (0, 0, 0)])
     assert tree.depths[:4] == (0, 1, 2, 3) and tree.ranks[:4] == (0, 0, 0, 0)
     assert all(p < i for i, p in enumerate(tree.parents) if i)
-    see = tree.ancestors()
+    see = tree.ancestors
     assert see.sum(1).tolist() == [d + 1 for d in tree.depths]  # each node sees its path
     assert tree.truncated(1).depths == (0, 1, 1)
     assert DraftTree.chain(3).is_chain and not tree.is_chain
@@ -188,7 +188,6 @@ def test_verify_greedy_walks_the_tree_along_head_1():
     assert tree.ranks == (0, 0, 0, 1, 0) and tree.parents == (-1, 0, 1, 0, 3)
     row = _row([[ord("x"), ord("b")], [ord("c"), ord("y")]])  # head 2: x, b; head 3: c, y
     dec = decode.Decoder.__new__(decode.Decoder)
-    dec.sampling = decode.Sampling()
     # head 1 after the root says b (rank 1 of head 2: node 3), after b says c (node 4), then d
     picks = [[ord("b"), 1, 2], [ord("q"), 1, 2], [ord("q"), 1, 2], [ord("c"), 1, 2], [ord("d"), 7, 8]]
     (path, nxt, cand), = dec.verify_greedy(_logits(picks), [row], tree, offered=[2])
