@@ -183,8 +183,17 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
+def is_checkpoint_dir(path: str | os.PathLike) -> bool:
+    """Whether path names one checkpoint (a step-* directory, or any directory holding a
+    checkpoint's files) rather than a run directory."""
+    path = Path(path)
+    return bool(_STEP_DIR.fullmatch(path.name) or (path / CONFIG_FILE).exists()
+                or (path / MODEL_FILE).exists())
+
+
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint directory as given, or the newest complete checkpoint of a run directory."""
+    """A checkpoint directory as given, or the newest complete checkpoint of a run directory
+    (or of its checkpoints/ folder)."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} does not exist; pass a run directory or one of its "
@@ -192,9 +201,10 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     if not path.is_dir():
         raise CheckpointError(f"{path} is a file; pass the checkpoint directory holding it "
                               f"({path.parent}) or a run directory")
-    if (_STEP_DIR.fullmatch(path.name) or (path / CONFIG_FILE).exists()
-            or (path / MODEL_FILE).exists()):
+    if is_checkpoint_dir(path):
         return path
+    if path.name == "checkpoints" and not (path / "checkpoints").exists():
+        path = path.parent  # the folder of a run's checkpoints: its newest
     latest = latest_checkpoint(path)
     if latest is None:
         raise CheckpointError(f"no checkpoint found in {path}: expected "
@@ -221,6 +231,12 @@ def load_config(ckpt_dir: str | os.PathLike) -> Config:
         return from_dict(Config, data["config"])
     except ValueError as e:
         raise CheckpointError(f"{path} holds an invalid config: {e}") from e
+
+
+def read_train_state(path: str | os.PathLike) -> dict:
+    """The train_state.json of a checkpoint (or of a run's newest one), with "step"; reads
+    nothing else."""
+    return _read_json(resolve_checkpoint(path) / STATE_FILE)
 
 
 def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> tuple[ByteMTP, Config]:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from bytemtp.train import METRICS
@@ -103,3 +106,24 @@ def acceptance_profile(result: dict, out_path) -> Path:
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
     return out_path
+
+
+def figures(run_dir, out_dir, profile: dict | None = None) -> list[Path]:
+    """Every figure of a run (the curves, and the acceptance profile when `profile`, an
+    evaluation result, is given), written all or none: drawn into a temporary folder beside
+    out_dir, then moved in, so a failure leaves no partial set."""
+    _pyplot()
+    read_metrics(run_dir)  # a run without metrics fails before anything is made
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-plot-", dir=out_dir.parent))
+    try:
+        drawn = training_curves(run_dir, tmp)
+        if profile is not None:
+            drawn.append(acceptance_profile(profile, tmp / "acceptance.png"))
+        out_dir.mkdir(exist_ok=True)
+        for path in drawn:
+            os.replace(path, out_dir / path.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [out_dir / path.name for path in drawn]

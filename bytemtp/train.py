@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -45,8 +47,10 @@ from tqdm import tqdm
 
 from bytemtp import corpus
 from bytemtp import distributed as dist_lib
+from bytemtp import config as config_lib
 from bytemtp.checkpoint import (
-    CheckpointError, latest_checkpoint, load_optimizer_state, load_train_state, save_checkpoint)
+    CheckpointError, is_checkpoint_dir, latest_checkpoint, load_config, load_optimizer_state,
+    load_train_state, read_train_state, save_checkpoint)
 from bytemtp.config import Config, DataConfig, TrainConfig, to_dict, to_json
 from bytemtp.flops import peak_gpu_flops, step_flops
 from bytemtp.loader import ByteLoader, combine_stats
@@ -66,7 +70,7 @@ class TrainingError(RuntimeError):
 class RunResult:
     step: int
     bytes_seen: int
-    stopped_by: str  # steps, bytes, time or signal
+    stopped_by: str  # steps, bytes, time or signal; done: the run had reached its limit before
     checkpoint: Path
     val_bpb: list[float] | None
 
@@ -193,6 +197,20 @@ def _prepare_run_dir(run_dir: Path, cfg: Config, resume: bool, *, mutate: bool =
     return None
 
 
+def _already_done(run_dir: Path, tc: TrainConfig) -> RunResult | None:
+    """The newest checkpoint, as a result, when it has already reached the step or bytes limit
+    (then resuming changes nothing); None when there is training left or no checkpoint."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return None
+    state = read_train_state(ckpt)
+    step, seen = state.get("step", 0), state.get("bytes_seen", 0)
+    if not ((tc.steps and step >= tc.steps) or (tc.max_bytes and seen >= tc.max_bytes)):
+        return None
+    return RunResult(step=step, bytes_seen=seen, stopped_by="done", checkpoint=ckpt,
+                     val_bpb=state.get("val_bpb"))
+
+
 def _keep_metrics_up_to(path: Path, step: int) -> None:
     """After a resume, drop the lines that the interrupted run logged past its checkpoint."""
     if not path.exists():
@@ -211,12 +229,14 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, show_progre
           say=tqdm.write) -> RunResult:
     """Train (or resume) the run in run_dir until a stop condition; return where it ended."""
     run_dir = Path(run_dir)
+    cfg = absolute_corpus(cfg)
     tc = cfg.train
     if not (tc.steps or tc.max_bytes or tc.max_time):
-        raise ValueError("no stop condition: give --steps, --bytes or --time "
-                         "(train.steps, train.max_bytes or train.max_time)")
+        raise ValueError("no stop condition: set train.steps, train.max_bytes or train.max_time")
     if dist_lib.restarted() and latest_checkpoint(run_dir) is not None:
         resume = True  # torchrun restarted the job after a failure: go on from the newest checkpoint
+    if resume and (done := _already_done(run_dir, tc)) is not None:
+        return done
     device = resolve_device(tc.device)
     d = dist_lib.setup(device, timeout_s=tc.dist_timeout)
     try:
@@ -430,11 +450,75 @@ def _finite(value):
     return value
 
 
+def absolute_corpus(cfg: Config) -> Config:
+    """cfg with data.path made absolute (against the current directory), so that the run's
+    config.json names its corpus from anywhere."""
+    path = cfg.data.path
+    if os.path.isabs(path):
+        return cfg
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=os.path.abspath(path)))
+
+
+def same_corpus(a: str, b: str) -> bool:
+    """Whether two corpus specs name the same corpus: the same real path, or two prepared corpora
+    with the same manifest (a copy, or the same folder reached another way)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return corpus.read_manifest(a) == corpus.read_manifest(b)
+    except corpus.CorpusError:
+        return False
+
+
+def resume_target(path: str | os.PathLike) -> tuple[Path, Path]:
+    """(run directory, checkpoint) that resuming `path` continues: a run directory (its newest
+    checkpoint), its checkpoints/ folder, or its newest checkpoint itself."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path} does not exist; resume a run directory that `bytemtp train` wrote")
+    if is_checkpoint_dir(path):
+        run_dir = path.parent.parent
+        if path.parent.name != "checkpoints":
+            raise ValueError(f"{path} is a checkpoint outside a run directory (RUN/checkpoints/step-*); "
+                             "only a run can be resumed")
+        latest = latest_checkpoint(run_dir)
+        if latest is None or latest.resolve() != path.resolve():
+            newer = f"{latest.name} is its newest" if latest is not None else "it is incomplete"
+            raise ValueError(f"{path} is not the newest checkpoint of {run_dir} ({newer}); resume the run "
+                             f"directory {run_dir} to go on from its newest, or delete the newer "
+                             f"checkpoints in {path.parent} to go back to {path.name}")
+        return run_dir, path
+    run_dir = path.parent if path.name == "checkpoints" and not (path / "checkpoints").exists() else path
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ValueError(f"no checkpoint to resume in {run_dir} (expected "
+                         f"{run_dir / 'checkpoints' / 'step-*'}/); start a new run there instead")
+    return run_dir, ckpt
+
+
+def resume_config(path: str | os.PathLike, *, config_file: str | None = None,
+                  overrides: list[str] = ()) -> tuple[Path, Config]:
+    """(run directory, config) to resume `path` with: the checkpoint's config, then a config file,
+    then each override (the order of a new run, with the checkpoint as the preset)."""
+    run_dir, ckpt = resume_target(path)
+    saved = load_config(ckpt)
+    cfg = config_lib.load_file(config_file, saved) if config_file else saved
+    return run_dir, config_for_resume(saved, config_lib.apply_overrides(cfg, list(overrides)))
+
+
 def config_for_resume(saved: Config, resolved: Config) -> Config:
-    """On resume only train.* may change; a change elsewhere would not match the checkpoint."""
+    """On resume only train.* may change; a change elsewhere would not match the checkpoint.
+    data.path may name the same corpus another way (another directory, a link, a copy)."""
     for section in ("model", "loss", "data"):
         before, after = to_dict(getattr(saved, section)), to_dict(getattr(resolved, section))
         for key in before:
+            if section == "data" and key == "path":
+                old, new = before[key], after[key]
+                if old == new and not os.path.isabs(old) and not os.path.exists(old):
+                    raise ValueError(f"the run's corpus {old} was named relative to the directory the "
+                                     f"run started in and does not exist from here; name the corpus again (data.path)")
+                if old == new or same_corpus(old, new) or (not os.path.isabs(old) and not os.path.exists(old)):
+                    continue  # a relative name from another directory cannot be checked: the new one counts
             if before[key] != after[key]:
                 raise ValueError(f"{section}.{key} cannot change when resuming (checkpoint has "
                                  f"{before[key]!r}, asked {after[key]!r}); start a new run instead")

@@ -218,18 +218,16 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
     if resume is not None and out and resume and resume != out:
         raise click.UsageError(f"--resume {resume} and --out {out} name different runs")
     from bytemtp import train as train_lib
-    from bytemtp.checkpoint import latest_checkpoint, load_config
 
     if resume is not None:
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is None:
-            raise ValueError(f"no checkpoint to resume in {run_dir}; start it over with --out {run_dir} "
-                             "(without --resume)")
-        saved = load_config(ckpt)
-        cfg = config_lib.load_file(config_file, saved) if config_file else saved
-        cfg = train_lib.config_for_resume(saved, config_lib.apply_overrides(cfg, sets))
+        if click.get_current_context().get_parameter_source("preset") != click.core.ParameterSource.DEFAULT:
+            raise click.UsageError("--preset is for a new run; a resumed run keeps its checkpoint's settings "
+                                   "(change train.* with --set or --config)")
+        run_dir, cfg = train_lib.resume_config(run_dir, config_file=config_file, overrides=sets)
     else:
         cfg = config_lib.resolve(preset, config_file=config_file, overrides=sets)
+    if not (cfg.train.steps or cfg.train.max_bytes or cfg.train.max_time):
+        raise click.ClickException("no stop condition: give --steps, --bytes or --time")
     from bytemtp.corpus import corpus_files
 
     corpus_files(cfg.data.path)  # a missing corpus fails here, before any work
@@ -240,6 +238,13 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
         result = train_lib.train(cfg, run_dir, resume=resume is not None)
     except train_lib.TrainingError as e:
         raise click.ClickException(str(e)) from None
+    if result.stopped_by == "done":
+        if main_rank:
+            limit = (f"--steps {cfg.train.steps}" if cfg.train.steps and result.step >= cfg.train.steps
+                     else f"--bytes {cfg.train.max_bytes}")
+            click.echo(f"{run_dir} is already done: step {result.step} ({result.bytes_seen:,} bytes) reached "
+                       f"{limit}; nothing changed (raise the limit to train on)\ncheckpoint {result.checkpoint}")
+        return
     val = (" val bits/byte " + " ".join(f"{b:.3f}" for b in result.val_bpb)) if result.val_bpb else ""
     if main_rank:
         click.echo(f"stopped by {result.stopped_by} at step {result.step} ({result.bytes_seen:,} bytes);"
@@ -487,7 +492,7 @@ def plot_cmd(run: str, out: str | None, eval_json: str | None, eval_batches: int
     from bytemtp import plot
 
     out_dir = out or os.path.join(run, "plots")
-    written = plot.training_curves(run, out_dir)
+    plot.read_metrics(run)  # a run without metrics stops before an evaluation
     if eval_json:
         result = json.loads(open(eval_json).read())
     elif eval_batches:
@@ -500,9 +505,7 @@ def plot_cmd(run: str, out: str | None, eval_json: str | None, eval_batches: int
         result = evaluate(model, cfg.data.path, batches=eval_batches, device=dev) if model.config.n_future > 1 else None
     else:
         result = None
-    if result is not None:
-        written.append(plot.acceptance_profile(result, os.path.join(out_dir, "acceptance.png")))
-    for path in written:
+    for path in plot.figures(run, out_dir, result):  # all figures or none
         click.echo(f"wrote {path}")
 
 

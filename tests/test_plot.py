@@ -56,6 +56,14 @@ def test_profile_from_eval_json_and_no_validation(tmp_path, code_corpus):
     assert sorted(p.name for p in (tmp_path / "f2").iterdir()) == ["loss.png"]
 
 
+def test_a_failure_leaves_no_figure(tmp_path):
+    run = _run(tmp_path, tmp_path / "gone")  # the run's corpus is missing: the evaluation fails
+    res = CliRunner().invoke(main, ["plot", str(run), "--eval-batches", "2", "--device", "cpu"])
+    assert res.exit_code != 0 and "gone does not exist" in res.output and "Traceback" not in res.output
+    assert not (run / "plots").exists()
+    assert [p.name for p in run.iterdir() if p.name.startswith(".tmp")] == []
+
+
 def test_clear_errors(tmp_path, monkeypatch):
     res = CliRunner().invoke(main, ["plot", str(tmp_path / "nothing")])
     assert res.exit_code != 0 and "metrics.jsonl does not exist" in res.output and "Traceback" not in res.output

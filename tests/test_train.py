@@ -13,6 +13,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -421,6 +422,74 @@ def test_a_run_killed_before_its_first_checkpoint_can_be_restarted(tmp_path, cor
     # the two errors must not send the user to each other: one of them names a fix that works
     assert fresh.exit_code == 0 or any(w in resumed.stderr for w in ("remove", "delete", "another --out")), (
         resumed.stderr, fresh.stderr)
+
+
+def test_a_run_works_from_any_directory(tmp_path, corpus_dir, code_corpus, monkeypatch):
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    shutil.copytree(corpus_dir, start / "data" / "mine")  # a corpus named relative to where the run starts
+    elsewhere.mkdir()
+    monkeypatch.chdir(start)
+    res = cli("--preset", "tiny", "--data", "data/mine", "--out", "runs/r", "--steps", 2,
+              "--set", f"data.batch_size={BATCH}")
+    assert res.exit_code == 0, res.output
+    run = start / "runs" / "r"
+    monkeypatch.chdir(elsewhere)
+    res = cli("--resume", run, "--steps", 3)
+    assert res.exit_code == 0, res.output
+    assert "stopped by steps at step 3" in res.output
+    # the same corpus named another way: absolute, through a link, a copy
+    (elsewhere / "link").symlink_to(start / "data" / "mine")
+    shutil.copytree(start / "data" / "mine", elsewhere / "copy")
+    for step, data in ((4, start / "data" / "mine"), (5, "link"), (6, "copy")):
+        res = cli("--resume", run, "--steps", step, "--data", data)
+        assert res.exit_code == 0, res.output
+        assert f"stopped by steps at step {step}" in res.output
+    res = cli("--resume", run, "--steps", 7, "--data", code_corpus)  # another corpus
+    assert res.exit_code == 1 and "data.path cannot change" in res.stderr
+    # the other commands that read the run's corpus, from here too
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(run), "--batches", "1", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["plot", str(run), "--eval-batches", "1", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in (run / "plots").iterdir()) == ["acceptance.png", "loss.png", "val_bpb.png"]
+    res = CliRunner().invoke(main, ["bench", "decode", "--ckpt", str(run), "--n-prompts", "1", "--prompt-bytes", "8",
+                                    "--max-bytes", "8", "--batch-sizes", "1", "--modes", "auto", "--rounds", "1",
+                                    "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+
+
+def test_a_relative_corpus_of_an_older_run_asks_for_its_path(tmp_path, corpus_dir, short_run, monkeypatch):
+    # runs saved before paths were stored absolute hold the corpus as typed
+    ckpt = latest_checkpoint(short_run)
+    meta = json.loads((ckpt / "config.json").read_text())
+    meta["config"]["data"]["path"] = "data/mine"
+    (ckpt / "config.json").write_text(json.dumps(meta))
+    monkeypatch.chdir(tmp_path)
+    res = cli("--resume", short_run, "--steps", 3)
+    assert res.exit_code == 1 and "data/mine was named relative" in res.stderr
+    res = cli("--resume", short_run, "--steps", 3, "--data", corpus_dir)
+    assert res.exit_code == 0, res.output
+
+
+def test_resume_by_checkpoint_path_and_when_already_done(tmp_path, short_run):
+    ckpt = latest_checkpoint(short_run)
+    before = {p: p.stat().st_mtime_ns for p in short_run.rglob("*")}
+    res = cli("--resume", short_run, "--steps", 2)
+    assert res.exit_code == 0, res.output
+    assert "already done" in res.output and "nothing changed" in res.output
+    assert {p: p.stat().st_mtime_ns for p in short_run.rglob("*")} == before
+    keep = ("--set", "train.keep_checkpoints=5")
+    res = cli("--resume", ckpt, "--steps", 3, *keep)  # the newest checkpoint itself: the run goes on from it
+    assert res.exit_code == 0, res.output
+    assert "stopped by steps at step 3" in res.output
+    res = cli("--resume", short_run / "checkpoints", "--steps", 4, *keep)  # the folder of checkpoints
+    assert res.exit_code == 0 and "at step 4" in res.output
+    res = cli("--resume", ckpt, "--steps", 5)  # an older one: advice that works
+    assert res.exit_code == 1 and "not the newest checkpoint" in res.stderr
+    assert "step-00000004 is its newest" in res.stderr and "delete the newer checkpoints" in res.stderr
+    res = cli("--resume", short_run, "--preset", "tiny", "--steps", 5)
+    assert res.exit_code != 0 and "--preset is for a new run" in res.output
+    assert ckpt_step(latest_checkpoint(short_run)) == 4
 
 
 def test_parse_duration_and_size():
