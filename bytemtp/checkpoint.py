@@ -28,6 +28,7 @@ save deletes every `.tmp-*` directory it finds there as left by a crash.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -111,10 +112,14 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, model: ByteMTP, co
         _fsync(root)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
+        if isinstance(e, (OSError, SafetensorError)):  # safetensors reports its write errors as its own
             kept = (f"the previous checkpoint {previous} is intact" if previous
                     else "there is no earlier checkpoint")
-            raise CheckpointError(f"saving checkpoint {final} failed ({e}); {kept}") from e
+            full = (getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e)
+                    or "StorageFull" in str(e))
+            why = (f"the disk is full (no space left on device); free space in {root}" if full
+                   else _reason(e))
+            raise CheckpointError(f"saving checkpoint {final} failed: {why}; {kept}") from e
         raise
     try:
         _prune(root, keep=keep, just_saved=final)
@@ -296,7 +301,17 @@ def load_optimizer_state(ckpt_dir: str | os.PathLike, optimizer: torch.optim.Opt
         # but keeps Adam's `step` where it was loaded, and a non-fused `step` on a GPU costs a
         # host sync per parameter per step
         optim_state = torch.load(path, weights_only=True, map_location="cpu")
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
+    except pickle.UnpicklingError as e:
+        if "Weights only load failed" not in str(e):
+            raise CheckpointError(f"{OPTIMIZER_FILE} at {path} is truncated or corrupt "
+                                  f"({_reason(e)}); resume from an earlier checkpoint") from e
+        found = re.search(r"unsupported (?:GLOBAL|global:?) ?([\w.]+)", str(e), re.IGNORECASE)
+        what = f"a reference to {found[1]}" if found else "objects other than tensors"
+        raise CheckpointError(f"{path} was refused: its pickle holds {what}, which loading would run or "
+                              f"build, and an {OPTIMIZER_FILE} may hold only tensors and plain containers "
+                              "(it is read with torch.load(weights_only=True)); bytemtp did not write it "
+                              "so, or it was altered: resume from a checkpoint you trust") from e
+    except (RuntimeError, EOFError) as e:
         raise CheckpointError(f"{OPTIMIZER_FILE} at {path} is truncated or corrupt "
                               f"({_reason(e)}); resume from an earlier checkpoint") from e
     try:

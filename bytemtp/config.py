@@ -21,6 +21,7 @@ import functools
 import inspect
 import json
 import math
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -37,6 +38,12 @@ HEAD_WEIGHTS = ("uniform", "geometric")
 def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
     if not ok:
         raise ValueError(f"{name}={value!r} is not allowed; {allowed}")
+
+
+def check_device(name: str, value: Any) -> None:
+    """A device setting (train.device, a command's --device): auto, cpu, cuda or cuda:N."""
+    _check(isinstance(value, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", value) is not None,
+           name, value, "choose auto, cpu, cuda or cuda:N")
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -263,8 +270,7 @@ class TrainConfig:
         _check(self.grad_clip >= 0, "train.grad_clip", self.grad_clip, "expected >= 0")
         _check(self.parallel in ("ddp", "fsdp"), "train.parallel", self.parallel, "choose ddp or fsdp")
         _check(self.dist_timeout > 0, "train.dist_timeout", self.dist_timeout, "expected seconds > 0")
-        _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
-               "train.device", self.device, "choose auto, cpu, cuda or cuda:N")
+        check_device("train.device", self.device)
 
 
 @dataclass(frozen=True)

@@ -76,11 +76,16 @@ class RunResult:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The torch device a device setting names (auto: CUDA when available, else the CPU)."""
+    config_lib.check_device("device", name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"train.device={name!r} but no CUDA device is available; use auto or cpu")
+        raise ValueError(f"device {name!r} asks for CUDA but no CUDA device is available; use auto or cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r} does not exist: this machine has {torch.cuda.device_count()} "
+                         f"CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     return device
 
 

@@ -30,6 +30,52 @@ def _preset_option(default: str):
                         type=click.Choice(list(config_lib.PRESETS)), help="Starting configuration.")
 
 
+def _check_device(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        config_lib.check_device(param.opts[0], value)  # the one check train.device has too
+    return value
+
+
+def _device_option(default: str | None = "auto"):
+    return click.option("--device", default=default, show_default=default is not None, callback=_check_device,
+                        help="auto (CUDA when available), cpu, cuda or cuda:N.")
+
+
+def _check_output_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An output file must be writable before the work starts ('-' is stdout)."""
+    if value is None or value == "-":
+        return value
+    name, folder = param.opts[0], os.path.dirname(os.path.abspath(value))
+    if os.path.isdir(value):
+        raise ValueError(f"{name} {value} is a directory; name a file")
+    if not os.path.isdir(folder):
+        raise ValueError(f"{name} {value}: the folder {folder} does not exist; create it or name another file")
+    if not os.access(folder, os.W_OK) or (os.path.exists(value) and not os.access(value, os.W_OK)):
+        raise ValueError(f"{name} {value} cannot be written (permission denied); name another file")
+    return value
+
+
+def _check_output_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An output folder (made if missing) must be makable before the work starts."""
+    if value is None:
+        return value
+    name, path = param.opts[0], os.path.abspath(value)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{name} {value} is a file; name a folder")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK):
+        raise ValueError(f"{name} {value} cannot be made: {existing} is not a writable folder")
+    return value
+
+
+def _json_option(default: str | None = None):
+    return click.option("--json", "json_path", default=default, show_default=default is not None,
+                        type=click.Path(allow_dash=True), callback=_check_output_file,
+                        help="Also write the results here as JSON ('-': stdout, and the table goes to stderr).")
+
+
 def _table(rows: list[tuple], header: tuple) -> str:
     cells = [tuple(str(c) for c in header)] + [tuple(str(c) for c in r) for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
@@ -191,9 +237,11 @@ def parse_size(text: str) -> int:
               help="Under torchrun: DDP (default) or FSDP2 (train.parallel).")
 @click.option("--nproc", type=click.IntRange(1), default=None,
               help="Launch this many processes on this machine with torchrun (one per GPU).")
+@_device_option(None)
 def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: str | None,
               overrides: tuple[str, ...], steps: int | None, max_bytes: str | None,
-              max_time: str | None, resume: str | None, parallel: str | None, nproc: int | None) -> None:
+              max_time: str | None, resume: str | None, parallel: str | None, nproc: int | None,
+              device: str | None) -> None:
     """Train (or resume) a byte model with multi-token prediction.
 
     On many GPUs: `torchrun --nproc-per-node 8 -m bytemtp_cli train ...` (add --nnodes and a
@@ -204,6 +252,8 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
     sets = list(overrides)
     if parallel:
         sets.append(f"train.parallel={parallel}")
+    if device:
+        sets.append(f"train.device={device}")
     if data_path:
         sets.append(f"data.path={data_path}")
     if steps:
@@ -303,7 +353,7 @@ def _relaunch_with_torchrun(nproc: int) -> None:
 @click.option("--compare", is_flag=True,
               help="Greedy only: decode plainly and speculatively (interleaved, best of 3), check that the "
                    "outputs are identical, and print bytes per forward pass and the speedup.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@_device_option()
 def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts_file: str | None,
                  batch_size: int, max_bytes: int, temperature: float, top_k: int, top_p: float,
                  seed: int, stop: tuple[str, ...], heads: int | None, draft: str, no_speculative: bool, raw: bool,
@@ -442,8 +492,8 @@ def _stats_dict(st) -> dict:
 @click.option("--batches", default=50, show_default=True, type=click.IntRange(1),
               help="Batches at most (per process); fewer when the split ends first.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
+@_device_option()
+@_json_option()
 def eval_cmd(ckpt: str, data_path: str | None, split: str, batches: int, batch_size: int, device: str,
              json_path: str | None) -> None:
     """Bits per byte and accuracy of every head, and the acceptance profile of self-speculative decoding.
@@ -471,22 +521,23 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str, batches: int, batch_s
     if not d.is_main:
         return
     res = {"ckpt": str(ckpt), "data": str(data), "split": split, **res}
-    click.echo(f"{res['bytes']:,} bytes of {data} ({split})")
+    _echo(f"{res['bytes']:,} bytes of {data} ({split})")
     rows = [(f"h{k + 1}", f"{b:.3f}", f"{a:.3f}", f"{res['acceptance'].get(k + 1, 1.0):.3f}" if k else "-",
              f"{res['bytes_per_forward'].get(k + 1, 1.0):.2f}" if k else "1.00")
             for k, (b, a) in enumerate(zip(res["bpb"], res["accuracy"]))]
-    click.echo(_table(rows, ("head", "bits/byte", "accuracy", "heads 2..k right", "bytes/pass with k")))
+    _echo(_table(rows, ("head", "bits/byte", "accuracy", "heads 2..k right", "bytes/pass with k")))
     _write_json(json_path, res)
 
 
 @main.command("plot")
 @click.argument("run", type=click.Path(file_okay=False))
-@click.option("--out", default=None, type=click.Path(file_okay=False), help="Folder for the PNGs; default RUN/plots.")
+@click.option("--out", default=None, type=click.Path(file_okay=False), callback=_check_output_dir,
+              help="Folder for the PNGs; default RUN/plots.")
 @click.option("--eval", "eval_json", type=click.Path(dir_okay=False, exists=True),
               help="Take the acceptance profile from `bytemtp eval --json` output instead of evaluating.")
 @click.option("--eval-batches", default=20, show_default=True, type=click.IntRange(0),
               help="Val batches to evaluate for the acceptance profile (0: no profile).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@_device_option()
 def plot_cmd(run: str, out: str | None, eval_json: str | None, eval_batches: int, device: str) -> None:
     """PNG figures of a run: loss and validation bits per byte per head, and the acceptance profile."""
     from bytemtp import plot
@@ -569,8 +620,8 @@ def task_corpus_cmd(task: str, out: str, documents: int | None, counts: str | No
 @click.option("--stories", type=click.IntRange(1),
               help="induction: test stories (each has several later mentions).  [default: 200]")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1))
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
+@_device_option()
+@_json_option()
 def eval_task_cmd(task: str, ckpt: str, per_count: int | None, counts: str | None, stories: int | None,
                   batch_size: int, device: str, json_path: str | None) -> None:
     """Greedy exact-match accuracy on a synthetic task's fixed test set: poly per number of
@@ -610,7 +661,7 @@ def eval_task_cmd(task: str, ckpt: str, per_count: int | None, counts: str | Non
     overall = sum(accuracy[g] * n for g, n in sizes.items() if n) / sum(sizes.values())
     rows = [(g, n, f"{accuracy[g]:.3f}", f"{scores[g]['byte_accuracy']:.3f}", f"{scores[g]['bpb']:.3f}")
             for g, n in sizes.items()] + [("all", sum(sizes.values()), f"{overall:.3f}", "", "")]
-    click.echo(_table(rows, (header, "problems", "exact match", "answer byte acc", "answer bits/byte")))
+    _echo(_table(rows, (header, "problems", "exact match", "answer byte acc", "answer bits/byte")))
     _write_json(json_path, {"task": task, "ckpt": str(ckpt), **settings, "problems": sizes,
                             "accuracy": accuracy, "overall": overall, "answer_scores": scores})
 
@@ -646,21 +697,22 @@ def bench() -> None:
 @click.option("--steps", default=6, show_default=True, type=click.IntRange(1),
               help="Timed steps per variant (after the warm-up); the median counts.")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(0))
-@click.option("--device", default=None, help="cpu or cuda[:N]; default: cuda when available.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
+@_device_option()
+@_json_option()
 def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, device: str | None,
                      json_path: str | None) -> None:
     """Next-byte vs memory-efficient vs plain multi-token training step."""
     from tqdm import tqdm
 
     from bytemtp.bench import TRAIN_STEP_VARIANTS, train_step
+    from bytemtp.train import resolve_device
 
     with tqdm(total=warmup + steps + len(TRAIN_STEP_VARIANTS), desc="train-step", unit="round") as bar:
         def progress(stage: str) -> None:
             bar.set_postfix_str(stage)
             bar.update()
 
-        res = train_step(preset, batch_size=batch_size, steps=steps, warmup=warmup, device=device,
+        res = train_step(preset, batch_size=batch_size, steps=steps, warmup=warmup, device=str(resolve_device(device)),
                          progress=progress)
     rows = []
     for name, label in (("ntp", "next-byte (n=1)"), ("mtp", "multi-token n=8, memory-efficient"),
@@ -671,9 +723,9 @@ def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, devi
             row.append(f"{100 * res[f'{name}_mfu']:.1f}%")
         rows.append(tuple(row))
     header = ("variant", "step s", "bytes/s", "peak MiB") + (("MFU",) if len(rows[0]) > 4 else ())
-    click.echo(f"preset {preset}, batch {batch_size} x {res['seq_len']} bytes, {res['device']}")
-    click.echo(_table(rows, header))
-    click.echo(f"time_ratio {res['time_ratio']:.3f}  memory_ratio {res['memory_ratio']:.3f}  "
+    _echo(f"preset {preset}, batch {batch_size} x {res['seq_len']} bytes, {res['device']}")
+    _echo(_table(rows, header))
+    _echo(f"time_ratio {res['time_ratio']:.3f}  memory_ratio {res['memory_ratio']:.3f}  "
                f"plain_memory_ratio {res['plain_memory_ratio']:.3f}")
     _write_json(json_path, res)
 
@@ -685,7 +737,7 @@ def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, devi
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(1),
               help="Passes of each reader; the fastest counts.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
+@_json_option()
 def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, json_path: str | None) -> None:
     """Loader throughput on one shard beside `zstd -dc` of the same file."""
     from tqdm import tqdm
@@ -695,11 +747,11 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, json_pa
     with tqdm(total=repeats, desc="loader", unit="pass") as bar:
         res = loader_throughput(path, seq_len=seq_len, batch_size=batch_size, repeats=repeats,
                                 progress=bar.update)
-    click.echo(f"shard {res['shard']}: {res['decompressed_bytes']:,} bytes decompressed, "
+    _echo(f"shard {res['shard']}: {res['decompressed_bytes']:,} bytes decompressed, "
                f"{res['batches']:,} batches of {batch_size} x {seq_len}")
-    click.echo(_table([("bytemtp loader (one process)", f"{res['loader_mb_s']:.1f}"),
+    _echo(_table([("bytemtp loader (one process)", f"{res['loader_mb_s']:.1f}"),
                        ("zstd -dc > /dev/null", f"{res['zstd_mb_s']:.1f}")], ("reader", "MB/s")))
-    click.echo(f"ratio {res['ratio']:.3f}")
+    _echo(f"ratio {res['ratio']:.3f}")
     _write_json(json_path, res)
 
 
@@ -718,9 +770,9 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, json_pa
               help="Drafting modes against plain greedy: auto, chain-K, tree-K (K heads or 'all').")
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1),
               help="Times every batch is decoded in every mode (interleaved).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@_device_option()
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
+@_json_option()
 def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_bytes: int, max_bytes: int,
                  batch_sizes: str, modes: str, rounds: int, device: str, dtype: str, json_path: str | None) -> None:
     """Plain greedy vs self-speculative greedy (automatic, fixed chains, trees) on one model."""
@@ -751,14 +803,14 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
             raise click.ClickException(str(e)) from None
         bar.close()
     bpb = f"; model val bits/byte {res['val_bpb']:.3f}" if res["val_bpb"] is not None else ""
-    click.echo(f"{res['prompts']} held-out prompts of up to {res['prompt_bytes']} bytes, {res['max_bytes']} output "
+    _echo(f"{res['prompts']} held-out prompts of up to {res['prompt_bytes']} bytes, {res['max_bytes']} output "
                f"bytes each, {res['rounds']} interleaved rounds, {res['device']} {res['dtype']}{bpb}")
     rows = [(c["batch_size"], c["mode"], f"{c['plain_bytes_s']:,.0f}", f"{c['spec_bytes_s']:,.0f}",
              f"{c['speedup']:.2f} ({c['speedup_min']:.2f}-{c['speedup_max']:.2f})",
              f"{c['bytes_per_forward']:.2f}", f"{c['pass_cost']:.2f}", "yes" if c["identical"] else "NO",
              ", ".join(f"{k}:{n}" for k, n in sorted(c["heads_used"].items())))
             for c in res["cases"]]
-    click.echo(_table(rows, ("batch", "mode", "plain B/s", "spec B/s", "speedup (spread)", "bytes/pass",
+    _echo(_table(rows, ("batch", "mode", "plain B/s", "spec B/s", "speedup (spread)", "bytes/pass",
                              "pass cost", "identical", "heads:passes")))
     _write_json(json_path, res)
     if not res["all_identical"]:
@@ -770,28 +822,37 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
               help="The run that decode and eval use (make demo trains it).")
 @click.option("--data", default="data/corpus/stdlib", show_default=True, help="A prepared corpus for the loader.")
 @_preset_option("small")
-@click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N].")
-@click.option("--json", "json_path", default="bench-all.json", show_default=True, type=click.Path(dir_okay=False))
+@_device_option("cpu")
+@_json_option("bench-all.json")
 def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) -> None:
     """Train step, loader, decode and eval in one run: one table, one JSON."""
     from bytemtp.bench import all_benchmarks
     from bytemtp.checkpoint import latest_checkpoint
+    from bytemtp.train import resolve_device
 
     if latest_checkpoint(ckpt) is None and not os.path.isfile(os.path.join(ckpt, "config.json")):
         raise click.ClickException(f"no checkpoint in {ckpt}: run `make demo` first, or give --ckpt RUN")
-    res = all_benchmarks(ckpt=ckpt, data=data, preset_name=preset, device=device,
+    res = all_benchmarks(ckpt=ckpt, data=data, preset_name=preset, device=str(resolve_device(device)),
                          progress=lambda name: click.echo(f"--- {name}", err=True))
     rows = [(key, f"{value:.3f}" if isinstance(value, float) else str(value))
             for key, value in res["summary"].items()]
-    click.echo(_table(rows, ("figure", "value")))
+    _echo(_table(rows, ("figure", "value")))
     _write_json(json_path, res)
 
 
+def _echo(text: str) -> None:
+    """A command's report: on stdout, or on stderr when stdout carries its JSON (--json -)."""
+    ctx = click.get_current_context(silent=True)
+    click.echo(text, err=ctx is not None and ctx.params.get("json_path") == "-")
+
+
 def _write_json(path: str | None, data: dict) -> None:
-    if path:
+    if path == "-":
+        click.echo(json.dumps(data, indent=2))
+    elif path:
         with open(path, "w") as f:
             json.dump(data, f, indent=2)
-        click.echo(f"wrote {path}")
+        _echo(f"wrote {path}")
 
 
 @bench.command("quality")
@@ -802,17 +863,17 @@ def _write_json(path: str | None, data: dict) -> None:
 @click.option("--eval-batches", default=100, show_default=True, type=click.IntRange(1))
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Keep the two runs here (default: a temporary directory).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
+@_json_option()
 def bench_quality(preset: str, data: str, steps: int, eval_batches: int, out: str | None,
                   json_path: str | None) -> None:
     """Validation bits per byte: 8-head model vs the next-byte baseline, same bytes."""
     from bytemtp.bench import quality
 
     res = quality(preset, data=data, steps=steps, eval_batches=eval_batches, out_dir=out)
-    click.echo(f"preset {preset}, {steps} steps, {res['bytes']:,} training bytes each, {data}")
+    _echo(f"preset {preset}, {steps} steps, {res['bytes']:,} training bytes each, {data}")
     rows = [("next-byte baseline (n=1)", f"{res['ntp_bpb']:.4f}"),
             ("multi-token n=8, head 1", f"{res['mtp_bpb']:.4f}")]
     rows += [(f"multi-token n=8, head {k + 1}", f"{b:.4f}") for k, b in enumerate(res["mtp_head_bpb"]) if k]
-    click.echo(_table(rows, ("model", "val bits/byte")))
-    click.echo(f"gap (n=8 head 1 - baseline): {res['bpb_gap']:+.4f} bits/byte")
+    _echo(_table(rows, ("model", "val bits/byte")))
+    _echo(f"gap (n=8 head 1 - baseline): {res['bpb_gap']:+.4f} bits/byte")
     _write_json(json_path, res)

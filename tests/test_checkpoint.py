@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from bytemtp import checkpoint
 from bytemtp.checkpoint import (
@@ -145,15 +145,26 @@ def failing_save_file(tensors, filename, metadata=None):
     raise OSError(28, "No space left on device")
 
 
+def failing_save_file_as_safetensors(tensors, filename, metadata=None):
+    with open(filename, "wb") as f:
+        f.write(b"\x10\x00")
+    raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                          'message: "No space left on device" })')
+
+
 @pytest.mark.parametrize("target, name, fake", [(torch, "save", failing_torch_save),
-                                                (checkpoint, "save_file", failing_save_file)],
-                         ids=["optimizer.pt", "model.safetensors"])
+                                                (checkpoint, "save_file", failing_save_file),
+                                                (checkpoint, "save_file", failing_save_file_as_safetensors)],
+                         ids=["optimizer.pt", "model.safetensors", "safetensors-error"])
 def test_failed_save_leaves_previous_checkpoint(tmp_path, monkeypatch, target, name, fake):
     first, model = save(tmp_path, 1, optimizer=True)
     monkeypatch.setattr(target, name, fake)
-    with pytest.raises(CheckpointError, match="step-00000001 is intact"):
+    with pytest.raises(CheckpointError) as error:
         save(tmp_path, 2, seed=1, optimizer=True)
     monkeypatch.undo()
+    message = str(error.value)
+    assert "the disk is full" in message and "step-00000001 is intact" in message
+    assert len(message.splitlines()) == 1
 
     assert os.listdir(tmp_path / "checkpoints") == ["step-00000001"]
     assert latest_checkpoint(tmp_path) == first
@@ -285,6 +296,22 @@ def test_truncated_optimizer_and_missing_train_state(tmp_path):
         load_train_state(path, model=model)
 
 
+class RunsCode:
+    def __reduce__(self):
+        return (os.system, ("echo this must never run",))
+
+
+def test_an_optimizer_pt_with_code_is_refused_saying_why(tmp_path):
+    path, _ = save(tmp_path, 1, optimizer=True)
+    torch.save({"state": {}, "param_groups": [], "payload": RunsCode()}, path / "optimizer.pt")
+    model = make_model(tiny())
+    with pytest.raises(CheckpointError) as error:
+        load_train_state(path, model=model, optimizer=make_optimizer(model))
+    message = str(error.value)
+    assert "was refused" in message and "system" in message and "weights_only=True" in message
+    assert "truncated" not in message and len(message.splitlines()) == 1
+
+
 def test_bad_train_state_fails_before_writing(tmp_path):
     with pytest.raises(CheckpointError, match="JSON"):
         save_checkpoint(tmp_path, step=1, model=make_model(tiny()), config=tiny(),
@@ -323,3 +350,4 @@ def test_resolve_checkpoint(tmp_path):
         resolve_checkpoint(tmp_path / "empty")
     with pytest.raises(CheckpointError, match="is a file"):
         resolve_checkpoint(two / "config.json")
+    assert resolve_checkpoint(tmp_path / "checkpoints") == two  # the folder of a run's checkpoints

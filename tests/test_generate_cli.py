@@ -137,3 +137,36 @@ def test_bench_all_writes_one_json(ckpt, code_corpus, tmp_path):
     assert "train_step.time_ratio" in res.stdout
     res = run("bench", "all", "--ckpt", tmp_path / "none")
     assert res.exit_code != 0 and "make demo" in res.output
+
+
+@pytest.mark.parametrize("command", [("generate", "--prompt", "x"), ("eval",), ("eval-task", "poly"),
+                                     ("bench", "decode"), ("plot",)])
+def test_a_bad_device_is_the_line_train_gives(ckpt, command):
+    args = [*command, ckpt] if command == ("plot",) else [*command, "--ckpt", ckpt]
+    res = run(*args, "--device", "gpu")
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert res.output.strip().splitlines() == ["Error: --device='gpu' is not allowed; choose auto, cpu, cuda or cuda:N"]
+    train = run("train", "--resume", ckpt.parent / "none", "--steps", 1, "--device", "gpu")
+    assert train.output == res.output
+
+
+@pytest.mark.parametrize("command", [("eval",), ("eval-task", "poly"), ("bench", "decode")])
+def test_an_unwritable_json_path_stops_before_the_work(ckpt, tmp_path, monkeypatch, command):
+    import bytemtp.checkpoint
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the output path was checked")
+
+    monkeypatch.setattr(bytemtp.checkpoint, "load_model", never)
+    res = run(*command, "--ckpt", ckpt, "--json", tmp_path / "missing-folder" / "e.json")
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "missing-folder does not exist" in res.output and len(res.output.strip().splitlines()) == 1
+    res = run(*command, "--ckpt", ckpt, "--json", tmp_path)
+    assert res.exit_code == 1 and "is a directory" in res.output
+
+
+def test_eval_json_to_stdout(ckpt):
+    res = run("eval", "--ckpt", ckpt, "--batches", 1, "--device", "cpu", "--json", "-")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["bpb"]
+

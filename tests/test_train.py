@@ -352,6 +352,24 @@ def test_a_failed_final_save_is_an_error(tmp_path, corpus_dir, monkeypatch):
     assert [ckpt_step(p) for p in list_checkpoints(run)] == [10, 20]
 
 
+def test_a_full_disk_at_the_final_save_is_one_line(tmp_path, corpus_dir, short_run, monkeypatch):
+    import errno
+
+    import bytemtp.checkpoint
+
+    def full(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"\x10\x00")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(bytemtp.checkpoint, "save_file", full)
+    res = cli("--resume", short_run, "--steps", 3)
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    errors = [line for line in res.stderr.splitlines() if "Error" in line]  # the progress bar goes there too
+    assert len(errors) == 1 and "the disk is full" in errors[0] and "step-00000002 is intact" in errors[0]
+    assert [p.name for p in (short_run / "checkpoints").iterdir()] == ["step-00000002"]
+
+
 # --- 5. the train command's errors ----------------------------------------------------------------
 
 
