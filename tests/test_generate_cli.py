@@ -170,3 +170,13 @@ def test_eval_json_to_stdout(ckpt):
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["bpb"]
 
+
+def test_ckpt_takes_the_folder_of_checkpoints(ckpt):
+    model, _ = load_model(ckpt)
+    want = decode.generate(model, b"a", max_bytes=8).output
+    res = run("generate", "--ckpt", ckpt / "checkpoints", "--prompt", "a", "--max-bytes", 8, "--raw")
+    assert res.exit_code == 0, res.output
+    assert res.stdout_bytes == want
+    res = run("inspect", ckpt / "checkpoints")
+    assert res.exit_code == 0 and "step-00000001" in res.output
+
