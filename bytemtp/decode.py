@@ -29,6 +29,7 @@ of a batch share one prefill, so comparing them never mixes in the batch's own r
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from dataclasses import dataclass, field
@@ -535,8 +536,11 @@ def generate_speculative(model: ByteMTP, prompt: bytes, *, max_bytes: int, heads
 
 
 def load_prompts(path, field: str = "prompt") -> list[bytes]:
-    """Prompts from a JSONL file, one object a line with the prompt text in `field`; blank lines
-    are skipped. A bad line is an error naming the file and the line."""
+    """Prompts from a JSONL file, one object a line: the prompt text in `field`, or its exact bytes
+    base64-encoded in `field`_b64 (for prompts that are not UTF-8); blank lines are skipped. A bad
+    line is an error naming the file and the line."""
+    b64 = f"{field}_b64"
+    expected = f'expected {{"{field}": "text"}} or {{"{b64}": "base64 of the bytes"}} on each line'
     prompts = []
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
@@ -545,12 +549,21 @@ def load_prompts(path, field: str = "prompt") -> list[bytes]:
             try:
                 record = json.loads(line)
             except ValueError as e:
-                raise ValueError(f"{path}:{number} is not JSON ({e}); expected {{\"{field}\": \"...\"}} "
-                                 "on each line") from None
-            if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                raise ValueError(f"{path}:{number} has no string field {field!r}; expected "
-                                 f"{{\"{field}\": \"...\"}} on each line")
-            prompts.append(record[field].encode("utf-8", "surrogatepass"))
+                raise ValueError(f"{path}:{number} is not JSON ({e}); {expected}") from None
+            if not isinstance(record, dict) or (field in record) == (b64 in record):
+                raise ValueError(f"{path}:{number} has {'both' if isinstance(record, dict) and field in record else 'neither'} "
+                                 f"of the fields {field!r} and {b64!r}; {expected}")
+            value = record.get(field, record.get(b64))
+            if not isinstance(value, str):
+                raise ValueError(f"{path}:{number}: {field if field in record else b64!r} is a "
+                                 f"{type(value).__name__}, not a string; {expected}")
+            if field in record:
+                prompts.append(value.encode("utf-8", "surrogatepass"))
+                continue
+            try:
+                prompts.append(base64.b64decode(value, validate=True))
+            except ValueError:
+                raise ValueError(f"{path}:{number}: {b64!r} is not valid base64; {expected}") from None
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
     return prompts

@@ -326,8 +326,9 @@ def _relaunch_with_torchrun(nproc: int) -> None:
 @click.option("--prompt-file", type=click.Path(dir_okay=False, exists=True),
               help="Read the prompt's exact bytes from a file.")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, exists=True),
-              help='Many prompts, one JSON object a line ({"prompt": "..."}), decoded in batches; '
-                   "writes one JSON line per prompt.")
+              help='Many prompts, one JSON object a line: {"prompt": "text"}, or {"prompt_b64": "..."} with '
+                   "the prompt's exact bytes in base64 (for bytes that are not UTF-8); decoded in batches, "
+                   "one JSON line out per prompt.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1),
               help="Prompts decoded together with --prompts.")
 @click.option("--max-bytes", type=click.IntRange(0), default=256, show_default=True,

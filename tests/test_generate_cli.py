@@ -98,14 +98,32 @@ def test_user_errors_are_one_line(ckpt, args, words):
     assert words in res.output and "Traceback" not in res.output
 
 
-def test_bad_prompts_file_names_the_line(ckpt, tmp_path):
+@pytest.mark.parametrize("line,words", [
+    ('{"text": "no prompt"}', "bad.jsonl:3 has neither of the fields 'prompt' and 'prompt_b64'"),
+    ('{"prompt": "a", "prompt_b64": "YQ=="}', "bad.jsonl:3 has both of the fields"),
+    ('{"prompt": 7}', "bad.jsonl:3: 'prompt' is a int, not a string"),
+    ('{"prompt_b64": "not base64!"}', "bad.jsonl:3: 'prompt_b64' is not valid base64"),
+    ("{nope", "bad.jsonl:3 is not JSON"),
+])
+def test_bad_prompts_file_names_the_line(ckpt, tmp_path, line, words):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n')
+    path.write_text('{"prompt": "ok"}\n\n' + line + "\n")
     res = run("generate", "--ckpt", ckpt, "--prompts", path)
-    assert res.exit_code != 0 and "bad.jsonl:2" in res.output and "Traceback" not in res.output
-    path.write_text("{nope\n")
-    res = run("generate", "--ckpt", ckpt, "--prompts", path)
-    assert res.exit_code != 0 and "bad.jsonl:1 is not JSON" in res.output
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert words in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_prompts_carry_any_bytes_in_base64_and_any_length(ckpt, tmp_path):
+    prompts = [b"\xff\x00", b"def f(x):\n" * 20]  # not UTF-8; longer than the context of 64: the window slides
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt_b64": base64.b64encode(prompts[0]).decode()}) + "\n"
+                    + json.dumps({"prompt": prompts[1].decode()}) + "\n")
+    res = run("generate", "--ckpt", ckpt, "--prompts", path, "--max-bytes", 12, "--raw")
+    assert res.exit_code == 0, res.output
+    model, _ = load_model(ckpt)
+    lines = [json.loads(line) for line in res.stdout.splitlines()]
+    for line, prompt in zip(lines, prompts, strict=True):
+        assert base64.b64decode(line["output_base64"]) == decode.generate(model, prompt, max_bytes=12).output
 
 
 def test_bench_decode_checks_identity_and_writes_keys(ckpt, tmp_path):
