@@ -392,8 +392,9 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
     dev = resolve_device(device)
     model, _ = load_model(ckpt, device=dev)
     if heads is not None and heads > model.config.n_future:
-        raise click.BadParameter(f"{heads} is more than the model's {model.config.n_future} heads",
-                                 param_hint="--heads")
+        n = model.config.n_future
+        raise click.ClickException(f"--heads {heads}: {heads} is more than the model's {n} heads; choose "
+                                   + (f"1 to {n} (1 decodes plainly)" if n > 1 else "1 (it has no draft heads)"))
     generator = torch.Generator(device=dev).manual_seed(seed)
     sampling = decode.Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     stops = tuple(s.encode() for s in stop)
@@ -453,8 +454,10 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
                    f"({st.bytes_per_forward:.2f} bytes/pass), {st.wall_s:.2f} s, "
                    f"{st.bytes_out / max(st.wall_s, 1e-9):,.0f} bytes/s; stopped by {st.stopped_by}",
                    err=True)
-        if speculative:
+        if speculative and heads != 1:
             click.echo(_draft_summary(st, decoder), err=True)
+        elif speculative:
+            click.echo("no drafts: --heads 1 runs the next-byte head alone, one byte a pass", err=True)
 
 
 def _draft_summary(st, decoder) -> str:

@@ -89,13 +89,21 @@ def test_sampling_is_speculative_and_seeded(ckpt):
 
 @pytest.mark.parametrize("args,words", [
     (("--prompt", "x", "--prompt-file", __file__), "exactly one of"),
-    (("--prompt", "x", "--heads", "9"), "9 is more than the model's 8 heads"),
+    (("--prompt", "x", "--heads", "9"), "--heads 9: 9 is more than the model's 8 heads; choose 1 to 8"),
     (("--prompt", "x", "--draft", "tree", "--temperature", "0.5"), "sampling drafts chains"),
 ])
 def test_user_errors_are_one_line(ckpt, args, words):
     res = run("generate", "--ckpt", ckpt, *args)
     assert res.exit_code != 0
     assert words in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1 or "Usage:" in res.output
+
+
+def test_one_head_stats_say_there_are_no_drafts(ckpt):
+    res = run("generate", "--ckpt", ckpt, "--prompt", "a", "--max-bytes", 8, "--heads", 1, "--stats")
+    assert res.exit_code == 0, res.output
+    assert "draft acceptance" not in res.stderr and "no drafts" in res.stderr
+    assert "1.00 bytes/pass" in res.stderr
 
 
 @pytest.mark.parametrize("line,words", [
