@@ -337,9 +337,10 @@ def _relaunch_with_torchrun(nproc: int) -> None:
               help="0 = greedy.")
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="0 = all bytes.")
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
-@click.option("--seed", default=0, show_default=True, type=int,
-              help="Seed of the sampler; the draws repeat exactly with a fixed draft (--heads or "
-                   "--no-speculative), since the automatic one follows measured timings.")
+@click.option("--seed", default=None, type=int,
+              help="Seed of the sampler; without it a seed is drawn and printed to stderr when sampling. "
+                   "The draws repeat exactly with a fixed draft (--heads or --no-speculative), since the "
+                   "automatic one follows measured timings.")
 @click.option("--stop", multiple=True, help="Stop after this string (repeatable).")
 @click.option("--heads", type=click.IntRange(1), default=None,
               help="Force this many heads (a chain of heads - 1 drafts); default: chosen each pass from "
@@ -359,7 +360,7 @@ def _relaunch_with_torchrun(nproc: int) -> None:
 @_device_option()
 def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts_file: str | None,
                  batch_size: int, max_bytes: int, temperature: float, top_k: int, top_p: float,
-                 seed: int, stop: tuple[str, ...], heads: int | None, draft: str, no_speculative: bool, raw: bool,
+                 seed: int | None, stop: tuple[str, ...], heads: int | None, draft: str, no_speculative: bool, raw: bool,
                  show_stats: bool, compare: bool, device: str) -> None:
     """Continue a prompt with a trained model, streaming the output.
 
@@ -395,7 +396,12 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         n = model.config.n_future
         raise click.ClickException(f"--heads {heads}: {heads} is more than the model's {n} heads; choose "
                                    + (f"1 to {n} (1 decodes plainly)" if n > 1 else "1 (it has no draft heads)"))
-    generator = torch.Generator(device=dev).manual_seed(seed)
+    if seed is None and temperature > 0:
+        import secrets
+
+        seed = secrets.randbelow(2**31)
+        click.echo(f"seed {seed} (sampling again with --seed {seed} and a fixed draft repeats this output)", err=True)
+    generator = torch.Generator(device=dev).manual_seed(seed or 0)
     sampling = decode.Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     stops = tuple(s.encode() for s in stop)
     speculative = not no_speculative and model.config.n_future > 1

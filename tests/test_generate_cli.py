@@ -85,6 +85,22 @@ def test_sampling_is_speculative_and_seeded(ckpt):
     assert a.stdout_bytes == b.stdout_bytes
     res = run(*args, "--seed", 3, "--stats")
     assert "heads run:" in res.stderr  # speculative sampling by default
+    assert "seed" not in res.stderr
+
+
+def test_sampling_without_a_seed_draws_one_and_prints_it(ckpt):
+    import re
+
+    args = ("generate", "--ckpt", ckpt, "--prompt", "a", "--max-bytes", 24, "--temperature", "0.9", "--raw",
+            "--heads", 4)
+    first = run(*args)
+    assert first.exit_code == 0, first.output
+    seed = re.search(r"seed (\d+) \(sampling again with --seed \1", first.stderr)
+    assert seed, first.stderr
+    again = run(*args, "--seed", seed[1])
+    assert again.stdout_bytes == first.stdout_bytes
+    greedy = run("generate", "--ckpt", ckpt, "--prompt", "a", "--max-bytes", 4)
+    assert "seed" not in greedy.stderr  # greedy decoding draws nothing
 
 
 @pytest.mark.parametrize("args,words", [
