@@ -455,16 +455,17 @@ def resolve(preset_name: str, *, config_file: str | None = None, overrides: list
     return apply_overrides(cfg, list(overrides))
 
 
-def settings(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:
-    """Every settable key as (dotted name, default, docstring), for help texts."""
+def settings(cls: type = Config, prefix: str = "", *, values: Any = None) -> list[tuple[str, Any, str]]:
+    """Every settable key as (dotted name, value, docstring), for help texts: the values of
+    `values` (a resolved config, e.g. a preset) or else the dataclass defaults."""
     rows = []
-    defaults = cls()
+    values = cls() if values is None else values
     for f in dataclasses.fields(cls):
         typ = _field_types(cls)[f.name]
         if dataclasses.is_dataclass(typ):
-            rows += settings(typ, prefix + f.name + ".")
+            rows += settings(typ, prefix + f.name + ".", values=getattr(values, f.name))
         else:
-            rows.append((prefix + f.name, getattr(defaults, f.name), field_docs(cls).get(f.name, "")))
+            rows.append((prefix + f.name, getattr(values, f.name), field_docs(cls).get(f.name, "")))
     return rows
 
 

@@ -96,13 +96,14 @@ def main() -> None:
               help="TOML or JSON file of settings applied on top of the preset.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override one setting, e.g. --set model.n_future=4 (repeatable).")
-@click.option("--keys", is_flag=True, help="List every setting with its default and meaning.")
+@click.option("--keys", is_flag=True,
+              help="List every setting with its value (after --preset, --config and --set) and meaning.")
 def config_cmd(preset: str, config_file: str | None, overrides: tuple[str, ...], keys: bool) -> None:
     """Show the resolved configuration and the model's parameter counts."""
-    if keys:
-        click.echo(_table(config_lib.settings(), ("setting", "default", "meaning")))
-        return
     cfg = config_lib.resolve(preset, config_file=config_file, overrides=list(overrides))
+    if keys:
+        click.echo(_table(config_lib.settings(values=cfg), ("setting", f"value ({preset})", "meaning")))
+        return
     import torch
 
     from bytemtp.model import ByteMTP

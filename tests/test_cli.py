@@ -43,6 +43,22 @@ def test_keys_lists_every_setting():
     assert "model.n_future" in res.output and "loss.mask_after_eos" in res.output
 
 
+def test_keys_show_the_presets_values():
+    from bytemtp.config import small, tiny
+
+    def value(output, key):
+        line = next(line for line in output.splitlines() if line.split()[:1] == [key])
+        return line.split()[1]
+
+    assert tiny().model.d_model != small().model.d_model
+    res = run("config", "--keys", "--preset", "tiny", "--set", "train.lr=0.003")
+    assert res.exit_code == 0, res.output
+    assert value(res.output, "model.d_model") == str(tiny().model.d_model)
+    assert value(res.output, "model.seq_len") == str(tiny().model.seq_len)
+    assert value(res.output, "train.lr") == "0.003" and "value (tiny)" in res.output
+    assert value(run("config", "--keys").output, "model.d_model") == str(small().model.d_model)
+
+
 def test_console_script_and_module_entry_point():
     out = subprocess.run([sys.executable, "-m", "bytemtp_cli", "--version"], capture_output=True,
                          text=True, check=True)
