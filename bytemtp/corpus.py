@@ -18,14 +18,23 @@ Resume positions (`Pos`): (compressed offset of a zstd frame start, decompressed
 there), or (0, byte offset) in plain and gzip files. Resuming costs at most one frame of decompression
 in a prepared shard, but the whole prefix in a single-frame external file or any gzip file.
 
+Prepared shards (format 2). A shard holds documents as raw bytes, back to back, cut into
+independent zstd frames of exactly `frame_bytes` of content (the last may be shorter; documents
+span frames freely, so nothing is too long or has the wrong bytes), followed by its index in one
+zstd skippable frame, which `zstd -dc` ignores: `zstd -dc shard-00000.zst` prints the documents
+themselves. The index is little-endian uint64s: the frame count m, the document count n, the
+compressed size of each frame, the content size of each frame, the length of each document, then
+the payload's length in bytes and the 8 bytes b"BMTPSHD2", so it is found from the file's end.
+Reading needs no parsing: the boundaries come from the index, and a frame is read with one pread
+and decompressed in one call. Format-1 corpora (JSONL shards) are still read, as JSONL.
+
 Writing. `prepare` drops exact duplicates and splits documents by a hash of their bytes, so the split
 is stable across runs and file orders and identical documents can never straddle train and val.
-Documents go to JSONL shards of independent ~1 MiB zstd frames: a few percent worse compression than
-one long frame, for resumable reading and parallel compression with byte-identical output. JSON
-strings carry only valid UTF-8, so raw files that are not are skipped and counted (stream such files
-directly to train on arbitrary bytes). Duplicate detection keeps one digest per unique document in
-memory (about 100 bytes each). `manifest.json` holds counts and the sha256 of each split's
-decompressed shards, which `verify` recomputes.
+Frames are compressed in parallel but written in order, so the output is the same for every thread
+count. Duplicate detection keeps one digest per unique document in memory (about 100 bytes each).
+`manifest.json` holds the format version, counts, licence and the sha256 of each split's documents
+(each as its length in 8 little-endian bytes, then its bytes, in shard order), which `verify`
+recomputes.
 """
 from __future__ import annotations
 
@@ -45,15 +54,18 @@ import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import simdjson
 import zstandard
 
 import bytemtp
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)  # format 1: JSONL shards, read as JSONL
 MANIFEST = "manifest.json"
 SKIP_REASONS = ("empty_line", "invalid_utf8", "invalid_json", "not_object", "missing_field", "not_string")
 CHUNK = 1 << 20  # bytes read from a file at a time
+MAX_WINDOW = 1 << 31  # the largest zstd window read: 2 GiB, what `zstd --long=31` writes
 _REDO = "re-download or re-create the file"
 _REPREP = "rebuild the corpus with bytemtp prep"
 
@@ -144,8 +156,12 @@ def select_files(files: list[pathlib.Path], *, include=(), exclude=()) -> list[p
 
 
 def file_kind(path) -> str:
-    """'jsonl' for *.jsonl, *.jsonl.zst, *.jsonl.gz; 'raw' (one document per file) for anything else."""
-    return "jsonl" if pathlib.Path(path).name.lower().endswith((".jsonl", ".jsonl.zst", ".jsonl.gz")) else "raw"
+    """'jsonl' for *.jsonl, *.jsonl.zst, *.jsonl.gz; 'shard' for a *.zst file that ends with a
+    prepared shard's index; 'raw' (one document per file) for anything else."""
+    name = pathlib.Path(path).name.lower()
+    if name.endswith((".jsonl", ".jsonl.zst", ".jsonl.gz")):
+        return "jsonl"
+    return "shard" if name.endswith(".zst") and _has_index(path) else "raw"
 
 
 # --- decompression --------------------------------------------------------------------------------
@@ -171,7 +187,7 @@ def _zstd_pieces(f, path: pathlib.Path, offset: int):
     if offset > size:
         raise _moved(path, (offset, 0))
     f.seek(offset)
-    dctx = zstandard.ZstdDecompressor()
+    dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
     buf, used, buf_start = b"", 0, offset  # bytes read, how many were fed, file offset of buf[0]
     dobj, frame_start, produced, step = None, offset, 0, 1 << 16
     while True:
@@ -187,8 +203,7 @@ def _zstd_pieces(f, path: pathlib.Path, offset: int):
         try:
             out = dobj.decompress(fed)
         except zstandard.ZstdError as e:
-            raise CorpusError(f"{path} is corrupt: the zstd frame at byte {frame_start} fails to decode "
-                              f"({e}); {_REDO}") from None
+            raise _zstd_error(e, path, frame_start, fed) from None
         used += len(fed) - (len(dobj.unused_data) if dobj.eof else 0)
         if dobj.eof:
             step, dobj = min(CHUNK, max(1 << 16, 2 * (buf_start + used - frame_start))), None
@@ -199,6 +214,32 @@ def _zstd_pieces(f, path: pathlib.Path, offset: int):
         raise CorpusError(f"{path} is truncated: the zstd frame at byte {frame_start} is cut off by the "
                           f"end of the file at {size} bytes; {_REDO}")
     yield size, 0, None
+
+
+def _zstd_error(error: zstandard.ZstdError, path: pathlib.Path, frame_start: int, data) -> CorpusError:
+    """What a zstd error means for the user: a window past the limit or a memory shortage is not
+    corruption."""
+    text = str(error)
+    if "memory" in text.lower() or "window" in text.lower():
+        window = _declared_window(bytes(data[:6]))
+        if window > MAX_WINDOW:
+            return CorpusError(f"{path}: the zstd frame at byte {frame_start} declares a window of "
+                               f"{window / 2**30:g} GiB, more than the {MAX_WINDOW >> 30} GiB this reader "
+                               f"allows (zstd --long=31); recompress it with a smaller window")
+        return CorpusError(f"{path}: not enough memory to decode the zstd frame at byte {frame_start} "
+                           f"(window {window / 2**20:g} MiB; {text}); free memory or recompress it with "
+                           f"a smaller window")
+    return CorpusError(f"{path} is corrupt: the zstd frame at byte {frame_start} fails to decode "
+                       f"({text}); {_REDO}")
+
+
+def _declared_window(header: bytes) -> int:
+    """The window a zstd frame header declares (RFC 8878 3.1.1.1.2), or 0 if it declares none."""
+    if len(header) < 6 or header[:4] != b"\x28\xb5\x2f\xfd" or header[4] & 0x20:  # single segment: no window
+        return 0
+    exponent, mantissa = header[5] >> 3, header[5] & 7
+    base = 1 << (10 + exponent)
+    return base + base // 8 * mantissa
 
 
 def _gzip_pieces(f, path: pathlib.Path):
@@ -392,17 +433,21 @@ def _parse_slowly(line: bytes, field: str) -> bytes | str:
     doc = record[field]
     if type(doc) is not str:
         return "not_string"
-    try:
-        return doc.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate from an escape such as "\ud800"
-        return "invalid_utf8"
+    # A lone surrogate escape such as "\ud800" becomes its 3-byte WTF-8 form (b"\xed\xa0\x80"):
+    # the record is kept, its code units as they were written.
+    return doc.encode("utf-8", "surrogatepass")
 
 
 def iter_documents(path, *, field: str = "text", counts: dict[str, int] | None = None) -> Iterator[bytes]:
-    """Every document of one file (a raw file is one, or none if empty); skips add to counts[reason]."""
-    if file_kind(path) == "raw":
-        if data := read_raw(path):
-            yield data
+    """Every document of one file: a raw file is one (its exact bytes, even if empty), a prepared
+    shard holds those its index lists, a JSONL file one a line; skips add to counts[reason]."""
+    kind = file_kind(path)
+    if kind == "raw":
+        yield read_raw(path)
+        return
+    if kind == "shard":
+        with Shard(path) as shard:
+            yield from shard.documents()
         return
     for line, _ in iter_lines(path):
         doc = parse_record(line, field)
@@ -412,18 +457,142 @@ def iter_documents(path, *, field: str = "text", counts: dict[str, int] | None =
             counts[doc] = counts.get(doc, 0) + 1
 
 
+# --- prepared shards (format 2) -------------------------------------------------------------------
+
+SHARD_MAGIC = b"BMTPSHD2"
+SKIPPABLE_MAGIC = 0x184D2A5B  # one of zstd's skippable-frame magic numbers (0x184D2A50-5F)
+_TRAILER = 16  # the payload length (uint64) and SHARD_MAGIC end every shard
+_frame_decoders = threading.local()  # a ZstdDecompressor is not safe to share between threads
+
+
+def _has_index(path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < 8 + _TRAILER:
+                return False
+            f.seek(-len(SHARD_MAGIC), os.SEEK_END)
+            return f.read() == SHARD_MAGIC
+    except OSError:
+        return False
+
+
+def encode_index(compressed: list[int], content: list[int], lengths: list[int]) -> bytes:
+    """A shard's index as the skippable zstd frame that ends the file (layout in the module doc)."""
+    body = np.array([len(compressed), len(lengths), *compressed, *content, *lengths], dtype="<u8").tobytes()
+    size = len(body) + _TRAILER
+    if size >= 1 << 32:
+        raise ValueError(f"a shard index of {size} bytes does not fit a skippable frame; use smaller shards")
+    return (SKIPPABLE_MAGIC.to_bytes(4, "little") + size.to_bytes(4, "little") + body
+            + size.to_bytes(8, "little") + SHARD_MAGIC)
+
+
+class Shard:
+    """One prepared (format 2) shard: its index, and its frames decoded on demand.
+
+    The index is checked against the file (the frame sizes must add up to where the index begins,
+    the content sizes to the documents' lengths), so a damaged or foreign file is refused, never
+    misread. `frame(i)` reads and decompresses frame i, strictly (checksum and size), from any thread.
+    """
+
+    def __init__(self, path):
+        self.path = pathlib.Path(path)
+        f = _open(self.path)
+        try:
+            size = os.fstat(f.fileno()).st_size
+            damaged = f"{self.path} is not a readable prepared shard"
+            if size < 8 + _TRAILER or os.pread(f.fileno(), len(SHARD_MAGIC), size - 8) != SHARD_MAGIC:
+                raise CorpusError(f"{damaged}: it does not end with a shard index; {_REPREP}")
+            payload = int.from_bytes(os.pread(f.fileno(), 8, size - _TRAILER), "little")
+            start = size - payload - 8
+            head = os.pread(f.fileno(), 8, start) if start >= 0 else b""
+            if (start < 0 or payload % 8 or head[:4] != SKIPPABLE_MAGIC.to_bytes(4, "little")
+                    or int.from_bytes(head[4:], "little") != payload):
+                raise CorpusError(f"{damaged}: its index frame is damaged; {_REPREP}")
+            words = np.frombuffer(os.pread(f.fileno(), payload - _TRAILER, start + 8), dtype="<u8")
+            m, n = (int(w) for w in words[:2]) if len(words) >= 2 else (-1, -1)
+            if m < 1 or n < 0 or len(words) != 2 + 2 * m + n:
+                raise CorpusError(f"{damaged}: its index does not describe {m} frames and {n} documents; "
+                                  f"{_REPREP}")
+            words = words.astype(np.int64)
+            self.compressed, self.content = words[2:2 + m], words[2 + m:2 + 2 * m]
+            self.lengths = words[2 + 2 * m:]
+            if int(self.compressed.sum()) != start or int(self.content.sum()) != int(self.lengths.sum()):
+                raise CorpusError(f"{damaged}: its frames do not add up to its index; {_REPREP}")
+        except BaseException:
+            f.close()
+            raise
+        self._file = f
+        self.frame_offsets = np.concatenate(([0], np.cumsum(self.compressed)))
+        self.frame_ends = np.cumsum(self.content)  # content offset where each frame ends
+        self.doc_ends = np.cumsum(self.lengths)  # content offset where each document ends
+        self.doc_starts = self.doc_ends - self.lengths
+        self.n_frames, self.n_docs = m, n
+
+    def frames(self, indices: list[int]) -> list[np.ndarray]:
+        """The content of each frame in `indices` (uint8 arrays), checked against its checksum and
+        the index; consecutive frames are read with one pread. Safe to call from any thread."""
+        starts, ends = self.frame_offsets[indices], self.frame_offsets[np.asarray(indices, dtype=np.int64) + 1]
+        fd, out = self._file.fileno(), []
+        if len(indices) and indices[-1] - indices[0] == len(indices) - 1:
+            data = memoryview(os.pread(fd, int(ends[-1] - starts[0]), int(starts[0])))
+            views = [data[a - starts[0]:b - starts[0]] for a, b in zip(starts.tolist(), ends.tolist())]
+        else:
+            views = [os.pread(fd, b - a, a) for a, b in zip(starts.tolist(), ends.tolist())]
+        dctx = getattr(_frame_decoders, "dctx", None) or _set_decoder()
+        for f, view, start, end in zip(indices, views, starts.tolist(), ends.tolist()):
+            try:
+                content = dctx.decompress(view) if len(view) == end - start else None
+            except zstandard.ZstdError as e:
+                raise CorpusError(f"{self.path} is corrupt: the zstd frame at byte {start} fails to decode "
+                                  f"({e}); {_REPREP}") from None
+            if content is None or len(content) != self.content[f]:
+                raise CorpusError(f"{self.path} is damaged: the zstd frame at byte {start} does not hold the "
+                                  f"{int(self.content[f])} bytes its index says; {_REPREP}")
+            out.append(np.frombuffer(content, dtype=np.uint8))
+        return out
+
+    def documents(self) -> Iterator[bytes]:
+        """Every document of the shard, in order."""
+        buf, pos, frame = b"", 0, 0
+        for length in self.lengths.tolist():
+            if pos + length > len(buf):
+                parts, have = [buf[pos:]], len(buf) - pos
+                while have < length:
+                    group = list(range(frame, min(frame + 8, self.n_frames)))
+                    parts += [a.tobytes() for a in self.frames(group)]
+                    frame, have = group[-1] + 1, have + int(self.content[group].sum())
+                buf, pos = b"".join(parts), 0
+            yield buf[pos:pos + length]
+            pos += length
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> Shard:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _set_decoder() -> zstandard.ZstdDecompressor:
+    _frame_decoders.dctx = zstandard.ZstdDecompressor()
+    return _frame_decoders.dctx
+
+
 # --- writing --------------------------------------------------------------------------------------
 
 
 class ShardWriter:
-    """Writes documents as JSONL lines {"text": ...} into shard-00000.jsonl.zst, shard-00001, ... in directory.
+    """Writes documents into prepared shards shard-00000.zst, shard-00001.zst, ... in directory.
 
-    Whole lines are gathered into frames of about frame_bytes of input (a longer line is a frame of
-    its own). Each frame is compressed as one independent zstd frame with checksum and content size.
-    A new shard starts once shard_bytes of input went into the current one. threads=0 compresses in
-    the calling thread, n > 0 in n threads, and -1 in one thread per CPU core. Frames are compressed
-    in parallel but written in order, so the output is the same for every thread count. Each shard is
-    written as `<name>.tmp`, then fsynced and renamed when complete.
+    Documents go back to back into frames of exactly frame_bytes of content (a document may span
+    frames); each frame is compressed as one independent zstd frame with checksum and content size.
+    A shard ends after the document that brings its content to shard_bytes or more, with its index
+    (the module doc has the layout). threads=0 compresses in the calling thread, n > 0 in n
+    threads, and -1 in one thread per CPU core; frames are written in order, so the output is the
+    same for every thread count. Each shard is written as `<name>.tmp`, then fsynced and renamed
+    when complete.
     """
 
     def __init__(self, directory, *, level: int = 10, frame_bytes: int = 1 << 20,
@@ -439,30 +608,29 @@ class ShardWriter:
         workers = (os.cpu_count() or 1) if threads == -1 else threads
         self._pool = ThreadPoolExecutor(workers) if workers else None
         self._max_inflight = 2 * workers
-        self._inflight = collections.deque()  # (input bytes, compressed frame or its future)
+        self._inflight = collections.deque()  # (content bytes, compressed frame or its future)
         self._local = threading.local()  # one compressor per thread: they are not thread-safe
-        self._lines, self._buffered = [], 0
-        self._file, self._shard_input = None, 0
+        self._buffer = bytearray()  # content not yet in a frame
+        self._file = None
+        self._frames: tuple[list[int], list[int]] = ([], [])  # the open shard's compressed, content sizes
+        self._lengths: list[int] = []  # the open shard's document lengths
+        self._shard_content = 0
         self._sha = hashlib.sha256()
         self.shards: list[str] = []
         self.documents = self.bytes = self.compressed_bytes = 0
 
     def write(self, doc: bytes) -> None:
-        try:
-            text = doc.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"document {self.documents} is not valid UTF-8 (byte {e.start}) and JSON "
-                             f"cannot carry it; skip or repair it before writing") from None
-        line = json.dumps({"text": text}, ensure_ascii=False).encode("utf-8") + b"\n"
-        if self._buffered and self._buffered + len(line) > self.frame_bytes:
-            self._end_frame()
-        self._lines.append(line)
-        self._buffered += len(line)
-        self._sha.update(line)
+        self._buffer += doc
+        self._lengths.append(len(doc))
+        self._sha.update(len(doc).to_bytes(8, "little"))
+        self._sha.update(doc)
         self.documents += 1
         self.bytes += len(doc)
-        if self._buffered >= self.frame_bytes:
-            self._end_frame()
+        while len(self._buffer) >= self.frame_bytes:
+            self._end_frame(self.frame_bytes)
+        self._shard_content += len(doc)
+        if self._shard_content >= self.shard_bytes:
+            self._end_shard()
 
     def _compress(self, frame: bytes) -> bytes:
         if not hasattr(self._local, "cctx"):
@@ -470,43 +638,47 @@ class ShardWriter:
                                                         write_content_size=True)
         return self._local.cctx.compress(frame)
 
-    def _end_frame(self) -> None:
-        frame, self._lines, self._buffered = b"".join(self._lines), [], 0
+    def _end_frame(self, size: int) -> None:
+        frame = bytes(self._buffer[:size])
+        del self._buffer[:size]
         pending = self._compress(frame) if self._pool is None else self._pool.submit(self._compress, frame)
         self._inflight.append((len(frame), pending))
         while len(self._inflight) > self._max_inflight:
             self._write_frame()
 
     def _write_frame(self) -> None:
-        n_input, pending = self._inflight.popleft()
+        n_content, pending = self._inflight.popleft()
         compressed = pending if self._pool is None else pending.result()
         if self._file is None:
-            self.shards.append(f"shard-{len(self.shards):05d}.jsonl.zst")
+            self.shards.append(f"shard-{len(self.shards):05d}.zst")
             self._file = open(self.directory / (self.shards[-1] + ".tmp"), "wb")
         self._file.write(compressed)
+        self._frames[0].append(len(compressed))
+        self._frames[1].append(n_content)
         self.compressed_bytes += len(compressed)
-        self._shard_input += n_input
-        if self._shard_input >= self.shard_bytes:
-            self._end_shard()
 
     def _end_shard(self) -> None:
+        if self._buffer or not (self._inflight or self._frames[0]):  # a shard has at least one frame
+            self._end_frame(len(self._buffer))
+        while self._inflight:
+            self._write_frame()
+        index = encode_index(*self._frames, self._lengths)
+        self._file.write(index)
+        self.compressed_bytes += len(index)
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
         os.replace(self._file.name, self.directory / self.shards[-1])
-        self._file, self._shard_input = None, 0
+        self._file, self._frames, self._lengths, self._shard_content = None, ([], []), [], 0
 
     def summary(self) -> dict:
-        """This split's manifest entry; sha256 is of the decompressed content (the JSONL, in shard order)."""
+        """This split's manifest entry; sha256 is of each document's length (8 bytes, little-endian)
+        and bytes, in shard order."""
         return {"documents": self.documents, "bytes": self.bytes, "compressed_bytes": self.compressed_bytes,
                 "shards": list(self.shards), "sha256": self._sha.hexdigest()}
 
     def close(self) -> None:
-        if self._lines:
-            self._end_frame()
-        while self._inflight:
-            self._write_frame()
-        if self._file is not None:
+        if self._lengths:
             self._end_shard()
         if self._pool is not None:
             self._pool.shutdown()
@@ -556,22 +728,15 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
     shutil.rmtree(tmp, ignore_errors=True)  # left by a crashed run that had this process id
     tmp.mkdir()
     try:
-        skipped, seen, duplicates, read, raw_bad, done = {}, set(), 0, 0, 0, 0
+        skipped, seen, duplicates, read, done = {}, set(), 0, 0, 0
         kw = dict(level=level, frame_bytes=frame_bytes, threads=threads)
         with ShardWriter(tmp / "train", **kw) as train, ShardWriter(tmp / "val", **kw) as val:
             for path in files:
-                raw, size, in_file = file_kind(path) == "raw", path.stat().st_size, 0
+                size, in_file = path.stat().st_size, 0
                 for doc in iter_documents(path, field=field, counts=skipped):
                     read, in_file = read + 1, in_file + len(doc)
                     if progress is not None and read % 1024 == 0:
                         progress(done + min(in_file, size), read)
-                    if raw:
-                        try:
-                            doc.decode("utf-8")
-                        except UnicodeDecodeError:
-                            skipped["invalid_utf8"] = skipped.get("invalid_utf8", 0) + 1
-                            raw_bad += 1
-                            continue
                     digest = hashlib.sha256(doc).digest()
                     if digest in seen:
                         duplicates += 1
@@ -583,7 +748,7 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
                 if progress is not None:
                     progress(done, read)
         bad = sum(skipped.values())
-        records = read + bad - raw_bad  # a raw file that is not UTF-8 was also read as a document
+        records = read + bad
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())) or "none"
         if bad > max_bad_fraction * records:
             raise CorpusError(f"{bad} of {records} records are bad ({reasons}), more than max_bad_fraction="
@@ -591,13 +756,15 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
         if train.documents + val.documents == 0:
             raise CorpusError(f"no documents in {', '.join(map(str, files))} after skipping {bad} bad records "
                               f"({reasons}) and {duplicates} duplicates; check the sources and --field")
+        if train.documents == 0:
+            raise CorpusError(f"all {val.documents} documents went to val (val_fraction={val_fraction}), none to "
+                              f"train; lower the validation fraction")
         manifest = {
             "format_version": FORMAT_VERSION,
             "bytemtp_version": bytemtp.__version__,
             "source": source_name or ", ".join(os.fspath(s) for s in _spec_items(sources)),
             "licence": licence,
-            "field": "text",  # the field in the shards; source_field is the one read from the sources
-            "source_field": field,
+            "source_field": field,  # the JSONL field read from the sources
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "frame_bytes": frame_bytes,
             "level": level,
@@ -642,9 +809,9 @@ def read_manifest(corpus_dir) -> dict:
         raise CorpusError(f"{path} is not valid JSON ({e}); {_REPREP}") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
         raise CorpusError(f"{path} is not a bytemtp corpus manifest (it has no splits); {_REPREP}")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READABLE_FORMATS:
         raise CorpusError(f"{path} has format_version {manifest.get('format_version')!r} but this bytemtp "
-                          f"reads {FORMAT_VERSION}; {_REPREP}")
+                          f"reads {' and '.join(map(str, READABLE_FORMATS))}; {_REPREP}")
     return manifest
 
 
@@ -670,7 +837,7 @@ def describe(path, *, field: str = "text") -> dict:
 
 def verify(corpus_dir) -> None:
     """Re-read every shard of a prepared corpus and check it against the manifest: the files, the
-    document and byte counts, the compressed sizes and the sha256 of the decompressed content."""
+    document and byte counts, the compressed sizes and the sha256 of the content."""
     manifest, root = read_manifest(corpus_dir), _corpus_dir(corpus_dir)
     damaged = f"the corpus is damaged; {_REPREP}"
     for name, split in manifest["splits"].items():
@@ -679,23 +846,35 @@ def verify(corpus_dir) -> None:
             raise CorpusError(f"{root / name} holds {found} but the manifest lists {split['shards']}; {damaged}")
         sha, documents, nbytes, compressed = hashlib.sha256(), 0, 0, 0
         for shard in split["shards"]:
-            path, rest = root / name / shard, b""
+            path = root / name / shard
             compressed += path.stat().st_size
-            with _open(path) as f:
-                for _, _, data in _pieces(f, path, (0, 0)):
-                    if data is None:
-                        break
-                    sha.update(data)
-                    *lines, rest = (rest + data).split(b"\n")
-                    for line in lines:
-                        if type(doc := parse_record(line)) is not bytes:
-                            raise CorpusError(f"{path} holds a bad record ({doc}) after {documents} "
-                                              f"documents of split {name}; {damaged}")
-                        documents, nbytes = documents + 1, nbytes + len(doc)
-            if rest:
-                raise CorpusError(f"{path} does not end with a newline; {damaged}")
+            if manifest["format_version"] == 1:
+                documents, nbytes = _verify_jsonl(path, sha, documents, nbytes, f"split {name}; {damaged}")
+                continue
+            for doc in iter_documents(path):
+                sha.update(len(doc).to_bytes(8, "little"))
+                sha.update(doc)
+                documents, nbytes = documents + 1, nbytes + len(doc)
         got = {"documents": documents, "bytes": nbytes, "compressed_bytes": compressed, "sha256": sha.hexdigest()}
         for key, value in got.items():
             if split.get(key) != value:
                 raise CorpusError(f"split {name} of {root} has {key} {value} but its manifest says "
                                   f"{split.get(key)}; {damaged}")
+
+
+def _verify_jsonl(path: pathlib.Path, sha, documents: int, nbytes: int, where: str) -> tuple[int, int]:
+    """A format-1 shard: its JSONL content hashed as it is, every line a good record."""
+    rest = b""
+    with _open(path) as f:
+        for _, _, data in _pieces(f, path, (0, 0)):
+            if data is None:
+                break
+            sha.update(data)
+            *lines, rest = (rest + data).split(b"\n")
+            for line in lines:
+                if type(doc := parse_record(line)) is not bytes:
+                    raise CorpusError(f"{path} holds a bad record ({doc}) after {documents} documents of {where}")
+                documents, nbytes = documents + 1, nbytes + len(doc)
+    if rest:
+        raise CorpusError(f"{path} does not end with a newline; {where}")
+    return documents, nbytes

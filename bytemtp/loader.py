@@ -4,15 +4,21 @@ The pipeline is a chain of two small stages, each with a plain-dict state that r
 the same position:
 
 - `DocumentStream` walks the corpus files in an order shuffled every epoch from the seed (the
-  same order in every reader) and numbers the records it meets (JSONL lines, or whole raw files)
-  in that order. Reader g of G (g = rank x workers + worker) keeps the records whose number is
-  g mod G, so one epoch hands every record to exactly one reader whatever the number of files,
-  ranks and workers, and the readers' shares differ by one record at most. The price: every
-  reader decompresses and splits every shard (zstd runs at hundreds of MB/s, far above what
-  training consumes), but parses only its own lines. Its position is (epoch, file, offset within
-  the file, record number): a resumed stream seeks straight to its offset (a frame start in a
-  zstd shard) and never re-reads the corpus from the start.
-- `WindowPacker` turns each document into `bytes + EOS`, cuts the stream into windows of
+  same order in every reader) and numbers the records it meets (documents of prepared shards, JSONL
+  lines, whole raw files) in that order. Reader g of G (g = rank x workers + worker) keeps the
+  records whose number is g mod G, so one epoch hands every record to exactly one reader whatever
+  the number of files, ranks and workers, and the readers' shares differ by one record at most. It
+  hands out ids: each document's bytes followed by EOS. Prepared (format 2) shards take the fast
+  path, with no per-document Python work: a shard's index gives every boundary, so whole 1 MiB
+  frames are decoded as numpy arrays (in threads, two frames ahead), the reader's bytes selected
+  and EOS placed by vectorised operations, and frames holding nothing of the reader's are never
+  read. Other files are read a document at a time: every reader decompresses and splits them, but
+  parses only its own lines. Its position is (epoch, file, position within the file, record
+  number): a frame and the ids of it already handed out in a prepared shard, a zstd frame start
+  and bytes into it in a JSONL file. A resumed stream seeks straight there and never re-reads the
+  corpus from the start; the position carries a digest of the files' names and sizes, so it is
+  refused in a corpus that changed.
+- `WindowPacker` cuts the id stream into windows of
   seq_len + n_future ids with a stride of seq_len (consecutive windows overlap by n_future ids, so
   every id is an input exactly once and every target of every head is seen), passes them through a
   shuffle buffer, and stacks them into (B, seq_len + n_future) int32 batches (half the bytes of
@@ -31,7 +37,12 @@ Bad JSONL lines are skipped and counted by reason; a reader stops with CorpusErr
 from __future__ import annotations
 
 import base64
+import collections
+import functools
+import hashlib
+import os
 import random
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -39,14 +50,12 @@ import numpy as np
 import torch
 
 from bytemtp.config import DataConfig
-from bytemtp.corpus import CorpusError, corpus_files, file_kind, iter_lines, parse_record, read_raw
+from bytemtp.corpus import Shard, CorpusError, corpus_files, file_kind, iter_lines, parse_record, read_raw
 from bytemtp.vocab import EOS
 
 STATE_VERSION = 1
 _MIN_LINES_FOR_BAD_CHECK = 1000
 
-
-_EOS_ARRAY = np.array([EOS], dtype=np.uint16)
 
 
 def _pack_ids(ids: np.ndarray) -> str:
@@ -57,13 +66,103 @@ def _unpack_ids(text: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(text), dtype="<u2").astype(np.uint16)
 
 
+def _ids(doc: bytes) -> np.ndarray:
+    """One document as ids: its bytes, then EOS."""
+    ids = np.empty(len(doc) + 1, dtype=np.uint16)
+    ids[:-1] = np.frombuffer(doc, dtype=np.uint8)
+    ids[-1] = EOS
+    return ids
+
+
+_FEW_BOUNDARIES = 256  # up to this many EOS in a frame, slice copies beat a boolean scatter
+
+
+def with_eos(data: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """uint8 `data` widened to uint16 ids with EOS inserted before each (sorted) offset in `at`.
+
+    What np.insert does, faster: with few boundaries (long documents) the runs between them are
+    copied as slices, a bounded loop per frame; with many (short documents) one boolean scatter
+    places every byte at once. Both cost well under a millisecond for a 1 MiB frame.
+    """
+    out = np.empty(len(data) + len(at), dtype=np.uint16)
+    slots = at + np.arange(len(at))
+    if len(at) <= _FEW_BOUNDARIES:
+        prev = 0
+        for i, end in enumerate(at.tolist()):
+            out[prev + i:end + i] = data[prev:end]
+            prev = end
+        out[prev + len(at):] = data[prev:]
+    else:
+        fill = np.ones(len(out), dtype=bool)
+        fill[slots] = False
+        out[fill] = data
+    out[slots] = EOS
+    return out
+
+
+class ShardReader:
+    """One reader's ids from a prepared shard, frame by frame, with vectorised packing.
+
+    Document j of the shard is the reader's when (first + j) % n_readers == reader, where first is
+    the stream's record number at the shard's start. A frame's ids are the reader's bytes in it,
+    each document's EOS placed in the frame where the document ends (frame 0 for empty documents at
+    the start). Frames without any of the reader's bytes or EOS are never read.
+    """
+
+    def __init__(self, path: Path, *, first: int, reader: int, n_readers: int):
+        self.shard = Shard(path)
+        s = self.shard
+        keep = None if n_readers == 1 else (first + np.arange(s.n_docs)) % n_readers == reader
+        self.keep = keep
+        eos_frame = np.searchsorted(s.frame_ends, s.doc_ends, side="left")
+        self.eos_bounds = np.searchsorted(eos_frame, np.arange(s.n_frames + 1), side="left")
+        frame_starts = s.frame_ends - s.content
+        self.first_doc = np.searchsorted(s.doc_ends, frame_starts, side="right")  # first doc with bytes in it
+        if keep is None:
+            self.frames = np.arange(s.n_frames)
+        else:  # frames holding a byte or an EOS of one of this reader's documents
+            mine_cum = np.concatenate(([0], np.cumsum(keep)))
+            last = np.minimum(self.eos_bounds[1:] + 1, s.n_docs)  # the doc running past the frame's end, if any
+            lo = np.minimum(self.first_doc, self.eos_bounds[:-1])
+            self.frames = np.flatnonzero(mine_cum[last] > mine_cum[lo])
+
+    def frame_ids(self, f: int) -> tuple[np.ndarray, int, int]:
+        """Frame f's ids for this reader, the reader's documents that end in it and its bytes in it."""
+        return self._ids(f, self.shard.frames([f])[0])
+
+    def _ids(self, f: int, data: np.ndarray) -> tuple[np.ndarray, int, int]:
+        s = self.shard
+        fs = int(s.frame_ends[f] - s.content[f])
+        a, b = int(self.eos_bounds[f]), int(self.eos_bounds[f + 1])
+        if self.keep is None:
+            return with_eos(data, s.doc_ends[a:b] - fs), b - a, len(data)
+        c = int(self.first_doc[f])
+        d = min(b + 1, s.n_docs) if b < s.n_docs and s.doc_starts[b] < fs + len(data) else b
+        c = min(c, d)
+        lo = np.maximum(s.doc_starts[c:d], fs) - fs
+        seg = np.minimum(s.doc_ends[c:d], fs + len(data)) - fs - lo  # bytes of each doc in the frame
+        keep = self.keep[c:d]
+        before = np.concatenate(([0], np.cumsum(seg * keep)))  # kept bytes before each doc's end
+        ends = np.arange(a, b)[self.keep[a:b]]
+        at = before[np.clip(ends - c + 1, 0, len(seg))]
+        return with_eos(data[np.repeat(keep, seg)], at), len(ends), int(before[-1])
+
+    def close(self) -> None:
+        self.shard.close()
+
+
 class DocumentStream:
-    """Documents of one reader's share of the corpus, epoch after epoch, with a resumable position."""
+    """One reader's share of the corpus as ids (documents, each followed by EOS), epoch after
+    epoch, with a resumable position."""
+
+    CHUNK = 1 << 16  # the most ids a prepared shard hands out at a time (the packer's tail stays small)
+    AHEAD = 2  # frames of a prepared shard decoded ahead, in threads (zstd releases the GIL)
 
     def __init__(self, files: list[Path], *, field: str = "text", reader: int = 0, n_readers: int = 1,
                  seed: int = 0, max_bad_fraction: float = 0.01):
         assert 0 <= reader < n_readers, (reader, n_readers)
         self.files, self.field = [Path(f) for f in files], field
+        self.kinds = [file_kind(f) for f in self.files]
         self.reader, self.n_readers, self.seed = reader, n_readers, seed
         self.max_bad_fraction = max_bad_fraction
         self.epoch, self.file_index, self.pos, self.record = 0, 0, (0, 0), 0
@@ -81,19 +180,21 @@ class DocumentStream:
         self.record += 1
         return mine
 
-    def __iter__(self) -> Iterator[bytes]:
-        """Documents from the current position on, forever. The position advances as they go."""
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """uint16 ids from the current position on, forever: whole documents with their EOS from
+        raw and JSONL files, up to CHUNK ids at a time from prepared shards. The position advances
+        as they go."""
         while True:
             order = self.order(self.epoch)
             while self.file_index < len(order):
-                path = self.files[order[self.file_index]]
-                if file_kind(path) == "raw":
+                path, kind = self.files[order[self.file_index]], self.kinds[order[self.file_index]]
+                if kind == "shard":
+                    yield from self._shard(path)
+                elif kind == "raw":
                     if self.pos == (0, 0):
                         self.pos = (0, 1)  # taken: a resume moves on to the next file
                         if self._mine():
-                            doc = read_raw(path)
-                            if doc:
-                                yield self._took(doc)
+                            yield self._took(read_raw(path))
                 else:
                     for line, next_pos in iter_lines(path, start=self.pos):
                         self.pos = next_pos
@@ -114,11 +215,49 @@ class DocumentStream:
                     "(ranks x workers); use fewer workers or a bigger corpus")
             self.epoch, self.file_index, self.record, self._epoch_docs = self.epoch + 1, 0, 0, 0
 
-    def _took(self, doc: bytes) -> bytes:
+    def _shard(self, path: Path) -> Iterator[np.ndarray]:
+        """The reader's ids of one prepared shard. Inside it the position is (frame, ids of that
+        frame already handed out) and `record` stays the shard's first record number."""
+        reader = ShardReader(path, first=self.record, reader=self.reader, n_readers=self.n_readers)
+        start, skip = self.pos
+        if start > reader.shard.n_frames or skip < 0:
+            reader.close()
+            raise CorpusError(f"resume position {self.pos} does not fit {path}; the file changed since it "
+                              "was saved")
+        frames = reader.frames[np.searchsorted(reader.frames, start):].tolist()
+        pool, pending = _decode_pool(), collections.deque()
+        try:
+            for i, f in enumerate(frames):
+                while len(pending) < self.AHEAD and i + len(pending) < len(frames):
+                    pending.append(pool.submit(reader.frame_ids, frames[i + len(pending)]))
+                ids, docs, nbytes = pending.popleft().result()
+                offset = skip if f == start else 0
+                if offset == 0:  # a frame is counted once, when it starts
+                    self.counts["documents"] += docs
+                    self.counts["bytes"] += nbytes
+                    self._epoch_docs += docs
+                elif offset > len(ids):
+                    raise CorpusError(f"resume position {self.pos} does not fit {path}; the file changed "
+                                      "since it was saved")
+                for at in range(offset, len(ids), self.CHUNK):
+                    piece = ids[at:at + self.CHUNK]
+                    self.pos = (f, at + len(piece)) if at + len(piece) < len(ids) else (f + 1, 0)
+                    yield piece
+                self.pos = (f + 1, 0)
+        finally:
+            for future in pending:
+                future.cancel()
+            for future in pending:
+                if not future.cancelled():
+                    future.exception()  # wait: the frame reads the file closed next
+            reader.close()
+        self.record += reader.shard.n_docs
+
+    def _took(self, doc: bytes) -> np.ndarray:
         self.counts["documents"] += 1
         self.counts["bytes"] += len(doc)
         self._epoch_docs += 1
-        return doc
+        return _ids(doc)
 
     def _skip(self, reason: str, path: Path) -> None:
         skipped = self.counts["skipped"]
@@ -135,12 +274,25 @@ class DocumentStream:
                 f"data.max_bad_fraction={self.max_bad_fraction}; check data.field "
                 f"(now {self.field!r}) or clean the corpus")
 
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A digest of the files' names and sizes: a saved position fits only the corpus it was taken in."""
+        digest = hashlib.sha256()
+        for path in self.files:
+            digest.update(f"{path.name}\0{path.stat().st_size}\n".encode())
+        return digest.hexdigest()[:16]
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "file_index": self.file_index, "pos": list(self.pos),
                 "record": self.record, "epoch_docs": self._epoch_docs,
-                "counts": {**self.counts, "skipped": dict(self.counts["skipped"])}}
+                "counts": {**self.counts, "skipped": dict(self.counts["skipped"])},
+                "files": self.fingerprint}
 
     def load_state_dict(self, state: dict) -> None:
+        if state.get("files", self.fingerprint) != self.fingerprint:  # states saved before it have none
+            raise CorpusError(f"the corpus changed since this position was saved (its {len(self.files)} "
+                              "file(s) differ in names or sizes, e.g. prepared again); resume with the "
+                              "corpus the run trained on, or start a new run")
         self.epoch, self.file_index, self.record = state["epoch"], state["file_index"], state["record"]
         self.pos = tuple(state["pos"])
         self._epoch_docs = state["epoch_docs"]
@@ -153,8 +305,9 @@ class WindowPacker:
     The packed stream is held as uint16 ids (every id is below 2**16; half the memory traffic of
     int32) and windows are cut from it in bulk with numpy, as strided views. The shuffle is by
     blocks: the buffer takes the next `capacity` windows (a multiple of the batch size), draws one
-    permutation for them, and hands them out a batch at a time before it refills; each batch is
-    one gather of B windows, widened to int32. A buffer of 1 keeps the packing order.
+    permutation for them, gathers them in that order and widens them to int32 at once (bulk work
+    beats a gather per batch); each batch is then a view of B rows of that block. A buffer of 1
+    keeps the packing order.
     """
 
     def __init__(self, docs: DocumentStream, *, window: int, stride: int, batch_size: int,
@@ -165,12 +318,11 @@ class WindowPacker:
         self.capacity = 0 if shuffle_buffer <= 1 else batch_size * -(-shuffle_buffer // batch_size)
         self.tail = np.zeros(0, dtype=np.uint16)  # ids from `offset` on are not yet cut
         self.offset = 0
-        # The shuffled block: rows of `block` in the order `order[taken:]` are not yet handed out.
-        self.block = np.zeros((0, window), dtype=np.uint16)
-        self.order, self.taken = np.zeros(0, dtype=np.intp), 0
+        # The shuffled block, as int32 in the order it is handed out: rows from `taken` on are due.
+        self.block, self.taken = np.zeros((0, window), dtype=np.int32), 0
         self.rng = np.random.Generator(np.random.PCG64([seed, docs.reader]))  # a stream per reader
         self.batches = 0
-        self._doc_iter: Iterator[bytes] | None = None
+        self._doc_iter: Iterator[np.ndarray] | None = None
 
     def _windows(self, n: int) -> np.ndarray:
         """The next n windows (n, window) of uint16 ids: a strided view of the packed stream."""
@@ -181,10 +333,9 @@ class WindowPacker:
             parts, have = [self.tail[self.offset:]], len(self.tail) - self.offset
             need -= self.offset
             while have < need:
-                doc = np.frombuffer(next(self._doc_iter), dtype=np.uint8)
-                parts += [doc, _EOS_ARRAY]
-                have += len(doc) + 1
-            self.tail, self.offset = np.concatenate(parts, dtype=np.uint16), 0
+                parts.append(next(self._doc_iter))
+                have += len(parts[-1])
+            self.tail, self.offset = np.concatenate(parts), 0
         rows = np.ndarray((n, self.window), dtype=np.uint16, buffer=self.tail, offset=self.offset * 2,
                           strides=(self.stride * 2, 2))  # the view keeps its tail alive
         self.offset += n * self.stride
@@ -196,11 +347,12 @@ class WindowPacker:
         if self.capacity == 0:
             rows = self._windows(B)
         else:
-            if self.taken == len(self.order):
-                self.block = self._windows(self.capacity)
-                self.order, self.taken = self.rng.permutation(self.capacity), 0
-            rows = self.block[self.order[self.taken:self.taken + B]]
+            if self.taken == len(self.block):
+                rows = self._windows(self.capacity)
+                self.block, self.taken = rows[self.rng.permutation(self.capacity)].astype(np.int32), 0
             self.taken += B
+            self.batches += 1
+            return torch.from_numpy(self.block[self.taken - B:self.taken])  # a view: no copy per batch
         self.batches += 1
         return torch.from_numpy(rows.astype(np.int32))
 
@@ -209,7 +361,7 @@ class WindowPacker:
             yield self.next_batch()
 
     def state_dict(self) -> dict:
-        pending = self.block[self.order[self.taken:]]  # the buffer's rows in the order they will go
+        pending = self.block[self.taken:]  # the buffer's rows in the order they will go
         return {"version": STATE_VERSION, "docs": self.docs.state_dict(),
                 "tail": _pack_ids(self.tail[self.offset:]), "buffer": _pack_ids(pending),
                 "rng": self.rng.bit_generator.state, "batches": self.batches,
@@ -224,8 +376,8 @@ class WindowPacker:
                              "n_future changed since the checkpoint")
         self.docs.load_state_dict(state["docs"])
         self.tail, self.offset = _unpack_ids(state["tail"]), 0
-        self.block = _unpack_ids(state["buffer"]).reshape(-1, self.window)
-        self.order, self.taken = np.arange(len(self.block)), 0
+        self.block = _unpack_ids(state["buffer"]).reshape(-1, self.window).astype(np.int32)
+        self.taken = 0
         self.rng.bit_generator.state = state["rng"]
         self.batches = state["batches"]
         self._doc_iter = None
@@ -244,7 +396,7 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         if self.states[slot] is not None:
             packer.load_state_dict(self.states[slot])
         while True:
-            batch = packer.next_batch()
+            batch = packer.next_batch().clone()  # its own storage: a view would ship the whole block
             yield slot, batch, packer.state_dict()
 
 
@@ -350,3 +502,14 @@ def _mp_context():
     import multiprocessing
 
     return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _decode_pool() -> ThreadPoolExecutor:
+    """The process's frame-decoding threads (made per process: a pool does not survive a fork)."""
+    pid = os.getpid()
+    if pid not in _pools:
+        _pools[pid] = ThreadPoolExecutor(2, thread_name_prefix="bytemtp-frames")
+    return _pools[pid]

@@ -4,6 +4,7 @@ bad-record accounting, file discovery, and the prepare -> read round trip."""
 import collections
 import gzip
 import hashlib
+import io
 import json
 import struct
 
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bytemtp.corpus import (
+    Shard,
     SKIP_REASONS, CorpusError, ShardWriter, corpus_files, decompressed_size, describe, file_kind,
     iter_documents, iter_lines, parse_record, prepare, read_manifest, read_raw, select_files, verify,
 )
@@ -188,7 +190,7 @@ def test_read_raw_reads_every_frame_and_format(tmp_path):
     for name in ("e.zst", "e.gz", "e.txt", "e.jsonl.zst"):
         (tmp_path / name).write_bytes(b"")
         assert read_raw(tmp_path / name) == b""
-        assert list(iter_documents(tmp_path / name)) == []
+        assert list(iter_documents(tmp_path / name)) == ([] if name.endswith(".jsonl.zst") else [b""])
     (tmp_path / "t.gz").write_bytes(gzip.compress(data)[:-10])
     with pytest.raises(CorpusError, match="t.gz is truncated"):
         read_raw(tmp_path / "t.gz")
@@ -203,11 +205,13 @@ def test_parse_record_reasons():
     assert parse_record(b'{"body": "a"}', "body") == b"a"
     assert parse_record(b'\xef\xbb\xbf{"text": "a"}') == b"a"  # a byte order mark is not the record's
     cases = {b"": "empty_line", b"  \t\r": "empty_line", b'{"text": "\xff"}': "invalid_utf8",
-             b'{"text": "\\ud800"}': "invalid_utf8", b"{nope": "invalid_json", b"[1, 2]": "not_object",
+             b"{nope": "invalid_json", b"[1, 2]": "not_object",
              b'"text"': "not_object", b'{"other": "a"}': "missing_field", b'{"text": 3}': "not_string",
              b'{"text": null}': "not_string"}
     for line, reason in cases.items():
         assert parse_record(line) == reason, line
+    # a lone surrogate escape is kept as its WTF-8 bytes, not dropped
+    assert parse_record(b'{"text": "a\\ud800b"}') == b"a\xed\xa0\x80b"
     assert set(cases.values()) == set(SKIP_REASONS)
 
 
@@ -296,33 +300,65 @@ def test_file_kind():
 # --- writing --------------------------------------------------------------------------------------
 
 
-def test_shard_writer_frames_and_shards(tmp_path):
-    docs = [f"document {i} ".encode() * (i % 7 + 1) for i in range(200)]
+def test_shard_writer_frames_index_and_shards(tmp_path):
+    docs = [f"document {i} ".encode() * (i % 7 + 1) for i in range(200)] + [b"", b"\x00\xff" * 600]
     with ShardWriter(tmp_path / "w", frame_bytes=256, shard_bytes=4096) as w:
         for doc in docs:
             w.write(doc)
-        w.write(b"L" * 1000)  # longer than a frame: a frame of its own
     shards = sorted((tmp_path / "w").iterdir())
     assert [p.name for p in shards] == w.shards and len(shards) > 2
     assert not list((tmp_path / "w").glob("*.tmp"))
-    content = b""
-    for shard in shards:
-        frames = frames_of(shard.read_bytes())
-        assert all(f.endswith(b"\n") for f in frames)  # whole lines only
-        assert all(len(f) <= 256 or f.count(b"\n") == 1 for f in frames)
-        assert sum(map(len, frames)) >= 4096 or shard == shards[-1]
-        content += b"".join(frames)
-    assert content.count(b"\n") == 201 and len(frames_of(shards[0].read_bytes())) > 10
-    assert frames_of(shards[-1].read_bytes())[-1] == jsonl(["L" * 1000])
-    assert hashlib.sha256(content).hexdigest() == w.summary()["sha256"]
-    assert w.documents == 201 and w.bytes == sum(map(len, docs)) + 1000
+    got, sha = [], hashlib.sha256()
+    for path in shards:
+        *frames, index = frames_of(path.read_bytes())  # zstd decoders skip the index frame: no content
+        assert index == b""
+        content = b"".join(frames)
+        assert all(len(f) == 256 for f in frames[:-1]) and 0 < len(frames[-1]) <= 256
+        with Shard(path) as shard:
+            assert shard.n_frames == len(frames) and [len(f) for f in frames] == shard.content.tolist()
+            assert [a.tobytes() for a in shard.frames(list(range(shard.n_frames)))] == frames
+            assert shard.n_docs == len(shard.lengths) and int(shard.lengths.sum()) == len(content)
+            shard_docs = list(shard.documents())
+        assert b"".join(shard_docs) == content and file_kind(path) == "shard"
+        assert len(content) >= 4096 or path == shards[-1]
+        got += shard_docs
+    assert got == docs
+    for doc in docs:
+        sha.update(len(doc).to_bytes(8, "little") + doc)
+    assert w.summary()["sha256"] == sha.hexdigest()
+    assert w.documents == len(docs) and w.bytes == sum(map(len, docs))
     assert w.compressed_bytes == sum(p.stat().st_size for p in shards)
     with ShardWriter(tmp_path / "threaded", frame_bytes=256, shard_bytes=4096, threads=2) as t:
-        for doc in docs + [b"L" * 1000]:
+        for doc in docs:
             t.write(doc)
     assert [p.read_bytes() for p in sorted((tmp_path / "threaded").iterdir())] == [p.read_bytes() for p in shards]
-    with pytest.raises(ValueError, match="not valid UTF-8"), ShardWriter(tmp_path / "bad") as w:
-        w.write(b"\xff")
+    with ShardWriter(tmp_path / "empty") as e:  # empty documents only: one empty frame
+        e.write(b"")
+        e.write(b"")
+    assert list(iter_documents(tmp_path / "empty" / "shard-00000.zst")) == [b"", b""]
+
+
+def test_a_damaged_shard_is_refused_never_misread(tmp_path):
+    with ShardWriter(tmp_path / "w", frame_bytes=64) as w:
+        for i in range(20):
+            w.write(bytes([i]) * 50)
+    path = tmp_path / "w" / "shard-00000.zst"
+    good = path.read_bytes()
+    with Shard(path) as shard:
+        second_frame = int(shard.frame_offsets[1])
+    damage = {
+        "a flipped byte in a frame": good[:second_frame + 10] + bytes([good[second_frame + 10] ^ 0xFF])
+        + good[second_frame + 11:],
+        "a frame cut out": good[:second_frame] + good[second_frame + 20:],
+        "an index that lies": good[:-40] + (10**6).to_bytes(8, "little") + good[-32:],
+        "a cut trailer": good[:-20] + good[-8:],
+    }
+    for what, data in damage.items():
+        path.write_bytes(data)
+        with pytest.raises(CorpusError, match="shard-00000.zst (is corrupt|is damaged|is not a readable)"):
+            list(iter_documents(path))
+    path.write_bytes(good[:-3])  # no trailer: not a shard at all, so a raw document
+    assert file_kind(path) == "raw"
 
 
 def make_sources(tmp_path):
@@ -332,11 +368,13 @@ def make_sources(tmp_path):
     files = {"a.txt": "alpha text\n", "sub/b.py": "print('b')\n", "c.txt": "shared document", "empty.txt": ""}
     for name, text in files.items():
         (texts / name).write_text(text, encoding="utf-8")
-    (texts / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))  # not UTF-8: skipped in prep
+    (texts / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))  # not UTF-8: kept as it is
+    (texts / "bin.dat").write_bytes(b"\x00\xff\xfe binary \x80")
     records = [f"record {i} " + "é" * (i % 5) for i in range(60)] + TEXTS + ["shared document", "record 3 ééé"]
     lines = jsonl(records) + b'{"text": 1}\n{broken\n'
     write_compressed(tmp_path / "records.jsonl.zst", lines)
-    expected = collections.Counter(t.encode() for t in set(records) | {"alpha text\n", "print('b')\n"})
+    expected = collections.Counter({t.encode() for t in set(records) | {"alpha text\n", "print('b')\n", ""}}
+                                   | {"caf\xe9".encode("latin-1"), b"\x00\xff\xfe binary \x80"})
     return [texts, tmp_path / "records.jsonl.zst"], expected
 
 
@@ -355,11 +393,10 @@ def test_prepare_round_trip_counts_and_verify(tmp_path):
     assert splits["train"]["documents"] + splits["val"]["documents"] == sum(expected.values())
     assert splits["val"]["documents"] > 0 and splits["train"]["documents"] > 0
     assert sum(s["bytes"] for s in splits.values()) == sum(len(d) for d in expected)
-    assert manifest["duplicates"] == 2 and manifest["input_files"] == 6
-    assert manifest["skipped"] == dict.fromkeys(SKIP_REASONS, 0) | {"not_string": 1, "invalid_json": 1,
-                                                                      "invalid_utf8": 1}
+    assert manifest["duplicates"] == 3 and manifest["input_files"] == 7 and manifest["format_version"] == 2
+    assert manifest["skipped"] == dict.fromkeys(SKIP_REASONS, 0) | {"not_string": 1, "invalid_json": 1}
     assert (manifest["source"], manifest["licence"]) == ("test", "CC0")
-    assert len(calls) >= 6 and calls[-1][1] == sum(expected.values()) + 2 + 1
+    assert len(calls) >= 7 and calls[-1][1] == sum(expected.values()) + 3
     on_disk = sum(p.stat().st_size for p in corpus_files(sources, split=None))
     assert calls[-1][0] == on_disk and [b for b, _ in calls] == sorted(b for b, _ in calls)
     for name, split in splits.items():
@@ -368,7 +405,8 @@ def test_prepare_round_trip_counts_and_verify(tmp_path):
     info = describe(tmp_path / "out")
     assert info["prepared"] and info["splits"]["val"]["documents"] == splits["val"]["documents"]
     plain = describe(sources)
-    assert plain["documents"] == sum(expected.values()) + 2 + 1 and plain["skipped"]["invalid_json"] == 1
+    assert plain["documents"] == sum(expected.values()) + 3 and plain["skipped"]["invalid_json"] == 1
+    assert sum(plain["skipped"].values()) == sum(manifest["skipped"].values())  # prep and corpus-info agree
 
 
 def test_prepare_is_stable_and_the_split_ignores_file_order(tmp_path):
@@ -388,12 +426,19 @@ def test_prepare_is_stable_and_the_split_ignores_file_order(tmp_path):
 def test_verify_catches_damage(tmp_path):
     sources, _ = make_sources(tmp_path)
     prepare(sources, tmp_path / "out", val_fraction=0.3, max_bad_fraction=0.1)
-    shard = tmp_path / "out" / "train" / "shard-00000.jsonl.zst"
+    shard = tmp_path / "out" / "train" / "shard-00000.zst"
     original = shard.read_bytes()
-    shard.write_bytes(original + CCTX.compress(jsonl(["smuggled"])))
-    with pytest.raises(CorpusError, match="split train .* documents"):
+    with ShardWriter(tmp_path / "other") as w:  # a healthy shard, but not the one the manifest hashed
+        for doc in iter_documents(shard):
+            w.write(doc[::-1])
+    shard.write_bytes((tmp_path / "other" / "shard-00000.zst").read_bytes())
+    with pytest.raises(CorpusError, match="split train .* (sha256|compressed_bytes)"):
+        verify(tmp_path / "out")
+    shard.write_bytes(original[:100] + bytes([original[100] ^ 1]) + original[101:])
+    with pytest.raises(CorpusError, match="is corrupt"):
         verify(tmp_path / "out")
     shard.write_bytes(original)
+    verify(tmp_path / "out")
     (tmp_path / "out" / "val" / "extra.jsonl").write_bytes(b"")
     with pytest.raises(CorpusError, match="manifest lists"):
         verify(tmp_path / "out")
@@ -429,4 +474,63 @@ def test_prepare_refuses_bad_output_and_bad_input(tmp_path):
     assert not (tmp_path / "strict").exists() and not (tmp_path / "none").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
     (tmp_path / "ready").mkdir()  # an existing empty directory is fine
-    assert prepare(sources, tmp_path / "ready", max_bad_fraction=0.1)["input_files"] == 6
+    assert prepare(sources, tmp_path / "ready", max_bad_fraction=0.1)["input_files"] == 7
+
+
+# --- zstd windows and older corpora ---------------------------------------------------------------
+
+
+def _long_window_frame(data: bytes, window_log: int) -> bytes:
+    """A frame as `zstd --long=N` writes it for a stream of unknown size: it declares a 2**N window."""
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=window_log, enable_ldm=True)
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor(compression_params=params).stream_writer(out, closefd=False) as w:
+        w.write(data)
+    return out.getvalue()
+
+
+def test_long_windows_up_to_2_gib_are_read_and_larger_ones_named(tmp_path):
+    data = b"a healthy long-window file\n" * 100
+    for log in (30, 31):
+        blob = _long_window_frame(data, log)
+        assert zstandard.get_frame_parameters(blob).window_size == 2**log
+        (tmp_path / f"w{log}.zst").write_bytes(blob)
+        assert read_raw(tmp_path / f"w{log}.zst") == data
+    # the window descriptor of a 2**31 frame, raised to 2**32 (exponent 22): beyond what is read
+    blob = bytearray(_long_window_frame(data, 31))
+    assert blob[5] >> 3 == 21
+    blob[5] = 22 << 3
+    (tmp_path / "huge.zst").write_bytes(bytes(blob))
+    with pytest.raises(CorpusError, match=r"huge.zst: the zstd frame at byte 0 declares a window of 4 GiB, "
+                                          r"more than the 2 GiB"):
+        read_raw(tmp_path / "huge.zst")
+
+
+def test_a_format_1_corpus_is_still_read_as_jsonl(tmp_path):
+    """Corpora prepared before format 2 hold JSONL shards; they are read as JSONL, so runs on them resume."""
+    root = tmp_path / "old"
+    for split, texts in (("train", ["one", "two\nlines", "three"]), ("val", ["four"])):
+        (root / split).mkdir(parents=True)
+        write_compressed(root / split / "shard-00000.jsonl.zst", jsonl(texts))
+    content = (root / "train" / "shard-00000.jsonl.zst")
+    manifest = {"format_version": 1, "splits": {
+        "train": {"documents": 3, "bytes": 17, "shards": ["shard-00000.jsonl.zst"],
+                  "compressed_bytes": content.stat().st_size,
+                  "sha256": hashlib.sha256(jsonl(["one", "two\nlines", "three"])).hexdigest()},
+        "val": {"documents": 1, "bytes": 4, "shards": ["shard-00000.jsonl.zst"],
+                "compressed_bytes": (root / "val" / "shard-00000.jsonl.zst").stat().st_size,
+                "sha256": hashlib.sha256(jsonl(["four"])).hexdigest()}}}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    assert read_back(root, "train") == collections.Counter([b"one", b"two\nlines", b"three"])
+    verify(root)
+    (root / "manifest.json").write_text(json.dumps({**manifest, "format_version": 3}))
+    with pytest.raises(CorpusError, match="format_version 3 but this bytemtp reads 1 and 2; rebuild"):
+        corpus_files(root)
+
+
+def test_prepare_refuses_an_empty_train_split(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_bytes(b"one")
+    with pytest.raises(CorpusError, match="none to train; lower the validation fraction"):
+        prepare([tmp_path / "src"], tmp_path / "out", val_fraction=1.0)
+    assert not (tmp_path / "out").exists()

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import torch
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bytemtp import loader as L
 from bytemtp.config import DataConfig
-from bytemtp.corpus import CorpusError, corpus_files
+from bytemtp.corpus import CorpusError, ShardWriter, corpus_files, prepare
 from bytemtp.vocab import EOS
 
 
@@ -31,10 +33,26 @@ def _write_zst_frames(path, data: bytes, n_frames: int) -> None:
     path.write_bytes(b"".join(cctx.compress(p) for p in pieces))
 
 
+def _binary_docs(n: int, seed: int = 1) -> list[bytes]:
+    """Arbitrary bytes: NUL, 0xFF, invalid UTF-8, empty documents, documents longer than a frame."""
+    rng = random.Random(seed)
+    return [bytes(rng.randrange(256) for _ in range(rng.choice([0, 1, 7, 40, 150]))) + bytes([i])
+            if i else b"" for i in range(n)]
+
+
+def _write_shard(path, docs: list[bytes], frame_bytes: int) -> None:
+    with ShardWriter(path.parent / "tmp-shard", frame_bytes=frame_bytes) as w:
+        for doc in docs:
+            w.write(doc)
+    (path.parent / "tmp-shard" / w.shards[0]).rename(path)
+    (path.parent / "tmp-shard").rmdir()
+
+
 @pytest.fixture
 def corpus(tmp_path):
-    """Uneven files: three .jsonl.zst of 1-4 frames, one .jsonl, two raw text files."""
-    docs = _docs(131)
+    """Uneven files: three .jsonl.zst of 1-4 frames, one .jsonl, two raw text files, two prepared
+    shards of binary documents (frames of 64 and 4096 bytes)."""
+    docs = _docs(131) + _binary_docs(30)
     d = tmp_path / "corpus"
     d.mkdir()
     _write_zst_frames(d / "a.jsonl.zst", _jsonl(docs[:50]), 4)
@@ -43,17 +61,26 @@ def corpus(tmp_path):
     (d / "d.jsonl").write_bytes(_jsonl(docs[100:129]))
     (d / "e.txt").write_bytes(docs[129])
     (d / "f.txt").write_bytes(docs[130])
+    _write_shard(d / "g.zst", docs[131:155], 64)
+    _write_shard(d / "h.zst", docs[155:], 4096)
     return d, docs
+
+
+def _split(ids: np.ndarray) -> list[bytes]:
+    """Documents from ids that end with EOS."""
+    ends = np.flatnonzero(ids == EOS)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    return [ids[a:b].astype(np.uint8).tobytes() for a, b in zip(starts, ends)]
 
 
 def _epoch_docs(files, reader, n_readers, epoch=0):
     stream = L.DocumentStream(files, reader=reader, n_readers=n_readers, seed=3)
     out = []
-    for doc in stream:  # stream.epoch is the epoch of the document just yielded
+    for ids in stream:  # stream.epoch is the epoch of the ids just yielded
         if stream.epoch > epoch:
-            return out
+            return _split(np.concatenate(out)) if out else []
         if stream.epoch == epoch:
-            out.append(doc)
+            out.append(ids)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -90,9 +117,9 @@ def test_windows_tile_the_stream_with_an_overlap_of_n_future(corpus):
     stream = L.DocumentStream(files, seed=3)
     packer = L.WindowPacker(stream, window=20, stride=16, batch_size=1, shuffle_buffer=1)
     ids = []
-    for doc in _epoch_docs(files, 0, 1)[:40]:
+    for doc in _epoch_docs(files, 0, 1):
         ids += list(doc) + [EOS]
-    for k in range(30):
+    for k in range(len(ids) // 16 - 1):
         window = packer.next_batch()[0].tolist()
         assert window == ids[16 * k:16 * k + 20]
 
@@ -203,3 +230,71 @@ def test_stats_count_documents_and_bytes(corpus):
     stats = loader.stats()
     assert stats["documents"] >= len(docs) - 1 and stats["epoch"] == 0
     assert np.isclose(stats["bytes"], sum(len(doc) for doc in docs), rtol=0.1)
+
+
+@pytest.mark.parametrize("n_readers", [1, 3])
+def test_a_shard_stream_resumes_exactly_from_every_position(tmp_path, monkeypatch, n_readers):
+    """Positions inside prepared shards (frame, ids of it handed out) resume to the same ids."""
+    monkeypatch.setattr(L.DocumentStream, "CHUNK", 7)  # pieces that end inside frames
+    docs = _binary_docs(40, seed=5)
+    _write_shard(tmp_path / "a.zst", docs[:25], 64)
+    _write_shard(tmp_path / "b.zst", docs[25:], 100)
+    files = [tmp_path / "a.zst", tmp_path / "b.zst"]
+    stream = L.DocumentStream(files, reader=n_readers - 1, n_readers=n_readers, seed=2)
+    states, pieces = [], []
+    for piece in stream:
+        states.append(json.loads(json.dumps(stream.state_dict())))
+        pieces.append(piece)
+        if stream.epoch == 2:
+            break
+    reference = np.concatenate(pieces)
+    done = np.cumsum([len(p) for p in pieces])
+    for i in range(0, len(states) - 1, 3):
+        resumed = L.DocumentStream(files, reader=n_readers - 1, n_readers=n_readers, seed=2)
+        resumed.load_state_dict(states[i])
+        got, want = [], reference[done[i]:]
+        for piece in resumed:
+            got.append(piece)
+            if sum(map(len, got)) >= len(want):
+                break
+        assert np.array_equal(np.concatenate(got)[:len(want)], want), i
+        assert resumed.state_dict()["counts"] == states[-1]["counts"] or len(got) > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(docs=st.lists(st.binary(max_size=300), min_size=1, max_size=40, unique=True),
+       frame_bytes=st.sampled_from([16, 64, 1000]), n_readers=st.integers(1, 3))
+def test_any_bytes_go_through_prep_and_the_loader_exactly_once(tmp_path_factory, docs, frame_bytes, n_readers):
+    """Raw files of any bytes (NUL, 0xFF, invalid UTF-8, empty, longer than a frame) come back
+    from a prepared corpus equal, each exactly once per epoch across the readers."""
+    root = tmp_path_factory.mktemp("prep")
+    (root / "src").mkdir()
+    for i, doc in enumerate(docs):
+        (root / "src" / f"{i:03d}.bin").write_bytes(doc)
+    manifest = prepare([root / "src"], root / "out", val_fraction=0.0, frame_bytes=frame_bytes, threads=0)
+    assert manifest["splits"]["train"]["documents"] == len(docs) and manifest["skipped"] == dict.fromkeys(
+        manifest["skipped"], 0)
+    files = corpus_files(root / "out")
+    if len(docs) < n_readers:
+        return
+    seen = collections.Counter()
+    for epoch in (0, 1):
+        for reader in range(n_readers):
+            seen.update(_epoch_docs(files, reader, n_readers, epoch))
+    assert seen == collections.Counter({doc: 2 for doc in docs})
+
+
+def test_a_position_saved_in_another_corpus_is_refused(corpus):
+    d, _ = corpus
+    loader = L.ByteLoader(DataConfig(path=str(d), batch_size=2), seq_len=16, n_future=4)
+    next(loader)
+    state = loader.state_dict()
+    (d / "e.txt").write_bytes(b"a document that changed its size")
+    changed = L.ByteLoader(DataConfig(path=str(d), batch_size=2), seq_len=16, n_future=4)
+    changed.load_state_dict(state)
+    with pytest.raises(CorpusError, match="the corpus changed since this position was saved"):
+        next(changed)
+    del state["workers"][0]["docs"]["files"]  # a state saved before fingerprints still loads
+    old = L.ByteLoader(DataConfig(path=str(d), batch_size=2), seq_len=16, n_future=4)
+    old.load_state_dict(state)
+    next(old)
