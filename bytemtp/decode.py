@@ -49,7 +49,7 @@ class DecodeStats:
     bytes_out: int = 0
     forward_passes: int = 0
     wall_s: float = 0.0
-    stopped_by: str = ""  # eos, stop, max_bytes
+    stopped_by: str = ""  # eos, stop, max_bytes, interrupted
 
     @property
     def bytes_per_forward(self) -> float:
@@ -337,8 +337,8 @@ class Decoder:
     @torch.inference_mode()
     def generate(self, prompts: list[bytes], *, max_bytes: int, heads: int | None = None,
                  draft: str = "auto", speculative: bool = True, sampling: Sampling | None = None,
-                 stop: tuple[bytes, ...] = (),
-                 on_bytes: Callable[[int, bytes], None] | None = None) -> list[Generation]:
+                 stop: tuple[bytes, ...] = (), on_bytes: Callable[[int, bytes], None] | None = None,
+                 cancel: Callable[[], bool] | None = None) -> list[Generation]:
         """Decode many prompts at once; self-speculative unless `speculative` is False.
 
         `heads` None chooses the heads and the draft each pass (cost-aware); a number forces
@@ -346,6 +346,8 @@ class Decoder:
         that depth). `draft="chain"` keeps automatic choice to chains. Sampling drafts chains.
         Each row accepts its own number of bytes per pass and leaves the batch when it
         finishes; every row equals that row decoded alone. `on_bytes(row, piece)` streams.
+        `cancel()`, asked before every pass, ends decoding when it returns True: each row keeps
+        what it has, stopped by "interrupted" (a Ctrl-C handler sets it).
         """
         sampling = sampling or Sampling()
         model, n_future, seq_len = self.model, self.model.config.n_future, self.model.config.seq_len
@@ -382,6 +384,11 @@ class Decoder:
         self.prefill(rows, state.cache, state.warm, sampling)
         passes = 0
         while self.emit_next(state):
+            if cancel is not None and cancel():
+                for r, row in enumerate(rows):
+                    if r not in state.finished:
+                        row.out.stats.stopped_by = "interrupted"
+                break
             state.drop_finished()
             if passes % 16 == 0 and (forced is None or use_tree):  # re-plan from the newest profile
                 choice = self.last_choice = plan()
@@ -519,12 +526,13 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5) -
 def generate_batch(model: ByteMTP, prompts: list[bytes], *, max_bytes: int, heads: int | None = None,
                    draft: str = "auto", speculative: bool = True, sampling: Sampling | None = None,
                    stop: tuple[bytes, ...] = (), on_bytes: Callable[[int, bytes], None] | None = None,
-                   stacked: bool = True, costs: PassCosts | None = None) -> list[Generation]:
+                   cancel: Callable[[], bool] | None = None, stacked: bool = True,
+                   costs: PassCosts | None = None) -> list[Generation]:
     """`Decoder(model).generate(...)` in one call (a new decoder: stacks the heads and, for the
     automatic choice, measures pass costs; make one `Decoder` to decode many times)."""
     return Decoder(model, stacked=stacked, costs=costs).generate(
         prompts, max_bytes=max_bytes, heads=heads, draft=draft, speculative=speculative,
-        sampling=sampling, stop=stop, on_bytes=on_bytes)
+        sampling=sampling, stop=stop, on_bytes=on_bytes, cancel=cancel)
 
 
 def generate_speculative(model: ByteMTP, prompt: bytes, *, max_bytes: int, heads: int | None = None,

@@ -222,3 +222,28 @@ def test_ckpt_takes_the_folder_of_checkpoints(ckpt):
     res = run("inspect", ckpt / "checkpoints")
     assert res.exit_code == 0 and "step-00000001" in res.output
 
+
+def test_ctrl_c_keeps_the_output_prints_the_stats_and_exits_130(ckpt):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "bytemtp_cli", "generate", "--ckpt", str(ckpt), "--prompt", "a",
+                             "--max-bytes", "100000000", "--no-speculative", "--raw", "--stats"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = os.read(proc.stdout.fileno(), 1)  # decoding has begun
+        os.kill(proc.pid, signal.SIGINT)
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err.decode()
+    produced = first + rest
+    assert "Traceback" not in err.decode() and "stopped by interrupted" in err.decode()
+    assert f"{len(produced)} bytes in" in err.decode()  # every byte produced was written
+    model, _ = load_model(ckpt)
+    assert produced == decode.generate(model, b"a", max_bytes=len(produced)).output
+
