@@ -397,8 +397,9 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
             step_s = time.perf_counter() - t0
             bpb = head_loss[0].item() / LN2
             bar.update()
-            bar.set_postfix_str(f"loss {loss.item():.3f} bpb {bpb:.3f} {bytes_per_step / step_s:,.0f} B/s",
-                                refresh=False)
+            # the next-byte head's loss: the figure a byte model is judged by (the sum over heads is logged)
+            bar.set_postfix_str(f"next-byte loss {head_loss[0].item():.3f} ({bpb:.3f} bits/byte) "
+                                f"{bytes_per_step / step_s:,.0f} B/s", refresh=False)
             if step % tc.log_every == 0 or step == tc.steps:
                 data_stats = combine_stats(dist_lib.gather(loader.stats(), d))
                 gpu = {}

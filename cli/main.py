@@ -285,7 +285,7 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
     corpus_files(cfg.data.path)  # a missing corpus fails here, before any work
     main_rank = os.environ.get("RANK", "0") == "0"
     if main_rank:
-        click.echo(config_lib.to_json(cfg))
+        click.echo(_train_header(cfg, run_dir, resume=resume is not None))
     try:
         result = train_lib.train(cfg, run_dir, resume=resume is not None)
     except train_lib.TrainingError as e:
@@ -301,6 +301,25 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
     if main_rank:
         click.echo(f"stopped by {result.stopped_by} at step {result.step} ({result.bytes_seen:,} bytes);"
                    f"{val}\ncheckpoint {result.checkpoint}")
+
+
+def _train_header(cfg: config_lib.Config, run_dir: str, *, resume: bool) -> str:
+    """Device, parameters, corpus and run directory; the full config goes to RUN/run-config.json."""
+    import torch
+
+    from bytemtp.model import ByteMTP
+    from bytemtp.train import RUN_CONFIG, absolute_corpus, resolve_device
+
+    with torch.device("meta"):
+        model = ByteMTP(cfg.model)
+    m, world = cfg.model, int(os.environ.get("WORLD_SIZE", "1"))
+    rows = [("run", f"{os.path.abspath(run_dir)} ({'resumed' if resume else 'new'}; all settings in {RUN_CONFIG})"),
+            ("corpus", absolute_corpus(cfg).data.path),
+            ("model", f"{model.num_params():,} parameters: {m.trunk_layers} trunk layers + {m.n_future} "
+                      f"{m.head_type} heads, width {m.d_model}, context {m.seq_len}"),
+            ("device", f"{resolve_device(cfg.train.device)}" + (f" x {world} processes" if world > 1 else "")),
+            ("batch", f"{cfg.data.batch_size * m.seq_len * cfg.train.grad_accum * world:,} bytes a step")]
+    return "\n".join(f"{name:8s} {value}" for name, value in rows)
 
 
 def _relaunch_with_torchrun(nproc: int) -> None:

@@ -510,6 +510,26 @@ def test_resume_by_checkpoint_path_and_when_already_done(tmp_path, short_run):
     assert ckpt_step(latest_checkpoint(short_run)) == 4
 
 
+def test_train_prints_a_header_and_the_next_byte_loss(tmp_path, corpus_dir):
+    import re
+
+    run = tmp_path / "run"
+    res = cli("--preset", "tiny", "--data", corpus_dir, "--out", run, "--steps", 3,
+              "--set", f"data.batch_size={BATCH}", "--set", "train.log_every=1", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    assert "{" not in res.stdout  # the config is in the run directory, not on the screen
+    params = ByteMTP(config_lib.tiny().model).num_params()
+    for words in (f"run      {run} (new", "run-config.json", f"corpus   {corpus_dir}", f"{params:,} parameters",
+                  "device   cpu"):
+        assert words in res.stdout, words
+    saved = config_lib.from_dict(config_lib.Config, json.loads((run / "run-config.json").read_text()))
+    assert saved == tiny_cfg(corpus_dir, "train.steps=3", "train.device=cpu")
+    shown = re.findall(r"next-byte loss (\d+\.\d+)", res.stderr)
+    last = loss_lines(read_metrics(run))[-1]
+    assert shown and float(shown[-1]) == pytest.approx(last["head_loss"][0], abs=1e-3)
+    assert last["loss"] > 2 * last["head_loss"][0]  # the sum over 8 heads is another figure
+
+
 def test_parse_duration_and_size():
     assert parse_duration("90s") == 90
     assert parse_duration("10m") == 600
