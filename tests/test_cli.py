@@ -150,10 +150,10 @@ def test_corrupt_shard_is_one_line(tmp_path):
     src = _source_tree(tmp_path)
     out = tmp_path / "corpus"
     assert run("prep", str(src), "--out", str(out), "--val-fraction", "0").exit_code == 0
-    shard = out / "train" / "shard-00000.jsonl.zst"
+    shard = next((out / "train").glob("shard-00000.*"))  # the name depends on the corpus format
     shard.write_bytes(shard.read_bytes()[:-7])
     res = run("corpus-info", str(out / "train"))
-    assert res.exit_code != 0 and "truncated" in res.output and "shard-00000.jsonl.zst" in res.output
+    assert res.exit_code != 0 and "truncated" in res.output and shard.name in res.output
     assert len(res.output.strip().splitlines()) == 1
 
 
