@@ -244,12 +244,18 @@ def read_train_state(path: str | os.PathLike) -> dict:
     return _read_json(resolve_checkpoint(path) / STATE_FILE)
 
 
-def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> tuple[ByteMTP, Config]:
-    """Rebuild the model of a checkpoint (or of a run's newest one) for inference, in eval mode.
+def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu",
+               dtype: str | torch.dtype | None = None) -> tuple[ByteMTP, Config]:
+    """Rebuild the model of a checkpoint (or of a run's newest one) for inference, in eval mode,
+    its weights in `dtype` (a torch dtype or its name, e.g. "bfloat16"; None keeps the saved one).
 
     Reads config.json and model.safetensors only. The model is built on the meta device and
     materialised once on `device`, so no time goes into an initialisation that is overwritten.
     """
+    if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype) or not getattr(torch, dtype).is_floating_point:
+            raise ValueError(f"dtype={dtype!r} is not allowed; choose a floating dtype such as float32 or bfloat16")
+        dtype = getattr(torch, dtype)
     ckpt = resolve_checkpoint(path)
     cfg = load_config(ckpt)
     weights = ckpt / MODEL_FILE
@@ -261,6 +267,8 @@ def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu") -
     model.to_empty(device=device)
     model.reset_rope()
     model.load_state_dict(tensors)
+    if dtype is not None:
+        model = model.to(dtype)
     return model.eval(), cfg
 
 

@@ -42,6 +42,19 @@ def _device_option(default: str | None = "auto"):
                         help="auto (CUDA when available), cpu, cuda or cuda:N.")
 
 
+def _dtype_option():
+    return click.option("--dtype", default="float32", show_default=True,
+                        type=click.Choice(["float32", "bfloat16", "float16"]),
+                        help="Weights and activations of the loaded model (bfloat16 halves the memory on a GPU).")
+
+
+def _one_target(argument: str | None, ckpt: str | None, what: str) -> str:
+    """A command's RUN argument or its --ckpt, whichever was given (exactly one)."""
+    if (argument is None) == (ckpt is None):
+        raise click.UsageError(f"give the {what} once: as an argument or with --ckpt")
+    return argument or ckpt
+
+
 def _check_output_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """An output file must be writable before the work starts ('-' is stdout)."""
     if value is None or value == "-":
@@ -174,23 +187,26 @@ def _corpus_table(manifest: dict) -> str:
 @main.command("corpus-info")
 @click.argument("path")
 @click.option("--field", default="text", show_default=True, help="JSON field holding the text.")
-def corpus_info_cmd(path: str, field: str) -> None:
+@_json_option()
+def corpus_info_cmd(path: str, field: str, json_path: str | None) -> None:
     """Documents, bytes, compression ratio and splits of a corpus (prepared or not)."""
     from bytemtp import corpus
 
     info = corpus.describe(path, field=field)
     if "manifest" in info:
         m = info["manifest"]
-        click.echo(f"corpus   {path}\nsource   {m.get('source')}\nlicence  {m.get('licence')}\n"
-                   f"created  {m.get('created')}  by bytemtp {m.get('bytemtp_version')}")
-        click.echo(_corpus_table(m))
-        click.echo("manifest.json:\n" + json.dumps(m, indent=2))
+        _echo(f"corpus   {path}\nsource   {m.get('source')}\nlicence  {m.get('licence')}\n"
+              f"created  {m.get('created')}  by bytemtp {m.get('bytemtp_version')}")
+        _echo(_corpus_table(m))
+        if not json_path:
+            _echo("manifest.json:\n" + json.dumps(m, indent=2))
     else:
         rows = [("files", f"{info['files']:,}"), ("documents", f"{info['documents']:,}"),
                 ("bytes", f"{info['bytes']:,}"), ("on disk", f"{info['compressed_bytes']:,}"),
                 ("ratio", f"{info['bytes'] / max(1, info['compressed_bytes']):.2f}")]
         rows += [(f"skipped {k}", f"{v:,}") for k, v in sorted(info.get("skipped", {}).items())]
-        click.echo(_table(rows, ("corpus " + path, "")))
+        _echo(_table(rows, ("corpus " + path, "")))
+    _write_json(json_path, {"corpus": path, **info})
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -344,8 +360,8 @@ def _relaunch_with_torchrun(nproc: int) -> None:
 @main.command("generate")
 @click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
 @click.option("--prompt", default=None, help="Prompt text (UTF-8).")
-@click.option("--prompt-file", type=click.Path(dir_okay=False, exists=True),
-              help="Read the prompt's exact bytes from a file.")
+@click.option("--prompt-file", type=click.Path(dir_okay=False, exists=True, allow_dash=True),
+              help="Read the prompt's exact bytes from a file ('-': stdin).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, exists=True),
               help='Many prompts, one JSON object a line: {"prompt": "text"}, or {"prompt_b64": "..."} with '
                    "the prompt's exact bytes in base64 (for bytes that are not UTF-8); decoded in batches, "
@@ -379,10 +395,13 @@ def _relaunch_with_torchrun(nproc: int) -> None:
               help="Greedy only: decode plainly and speculatively (interleaved, best of 3), check that the "
                    "outputs are identical, and print bytes per forward pass and the speedup.")
 @_device_option()
+@_dtype_option()
+@click.option("--json", "json_path", type=click.Path(), callback=_check_output_file,
+              help="Also write the statistics here as JSON (a file: stdout carries the output).")
 def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts_file: str | None,
                  batch_size: int, max_bytes: int, temperature: float, top_k: int, top_p: float,
                  seed: int | None, stop: tuple[str, ...], heads: int | None, draft: str, no_speculative: bool, raw: bool,
-                 show_stats: bool, compare: bool, device: str) -> None:
+                 show_stats: bool, compare: bool, device: str, dtype: str, json_path: str | None) -> None:
     """Continue a prompt with a trained model, streaming the output.
 
     Decoding is self-speculative by default: the extra heads draft bytes (a chain or a tree of
@@ -405,14 +424,16 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         raise click.UsageError("--compare is for greedy decoding of one prompt (temperature 0, speculative)")
     if draft == "tree" and temperature > 0:
         raise click.UsageError("--draft tree is for greedy decoding; sampling drafts chains")
+    if json_path == "-":
+        raise click.UsageError("--json - would mix the statistics into the output on stdout; name a file")
     if prompts_file is not None:
         prompts = decode.load_prompts(prompts_file)
     elif prompt is not None:
         prompts = [prompt.encode("utf-8", "surrogateescape")]
     else:
-        prompts = [open(prompt_file, "rb").read()]
+        prompts = [click.open_file(prompt_file, "rb").read()]
     dev = resolve_device(device)
-    model, _ = load_model(ckpt, device=dev)
+    model, _ = load_model(ckpt, device=dev, dtype=dtype)
     if heads is not None and heads > model.config.n_future:
         n = model.config.n_future
         raise click.ClickException(f"--heads {heads}: {heads} is more than the model's {n} heads; choose "
@@ -430,7 +451,9 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
     kwargs = dict(max_bytes=max_bytes, sampling=sampling, stop=stops, heads=heads, draft=draft,
                   speculative=speculative)
     ctx = click.get_current_context()
+    report = {"ckpt": str(ckpt), "seed": seed, "device": str(dev), "dtype": dtype}
     if prompts_file is not None:
+        all_stats = []
         with _interruptible() as interrupted:
             for first in range(0, len(prompts), batch_size):
                 batch = prompts[first:first + batch_size]
@@ -441,9 +464,13 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
                         line["output_base64"] = base64.b64encode(result.output).decode("ascii")
                     if show_stats:
                         line["stats"] = _stats_dict(result.stats)
+                    all_stats.append(_stats_dict(result.stats))
                     click.echo(json.dumps(line, ensure_ascii=False))
                 if interrupted.is_set():
-                    ctx.exit(130)
+                    break
+        _write_stats(json_path, {**report, "prompts": all_stats})
+        if interrupted.is_set():
+            ctx.exit(130)
         return
     text = TextStream()
     out = sys.stdout.buffer if raw else sys.stdout
@@ -491,8 +518,16 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
             click.echo(_draft_summary(st, decoder), err=True)
         elif speculative:
             click.echo("no drafts: --heads 1 runs the next-byte head alone, one byte a pass", err=True)
+    _write_stats(json_path, {**report, "stats": _stats_dict(result.stats)})
     if interrupted.is_set():
         ctx.exit(130)  # the shell's status for Ctrl-C; what was produced is out
+
+
+def _write_stats(path: str | None, data: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+        click.echo(f"wrote {path}", err=True)  # stdout carries the output
 
 
 @contextlib.contextmanager
@@ -554,9 +589,10 @@ def _stats_dict(st) -> dict:
               help="Batches at most (per process); fewer when the split ends first.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
 @_device_option()
+@_dtype_option()
 @_json_option()
 def eval_cmd(ckpt: str, data_path: str | None, split: str, batches: int, batch_size: int, device: str,
-             json_path: str | None) -> None:
+             dtype: str, json_path: str | None) -> None:
     """Bits per byte and accuracy of every head, and the acceptance profile of self-speculative decoding.
 
     Runs under torchrun too (each process evaluates its share; the sums are added).
@@ -570,7 +606,7 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str, batches: int, batch_s
 
     d = dist_lib.setup(resolve_device(device))
     try:
-        model, cfg = load_model(ckpt, device=d.device)
+        model, cfg = load_model(ckpt, device=d.device, dtype=dtype)
         data = data_path or cfg.data.path
         with tqdm(total=batches, desc="eval", unit="batch", disable=not d.is_main) as bar:
             res = evaluate(model, data, split=None if split == "all" else split, batches=batches,
@@ -591,7 +627,8 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str, batches: int, batch_s
 
 
 @main.command("plot")
-@click.argument("run", type=click.Path(file_okay=False))
+@click.argument("run", type=click.Path(file_okay=False), required=False)
+@click.option("--ckpt", default=None, help="The run (or one of its checkpoints), instead of the RUN argument.")
 @click.option("--out", default=None, type=click.Path(file_okay=False), callback=_check_output_dir,
               help="Folder for the PNGs; default RUN/plots.")
 @click.option("--eval", "eval_json", type=click.Path(dir_okay=False, exists=True),
@@ -599,10 +636,16 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str, batches: int, batch_s
 @click.option("--eval-batches", default=20, show_default=True, type=click.IntRange(0),
               help="Val batches to evaluate for the acceptance profile (0: no profile).")
 @_device_option()
-def plot_cmd(run: str, out: str | None, eval_json: str | None, eval_batches: int, device: str) -> None:
+@_dtype_option()
+def plot_cmd(run: str | None, ckpt: str | None, out: str | None, eval_json: str | None, eval_batches: int,
+             device: str, dtype: str) -> None:
     """PNG figures of a run: loss and validation bits per byte per head, and the acceptance profile."""
     from bytemtp import plot
+    from bytemtp.checkpoint import is_checkpoint_dir
 
+    model_from = run = _one_target(run, ckpt, "run")
+    if is_checkpoint_dir(run) and os.path.basename(os.path.dirname(os.path.abspath(run))) == "checkpoints":
+        run = os.path.dirname(os.path.dirname(os.path.abspath(run)))  # a checkpoint: its run's metrics
     out_dir = out or os.path.join(run, "plots")
     plot.read_metrics(run)  # a run without metrics stops before an evaluation
     if eval_json:
@@ -613,7 +656,7 @@ def plot_cmd(run: str, out: str | None, eval_json: str | None, eval_batches: int
         from bytemtp.train import resolve_device
 
         dev = resolve_device(device)
-        model, cfg = load_model(run, device=dev)
+        model, cfg = load_model(model_from, device=dev, dtype=dtype)
         result = evaluate(model, cfg.data.path, batches=eval_batches, device=dev) if model.config.n_future > 1 else None
     else:
         result = None
@@ -682,9 +725,10 @@ def task_corpus_cmd(task: str, out: str, documents: int | None, counts: str | No
               help="induction: test stories (each has several later mentions).  [default: 200]")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1))
 @_device_option()
+@_dtype_option()
 @_json_option()
 def eval_task_cmd(task: str, ckpt: str, per_count: int | None, counts: str | None, stories: int | None,
-                  batch_size: int, device: str, json_path: str | None) -> None:
+                  batch_size: int, device: str, dtype: str, json_path: str | None) -> None:
     """Greedy exact-match accuracy on a synthetic task's fixed test set: poly per number of
     operations, induction (the second part of a name at its later mentions) per mention. Beside
     it, teacher-forced scores of the answers (top-1 accuracy and bits per byte of the next-byte
@@ -708,7 +752,7 @@ def eval_task_cmd(task: str, ckpt: str, per_count: int | None, counts: str | Non
         stories = stories or 200
         test, until_eos = tasks.induction_test_set(stories), False
         header, settings = "mention", {"stories": stories}
-    model, _ = load_model(ckpt, device=resolve_device(device))
+    model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype)
     longest = task_context(test, until_eos=until_eos)
     if longest > model.config.seq_len:
         click.echo(f"note: the {task} test set needs up to {longest} bytes of context and this model has "
@@ -728,23 +772,26 @@ def eval_task_cmd(task: str, ckpt: str, per_count: int | None, counts: str | Non
 
 
 @main.command("inspect")
-@click.argument("path", type=click.Path())
-def inspect_cmd(path: str) -> None:
+@click.argument("path", type=click.Path(), required=False)
+@click.option("--ckpt", default=None, help="The run or checkpoint, instead of the PATH argument.")
+@_json_option()
+def inspect_cmd(path: str | None, ckpt: str | None, json_path: str | None) -> None:
     """Show what a checkpoint (or a run's newest checkpoint) holds, without loading its weights."""
     from bytemtp.checkpoint import describe
 
-    info = describe(path)
+    info = describe(_one_target(path, ckpt, "checkpoint"))
     m = info["config"].model
-    click.echo(f"checkpoint  {info['checkpoint']}")
-    click.echo(f"step        {info['step']}")
-    click.echo(f"model       {info['params']:,} parameters: {m.trunk_layers} trunk layers + "
-               f"{m.n_future} {m.head_type} heads, width {m.d_model}, context {m.seq_len}, "
-               f"{m.unembed} unembedding")
-    click.echo(f"resumable   {'yes' if info['resumable'] else 'no (no optimizer.pt: inference only)'}")
-    click.echo(_table([(name, f"{size:,}") for name, size in info["files"].items()], ("file", "bytes")))
+    _echo(f"checkpoint  {info['checkpoint']}")
+    _echo(f"step        {info['step']}")
+    _echo(f"model       {info['params']:,} parameters: {m.trunk_layers} trunk layers + "
+          f"{m.n_future} {m.head_type} heads, width {m.d_model}, context {m.seq_len}, "
+          f"{m.unembed} unembedding")
+    _echo(f"resumable   {'yes' if info['resumable'] else 'no (no optimizer.pt: inference only)'}")
+    _echo(_table([(name, f"{size:,}") for name, size in info["files"].items()], ("file", "bytes")))
     extra = {k: v for k, v in info["train_state"].items() if k != "step" and not isinstance(v, (dict, list))}
     if extra:
-        click.echo(_table(sorted(extra.items()), ("train state", "value")))
+        _echo(_table(sorted(extra.items()), ("train state", "value")))
+    _write_json(json_path, {**info, "config": config_lib.to_dict(info["config"])})
 
 
 @main.group(cls=_Group)
@@ -909,10 +956,10 @@ def _echo(text: str) -> None:
 
 def _write_json(path: str | None, data: dict) -> None:
     if path == "-":
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(data, indent=2, default=str))
     elif path:
         with open(path, "w") as f:
-            json.dump(data, f, indent=2)
+            json.dump(data, f, indent=2, default=str)
         _echo(f"wrote {path}")
 
 

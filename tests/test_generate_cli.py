@@ -247,3 +247,34 @@ def test_ctrl_c_keeps_the_output_prints_the_stats_and_exits_130(ckpt):
     model, _ = load_model(ckpt)
     assert produced == decode.generate(model, b"a", max_bytes=len(produced)).output
 
+
+def test_one_set_of_flags(ckpt, code_corpus, tmp_path):
+    model, _ = load_model(ckpt)
+    want = decode.generate(model, b"def ", max_bytes=12).output
+    # --prompt-file - reads stdin; --json writes the statistics
+    stats = tmp_path / "stats.json"
+    res = CliRunner().invoke(main, ["generate", "--ckpt", str(ckpt), "--prompt-file", "-", "--max-bytes", "12",
+                                    "--raw", "--json", str(stats)], input=b"def ")
+    assert res.exit_code == 0, res.output
+    assert res.stdout_bytes == want
+    data = json.loads(stats.read_text())
+    assert data["stats"]["bytes"] == 12 and data["dtype"] == "float32"
+    res = run("generate", "--ckpt", ckpt, "--prompt", "x", "--json", "-")
+    assert res.exit_code != 0 and "name a file" in res.output
+    # --dtype where a model is loaded for inference
+    res = run("generate", "--ckpt", ckpt, "--prompt", "def ", "--max-bytes", 4, "--dtype", "bfloat16", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    res = run("eval", "--ckpt", ckpt, "--batches", 1, "--dtype", "bfloat16", "--device", "cpu", "--json", "-")
+    assert res.exit_code == 0, res.output
+    assert len(json.loads(res.stdout)["bpb"]) == 8
+    # inspect and corpus-info report as JSON too; inspect and plot take --ckpt
+    res = run("inspect", "--ckpt", ckpt, "--json", "-")
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    assert info["step"] == 1 and info["config"]["model"]["n_future"] == 8 and "step        1" in res.stderr
+    res = run("inspect", ckpt, "--ckpt", ckpt)
+    assert res.exit_code != 0 and "as an argument or with --ckpt" in res.output
+    res = run("corpus-info", code_corpus, "--json", tmp_path / "corpus.json")
+    assert res.exit_code == 0, res.output
+    assert "splits" in json.loads((tmp_path / "corpus.json").read_text())["manifest"]
+

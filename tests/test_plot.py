@@ -56,6 +56,14 @@ def test_profile_from_eval_json_and_no_validation(tmp_path, code_corpus):
     assert sorted(p.name for p in (tmp_path / "f2").iterdir()) == ["loss.png"]
 
 
+def test_plot_takes_ckpt_like_the_other_commands(tmp_path, code_corpus):
+    run = _run(tmp_path, code_corpus, val=False)
+    res = CliRunner().invoke(main, ["plot", "--ckpt", str(run / "checkpoints" / "step-00000007"),
+                                    "--eval-batches", "1", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in (run / "plots").iterdir()) == ["acceptance.png", "loss.png"]
+
+
 def test_a_failure_leaves_no_figure(tmp_path):
     run = _run(tmp_path, tmp_path / "gone")  # the run's corpus is missing: the evaluation fails
     res = CliRunner().invoke(main, ["plot", str(run), "--eval-batches", "2", "--device", "cpu"])
