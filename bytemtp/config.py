@@ -400,7 +400,7 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--set {item!r} is not of the form section.key=value")
+            raise ValueError(f"override {item!r} is not of the form section.key=value")
         parts = key.strip().split(".")
         cls, node = type(cfg), data
         for depth, part in enumerate(parts):

@@ -62,6 +62,23 @@ class Generation:
     stats: DecodeStats = field(default_factory=DecodeStats)
 
 
+def as_bytes(prompt: bytes | str) -> bytes:
+    """A prompt as bytes: bytes-like as they are, str as UTF-8 (lone surrogates kept as such)."""
+    if isinstance(prompt, str):
+        return prompt.encode("utf-8", "surrogatepass")
+    if isinstance(prompt, (bytes, bytearray, memoryview)):
+        return bytes(prompt)
+    raise TypeError(f"a prompt is bytes or str, not {type(prompt).__name__}")
+
+
+def as_prompt_list(prompts) -> list[bytes]:
+    """prompts (a list of bytes or str) as a list of bytes; one bare prompt is a mistake, not a
+    list of one-byte prompts."""
+    if isinstance(prompts, (str, bytes, bytearray, memoryview)):
+        raise TypeError("prompts is a list of prompts; for one prompt pass [prompt]")
+    return [as_bytes(p) for p in prompts]
+
+
 def window_start(n: int, start: int, seq_len: int) -> int:
     """Where the context of the prediction of token n begins (tokens count from the leading EOS;
     the context is tokens start..n-1): the current start while that fits in seq_len, else the
@@ -103,10 +120,12 @@ class _Output:
 
 
 @torch.inference_mode()
-def generate(model: ByteMTP, prompt: bytes, *, max_bytes: int, sampling: Sampling | None = None,
+def generate(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, sampling: Sampling | None = None,
              stop: tuple[bytes, ...] = (), on_bytes: Callable[[bytes], None] | None = None) -> Generation:
     """Plain decoding, one byte per forward pass, until EOS, a stop string or max_bytes: the
-    reference that `Decoder` is tested against (the window slides by `window_start`)."""
+    reference that `Decoder` is tested against (the window slides by `window_start`). A str
+    prompt is encoded as UTF-8."""
+    prompt, stop = as_bytes(prompt), tuple(as_bytes(s) for s in stop)
     sampling = sampling or Sampling()
     t0 = time.perf_counter()
     out = _Output(DecodeStats(), max_bytes=max_bytes, stop=stop, on_bytes=on_bytes)
@@ -335,7 +354,7 @@ class Decoder:
     # --- the loop ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def generate(self, prompts: list[bytes], *, max_bytes: int, heads: int | None = None,
+    def generate(self, prompts: list[bytes | str], *, max_bytes: int, heads: int | None = None,
                  draft: str = "auto", speculative: bool = True, sampling: Sampling | None = None,
                  stop: tuple[bytes, ...] = (), on_bytes: Callable[[int, bytes], None] | None = None,
                  cancel: Callable[[], bool] | None = None) -> list[Generation]:
@@ -347,8 +366,10 @@ class Decoder:
         Each row accepts its own number of bytes per pass and leaves the batch when it
         finishes; every row equals that row decoded alone. `on_bytes(row, piece)` streams.
         `cancel()`, asked before every pass, ends decoding when it returns True: each row keeps
-        what it has, stopped by "interrupted" (a Ctrl-C handler sets it).
+        what it has, stopped by "interrupted" (a Ctrl-C handler sets it). Prompts and stop
+        strings may be bytes or str (encoded as UTF-8).
         """
+        prompts, stop = as_prompt_list(prompts), tuple(as_bytes(s) for s in stop)
         sampling = sampling or Sampling()
         model, n_future, seq_len = self.model, self.model.config.n_future, self.model.config.seq_len
         if draft not in ("auto", "chain", "tree"):
@@ -523,7 +544,7 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5) -
     return PassCosts(table)
 
 
-def generate_batch(model: ByteMTP, prompts: list[bytes], *, max_bytes: int, heads: int | None = None,
+def generate_batch(model: ByteMTP, prompts: list[bytes | str], *, max_bytes: int, heads: int | None = None,
                    draft: str = "auto", speculative: bool = True, sampling: Sampling | None = None,
                    stop: tuple[bytes, ...] = (), on_bytes: Callable[[int, bytes], None] | None = None,
                    cancel: Callable[[], bool] | None = None, stacked: bool = True,
@@ -535,7 +556,7 @@ def generate_batch(model: ByteMTP, prompts: list[bytes], *, max_bytes: int, head
         sampling=sampling, stop=stop, on_bytes=on_bytes, cancel=cancel)
 
 
-def generate_speculative(model: ByteMTP, prompt: bytes, *, max_bytes: int, heads: int | None = None,
+def generate_speculative(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, heads: int | None = None,
                          sampling: Sampling | None = None, stop: tuple[bytes, ...] = (),
                          on_bytes: Callable[[bytes], None] | None = None, **kw) -> Generation:
     """Self-speculative decoding of one prompt (see `Decoder.generate`)."""

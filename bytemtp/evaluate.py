@@ -43,7 +43,7 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
     loader = ByteLoader(DataConfig(path=data, batch_size=batch_size, shuffle_buffer=1), seq_len=T, n_future=K,
                         rank=d.rank, world_size=d.world_size, split=split)
     if not loader.files:
-        raise CorpusError(f"{data} has no {split} split to evaluate; pass split=None (--split all)")
+        raise CorpusError(f"{data} has no {split} split to evaluate; pass split=None to read every file")
     sums = torch.zeros(4, K, dtype=torch.float64)  # nats, correct, count per head; accepted per k
     runs = torch.zeros(K, dtype=torch.float64)  # positions whose targets 1..k are all valid
     model.eval()

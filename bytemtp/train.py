@@ -188,14 +188,13 @@ def _prepare_run_dir(run_dir: Path, cfg: Config, resume: bool, *, mutate: bool =
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
             raise ValueError(f"no checkpoint to resume in {run_dir}: expected "
-                             f"{run_dir / 'checkpoints' / 'step-*'}/; start a new run without --resume")
+                             f"{run_dir / 'checkpoints' / 'step-*'}/; start a new run there instead")
         return ckpt
     if latest_checkpoint(run_dir) is not None:
-        raise ValueError(f"run directory {run_dir} already exists; continue it with --resume "
-                         "or choose another --out")
+        raise ValueError(f"run directory {run_dir} already exists; resume it, or choose another run directory")
     leftovers = {p.name for p in run_dir.iterdir()} if run_dir.exists() else set()
     if leftovers - {RUN_CONFIG, METRICS, "checkpoints"}:
-        raise ValueError(f"{run_dir} exists and is not a run directory; choose another --out")
+        raise ValueError(f"{run_dir} exists and is not a run directory; choose another run directory")
     if mutate:  # a run that died before its first checkpoint: start it over
         (run_dir / METRICS).unlink(missing_ok=True)
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -92,3 +92,19 @@ def test_text_stream_keeps_characters_whole():
     pieces = [stream.feed(data[i:i + 1]) for i in range(len(data))] + [stream.finish()]
     assert "".join(pieces) == data.decode("utf-8", errors="replace")
     assert all("\ufffd" not in p for p in pieces[: len(data) - 3])
+
+
+def test_the_python_api_takes_str_prompts_as_utf8():
+    model = _model()
+    want = decode.generate_batch(model, [b"def parse(", "é".encode()], max_bytes=12, heads=4)
+    got = decode.generate_batch(model, ["def parse(", "é"], max_bytes=12, heads=4, stop=())
+    assert [g.output for g in got] == [w.output for w in want]
+    assert decode.generate(model, "def parse(", max_bytes=12).output == want[0].output
+    assert decode.generate_speculative(model, "é", max_bytes=12, heads=4).output == want[1].output
+    with pytest.raises(TypeError, match=r"for one prompt pass \[prompt\]"):
+        decode.generate_batch(model, "def parse(", max_bytes=4)
+    with pytest.raises(TypeError, match="a prompt is bytes or str, not int"):
+        decode.generate_batch(model, [7], max_bytes=4)
+    with pytest.raises(ValueError, match=r"^heads=9 is not allowed") as error:
+        decode.generate_batch(model, ["x"], max_bytes=4, heads=9)
+    assert "--" not in str(error.value)  # library errors name arguments, not the CLI's flags
