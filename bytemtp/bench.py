@@ -151,8 +151,9 @@ def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batc
                       repeats: int = 3, progress=None) -> dict:
     """Decompressed MB/s that one process delivers as packed batches from one prepared shard,
     beside `zstd -dc` of the same file to /dev/null in the same run. Both divide the shard's
-    decompressed size by their time, the best of `repeats` runs each: the loader's for one whole
-    pass (read, split, parse, pack, shuffle, batch), zstd's for decompressing it."""
+    decompressed size by their time, the best of `repeats` runs each, interleaved: the loader's for
+    one whole epoch of the shard (read, decode, place EOS, pack, shuffle, batch) after a first
+    epoch that warms it up (threads started, buffers allocated), zstd's for decompressing it."""
     files = [f for f in corpus_files(path, split="train") if str(f).endswith(".zst")]
     if not files:
         raise CorpusError(f"{path} holds no .zst shard; prepare one with `bytemtp prep`")
@@ -163,15 +164,16 @@ def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batc
         raise CorpusError("the zstd command is not installed (apt-get install zstd); "
                           "the benchmark compares the loader against it")
     zstd_s, loader_s = [], []
+    loader = ByteLoader(DataConfig(path=str(shard), batch_size=batch_size), seq_len=seq_len, n_future=n_future)
+    while loader.epoch == 0:  # the warm-up epoch
+        next(loader)
     for _ in range(repeats):  # interleaved, so that a busy moment hits both
         with open(os.devnull, "wb") as sink:
             t0 = time.perf_counter()
             subprocess.run([zstd, "-dcq", str(shard)], stdout=sink, check=True)
             zstd_s.append(time.perf_counter() - t0)
-        loader = ByteLoader(DataConfig(path=str(shard), batch_size=batch_size), seq_len=seq_len,
-                            n_future=n_future)
-        batches, t0 = 0, time.perf_counter()
-        while loader.epoch == 0:
+        epoch, batches, t0 = loader.epoch, 0, time.perf_counter()
+        while loader.epoch == epoch:
             next(loader)
             batches += 1
         loader_s.append(time.perf_counter() - t0)
@@ -181,7 +183,8 @@ def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batc
     return {"shard": str(shard), "decompressed_bytes": size, "compressed_bytes": shard.stat().st_size,
             "seq_len": seq_len, "batch_size": batch_size, "batches": batches, "repeats": repeats,
             "loader_s": min(loader_s), "zstd_s": min(zstd_s),
-            "loader_mb_s": loader_mb_s, "zstd_mb_s": zstd_mb_s, "ratio": loader_mb_s / zstd_mb_s}
+            "loader_mb_s": loader_mb_s, "zstd_mb_s": zstd_mb_s, "ratio": loader_mb_s / zstd_mb_s,
+            "pair_ratios": sorted(z / t for z, t in zip(zstd_s, loader_s))}  # run by run: the spread
 
 
 def quality(preset_name: str = "small", *, data: str = "data/corpus/stdlib", steps: int = 300,

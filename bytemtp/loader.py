@@ -10,7 +10,7 @@ the same position:
   the number of files, ranks and workers, and the readers' shares differ by one record at most. It
   hands out ids: each document's bytes followed by EOS. Prepared (format 2) shards take the fast
   path, with no per-document Python work: a shard's index gives every boundary, so whole 1 MiB
-  frames are decoded as numpy arrays (in threads, two frames ahead), the reader's bytes selected
+  frames are decoded as numpy arrays (in threads, three frames ahead), the reader's bytes selected
   and EOS placed by vectorised operations, and frames holding nothing of the reader's are never
   read. Other files are read a document at a time: every reader decompresses and splits them, but
   parses only its own lines. Its position is (epoch, file, position within the file, record
@@ -42,6 +42,7 @@ import functools
 import hashlib
 import os
 import random
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -66,38 +67,36 @@ def _unpack_ids(text: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(text), dtype="<u2").astype(np.uint16)
 
 
-def _ids(doc: bytes) -> np.ndarray:
-    """One document as ids: its bytes, then EOS."""
-    ids = np.empty(len(doc) + 1, dtype=np.uint16)
-    ids[:-1] = np.frombuffer(doc, dtype=np.uint8)
-    ids[-1] = EOS
-    return ids
+def _piece(doc: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """One whole document as a piece: its bytes, and an EOS after them."""
+    return np.frombuffer(doc, dtype=np.uint8), np.array([len(doc)])
 
 
-_FEW_BOUNDARIES = 256  # up to this many EOS in a frame, slice copies beat a boolean scatter
+_FEW_BOUNDARIES = 256  # up to this many EOS in a piece, slice copies beat a boolean scatter
 
 
-def with_eos(data: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """uint8 `data` widened to uint16 ids with EOS inserted before each (sorted) offset in `at`.
+def write_ids(out: np.ndarray, data: np.ndarray, at: np.ndarray) -> int:
+    """Write uint8 `data` as uint16 ids into the start of `out`, with EOS before each (sorted)
+    offset in `at`; return how many ids were written (len(data) + len(at)).
 
-    What np.insert does, faster: with few boundaries (long documents) the runs between them are
-    copied as slices, a bounded loop per frame; with many (short documents) one boolean scatter
-    places every byte at once. Both cost well under a millisecond for a 1 MiB frame.
+    What np.insert does, without allocating: with few boundaries (long documents) the runs between
+    them are copied as slices, a bounded loop per piece; with many (short documents) one boolean
+    scatter places every byte at once. Both cost well under a millisecond for a 1 MiB frame.
     """
-    out = np.empty(len(data) + len(at), dtype=np.uint16)
+    n = len(data) + len(at)
     slots = at + np.arange(len(at))
     if len(at) <= _FEW_BOUNDARIES:
         prev = 0
         for i, end in enumerate(at.tolist()):
             out[prev + i:end + i] = data[prev:end]
             prev = end
-        out[prev + len(at):] = data[prev:]
+        out[prev + len(at):n] = data[prev:]
     else:
-        fill = np.ones(len(out), dtype=bool)
+        fill = np.ones(n, dtype=bool)
         fill[slots] = False
-        out[fill] = data
+        out[:n][fill] = data
     out[slots] = EOS
-    return out
+    return n
 
 
 class ShardReader:
@@ -126,16 +125,15 @@ class ShardReader:
             lo = np.minimum(self.first_doc, self.eos_bounds[:-1])
             self.frames = np.flatnonzero(mine_cum[last] > mine_cum[lo])
 
-    def frame_ids(self, f: int) -> tuple[np.ndarray, int, int]:
-        """Frame f's ids for this reader, the reader's documents that end in it and its bytes in it."""
-        return self._ids(f, self.shard.frames([f])[0])
-
-    def _ids(self, f: int, data: np.ndarray) -> tuple[np.ndarray, int, int]:
+    def frame(self, f: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Frame f for this reader: its bytes, the offsets in them after which an EOS follows (one
+        for each of the reader's documents that end in the frame), and how many documents end there."""
         s = self.shard
+        data = s.frames([f])[0]
         fs = int(s.frame_ends[f] - s.content[f])
         a, b = int(self.eos_bounds[f]), int(self.eos_bounds[f + 1])
         if self.keep is None:
-            return with_eos(data, s.doc_ends[a:b] - fs), b - a, len(data)
+            return data, s.doc_ends[a:b] - fs, b - a
         c = int(self.first_doc[f])
         d = min(b + 1, s.n_docs) if b < s.n_docs and s.doc_starts[b] < fs + len(data) else b
         c = min(c, d)
@@ -144,8 +142,7 @@ class ShardReader:
         keep = self.keep[c:d]
         before = np.concatenate(([0], np.cumsum(seg * keep)))  # kept bytes before each doc's end
         ends = np.arange(a, b)[self.keep[a:b]]
-        at = before[np.clip(ends - c + 1, 0, len(seg))]
-        return with_eos(data[np.repeat(keep, seg)], at), len(ends), int(before[-1])
+        return data[np.repeat(keep, seg)], before[np.clip(ends - c + 1, 0, len(seg))], len(ends)
 
     def close(self) -> None:
         self.shard.close()
@@ -155,8 +152,8 @@ class DocumentStream:
     """One reader's share of the corpus as ids (documents, each followed by EOS), epoch after
     epoch, with a resumable position."""
 
-    CHUNK = 1 << 16  # the most ids a prepared shard hands out at a time (the packer's tail stays small)
-    AHEAD = 2  # frames of a prepared shard decoded ahead, in threads (zstd releases the GIL)
+    CHUNK = 1 << 16  # the most bytes a prepared shard hands out at a time (the packer's tail stays small)
+    AHEAD = 3  # frames of a prepared shard decoded ahead, in threads (zstd releases the GIL)
 
     def __init__(self, files: list[Path], *, field: str = "text", reader: int = 0, n_readers: int = 1,
                  seed: int = 0, max_bad_fraction: float = 0.01):
@@ -180,10 +177,10 @@ class DocumentStream:
         self.record += 1
         return mine
 
-    def __iter__(self) -> Iterator[np.ndarray]:
-        """uint16 ids from the current position on, forever: whole documents with their EOS from
-        raw and JSONL files, up to CHUNK ids at a time from prepared shards. The position advances
-        as they go."""
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Pieces (bytes, offsets after which an EOS follows) from the current position on, forever:
+        whole documents from raw and JSONL files, up to CHUNK bytes at a time from prepared shards.
+        The position advances as they go."""
         while True:
             order = self.order(self.epoch)
             while self.file_index < len(order):
@@ -215,9 +212,10 @@ class DocumentStream:
                     "(ranks x workers); use fewer workers or a bigger corpus")
             self.epoch, self.file_index, self.record, self._epoch_docs = self.epoch + 1, 0, 0, 0
 
-    def _shard(self, path: Path) -> Iterator[np.ndarray]:
-        """The reader's ids of one prepared shard. Inside it the position is (frame, ids of that
-        frame already handed out) and `record` stays the shard's first record number."""
+    def _shard(self, path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The reader's pieces of one prepared shard. Inside it the position is (frame, the
+        reader's bytes of that frame already handed out) and `record` stays the shard's first
+        record number."""
         reader = ShardReader(path, first=self.record, reader=self.reader, n_readers=self.n_readers)
         start, skip = self.pos
         if start > reader.shard.n_frames or skip < 0:
@@ -229,20 +227,23 @@ class DocumentStream:
         try:
             for i, f in enumerate(frames):
                 while len(pending) < self.AHEAD and i + len(pending) < len(frames):
-                    pending.append(pool.submit(reader.frame_ids, frames[i + len(pending)]))
-                ids, docs, nbytes = pending.popleft().result()
+                    pending.append(pool.submit(reader.frame, frames[i + len(pending)]))
+                data, at, docs = pending.popleft().result()
                 offset = skip if f == start else 0
                 if offset == 0:  # a frame is counted once, when it starts
                     self.counts["documents"] += docs
-                    self.counts["bytes"] += nbytes
+                    self.counts["bytes"] += len(data)
                     self._epoch_docs += docs
-                elif offset > len(ids):
+                elif offset > len(data):
                     raise CorpusError(f"resume position {self.pos} does not fit {path}; the file changed "
                                       "since it was saved")
-                for at in range(offset, len(ids), self.CHUNK):
-                    piece = ids[at:at + self.CHUNK]
-                    self.pos = (f, at + len(piece)) if at + len(piece) < len(ids) else (f + 1, 0)
-                    yield piece
+                # piece [p, q) takes the EOS after offsets in (p, q], and those at 0 if p == 0
+                for p in range(offset, max(len(data), 1), self.CHUNK):
+                    q = min(p + self.CHUNK, len(data))
+                    lo = int(np.searchsorted(at, p, side="right")) if p else 0
+                    hi = int(np.searchsorted(at, q, side="right"))
+                    self.pos = (f, q) if q < len(data) else (f + 1, 0)
+                    yield data[p:q], at[lo:hi] - p
                 self.pos = (f + 1, 0)
         finally:
             for future in pending:
@@ -253,11 +254,11 @@ class DocumentStream:
             reader.close()
         self.record += reader.shard.n_docs
 
-    def _took(self, doc: bytes) -> np.ndarray:
+    def _took(self, doc: bytes) -> tuple[np.ndarray, np.ndarray]:
         self.counts["documents"] += 1
         self.counts["bytes"] += len(doc)
         self._epoch_docs += 1
-        return _ids(doc)
+        return _piece(doc)
 
     def _skip(self, reason: str, path: Path) -> None:
         skipped = self.counts["skipped"]
@@ -303,11 +304,11 @@ class WindowPacker:
     """Packs a document stream into shuffled (B, window) batches; resumable with the stream.
 
     The packed stream is held as uint16 ids (every id is below 2**16; half the memory traffic of
-    int32) and windows are cut from it in bulk with numpy, as strided views. The shuffle is by
-    blocks: the buffer takes the next `capacity` windows (a multiple of the batch size), draws one
-    permutation for them, gathers them in that order and widens them to int32 at once (bulk work
-    beats a gather per batch); each batch is then a view of B rows of that block. A buffer of 1
-    keeps the packing order.
+    int32) in one buffer that is reused, not reallocated (fresh memory costs page faults that
+    would outweigh the copying), and windows are cut from it in bulk with numpy, as strided views.
+    The shuffle is by blocks: the buffer takes the next `capacity` windows (a multiple of the batch
+    size), draws one permutation for them and gathers them in that order into a reused block; each
+    batch is then B consecutive rows of it, widened to int32. A buffer of 1 keeps the packing order.
     """
 
     def __init__(self, docs: DocumentStream, *, window: int, stride: int, batch_size: int,
@@ -318,43 +319,69 @@ class WindowPacker:
         self.capacity = 0 if shuffle_buffer <= 1 else batch_size * -(-shuffle_buffer // batch_size)
         self.tail = np.zeros(0, dtype=np.uint16)  # ids from `offset` on are not yet cut
         self.offset = 0
-        # The shuffled block, as int32 in the order it is handed out: rows from `taken` on are due.
-        self.block, self.taken = np.zeros((0, window), dtype=np.int32), 0
+        self._buf = np.zeros(0, dtype=np.uint16)  # where the tail is packed
+        # The shuffled block in the order it is handed out: rows from `taken` on are due.
+        self.block, self.taken = np.zeros((0, window), dtype=np.uint16), 0
+        self._wide, self._wide_from, self._spare = None, 0, []  # the block as int32; reused arrays
         self.rng = np.random.Generator(np.random.PCG64([seed, docs.reader]))  # a stream per reader
         self.batches = 0
-        self._doc_iter: Iterator[np.ndarray] | None = None
+        self._doc_iter: Iterator[tuple[np.ndarray, np.ndarray]] | None = None
 
     def _windows(self, n: int) -> np.ndarray:
-        """The next n windows (n, window) of uint16 ids: a strided view of the packed stream."""
+        """The next n windows (n, window) of uint16 ids: a strided view of the packed stream, valid
+        until the next call."""
         need = self.offset + (n - 1) * self.stride + self.window
         if need > len(self.tail):
             if self._doc_iter is None:
                 self._doc_iter = iter(self.docs)
-            parts, have = [self.tail[self.offset:]], len(self.tail) - self.offset
-            need -= self.offset
+            rest, need = self.tail[self.offset:], need - self.offset
+            buf, have = self._buf, len(rest)
+            if len(buf) < need:
+                buf = np.empty(max(need + need // 4, 2 * len(buf)), dtype=np.uint16)
+            buf[:have] = rest  # numpy copies overlapping ranges correctly
             while have < need:
-                parts.append(next(self._doc_iter))
-                have += len(parts[-1])
-            self.tail, self.offset = np.concatenate(parts), 0
+                data, at = next(self._doc_iter)
+                if have + len(data) + len(at) > len(buf):  # a piece longer than the room left
+                    buf = np.concatenate((buf[:have], np.empty(len(data) + len(at) + len(buf), np.uint16)))
+                have += write_ids(buf[have:], data, at)
+            self._buf, self.tail, self.offset = buf, buf[:have], 0
         rows = np.ndarray((n, self.window), dtype=np.uint16, buffer=self.tail, offset=self.offset * 2,
-                          strides=(self.stride * 2, 2))  # the view keeps its tail alive
+                          strides=(self.stride * 2, 2))
         self.offset += n * self.stride
         return rows
 
     def next_batch(self) -> torch.Tensor:
         """The next (B, window) int32 batch."""
         B = self.batch_size
-        if self.capacity == 0:
-            rows = self._windows(B)
-        else:
-            if self.taken == len(self.block):
-                rows = self._windows(self.capacity)
-                self.block, self.taken = rows[self.rng.permutation(self.capacity)].astype(np.int32), 0
-            self.taken += B
-            self.batches += 1
-            return torch.from_numpy(self.block[self.taken - B:self.taken])  # a view: no copy per batch
         self.batches += 1
-        return torch.from_numpy(rows.astype(np.int32))
+        if self.capacity == 0:
+            return torch.from_numpy(self._widened(self._windows(B)))
+        if self.taken == len(self.block):
+            rows = self._windows(self.capacity)
+            if self.block.shape != rows.shape:
+                self.block = np.empty(rows.shape, dtype=np.uint16)
+            # mode="wrap" (the indices are in range anyway) lets numpy write to `out` unbuffered
+            np.take(rows, self.rng.permutation(self.capacity), axis=0, out=self.block, mode="wrap")
+            self.taken, self._wide = 0, None
+        if self._wide is None:  # widened once a block (or once the pending rows of a loaded state)
+            self._wide = self._widened(self.block[self.taken:])
+            self._wide_from = self.taken
+        self.taken += B
+        return torch.from_numpy(self._wide[self.taken - B - self._wide_from:self.taken - self._wide_from])
+
+    def _widened(self, rows: np.ndarray) -> np.ndarray:
+        """rows as int32, in one of two reused arrays when no batch still views it. Batches are
+        views of these arrays, so a consumer that keeps batches only makes new arrays appear;
+        one that drops them (a training loop) makes the loader allocate nothing."""
+        for i, out in enumerate(self._spare):
+            # the only references: the list, `out` and getrefcount's argument
+            if out.shape == rows.shape and sys.getrefcount(out) == 3:
+                break
+        else:
+            out = np.empty(rows.shape, dtype=np.int32)
+            self._spare = [out, *self._spare[:1]]
+        np.copyto(out, rows)
+        return out
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         while True:
@@ -376,8 +403,8 @@ class WindowPacker:
                              "n_future changed since the checkpoint")
         self.docs.load_state_dict(state["docs"])
         self.tail, self.offset = _unpack_ids(state["tail"]), 0
-        self.block = _unpack_ids(state["buffer"]).reshape(-1, self.window).astype(np.int32)
-        self.taken = 0
+        self.block, self.taken = _unpack_ids(state["buffer"]).reshape(-1, self.window), 0
+        self._wide = None
         self.rng.bit_generator.state = state["rng"]
         self.batches = state["batches"]
         self._doc_iter = None

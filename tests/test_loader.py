@@ -73,14 +73,20 @@ def _split(ids: np.ndarray) -> list[bytes]:
     return [ids[a:b].astype(np.uint8).tobytes() for a, b in zip(starts, ends)]
 
 
+def _ids(piece) -> np.ndarray:
+    """A stream's piece (bytes, offsets followed by EOS) as ids, by np.insert (the reference)."""
+    data, at = piece
+    return np.insert(data.astype(np.uint16), at, EOS)
+
+
 def _epoch_docs(files, reader, n_readers, epoch=0):
     stream = L.DocumentStream(files, reader=reader, n_readers=n_readers, seed=3)
     out = []
-    for ids in stream:  # stream.epoch is the epoch of the ids just yielded
+    for piece in stream:  # stream.epoch is the epoch of the piece just yielded
         if stream.epoch > epoch:
             return _split(np.concatenate(out)) if out else []
         if stream.epoch == epoch:
-            out.append(ids)
+            out.append(_ids(piece))
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -244,7 +250,7 @@ def test_a_shard_stream_resumes_exactly_from_every_position(tmp_path, monkeypatc
     states, pieces = [], []
     for piece in stream:
         states.append(json.loads(json.dumps(stream.state_dict())))
-        pieces.append(piece)
+        pieces.append(_ids(piece))
         if stream.epoch == 2:
             break
     reference = np.concatenate(pieces)
@@ -254,7 +260,7 @@ def test_a_shard_stream_resumes_exactly_from_every_position(tmp_path, monkeypatc
         resumed.load_state_dict(states[i])
         got, want = [], reference[done[i]:]
         for piece in resumed:
-            got.append(piece)
+            got.append(_ids(piece))
             if sum(map(len, got)) >= len(want):
                 break
         assert np.array_equal(np.concatenate(got)[:len(want)], want), i
@@ -298,3 +304,16 @@ def test_a_position_saved_in_another_corpus_is_refused(corpus):
     old = L.ByteLoader(DataConfig(path=str(d), batch_size=2), seq_len=16, n_future=4)
     old.load_state_dict(state)
     next(old)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 3000])
+@pytest.mark.parametrize("k", [0, 1, 3, 255, 256, 257, 2000])
+def test_write_ids_equals_np_insert(n, k):
+    """Both ways of placing EOS (slices for few boundaries, a scatter for many) against np.insert."""
+    rng = np.random.default_rng(n * 1000 + k)
+    data = rng.integers(0, 256, n).astype(np.uint8)
+    at = np.sort(rng.integers(0, n + 1, k))
+    out = np.full(n + k + 5, 7, dtype=np.uint16)
+    assert L.write_ids(out, data, at) == n + k
+    assert np.array_equal(out[:n + k], np.insert(data.astype(np.uint16), at, EOS))
+    assert (out[n + k:] == 7).all()  # nothing written past the end
