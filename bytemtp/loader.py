@@ -165,6 +165,7 @@ class DocumentStream:
         self.epoch, self.file_index, self.pos, self.record = 0, 0, (0, 0), 0
         self.counts = {"documents": 0, "bytes": 0, "lines": 0, "skipped": {}}
         self._epoch_docs = 0  # documents this reader took in the current epoch
+        self._unchecked = False
 
     def order(self, epoch: int) -> list[int]:
         """File order of an epoch: a permutation that every reader derives alike."""
@@ -216,8 +217,12 @@ class DocumentStream:
         """The reader's pieces of one prepared shard. Inside it the position is (frame, the
         reader's bytes of that frame already handed out) and `record` stays the shard's first
         record number."""
-        reader = ShardReader(path, first=self.record, reader=self.reader, n_readers=self.n_readers)
         start, skip = self.pos
+        if self._unchecked and (start, skip) != (0, 0):  # such a position was taken in a JSONL corpus
+            raise CorpusError(f"this position was saved in a corpus of JSONL shards, but {path} is a prepared "
+                              "shard of format 2 (the corpus was prepared again); resume with the corpus the "
+                              "run trained on, or start a new run")
+        reader = ShardReader(path, first=self.record, reader=self.reader, n_readers=self.n_readers)
         if start > reader.shard.n_frames or skip < 0:
             reader.close()
             raise CorpusError(f"resume position {self.pos} does not fit {path}; the file changed since it "
@@ -290,7 +295,8 @@ class DocumentStream:
                 "files": self.fingerprint}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("files", self.fingerprint) != self.fingerprint:  # states saved before it have none
+        self._unchecked = "files" not in state  # saved before positions carried the files' digest
+        if state.get("files", self.fingerprint) != self.fingerprint:
             raise CorpusError(f"the corpus changed since this position was saved (its {len(self.files)} "
                               "file(s) differ in names or sizes, e.g. prepared again); resume with the "
                               "corpus the run trained on, or start a new run")

@@ -306,6 +306,17 @@ def test_a_position_saved_in_another_corpus_is_refused(corpus):
     next(old)
 
 
+def test_a_jsonl_position_is_never_read_in_a_shard_prepared_again(tmp_path):
+    """A position from before format 2 (no files digest) in a corpus that is now a format-2 shard."""
+    _write_shard(tmp_path / "shard-00000.zst", _binary_docs(30), 64)
+    stream = L.DocumentStream([tmp_path / "shard-00000.zst"])
+    state = {**stream.state_dict(), "pos": [0, 7]}
+    del state["files"]
+    stream.load_state_dict(state)
+    with pytest.raises(CorpusError, match="saved in a corpus of JSONL shards"):
+        next(iter(stream))
+
+
 @pytest.mark.parametrize("n", [0, 1, 5, 3000])
 @pytest.mark.parametrize("k", [0, 1, 3, 255, 256, 257, 2000])
 def test_write_ids_equals_np_insert(n, k):
