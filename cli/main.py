@@ -151,7 +151,8 @@ def config_cmd(preset: str, config_file: str | None, overrides: tuple[str, ...],
 def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float, level: int,
              include: tuple[str, ...], exclude: tuple[str, ...], source_name: str | None,
              licence: str, max_bad_fraction: float) -> None:
-    """Prepare a corpus: deduplicate, split train/val, write multi-frame zstd shards."""
+    """Prepare a corpus: deduplicate, split train/val, write shards of the documents' exact bytes
+    (any bytes: raw files are documents as they are) in 1 MiB zstd frames with an index."""
     from tqdm import tqdm
 
     from bytemtp import corpus
@@ -196,7 +197,10 @@ def corpus_info_cmd(path: str, field: str, json_path: str | None) -> None:
     if "manifest" in info:
         m = info["manifest"]
         _echo(f"corpus   {path}\nsource   {m.get('source')}\nlicence  {m.get('licence')}\n"
-              f"created  {m.get('created')}  by bytemtp {m.get('bytemtp_version')}")
+              f"created  {m.get('created')}  by bytemtp {m.get('bytemtp_version')}\n"
+              f"format   {m.get('format_version')}" + ("" if m.get("format_version") == corpus.FORMAT_VERSION
+                                                      else " (JSONL shards: read, but `bytemtp prep` it again "
+                                                           "for raw-byte shards and the faster loader)"))
         _echo(_corpus_table(m))
         if not json_path:
             _echo("manifest.json:\n" + json.dumps(m, indent=2))
@@ -859,7 +863,8 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, json_pa
                f"{res['batches']:,} batches of {batch_size} x {seq_len}")
     _echo(_table([("bytemtp loader (one process)", f"{res['loader_mb_s']:.1f}"),
                        ("zstd -dc > /dev/null", f"{res['zstd_mb_s']:.1f}")], ("reader", "MB/s")))
-    _echo(f"ratio {res['ratio']:.3f}")
+    spread = res["pair_ratios"]
+    _echo(f"ratio {res['ratio']:.3f} (best against best; run by run {spread[0]:.2f} to {spread[-1]:.2f})")
     _write_json(json_path, res)
 
 
