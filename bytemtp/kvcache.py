@@ -29,9 +29,9 @@ import torch.nn.functional as F
 class KVCache:
     """Keys and values of every layer for decoding, preallocated, with a length pointer per row."""
 
-    def __init__(self, *, n_layers: int, batch_size: int, max_len: int, n_heads: int,
+    def __init__(self, *, n_layers: int, batch_size: int, max_len: int, n_attn_heads: int,
                  head_dim: int, device: torch.device | str, dtype: torch.dtype):
-        shape = (n_layers, batch_size, n_heads, max_len, head_dim)
+        shape = (n_layers, batch_size, n_attn_heads, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
@@ -42,7 +42,7 @@ class KVCache:
         cfg = model.config
         param = model.embed.weight
         return cls(n_layers=cfg.total_layers, batch_size=batch_size, max_len=max_len or cfg.seq_len,
-                   n_heads=cfg.n_attn_heads, head_dim=cfg.head_dim, device=param.device,
+                   n_attn_heads=cfg.n_attn_heads, head_dim=cfg.head_dim, device=param.device,
                    dtype=param.dtype)
 
     @property

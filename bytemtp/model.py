@@ -27,6 +27,7 @@ Legend: B batch, T time, K heads, V vocabulary, D width, H attention heads, E he
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -47,14 +48,14 @@ def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
-        self.n_heads, self.head_dim, self.layer_idx = cfg.n_attn_heads, cfg.head_dim, layer_idx
+        self.n_attn_heads, self.head_dim, self.layer_idx = cfg.n_attn_heads, cfg.head_dim, layer_idx
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
     def forward(self, x_BTD: torch.Tensor, layout: Layout, cache: KVCache | None) -> torch.Tensor:
         B, T, D = x_BTD.shape
-        q, k, v = self.qkv(x_BTD).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(x_BTD).view(B, T, 3, self.n_attn_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = layout.rotate(q), layout.rotate(k)  # (B, H, T, E)
         ck, cv = (cache.k[self.layer_idx], cache.v[self.layer_idx]) if cache is not None else (None, None)
         y = attend(q, k, v, layout, ck, cv, self.dropout if self.training else 0.0)
@@ -181,6 +182,16 @@ class ByteMTP(nn.Module):
         layout = layout or self.layout(x_BTD.shape[1], cache)
         return self.heads[k](x_BTD, layout, cache)
 
+    def head_states(self, z_BTD: torch.Tensor, cache: KVCache | None = None, layout: Layout | None = None,
+                    heads: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """(k, state) of the first `heads` heads (all by default), in order: each head runs on the
+        trunk state z, or, for causal heads, on the previous head's state. The one loop over heads;
+        a caller may run backward on head k before it asks for head k + 1."""
+        h_BTD = None
+        for k in range(self.config.n_future if heads is None else heads):
+            h_BTD = self.head_state(k, self.head_input(k, z_BTD, h_BTD), cache, layout)
+            yield k, h_BTD
+
     def head_logits(self, k: int, h_BTD: torch.Tensor) -> torch.Tensor:
         """Logits (B, T, V) of head k from its state."""
         unembed = self.unembed[k if len(self.unembed) > 1 else 0]
@@ -189,7 +200,7 @@ class ByteMTP(nn.Module):
     def logits(self, ids_BT: torch.Tensor, cache: KVCache | None = None, n_heads: int | None = None,
                stacked: StackedHeads | None = None, *, layout: Layout | None = None,
                last: list[int] | None = None) -> torch.Tensor:
-        """Logits (B, T, K, V) of the first n_heads heads (all by default); advances the cache.
+        """Logits (B, T, K, V) of the first n_heads output heads (all by default); advances the cache.
 
         Heads past n_heads do not run, so with a cache their keys and values for these positions
         are not written: a cache used with n_heads=1 serves next-byte decoding only. `stacked`
@@ -205,12 +216,9 @@ class ByteMTP(nn.Module):
         if stacked is not None:
             out = stacked(z_BTD, layout, cache, k=K, last=pick)
         else:
-            heads, h_BTD = [], None
-            for k in range(K):
-                h_BTD = self.head_state(k, self.head_input(k, z_BTD, h_BTD), cache, layout)
-                h_last = h_BTD if pick is None else h_BTD[torch.arange(len(pick)), pick][:, None]
-                heads.append(self.head_logits(k, h_last))
-            out = torch.stack(heads, dim=2)
+            out = torch.stack([self.head_logits(k, h_BTD if pick is None else
+                                                h_BTD[torch.arange(len(pick)), pick][:, None])
+                               for k, h_BTD in self.head_states(z_BTD, cache, layout, heads=K)], dim=2)
         if cache is not None:
             cache.advance(T)
         return out

@@ -62,9 +62,9 @@ def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConf
         heads = _causal_heads_backward(model, z_leaf, targets_BTK, weights, scale)
     else:
         heads = []
-        for k, w in enumerate(weights):
-            h = head_loss(model.head_logits(k, model.head_state(k, z_leaf)), targets_BTK[:, :, k])
-            (h.loss * (w * scale)).backward()
+        for k, h_BTD in model.head_states(z_leaf):  # each head's graph freed before the next is made
+            h = head_loss(model.head_logits(k, h_BTD), targets_BTK[:, :, k])
+            (h.loss * (weights[k] * scale)).backward()
             heads.append(_detached(h))
     z_BTD.backward(z_leaf.grad)
     total = sum(w * h.loss for w, h in zip(weights, heads))
@@ -74,14 +74,12 @@ def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConf
 def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: torch.Tensor,
                            weights: list[float], scale: float) -> list[HeadLoss]:
     device = z_leaf.device
-    states, rng = [], []
+    states, rng = [], [_rng_state(device)]  # rng[k]: the state before head k runs
     with torch.no_grad():
-        h_BTD = None
-        for k in range(len(weights)):
-            rng.append(_rng_state(device))
-            h_BTD = model.head_state(k, model.head_input(k, z_leaf, h_BTD))
+        for _, h_BTD in model.head_states(z_leaf):
             states.append(h_BTD)
-    rng_after = _rng_state(device)
+            rng.append(_rng_state(device))
+    rng_after = rng.pop()
     heads: list[HeadLoss] = [None] * len(weights)  # type: ignore[list-item]
     grad_out = None  # gradient reaching head k's output state from head k+1
     for k in reversed(range(len(weights))):
@@ -117,8 +115,5 @@ def evaluate_heads(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig
     targets_BTK, T = _targets(model, ids_BW, loss_cfg)
     weights = loss_cfg.weights(model.config.n_future)
     z_BTD = model(ids_BW[:, :T])
-    heads, h_BTD = [], None
-    for k in range(model.config.n_future):
-        h_BTD = model.head_state(k, model.head_input(k, z_BTD, h_BTD))
-        heads.append(head_loss(model.head_logits(k, h_BTD), targets_BTK[:, :, k]))
+    heads = [head_loss(model.head_logits(k, h_BTD), targets_BTK[:, :, k]) for k, h_BTD in model.head_states(z_BTD)]
     return summarize(heads, weights, sum(w * h.loss for w, h in zip(weights, heads)))
