@@ -242,6 +242,80 @@ def _mode_args(mode: str, n_future: int) -> dict:
     return {"heads": n_future if k == "all" else min(int(k), n_future), "draft": shape}
 
 
+def interleaved_decodes(decoder: decode.Decoder, batches: list[list[bytes]], modes: dict[str, dict], *,
+                        max_bytes: int, rounds: int, progress=None, **common) -> tuple[dict, dict]:
+    """Decode every batch in every mode (name: `Decoder.generate` arguments), `rounds` times, the
+    modes in turn on each batch so that a busy moment hits them alike, after a warm-up that runs
+    each mode once on the first batch (pass costs measured, acceptance profile learnt, the
+    allocator's caches warm). Returns took[mode][round][batch] (seconds) and outs[mode][batch]
+    (the generations of the last round)."""
+    device = decoder.model.embed.weight.device
+    for args in modes.values():
+        decoder.generate(batches[0], max_bytes=min(max_bytes, 64), **common, **args)
+    took = {m: [[0.0] * len(batches) for _ in range(rounds)] for m in modes}
+    outs: dict[str, list] = {m: [None] * len(batches) for m in modes}
+    for rnd in range(rounds):
+        for i, batch in enumerate(batches):
+            for mode, args in modes.items():
+                decode.synchronize(device)
+                t0 = time.perf_counter()
+                outs[mode][i] = decoder.generate(batch, max_bytes=max_bytes, **common, **args)
+                decode.synchronize(device)
+                took[mode][rnd][i] = time.perf_counter() - t0
+            if progress is not None:
+                progress()
+    return took, outs
+
+
+def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain") -> dict:
+    """One mode against plain decoding, from `interleaved_decodes`: speedup = plain time / mode
+    time over all batches and rounds, its spread (each batch and round's ratio), bytes per pass
+    (output bytes over the passes each row took part in), pass cost (the mode's time per pass over
+    plain's), both speeds, whether the outputs are identical, the heads run and the commonest draft
+    shapes. A speedup above bytes per pass is impossible (a pass never costs less than a plain
+    one) and is refused as a bad measurement, on runs long enough to judge (a second of plain
+    decoding)."""
+    gens = [g for got in outs[mode] for g in got]
+    n_bytes = sum(g.stats.bytes_out for g in gens)
+    plain_time, mode_time = sum(map(sum, took[base])), sum(map(sum, took[mode]))
+    ratios = sorted(p / m for p_round, m_round in zip(took[base], took[mode]) for p, m in zip(p_round, m_round))
+    passes = sum(max(g.stats.forward_passes for g in got) for got in outs[mode])
+    plain_passes = sum(max(g.stats.forward_passes for g in got) for got in outs[base])
+    heads_used, shapes = {}, {}
+    for g in gens:
+        for key, n in getattr(g.stats, "heads_used", {}).items():
+            heads_used[key] = heads_used.get(key, 0) + n
+        for key, n in getattr(g.stats, "shapes", {}).items():
+            shapes[key] = shapes.get(key, 0) + n
+    rounds = len(took[mode])
+    case = {"mode": mode, "speedup": plain_time / mode_time, "speedup_min": ratios[0], "speedup_max": ratios[-1],
+            "speedup_runs": ratios,
+            "bytes_per_forward": n_bytes / max(1, sum(g.stats.forward_passes for g in gens)),
+            "pass_cost": (mode_time / passes) / (plain_time / plain_passes),
+            "plain_bytes_s": n_bytes * rounds / plain_time, "spec_bytes_s": n_bytes * rounds / mode_time,
+            "identical": [[g.output for g in got] for got in outs[mode]]
+            == [[g.output for g in got] for got in outs[base]],
+            "heads_used": heads_used, "shapes": dict(sorted(shapes.items(), key=lambda kv: -kv[1])[:3])}
+    if plain_time > 1.0 and case["speedup"] > 1.15 * case["bytes_per_forward"] + 0.05:
+        raise RuntimeError(f"decode benchmark contradicts itself ({mode}): speedup {case['speedup']:.2f} at "
+                           f"{case['bytes_per_forward']:.2f} bytes per pass, but a pass never costs less than "
+                           "a plain one; rerun on a quieter machine")
+    return case
+
+
+def compare_decoding(decoder: decode.Decoder, prompt: bytes | str, *, max_bytes: int, heads: int | None = None,
+                     draft: str = "auto", stop: tuple = (), rounds: int = 3) -> dict:
+    """Plain greedy against self-speculative greedy decoding of one prompt, interleaved (`rounds`
+    times after a warm-up): the figures of `speed_figures`, the plain output and `degenerate`,
+    whether that output is one byte repeated (a continuation that says little about speed)."""
+    modes = {"plain": {"speculative": False}, "speculative": {"heads": heads, "draft": draft}}
+    took, outs = interleaved_decodes(decoder, [[decode.as_bytes(prompt)]], modes, max_bytes=max_bytes,
+                                     rounds=rounds, stop=stop)
+    output = outs["plain"][0][0].output
+    return {**speed_figures(took, outs, "speculative"), "output": output,
+            "degenerate": len(output) > 1 and len(set(output)) == 1}
+
+
 def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128,
                  max_bytes: int = 256, batch_sizes=(1, 8), modes=DECODE_MODES, rounds: int = 2,
                  device: str = "cpu", dtype: str = "float32", eval_batches: int = 10, progress=None) -> dict:
@@ -249,14 +323,10 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     and held-out prompts, in one run.
 
     Every mode decodes with one `Decoder` (heads stacked once, pass costs measured once per batch
-    size, the acceptance profile kept across calls) after a warm-up that runs every mode once.
-    Then, `rounds` times over the prompt batches, plain and each mode decode the same batch in
-    turn, so a busy moment hits them alike; the outputs must be identical. Per mode: speedup =
-    plain time / mode time over all batches, its spread (min and max over the batches' ratios),
-    bytes per pass (output bytes over the passes each row took part in) and pass cost (a mode's
-    time per pass over plain's). A speedup above bytes per pass is impossible (a pass never costs
-    less than a plain one) and is refused as a bad measurement. The top-level keys describe auto
-    at the first batch size; `val_bpb` is the model's held-out bits per byte (next-byte head).
+    size, the acceptance profile kept across calls), by `interleaved_decodes`; the outputs must be
+    identical. Per batch size and mode, the figures of `speed_figures`. The top-level keys describe
+    auto at the first batch size (or the first mode measured); `val_bpb` is the model's held-out
+    bits per byte (next-byte head).
     """
     dev = torch.device(device)
     model, cfg = load_model(ckpt, device=dev)
@@ -271,49 +341,13 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     cases = []
     for B in batch_sizes:
         batches = [prompts[i:i + B] for i in range(0, len(prompts), B)]
-        for mode in modes:  # warm-up: costs measured, profile learned, caches of the allocator warm
-            decoder.generate(batches[0], max_bytes=min(max_bytes, 64), **_mode_args(mode, n_future))
-        took = {m: [[0.0] * len(batches) for _ in range(rounds)] for m in modes}
-        outs: dict[str, list] = {m: [None] * len(batches) for m in modes}
-        for rnd in range(rounds):
-            for i, batch in enumerate(batches):
-                for mode in modes:
-                    decode.synchronize(dev)
-                    t0 = time.perf_counter()
-                    got = decoder.generate(batch, max_bytes=max_bytes, **_mode_args(mode, n_future))
-                    decode.synchronize(dev)
-                    took[mode][rnd][i] = time.perf_counter() - t0
-                    outs[mode][i] = got
-                if progress is not None:
-                    progress()
-        plain_time = sum(map(sum, took["plain"]))
-        plain_passes = sum(max(g.stats.forward_passes for g in got) for got in outs["plain"])
+        took, outs = interleaved_decodes(decoder, batches, {m: _mode_args(m, n_future) for m in modes},
+                                         max_bytes=max_bytes, rounds=rounds, progress=progress)
         for mode in modes[1:]:
-            gens = [g for got in outs[mode] for g in got]
-            n_bytes = sum(g.stats.bytes_out for g in gens)
-            mode_time = sum(map(sum, took[mode]))
-            ratios = [took["plain"][r][i] / took[mode][r][i] for r in range(rounds) for i in range(len(batches))]
-            passes = sum(max(g.stats.forward_passes for g in got) for got in outs[mode])
-            heads_used, shapes = {}, {}
-            for g in gens:
-                for key, n in g.stats.heads_used.items():
-                    heads_used[key] = heads_used.get(key, 0) + n
-                for key, n in g.stats.shapes.items():
-                    shapes[key] = shapes.get(key, 0) + n
-            case = {"batch_size": B, "mode": mode, "speedup": plain_time / mode_time,
-                    "speedup_min": min(ratios), "speedup_max": max(ratios),
-                    "bytes_per_forward": n_bytes / max(1, sum(g.stats.forward_passes for g in gens)),
-                    "pass_cost": (mode_time / passes) / (plain_time / plain_passes),
-                    "plain_bytes_s": n_bytes * rounds / plain_time, "spec_bytes_s": n_bytes * rounds / mode_time,
-                    "identical": [[g.output for g in got] for got in outs[mode]]
-                    == [[g.output for g in got] for got in outs["plain"]],
-                    "heads_used": heads_used, "shapes": dict(sorted(shapes.items(), key=lambda kv: -kv[1])[:3])}
-            # (runs under a second are too short to judge: the check is for real measurements)
-            if plain_time > 1.0 and case["speedup"] > 1.15 * case["bytes_per_forward"] + 0.05:
-                raise RuntimeError(f"decode benchmark contradicts itself ({mode}, batch {B}): speedup "
-                                   f"{case['speedup']:.2f} at {case['bytes_per_forward']:.2f} bytes per pass, "
-                                   "but a pass never costs less than a plain one; rerun on a quieter machine")
-            cases.append(case)
+            try:
+                cases.append({"batch_size": B, **speed_figures(took, outs, mode)})
+            except RuntimeError as e:
+                raise RuntimeError(f"{e} (batch {B})") from None
     # the top-level figures describe auto at the first batch size, or the first mode measured
     first = [c for c in cases if c["batch_size"] == batch_sizes[0]]
     top = next((c for c in first if c["mode"] == "auto"), first[0])

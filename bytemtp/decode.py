@@ -79,12 +79,19 @@ def as_prompt_list(prompts) -> list[bytes]:
     return [as_bytes(p) for p in prompts]
 
 
+def context_left(n: int, start: int, seq_len: int) -> int:
+    """How many more tokens the window holds when the context of the prediction of token n is
+    tokens start..n-1 (tokens count from the leading EOS); below 0 the window must slide. The one
+    place that says how much context is left: decoding, drafting and task scoring ask it."""
+    return seq_len - (n - start)
+
+
 def window_start(n: int, start: int, seq_len: int) -> int:
-    """Where the context of the prediction of token n begins (tokens count from the leading EOS;
-    the context is tokens start..n-1): the current start while that fits in seq_len, else the
-    newest half of the context (a slide re-runs seq_len / 2 bytes once every seq_len / 2 bytes:
-    one extra position a byte). Plain and speculative decoding both follow this rule."""
-    if n - start <= seq_len:
+    """Where the context of the prediction of token n begins: the current start while that fits
+    in seq_len, else the newest half of the context (a slide re-runs seq_len / 2 bytes once every
+    seq_len / 2 bytes: one extra position a byte). Plain and speculative decoding both follow this
+    rule."""
+    if context_left(n, start, seq_len) >= 0:
         return start
     return n - max(1, seq_len // 2)
 
@@ -447,7 +454,8 @@ class Decoder:
         batch = [state.rows[r] for r in state.active]
         # a row offers drafts up to the depth that max_bytes and its window leave
         offered = [0 if r in state.finished else
-                   min(tree.depth, row.out.max_bytes - len(row.out.data), seq_len - (row.n_tokens - row.start))
+                   min(tree.depth, row.out.max_bytes - len(row.out.data),
+                       context_left(row.n_tokens, row.start, seq_len))
                    for r, row in zip(state.active, batch)]
         starts = list(cache.lengths)
         ids, layout = self.draft(batch, tree, cache)

@@ -138,6 +138,8 @@ def task_answer_scores(model: ByteMTP, test: dict, *, until_eos: bool = True, ba
     still far from solving a task: for each group, the next-byte head's top-1 accuracy on the
     answer bytes (and the EOS after them, with until_eos) given the true prefix (its newest
     seq_len bytes where it is longer), and their bits per byte. {group: {"byte_accuracy": ..., "bpb": ..., "bytes": bytes scored}}."""
+    from bytemtp.decode import context_left
+
     device = model.embed.weight.device
     scores = {}
     for group, items in test.items():
@@ -147,7 +149,7 @@ def task_answer_scores(model: ByteMTP, test: dict, *, until_eos: bool = True, ba
             chunk = items[first:first + batch_size]
             full = [[EOS, *p.prompt.encode(), *p.answer.encode(), *([EOS] if until_eos else [])]
                     for p in chunk]
-            cuts = [max(0, len(row) - model.config.seq_len) for row in full]  # keep the newest context
+            cuts = [max(0, -context_left(len(row), 0, model.config.seq_len)) for row in full]  # the newest context
             rows = [row[cut:] for row, cut in zip(full, cuts)]
             ids = torch.full((len(chunk), max(map(len, rows))), EOS, dtype=torch.long)
             targets = torch.full(ids.shape, IGNORE, dtype=torch.long)

@@ -33,8 +33,13 @@ prompt of the test set.
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import tempfile
 from dataclasses import dataclass
+
+from bytemtp import corpus
 
 P, DEGREE = 7, 5  # coefficients modulo P; X^DEGREE = 0
 OPS = ("neg", "add", "mul", "comp")
@@ -244,3 +249,40 @@ def induction_test_set(n_stories: int, *, seed: int = 1_000_003) -> dict[str, li
         for m in story(rng)[1]:
             groups[str(m.mention) if m.mention < 4 else "4+"].append(m)
     return groups
+
+
+TASK_DOCUMENTS = {"poly": 200_000, "induction": 100_000}  # training documents a task corpus has by default
+
+
+def write_corpus(task: str, out: str | os.PathLike, *, documents: int | None = None,
+                 operations: tuple[int, int] | None = None, seed: int = 0) -> dict:
+    """Write a task's training documents (poly: problems with operations = (low, high), default
+    (1, 5); induction: stories) as a prepared corpus with 1% of them in val; its manifest."""
+    if task not in TASK_DOCUMENTS:
+        raise ValueError(f"task {task!r} does not exist; choose one of {', '.join(TASK_DOCUMENTS)}")
+    documents = documents or TASK_DOCUMENTS[task]
+    if task == "poly":
+        low, high = operations or (1, 5)
+        texts = (p.text for p in problems(documents, operations=(low, high), seed=seed))
+        counts = str(low) if low == high else f"{low}-{high}"
+        source = f"polynomial arithmetic over F7[X]/(X^5), {counts} operations, seed {seed}"
+    else:
+        if operations is not None:
+            raise ValueError("operations are for poly; induction stories have none")
+        texts = iter(stories(documents, seed=seed))
+        source = f"induction stories with made-up two-part names, seed {seed}"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{task}.jsonl")
+        with open(path, "w") as f:
+            for text in texts:
+                f.write(json.dumps({"text": text}) + "\n")
+        return corpus.prepare([path], out, val_fraction=0.01, licence="generated (CC0)", source_name=source)
+
+
+def fixed_test_set(task: str, *, per_count: int = 2000, counts: range = range(1, 11),
+                   n_stories: int = 200) -> tuple[dict, bool]:
+    """A task's fixed test set and whether its answers end with EOS (poly: per_count problems
+    for each number of operations in counts; induction: the later mentions of n_stories stories)."""
+    if task == "poly":
+        return test_set(per_count, counts), True
+    return induction_test_set(n_stories), False

@@ -501,14 +501,43 @@ def resume_target(path: str | os.PathLike) -> tuple[Path, Path]:
     return run_dir, ckpt
 
 
-def resume_config(path: str | os.PathLike, *, config_file: str | None = None,
-                  overrides: list[str] = ()) -> tuple[Path, Config]:
-    """(run directory, config) to resume `path` with: the checkpoint's config, then a config file,
-    then each override (the order of a new run, with the checkpoint as the preset)."""
-    run_dir, ckpt = resume_target(path)
-    saved = load_config(ckpt)
-    cfg = config_lib.load_file(config_file, saved) if config_file else saved
-    return run_dir, config_for_resume(saved, config_lib.apply_overrides(cfg, list(overrides)))
+@dataclass(frozen=True)
+class RunPlan:
+    """A run resolved and checked before any work: where it lives, its config and what to do."""
+
+    run_dir: Path
+    cfg: Config  # data.path absolute
+    resume: bool
+    checkpoint: Path | None  # the newest checkpoint, that a resumed run goes on from
+    done: RunResult | None  # a resumed run that has already reached its step or bytes limit
+
+
+def plan_run(path: str | os.PathLike, *, resume: bool = False, preset: str | None = None,
+             config_file: str | None = None, overrides: list[str] = ()) -> RunPlan:
+    """The run that `train(plan.cfg, plan.run_dir, resume=plan.resume)` starts or resumes.
+
+    A new run: the preset (default small), then a config file, then each override; its run
+    directory must be new (or left by a run that died before its first checkpoint) and its corpus
+    must exist. A resumed run (`path` a run directory, its checkpoints/
+    folder or its newest checkpoint): the checkpoint's config takes the preset's place, a preset is
+    refused, only train.* may change and data.path may name the same corpus another way."""
+    if resume:
+        if preset is not None:
+            raise ValueError(f"preset {preset!r} is for a new run; a resumed run keeps its checkpoint's "
+                             "settings (change train.* with a config file or overrides)")
+        run_dir, ckpt = resume_target(path)
+        saved = load_config(ckpt)
+        cfg = config_lib.load_file(config_file, saved) if config_file else saved
+        cfg = config_for_resume(saved, config_lib.apply_overrides(cfg, list(overrides)))
+    else:
+        run_dir, ckpt = Path(path), None
+        cfg = config_lib.resolve(preset or "small", config_file=config_file, overrides=list(overrides))
+    cfg = absolute_corpus(cfg)
+    corpus.corpus_files(cfg.data.path)  # a missing corpus fails here, before any work
+    if not resume and not dist_lib.restarted():  # (a restarted torchrun job resumes in train)
+        _prepare_run_dir(run_dir, cfg, False, mutate=False)
+    return RunPlan(run_dir=run_dir, cfg=cfg, resume=resume, checkpoint=ckpt,
+                   done=_already_done(run_dir, cfg.train) if resume else None)
 
 
 def config_for_resume(saved: Config, resolved: Config) -> Config:

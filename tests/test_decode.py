@@ -108,3 +108,23 @@ def test_the_python_api_takes_str_prompts_as_utf8():
     with pytest.raises(ValueError, match=r"^heads=9 is not allowed") as error:
         decode.generate_batch(model, ["x"], max_bytes=4, heads=9)
     assert "--" not in str(error.value)  # library errors name arguments, not the CLI's flags
+
+
+def test_context_left_is_what_the_window_slides_by():
+    seq_len = 8
+    assert decode.context_left(5, 0, seq_len) == 3 and decode.context_left(8, 0, seq_len) == 0
+    for n in range(1, 40):
+        start = decode.window_start(n, 0, seq_len)
+        assert decode.context_left(n, start, seq_len) >= 0  # after a slide the context fits again
+        assert (start == 0) == (decode.context_left(n, 0, seq_len) >= 0)
+
+
+def test_compare_decoding_measures_plain_against_speculative():
+    from bytemtp.bench import compare_decoding
+
+    model = _model(n_future=4)
+    decoder = decode.Decoder(model)
+    res = compare_decoding(decoder, "def ", max_bytes=24, heads=4, draft="chain", rounds=2)
+    assert res["identical"] and res["output"] == decode.generate(model, b"def ", max_bytes=24).output
+    assert len(res["speedup_runs"]) == 2 and res["speedup_min"] <= res["speedup"] * 1.5
+    assert res["bytes_per_forward"] >= 1.0 and res["degenerate"] == (len(set(res["output"])) == 1)

@@ -308,3 +308,16 @@ def test_eval_task_says_when_its_window_slides(tmp_path):
                                         "--per-count", "5", "--counts", "10", "--device", "cpu"])
         assert res.exit_code == 0, res.output
         assert "Traceback" not in res.output and ok != (f"needs up to {need} bytes of context" in res.output)
+
+
+def test_write_corpus_is_the_task_corpus_command(tmp_path):
+    from bytemtp.corpus import read_manifest
+
+    manifest = T.write_corpus("poly", tmp_path / "poly", documents=100, operations=(2, 2), seed=3)
+    assert manifest == read_manifest(tmp_path / "poly")
+    assert sum(s["documents"] for s in manifest["splits"].values()) + manifest["duplicates"] == 100
+    assert "2 operations, seed 3" in manifest["source"]
+    with pytest.raises(ValueError, match="operations are for poly"):
+        T.write_corpus("induction", tmp_path / "ind", documents=10, operations=(1, 5))
+    with pytest.raises(ValueError, match="task 'sums' does not exist"):
+        T.write_corpus("sums", tmp_path / "sums")

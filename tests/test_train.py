@@ -510,6 +510,21 @@ def test_resume_by_checkpoint_path_and_when_already_done(tmp_path, short_run):
     assert ckpt_step(latest_checkpoint(short_run)) == 4
 
 
+def test_plan_run_resolves_and_checks_before_any_work(tmp_path, corpus_dir, short_run):
+    plan = train_lib.plan_run(tmp_path / "new", preset="tiny", overrides=[f"data.path={corpus_dir}", "train.steps=3"])
+    assert (plan.resume, plan.checkpoint, plan.done) == (False, None, None)
+    assert plan.cfg.train.steps == 3 and os.path.isabs(plan.cfg.data.path)
+    assert not (tmp_path / "new").exists()  # planning writes nothing
+    plan = train_lib.plan_run(short_run / "checkpoints", resume=True, overrides=["train.steps=2"])
+    assert plan.run_dir == short_run and plan.checkpoint == latest_checkpoint(short_run)
+    assert plan.done is not None and plan.done.step == 2  # already at its limit: nothing to do
+    assert train_lib.plan_run(short_run, resume=True, overrides=["train.steps=5"]).done is None
+    with pytest.raises(ValueError, match="preset 'tiny' is for a new run"):
+        train_lib.plan_run(short_run, resume=True, preset="tiny")
+    with pytest.raises(ValueError, match="already exists"):
+        train_lib.plan_run(short_run, preset="tiny", overrides=[f"data.path={corpus_dir}", "train.steps=3"])
+
+
 def test_train_prints_a_header_and_the_next_byte_loss(tmp_path, corpus_dir):
     import re
 

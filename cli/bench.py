@@ -1,0 +1,155 @@
+"""`bytemtp bench ...`: speed, memory and quality, measured as ratios within one run."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from . import report
+from .options import (
+    OneLineErrors, device_option, json_option, parse_batch_sizes, parse_modes, preset_option)
+from .report import echo, table, write_json
+
+
+@click.group(cls=OneLineErrors)
+def bench() -> None:
+    """Measure speed and memory (ratios within one run)."""
+
+
+@bench.command("train-step")
+@preset_option("small")
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--steps", default=6, show_default=True, type=click.IntRange(1),
+              help="Timed steps per variant (after the warm-up); the median counts.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0))
+@device_option()
+@json_option()
+def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, device: str | None,
+                     json_path: str | None) -> None:
+    """Next-byte vs memory-efficient vs plain multi-token training step."""
+    from tqdm import tqdm
+
+    from bytemtp.bench import TRAIN_STEP_VARIANTS, train_step
+    from bytemtp.train import resolve_device
+
+    with tqdm(total=warmup + steps + len(TRAIN_STEP_VARIANTS), desc="train-step", unit="round") as bar:
+        def progress(stage: str) -> None:
+            bar.set_postfix_str(stage)
+            bar.update()
+
+        res = train_step(preset, batch_size=batch_size, steps=steps, warmup=warmup, device=str(resolve_device(device)),
+                         progress=progress)
+    echo(report.train_step_table(res))
+    write_json(json_path, res)
+
+
+@bench.command("loader")
+@click.option("--data", "path", default="data/corpus/stdlib", show_default=True,
+              help="A prepared corpus (its largest train shard is read) or one .zst shard.")
+@click.option("--seq-len", default=2048, show_default=True, type=click.IntRange(1))
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1),
+              help="Passes of each reader; the fastest counts.")
+@json_option()
+def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, json_path: str | None) -> None:
+    """Loader throughput on one shard beside `zstd -dc` of the same file."""
+    from tqdm import tqdm
+
+    from bytemtp.bench import loader_throughput
+
+    with tqdm(total=repeats, desc="loader", unit="pass") as bar:
+        res = loader_throughput(path, seq_len=seq_len, batch_size=batch_size, repeats=repeats,
+                                progress=bar.update)
+    echo(f"shard {res['shard']}: {res['decompressed_bytes']:,} bytes decompressed, "
+         f"{res['batches']:,} batches of {batch_size} x {seq_len}")
+    echo(table([("bytemtp loader (one process)", f"{res['loader_mb_s']:.1f}"),
+                ("zstd -dc > /dev/null", f"{res['zstd_mb_s']:.1f}")], ("reader", "MB/s")))
+    spread = res["pair_ratios"]
+    echo(f"ratio {res['ratio']:.3f} (best against best; run by run {spread[0]:.2f} to {spread[-1]:.2f})")
+    write_json(json_path, res)
+
+
+@bench.command("decode")
+@click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
+@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False, exists=True),
+              help='Prompts, one {"prompt": "..."} a line; default: the starts of val documents of the '
+                   "run's corpus (text the model did not train on).")
+@click.option("--n-prompts", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--prompt-bytes", default=128, show_default=True, type=click.IntRange(1),
+              help="Length of the val prompts.")
+@click.option("--max-bytes", default=256, show_default=True, type=click.IntRange(1),
+              help="Output bytes a prompt (the window slides past the context).")
+@click.option("--batch-sizes", default="1,8", show_default=True, help="Comma-separated.")
+@click.option("--modes", default="auto,chain-2,chain-4,chain-all,tree-4,tree-all", show_default=True,
+              help="Drafting modes against plain greedy: auto, chain-K, tree-K (K heads or 'all').")
+@click.option("--rounds", default=2, show_default=True, type=click.IntRange(1),
+              help="Times every batch is decoded in every mode (interleaved).")
+@device_option()
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
+@json_option()
+def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_bytes: int, max_bytes: int,
+                 batch_sizes: str, modes: str, rounds: int, device: str, dtype: str, json_path: str | None) -> None:
+    """Plain greedy vs self-speculative greedy (automatic, fixed chains, trees) on one model."""
+    from tqdm import tqdm
+
+    from bytemtp.bench import decode_speed
+    from bytemtp.train import resolve_device
+
+    sizes, mode_list = parse_batch_sizes(batch_sizes), parse_modes(modes)
+    with tqdm(total=sum(-(-n_prompts // b) * rounds for b in sizes), desc="decode", unit="batch") as bar:
+        try:
+            res = decode_speed(ckpt, prompts_path=prompts_path, n_prompts=n_prompts, prompt_bytes=prompt_bytes,
+                               max_bytes=max_bytes, batch_sizes=sizes, modes=mode_list, rounds=rounds,
+                               device=str(resolve_device(device)), dtype=dtype, progress=bar.update)
+        except RuntimeError as e:
+            raise click.ClickException(str(e)) from None
+    bpb = f"; model val bits/byte {res['val_bpb']:.3f}" if res["val_bpb"] is not None else ""
+    echo(f"{res['prompts']} held-out prompts of up to {res['prompt_bytes']} bytes, {res['max_bytes']} output "
+         f"bytes each, {res['rounds']} interleaved rounds, {res['device']} {res['dtype']}{bpb}")
+    echo(report.decode_cases_table(res))
+    write_json(json_path, res)
+    if not res["all_identical"]:
+        raise click.ClickException("speculative output differs from plain greedy output")
+
+
+@bench.command("all")
+@click.option("--ckpt", default="runs/demo", show_default=True,
+              help="The run that decode and eval use (make demo trains it).")
+@click.option("--data", default="data/corpus/stdlib", show_default=True, help="A prepared corpus for the loader.")
+@preset_option("small")
+@device_option("cpu")
+@json_option("bench-all.json")
+def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) -> None:
+    """Train step, loader, decode and eval in one run: one table, one JSON."""
+    from bytemtp.bench import all_benchmarks
+    from bytemtp.checkpoint import latest_checkpoint
+    from bytemtp.train import resolve_device
+
+    if latest_checkpoint(ckpt) is None and not os.path.isfile(os.path.join(ckpt, "config.json")):
+        raise click.ClickException(f"no checkpoint in {ckpt}: run `make demo` first, or give --ckpt RUN")
+    res = all_benchmarks(ckpt=ckpt, data=data, preset_name=preset, device=str(resolve_device(device)),
+                         progress=lambda name: click.echo(f"--- {name}", err=True))
+    rows = [(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+            for key, value in res["summary"].items()]
+    echo(table(rows, ("figure", "value")))
+    write_json(json_path, res)
+
+
+@bench.command("quality")
+@preset_option("small")
+@click.option("--data", default="data/corpus/stdlib", show_default=True, help="A prepared corpus with a val split.")
+@click.option("--steps", default=300, show_default=True, type=click.IntRange(1),
+              help="Training steps of each model (the same bytes for both).")
+@click.option("--eval-batches", default=100, show_default=True, type=click.IntRange(1))
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="Keep the two runs here (default: a temporary directory).")
+@json_option()
+def bench_quality(preset: str, data: str, steps: int, eval_batches: int, out: str | None,
+                  json_path: str | None) -> None:
+    """Validation bits per byte: 8-head model vs the next-byte baseline, same bytes."""
+    from bytemtp.bench import quality
+
+    res = quality(preset, data=data, steps=steps, eval_batches=eval_batches, out_dir=out)
+    echo(report.quality_report(res))
+    write_json(json_path, res)

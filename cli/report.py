@@ -1,0 +1,178 @@
+"""What the commands print: tables, short text reports and their JSON.
+
+A command's report goes to stdout, or to stderr when stdout carries its JSON (`--json -`);
+`generate` keeps stdout for the generated text and reports on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+
+def table(rows: list[tuple], header: tuple) -> str:
+    cells = [tuple(str(c) for c in header)] + [tuple(str(c) for c in r) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def echo(text: str) -> None:
+    """A command's report: on stdout, or on stderr when stdout carries its JSON (--json -)."""
+    ctx = click.get_current_context(silent=True)
+    click.echo(text, err=ctx is not None and ctx.params.get("json_path") == "-")
+
+
+def write_json(path: str | None, data: dict) -> None:
+    if path == "-":
+        click.echo(json.dumps(data, indent=2, default=str))
+    elif path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+        echo(f"wrote {path}")
+
+
+def corpus_table(manifest: dict) -> str:
+    rows = []
+    for name, split in manifest["splits"].items():
+        ratio = split["bytes"] / split["compressed_bytes"] if split["compressed_bytes"] else 0.0
+        rows.append((name, f"{split['documents']:,}", f"{split['bytes']:,}",
+                     f"{split['compressed_bytes']:,}", f"{ratio:.2f}", len(split["shards"])))
+    lines = [table(rows, ("split", "documents", "bytes", "compressed", "ratio", "shards"))]
+    skipped = {k: v for k, v in manifest.get("skipped", {}).items() if v}
+    lines.append(f"duplicates removed: {manifest.get('duplicates', 0):,}; skipped: "
+                 + (", ".join(f"{k} {v:,}" for k, v in sorted(skipped.items())) or "none"))
+    return "\n".join(lines)
+
+
+def model_line(m, params: int) -> str:
+    """One line that says what a model is."""
+    return (f"{params:,} parameters: {m.trunk_layers} trunk layers + {m.n_future} {m.head_type} heads, "
+            f"width {m.d_model}, context {m.seq_len}")
+
+
+def train_header(cfg, run_dir, *, resume: bool) -> str:
+    """Device, parameters, corpus and run directory; the full config goes to RUN/run-config.json."""
+    import torch
+
+    from bytemtp.model import ByteMTP
+    from bytemtp.train import RUN_CONFIG, resolve_device
+
+    with torch.device("meta"):
+        model = ByteMTP(cfg.model)
+    m, world = cfg.model, int(os.environ.get("WORLD_SIZE", "1"))
+    rows = [("run", f"{os.path.abspath(run_dir)} ({'resumed' if resume else 'new'}; all settings in {RUN_CONFIG})"),
+            ("corpus", cfg.data.path),
+            ("model", model_line(m, model.num_params())),
+            ("device", f"{resolve_device(cfg.train.device)}" + (f" x {world} processes" if world > 1 else "")),
+            ("batch", f"{cfg.data.batch_size * m.seq_len * cfg.train.grad_accum * world:,} bytes a step")]
+    return "\n".join(f"{name:8s} {value}" for name, value in rows)
+
+
+def stats_dict(st) -> dict:
+    out = {"bytes": st.bytes_out, "forward_passes": st.forward_passes,
+           "bytes_per_forward": round(st.bytes_per_forward, 3), "wall_s": round(st.wall_s, 4),
+           "stopped_by": st.stopped_by}
+    if getattr(st, "drafted", None):
+        out["acceptance"] = [round(r, 4) for r in st.acceptance]
+        out["heads_used"] = {str(k): n for k, n in sorted(st.heads_used.items())}
+    return out
+
+
+def stats_lines(st) -> str:
+    return (f"{st.bytes_out} bytes in {st.forward_passes} forward passes ({st.bytes_per_forward:.2f} bytes/pass), "
+            f"{st.wall_s:.2f} s, {st.bytes_out / max(st.wall_s, 1e-9):,.0f} bytes/s; stopped by {st.stopped_by}")
+
+
+def draft_summary(st, decoder) -> str:
+    """What the decoder chose: heads per pass, the commonest draft shapes, acceptance per depth."""
+    total = max(1, sum(st.heads_used.values()))
+    heads = ", ".join(f"{k} ({100 * n / total:.0f}%)" for k, n in
+                      sorted(st.heads_used.items(), key=lambda kv: -kv[1]))
+    shapes = ", ".join(f"{s} ({100 * n / total:.0f}%)" for s, n in
+                       sorted(st.shapes.items(), key=lambda kv: -kv[1])[:3])
+    rates = " ".join(f"d{j + 1} {r:.2f}" for j, r in enumerate(st.acceptance) if st.drafted[j])
+    lines = [f"heads run: {heads}; drafts: {shapes}", f"draft acceptance by depth: {rates or 'none drafted'}"]
+    choice = decoder.last_choice
+    if choice is not None and choice.speedup:
+        lines.append(f"last plan: {choice.heads} heads, {choice.tree.describe()}, expected "
+                     f"{choice.bytes_per_pass:.2f} bytes/pass and {choice.speedup:.2f}x plain")
+    if st.slides:
+        lines.append(f"the window slid {st.slides} times")
+    return "\n".join(lines)
+
+
+def comparison(res: dict, mode: str) -> str:
+    """`generate --compare`: plain and speculative speeds, the speedup and its runs, identity."""
+    lines = [f"plain greedy:                 {res['plain_bytes_s']:8,.0f} bytes/s, 1.00 bytes/pass",
+             f"speculative, {mode:16s} {res['spec_bytes_s']:8,.0f} bytes/s, {res['bytes_per_forward']:.2f} bytes/pass",
+             f"speedup {res['speedup']:.2f}x (runs: {', '.join(f'{r:.2f}' for r in res['speedup_runs'])}); "
+             f"outputs identical: {'yes' if res['identical'] else 'NO'}"]
+    if res["degenerate"]:
+        lines.append(f"note: the output is one byte repeated ({res['output'][:1]!r}): a degenerate "
+                     "continuation says little about speed; try another prompt")
+    return "\n".join(lines)
+
+
+def eval_table(res: dict) -> str:
+    rows = [(f"h{k + 1}", f"{b:.3f}", f"{a:.3f}", f"{res['acceptance'].get(k + 1, 1.0):.3f}" if k else "-",
+             f"{res['bytes_per_forward'].get(k + 1, 1.0):.2f}" if k else "1.00")
+            for k, (b, a) in enumerate(zip(res["bpb"], res["accuracy"]))]
+    return table(rows, ("head", "bits/byte", "accuracy", "heads 2..k right", "bytes/pass with k"))
+
+
+def task_table(header: str, sizes: dict, accuracy: dict, scores: dict, overall: float) -> str:
+    rows = [(g, n, f"{accuracy[g]:.3f}", f"{scores[g]['byte_accuracy']:.3f}", f"{scores[g]['bpb']:.3f}")
+            for g, n in sizes.items()] + [("all", sum(sizes.values()), f"{overall:.3f}", "", "")]
+    return table(rows, (header, "problems", "exact match", "answer byte acc", "answer bits/byte"))
+
+
+def checkpoint_report(info: dict) -> str:
+    lines = [f"checkpoint  {info['checkpoint']}", f"step        {info['step']}",
+             f"model       {model_line(info['config'].model, info['params'])}, "
+             f"{info['config'].model.unembed} unembedding",
+             f"resumable   {'yes' if info['resumable'] else 'no (no optimizer.pt: inference only)'}",
+             table([(name, f"{size:,}") for name, size in info["files"].items()], ("file", "bytes"))]
+    extra = {k: v for k, v in info["train_state"].items() if k != "step" and not isinstance(v, (dict, list))}
+    if extra:
+        lines.append(table(sorted(extra.items()), ("train state", "value")))
+    return "\n".join(lines)
+
+
+def train_step_table(res: dict) -> str:
+    rows = []
+    for name, label in (("ntp", "next-byte (n=1)"), ("mtp", "multi-token n=8, memory-efficient"),
+                        ("mtp_plain", "multi-token n=8, plain")):
+        row = [label, f"{res[f'{name}_step_s']:.3f}", f"{res[f'{name}_bytes_s']:,.0f}",
+               f"{res[f'{name}_peak_mb']:,.0f}"]
+        if f"{name}_mfu" in res:
+            row.append(f"{100 * res[f'{name}_mfu']:.1f}%")
+        rows.append(tuple(row))
+    header = ("variant", "step s", "bytes/s", "peak MiB") + (("MFU",) if len(rows[0]) > 4 else ())
+    return "\n".join([f"preset {res['preset']}, batch {res['batch_size']} x {res['seq_len']} bytes, {res['device']}",
+                      table(rows, header),
+                      f"time_ratio {res['time_ratio']:.3f}  memory_ratio {res['memory_ratio']:.3f}  "
+                      f"plain_memory_ratio {res['plain_memory_ratio']:.3f}"])
+
+
+def decode_cases_table(res: dict) -> str:
+    rows = [(c["batch_size"], c["mode"], f"{c['plain_bytes_s']:,.0f}", f"{c['spec_bytes_s']:,.0f}",
+             f"{c['speedup']:.2f} ({c['speedup_min']:.2f}-{c['speedup_max']:.2f})",
+             f"{c['bytes_per_forward']:.2f}", f"{c['pass_cost']:.2f}", "yes" if c["identical"] else "NO",
+             ", ".join(f"{k}:{n}" for k, n in sorted(c["heads_used"].items())))
+            for c in res["cases"]]
+    return table(rows, ("batch", "mode", "plain B/s", "spec B/s", "speedup (spread)", "bytes/pass",
+                        "pass cost", "identical", "heads:passes"))
+
+
+def quality_report(res: dict) -> str:
+    rows = [("next-byte baseline (n=1)", f"{res['ntp_bpb']:.4f}"),
+            ("multi-token n=8, head 1", f"{res['mtp_bpb']:.4f}")]
+    rows += [(f"multi-token n=8, head {k + 1}", f"{b:.4f}") for k, b in enumerate(res["mtp_head_bpb"]) if k]
+    return "\n".join([f"preset {res['preset']}, {res['steps']} steps, {res['bytes']:,} training bytes each, "
+                      f"{res['data']}",
+                      table(rows, ("model", "val bits/byte")),
+                      f"gap (n=8 head 1 - baseline): {res['bpb_gap']:+.4f} bits/byte"])
