@@ -518,7 +518,7 @@ def plan_run(path: str | os.PathLike, *, resume: bool = False, preset: str | Non
 
     A new run: the preset (default small), then a config file, then each override; its run
     directory must be new (or left by a run that died before its first checkpoint) and its corpus
-    must exist. A resumed run (`path` a run directory, its checkpoints/
+    must exist and not be a run directory. A resumed run (`path` a run directory, its checkpoints/
     folder or its newest checkpoint): the checkpoint's config takes the preset's place, a preset is
     refused, only train.* may change and data.path may name the same corpus another way."""
     if resume:
@@ -532,12 +532,25 @@ def plan_run(path: str | os.PathLike, *, resume: bool = False, preset: str | Non
     else:
         run_dir, ckpt = Path(path), None
         cfg = config_lib.resolve(preset or "small", config_file=config_file, overrides=list(overrides))
+        check_not_a_run(cfg.data.path)
     cfg = absolute_corpus(cfg)
     corpus.corpus_files(cfg.data.path)  # a missing corpus fails here, before any work
     if not resume and not dist_lib.restarted():  # (a restarted torchrun job resumes in train)
         _prepare_run_dir(run_dir, cfg, False, mutate=False)
     return RunPlan(run_dir=run_dir, cfg=cfg, resume=resume, checkpoint=ckpt,
                    done=_already_done(run_dir, cfg.train) if resume else None)
+
+
+def check_not_a_run(spec) -> None:
+    """Refuse a corpus that names a run directory (it holds checkpoints/ or run-config.json):
+    training on checkpoint binaries is a mistake. Files inside a run can still be named one by
+    one or with a glob."""
+    for item in spec if isinstance(spec, (list, tuple)) else [spec]:
+        path = Path(item)
+        if path.is_dir() and ((path / "checkpoints").is_dir() or (path / RUN_CONFIG).is_file()):
+            raise ValueError(f"the corpus {item} is a run directory (it holds "
+                             f"{'checkpoints/' if (path / 'checkpoints').is_dir() else RUN_CONFIG}), not text to "
+                             "train on; name a corpus, or its files with a glob if you mean them")
 
 
 def config_for_resume(saved: Config, resolved: Config) -> Config:

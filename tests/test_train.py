@@ -510,6 +510,20 @@ def test_resume_by_checkpoint_path_and_when_already_done(tmp_path, short_run):
     assert ckpt_step(latest_checkpoint(short_run)) == 4
 
 
+def test_a_run_directory_is_refused_as_a_corpus(tmp_path, short_run):
+    # `--data runs/t1` used to train on the run's checkpoint binaries with only a note
+    new = tmp_path / "new"
+    res = cli("--preset", "tiny", "--data", short_run, "--out", new, "--steps", 1)
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    errors = res.stderr.strip().splitlines()
+    assert len(errors) == 1 and f"the corpus {short_run} is a run directory" in errors[0], res.stderr
+    assert not new.exists()
+    (tmp_path / "t2").mkdir()  # a run that died before its first checkpoint has only run-config.json
+    (tmp_path / "t2" / train_lib.RUN_CONFIG).write_text("{}")
+    with pytest.raises(ValueError, match="is a run directory"):
+        train_lib.plan_run(new, overrides=[f"data.path={tmp_path / 't2'}", "train.steps=1"])
+
+
 def test_plan_run_resolves_and_checks_before_any_work(tmp_path, corpus_dir, short_run):
     plan = train_lib.plan_run(tmp_path / "new", preset="tiny", overrides=[f"data.path={corpus_dir}", "train.steps=3"])
     assert (plan.resume, plan.checkpoint, plan.done) == (False, None, None)
