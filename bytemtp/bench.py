@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from bytemtp.config import DataConfig, LossConfig, preset
 from bytemtp import decode
@@ -188,9 +189,11 @@ def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batc
 
 
 def quality(preset_name: str = "small", *, data: str = "data/corpus/stdlib", steps: int = 300,
-            eval_batches: int = 100, out_dir: str | None = None, show_progress: bool = True) -> dict:
+            eval_batches: int = 100, out_dir: str | None = None, device: str | None = None,
+            show_progress: bool = True) -> dict:
     """Train the preset with n_future=8 and the parameter-matched next-byte baseline on the same
-    bytes (same steps, batch and data order), and compare validation bits per byte."""
+    bytes (same steps, batch and data order) on `device` (default: the preset's train.device), and
+    compare validation bits per byte."""
     from bytemtp.train import train, val_data
 
     base = preset(preset_name)
@@ -203,10 +206,14 @@ def quality(preset_name: str = "small", *, data: str = "data/corpus/stdlib", ste
             base, model=dataclasses.replace(base.model, n_future=n_future),
             data=dataclasses.replace(base.data, path=data),
             train=dataclasses.replace(base.train, steps=steps, max_bytes=0, max_time=0.0,
-                                      eval_every=0, eval_batches=eval_batches))
-        results[name] = train(cfg, root / name, show_progress=show_progress)
+                                      eval_every=0, eval_batches=eval_batches,
+                                      device=device or base.train.device))
+        # its notes go to stderr with the progress bars: stdout may carry the result as JSON
+        results[name] = train(cfg, root / name, show_progress=show_progress,
+                              say=lambda text: tqdm.write(text, file=sys.stderr))
     bytes_seen = results["mtp"].bytes_seen
     return {"preset": preset_name, "data": data, "steps": steps, "bytes": bytes_seen,
+            "device": device or base.train.device,
             "eval_batches": eval_batches, "runs": str(root),
             "ntp_bpb": results["ntp"].val_bpb[0], "mtp_bpb": results["mtp"].val_bpb[0],
             "mtp_head_bpb": results["mtp"].val_bpb,

@@ -8,7 +8,7 @@ import click
 
 from . import report
 from .options import (
-    OneLineErrors, device_option, json_option, parse_batch_sizes, parse_modes, preset_option)
+    OneLineErrors, check_output_dir, device_option, json_option, parse_batch_sizes, parse_modes, preset_option)
 from .report import echo, table, write_json
 
 
@@ -142,14 +142,17 @@ def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) ->
 @click.option("--steps", default=300, show_default=True, type=click.IntRange(1),
               help="Training steps of each model (the same bytes for both).")
 @click.option("--eval-batches", default=100, show_default=True, type=click.IntRange(1))
-@click.option("--out", default=None, type=click.Path(file_okay=False),
+@click.option("--out", default=None, type=click.Path(file_okay=False), callback=check_output_dir,
               help="Keep the two runs here (default: a temporary directory).")
+@device_option()
 @json_option()
-def bench_quality(preset: str, data: str, steps: int, eval_batches: int, out: str | None,
+def bench_quality(preset: str, data: str, steps: int, eval_batches: int, out: str | None, device: str,
                   json_path: str | None) -> None:
     """Validation bits per byte: 8-head model vs the next-byte baseline, same bytes."""
     from bytemtp.bench import quality
+    from bytemtp.train import resolve_device
 
-    res = quality(preset, data=data, steps=steps, eval_batches=eval_batches, out_dir=out)
+    res = quality(preset, data=data, steps=steps, eval_batches=eval_batches, out_dir=out,
+                  device=str(resolve_device(device)))
     echo(report.quality_report(res))
     write_json(json_path, res)

@@ -173,6 +173,6 @@ def quality_report(res: dict) -> str:
             ("multi-token n=8, head 1", f"{res['mtp_bpb']:.4f}")]
     rows += [(f"multi-token n=8, head {k + 1}", f"{b:.4f}") for k, b in enumerate(res["mtp_head_bpb"]) if k]
     return "\n".join([f"preset {res['preset']}, {res['steps']} steps, {res['bytes']:,} training bytes each, "
-                      f"{res['data']}",
+                      f"{res['data']}, {res['device']}",
                       table(rows, ("model", "val bits/byte")),
                       f"gap (n=8 head 1 - baseline): {res['bpb_gap']:+.4f} bits/byte"])

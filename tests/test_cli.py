@@ -168,3 +168,18 @@ def test_bench_loader(tmp_path):
     data = json.loads(path.read_text())
     assert data["loader_mb_s"] > 0 and data["zstd_mb_s"] > 0
     assert data["ratio"] == pytest.approx(data["loader_mb_s"] / data["zstd_mb_s"])
+
+
+def test_bench_quality_takes_a_device(code_corpus, tmp_path):
+    # bench quality had no --device: it trained on the preset's train.device whatever the user had
+    res = run("bench", "quality", "--preset", "tiny", "--data", str(code_corpus), "--device", "gpu")
+    assert res.exit_code != 0 and "Traceback" not in res.output and "--device" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    res = run("bench", "quality", "--preset", "tiny", "--data", str(code_corpus), "--steps", "1", "--eval-batches", "1",
+              "--out", str(tmp_path / "runs"), "--device", "cpu", "--json", "-")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["device"] == "cpu" and data["mtp_bpb"] > 0 and data["ntp_bpb"] > 0
+    for name in ("ntp", "mtp"):
+        saved = json.loads((tmp_path / "runs" / name / "run-config.json").read_text())
+        assert saved["train"]["device"] == "cpu"
