@@ -30,7 +30,7 @@ from bytemtp.config import DataConfig, LossConfig, preset
 from bytemtp import decode
 from bytemtp.checkpoint import load_model
 from bytemtp.corpus import CorpusError, corpus_files, decompressed_size, iter_documents
-from bytemtp.evaluate import evaluate
+from bytemtp.evaluate import evaluate, held_out_split
 from bytemtp.flops import peak_gpu_flops, step_flops
 from bytemtp.loader import ByteLoader
 from bytemtp.model import ByteMTP
@@ -358,7 +358,8 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     # the top-level figures describe auto at the first batch size, or the first mode measured
     first = [c for c in cases if c["batch_size"] == batch_sizes[0]]
     top = next((c for c in first if c["mode"] == "auto"), first[0])
-    ev = evaluate(model, cfg.data.path, batches=eval_batches, device=dev) if eval_batches else None
+    ev = (evaluate(model, cfg.data.path, split=held_out_split(cfg.data.path), batches=eval_batches, device=dev)
+          if eval_batches else None)
     costs = decoder.pass_costs(batch_sizes[0])
     return {"ckpt": str(ckpt), "device": str(dev), "dtype": dtype, "prompts": len(prompts),
             "prompt_bytes": max(len(p) for p in prompts), "max_bytes": max_bytes, "rounds": rounds,
@@ -384,7 +385,8 @@ def all_benchmarks(*, ckpt: str, data: str = "data/corpus/stdlib", preset_name: 
                        modes=("auto", "chain-2", "chain-all", "tree-4"))
     say("eval")
     model, cfg = load_model(ckpt, device=torch.device(device))
-    ev = evaluate(model, cfg.data.path, batches=eval_batches, device=torch.device(device))
+    ev = evaluate(model, cfg.data.path, split=held_out_split(cfg.data.path), batches=eval_batches,
+                  device=torch.device(device))
     k = model.config.n_future
     summary = {
         "train_step.time_ratio": step["time_ratio"], "train_step.memory_ratio": step["memory_ratio"],

@@ -17,12 +17,13 @@ ranks before anything is divided.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
 from bytemtp import distributed as dist_lib
 from bytemtp.config import DataConfig
-from bytemtp.corpus import CorpusError
+from bytemtp.corpus import MANIFEST, CorpusError
 from bytemtp.loader import ByteLoader
 from bytemtp.loss import IGNORE, future_targets
 from bytemtp.model import ByteMTP
@@ -31,12 +32,29 @@ from bytemtp.vocab import EOS
 LN2 = math.log(2)
 
 
+def has_splits(data) -> bool:
+    """Whether a corpus spec names prepared corpora only (directories or manifests), whose
+    documents are split into train and val; any other corpus is just its files."""
+    items = data if isinstance(data, (list, tuple)) else [data]
+    return all(((Path(i).parent if Path(i).name == MANIFEST else Path(i)) / MANIFEST).is_file() for i in items)
+
+
+def held_out_split(data) -> str | None:
+    """The split that scores a model on text it did not train on: val where the corpus has
+    splits, else None (every file: a corpus without splits holds no held-out text)."""
+    return "val" if has_splits(data) else None
+
+
 @torch.inference_mode()
 def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: int = 50, batch_size: int = 8,
              device: torch.device = torch.device("cpu"), d: dist_lib.Dist | None = None,
              progress=None) -> dict:
     """Bits per byte, accuracy and the acceptance profile of `model` on up to `batches` batches
-    (per rank) of one pass over the corpus (its `split`: val, train, or None for every file)."""
+    (per rank) of one pass over the corpus (its `split`: val, train, or None for every file; a
+    corpus that is not prepared has no splits, so only None)."""
+    if split is not None and not has_splits(data):
+        raise CorpusError(f"{data} is not a prepared corpus, so it has no splits (no {split} split); "
+                          "pass split=None to evaluate every file, or prepare it with bytemtp prep")
     d = d or dist_lib.Dist(device=device)
     cfg = model.config
     K, T = cfg.n_future, cfg.seq_len

@@ -220,15 +220,16 @@ def _relaunch_with_torchrun(nproc: int) -> None:
 @click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
 @click.option("--data", "data_path", default=None,
               help="Corpus to evaluate on (prepared directory, folder, glob or file); default: the run's.")
-@click.option("--split", type=click.Choice(["val", "train", "all"]), default="val", show_default=True,
-              help="Split of a prepared corpus; all = every file.")
+@click.option("--split", type=click.Choice(["val", "train", "all"]), default=None,
+              help="Split of a prepared corpus; all = every file.  [default: val, or all for a corpus "
+                   "that is not prepared and so has no splits]")
 @click.option("--batches", default=50, show_default=True, type=click.IntRange(1),
               help="Batches at most (per process); fewer when the split ends first.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
 @device_option()
 @dtype_option()
 @json_option()
-def eval_cmd(ckpt: str, data_path: str | None, split: str, batches: int, batch_size: int, device: str,
+def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, batch_size: int, device: str,
              dtype: str, json_path: str | None) -> None:
     """Bits per byte and accuracy of every head, and the acceptance profile of self-speculative decoding.
 
@@ -237,14 +238,19 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str, batches: int, batch_s
     from tqdm import tqdm
 
     from bytemtp import distributed as dist_lib
-    from bytemtp.checkpoint import load_model
-    from bytemtp.evaluate import evaluate
+    from bytemtp.checkpoint import load_config, load_model, resolve_checkpoint
+    from bytemtp.evaluate import evaluate, has_splits
     from bytemtp.train import resolve_device
 
+    data = data_path or load_config(resolve_checkpoint(ckpt)).data.path
+    if split is None:
+        split = "val" if has_splits(data) else "all"
+    elif split != "all" and not has_splits(data):
+        raise click.ClickException(f"{data} is not a prepared corpus, so it has no splits (no {split} split); "
+                                   "evaluate every file with --split all, or prepare it with bytemtp prep")
     d = dist_lib.setup(resolve_device(device))
     try:
-        model, cfg = load_model(ckpt, device=d.device, dtype=dtype)
-        data = data_path or cfg.data.path
+        model, _ = load_model(ckpt, device=d.device, dtype=dtype)
         with tqdm(total=batches, desc="eval", unit="batch", disable=not d.is_main) as bar:
             res = evaluate(model, data, split=None if split == "all" else split, batches=batches,
                            batch_size=batch_size, device=d.device, d=d, progress=bar.update)
@@ -286,13 +292,14 @@ def plot_cmd(run: str | None, ckpt: str | None, out: str | None, eval_json: str 
         result = json.loads(open(eval_json).read())
     elif eval_batches:
         from bytemtp.checkpoint import load_model
-        from bytemtp.evaluate import evaluate
+        from bytemtp.evaluate import evaluate, held_out_split
         from bytemtp.train import resolve_device
 
         dev = resolve_device(device)
         model, cfg = load_model(model_from, device=dev, dtype=dtype)
         if model.config.n_future > 1:
-            result = evaluate(model, cfg.data.path, batches=eval_batches, device=dev)
+            result = evaluate(model, cfg.data.path, split=held_out_split(cfg.data.path), batches=eval_batches,
+                              device=dev)
     for path in plot.figures(run, out_dir, result):  # all figures or none
         click.echo(f"wrote {path}")
 

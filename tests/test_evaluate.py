@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from bytemtp import config as C
 from bytemtp.checkpoint import save_checkpoint
 from bytemtp.config import DataConfig
+from bytemtp.corpus import CorpusError
 from bytemtp.evaluate import evaluate
 from bytemtp.loader import ByteLoader
 from bytemtp.loss import IGNORE, future_targets
@@ -131,3 +132,30 @@ def test_eval_under_torchrun_adds_the_ranks(code_corpus, tmp_path):
     # up to the partial windows at the ends
     assert two["bytes"] == pytest.approx(one["bytes"], rel=0.1)
     assert two["bpb"][0] == pytest.approx(one["bpb"][0], rel=0.02)
+
+
+def test_a_corpus_without_splits_says_so(code_corpus, tmp_path):
+    # `eval --data FOLDER --split val` on a folder never prepared gave the numbers of every file,
+    # the same for val, train and all, each labelled "(val)"
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for i in range(6):
+        (folder / f"m{i}.py").write_text(f"def g{i}(y):\n    return y - {i}\n" * 20)
+    model = _model()
+    with pytest.raises(CorpusError, match="has no splits.*split=None"):
+        evaluate(model, str(folder), split="val", batches=1, batch_size=2)
+    cfg = dataclasses.replace(C.tiny(), model=model.config,
+                              data=dataclasses.replace(C.tiny().data, path=str(code_corpus)))
+    save_checkpoint(tmp_path / "run", step=1, model=model, config=cfg, train_state={})
+    base = ["eval", "--ckpt", str(tmp_path / "run"), "--data", str(folder), "--batches", "1", "--batch-size", "2"]
+    for split in ("val", "train"):
+        res = CliRunner().invoke(main, [*base, "--split", split])
+        assert res.exit_code != 0 and "Traceback" not in res.output
+        errors = res.stderr.strip().splitlines()
+        assert len(errors) == 1 and "has no splits" in errors[0] and "--split all" in errors[0], res.stderr
+    for args, label in (([], "(all)"), (["--split", "all"], "(all)")):  # without --split: every file, said so
+        res = CliRunner().invoke(main, [*base, *args])
+        assert res.exit_code == 0, res.output
+        assert f"of {folder} {label}" in res.stdout
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(tmp_path / "run"), "--batches", "1", "--batch-size", "2"])
+    assert res.exit_code == 0 and "(val)" in res.stdout  # a prepared corpus: its val split
