@@ -39,7 +39,7 @@ import random
 import tempfile
 from dataclasses import dataclass
 
-from bytemtp import corpus
+from bytemtp import prep
 
 P, DEGREE = 7, 5  # coefficients modulo P; X^DEGREE = 0
 OPS = ("neg", "add", "mul", "comp")
@@ -276,7 +276,7 @@ def write_corpus(task: str, out: str | os.PathLike, *, documents: int | None = N
         with open(path, "w") as f:
             for text in texts:
                 f.write(json.dumps({"text": text}) + "\n")
-        return corpus.prepare([path], out, val_fraction=0.01, licence="generated (CC0)", source_name=source)
+        return prep.prepare([path], out, val_fraction=0.01, licence="generated (CC0)", source_name=source)
 
 
 def fixed_test_set(task: str, *, per_count: int = 2000, counts: range = range(1, 11),

@@ -82,7 +82,7 @@ def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float
     (any bytes: raw files are documents as they are) in 1 MiB zstd frames with an index."""
     from tqdm import tqdm
 
-    from bytemtp import corpus
+    from bytemtp import corpus, prep
 
     files = corpus.select_files(corpus.corpus_files(list(sources), split=None), include=include,
                                 exclude=exclude)
@@ -92,9 +92,9 @@ def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float
             bar.update(min(bytes_read, total) - bar.n)  # tqdm redraws at most every 0.1 s
             bar.set_postfix_str(f"{docs:,} docs", refresh=False)
 
-        manifest = corpus.prepare(files, out, field=field, val_fraction=val_fraction, level=level,
-                                  source_name=source_name or " ".join(sources), licence=licence,
-                                  progress=progress, max_bad_fraction=max_bad_fraction)
+        manifest = prep.prepare(files, out, field=field, val_fraction=val_fraction, level=level,
+                                source_name=source_name or " ".join(sources), licence=licence,
+                                progress=progress, max_bad_fraction=max_bad_fraction)
     click.echo(f"wrote {out}")
     click.echo(report.corpus_table(manifest))
 

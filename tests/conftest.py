@@ -15,7 +15,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def code_corpus(tmp_path_factory):
     """A small prepared corpus of generated Python files, with a val split."""
-    from bytemtp.corpus import prepare
+    from bytemtp.prep import prepare
 
     root = tmp_path_factory.mktemp("code")
     src = root / "src"

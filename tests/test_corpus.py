@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 
 from bytemtp.corpus import (
     Shard,
-    SKIP_REASONS, CorpusError, ShardWriter, corpus_files, decompressed_size, describe, file_kind,
-    iter_documents, iter_lines, parse_record, prepare, read_manifest, read_raw, select_files, verify,
+    SKIP_REASONS, CorpusError, corpus_files, decompressed_size, describe, file_kind,
+    iter_documents, iter_lines, parse_record, read_manifest, read_raw, select_files, verify,
 )
 from bytemtp.corpus import _parse_slowly
+from bytemtp.prep import ShardWriter, prepare
 
 CCTX = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=True)
 SKIPPABLE = struct.pack("<II", 0x184D2A50, 3) + b"abc"

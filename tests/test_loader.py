@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from bytemtp import loader as L
 from bytemtp.config import DataConfig
-from bytemtp.corpus import CorpusError, ShardWriter, corpus_files, prepare
+from bytemtp.corpus import CorpusError, corpus_files
+from bytemtp.prep import ShardWriter, prepare
 from bytemtp.vocab import EOS
 
 

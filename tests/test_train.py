@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 import bytemtp.train as train_lib
 from bytemtp import config as config_lib
-from bytemtp import corpus
+from bytemtp import prep
 from bytemtp.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_train_state
 from bytemtp.config import TrainConfig
 from bytemtp.model import ByteMTP
@@ -54,7 +54,7 @@ def corpus_dir(tmp_path_factory) -> Path:
     for i in range(40):
         words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 200)))
         (src / f"doc{i:02d}.txt").write_text(f"document {i}\n{words}\n")
-    manifest = corpus.prepare([src], root / "corpus", val_fraction=0.2)
+    manifest = prep.prepare([src], root / "corpus", val_fraction=0.2)
     assert manifest["splits"]["val"]["documents"] > 0 and manifest["splits"]["train"]["documents"] > 20
     return root / "corpus"
 
