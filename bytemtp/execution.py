@@ -189,16 +189,20 @@ def _kill_group(child: subprocess.Popen) -> None:
 def run_programs(sources: list[str | bytes], *, timeout: float = 3.0, memory_mb: int = 1024,
                  workers: int | None = None, progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
     """Run many programs, `workers` at a time (default os.cpu_count()), each as `run_program`;
-    identical programs run once. `progress(done, total)` counts the distinct programs."""
+    identical programs run once. `progress(done, total)` counts the distinct programs. An
+    exception (KeyboardInterrupt) drops the programs not yet started."""
     _check_limits(timeout, memory_mb)
     unique = list(dict.fromkeys(sources))
     outcomes: dict[str | bytes, Outcome] = {}
     if progress is not None:
         progress(0, len(unique))
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+    pool = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1)
+    try:
         futures = {pool.submit(run_program, s, timeout=timeout, memory_mb=memory_mb): s for s in unique}
         for done, future in enumerate(as_completed(futures), 1):
             outcomes[futures[future]] = future.result()
             if progress is not None:
                 progress(done, len(unique))
+    finally:  # on Ctrl-C the programs not started are dropped; those running end within their limit
+        pool.shutdown(wait=True, cancel_futures=True)
     return [outcomes[s] for s in sources]

@@ -21,6 +21,12 @@ so greedy runs let the decoder choose them (heads None). Prompts longer than the
 context are decoded with the decoder's sliding window, and each completion says whether its
 window slid (`slid`): the model did not see the whole prompt.
 
+The speedup of speculative decoding is measured only when asked (`compare`, greedy runs): each
+batch is then decoded plainly as well, the two in alternating order from batch to batch after
+a warm-up of both, the outputs must be identical, and the speedup is plain time over
+speculative time on the same bytes. Without it a run reports bytes per forward pass, which
+bounds the speedup from above (a speculative pass never costs less than a plain one).
+
 Completions are str; bytes that are not UTF-8 are kept as lone surrogates ("surrogateescape"),
 which Python's json writes and reads back, so a saved run re-scores on exactly its bytes.
 """
@@ -37,7 +43,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from bytemtp.decode import Decoder, Generation
+from bytemtp.decode import Decoder, Generation, synchronize
 from bytemtp.execution import VERDICTS, run_programs
 from bytemtp.model import ByteMTP
 from bytemtp.sampling import Sampling
@@ -184,13 +190,15 @@ def _decoding_stats(generations: list[Generation], seconds: float) -> dict:
 def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: int = 1,
                        temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                        batch_size: int = 16, max_bytes: int = 512, heads: int | None = None,
-                       decoder: Decoder | None = None,
+                       decoder: Decoder | None = None, compare: bool = False,
                        progress: Callable[[int, int], None] | None = None) -> dict:
     """`samples` completions of each problem, decoded `batch_size` at a time by self-speculative
     decoding (see the module docstring for greedy, seeds and heads), each at most `max_bytes`.
 
     Returns {"completions": {task_id: [{"completion", "stopped_by", "slid", "bytes",
-    "forward_passes"}, ...]}, "prompt_fits": {task_id: bool}, "decoding": statistics, "heads"}.
+    "forward_passes"}, ...]}, "prompt_fits": {task_id: bool}, "decoding": statistics, "heads"},
+    and with `compare` (greedy only) "comparison": plain and speculative seconds, the speedup
+    (plain over speculative), its spread over batches and whether the outputs were identical.
     `progress(done, total)` counts the problems whose samples are all decoded. `decoder` reuses a
     Decoder of this model (its measured pass costs and the acceptance it has learnt).
     """
@@ -198,6 +206,9 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} is not allowed; expected an integer >= 1")
     greedy = temperature == 0
+    if compare and not greedy:
+        raise ValueError("compare=True times greedy decoding, where plain and speculative outputs are "
+                         "identical; use temperature=0")
     device = model.embed.weight.device
     generator = None if greedy else torch.Generator(device=device).manual_seed(seed)
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
@@ -208,20 +219,36 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
     jobs = [(i, j) for i in range(len(problems)) for j in range(per_problem)]
     results: list[list[Generation]] = [[] for _ in problems]
     seq_len, done = model.config.seq_len, 0
-    t0 = time.perf_counter()
+    modes = {"speculative": {"heads": heads, "sampling": sampling}}
+    if compare:
+        modes["plain"] = {"speculative": False}
+        warm = [problems[i].prompt for i, _ in jobs[:batch_size]]
+        for args in modes.values():  # pass costs measured, acceptance learnt, caches warm: then time
+            decoder.generate(warm, max_bytes=min(max_bytes, 64), stop=STOP, **args)
+    took: dict[str, list[float]] = {mode: [] for mode in modes}
+    identical = True
     if progress is not None:
         progress(0, len(problems))
-    for first in range(0, len(jobs), batch_size):
+    for number, first in enumerate(range(0, len(jobs), batch_size)):
         batch = jobs[first:first + batch_size]
-        generations = decoder.generate([problems[i].prompt for i, _ in batch], max_bytes=max_bytes,
-                                       heads=heads, sampling=sampling, stop=STOP)
+        prompts = [problems[i].prompt for i, _ in batch]
+        outputs = {}
+        for mode in (list(modes) if number % 2 == 0 else list(modes)[::-1]):  # alternate who goes first
+            synchronize(device)
+            t0 = time.perf_counter()
+            outputs[mode] = decoder.generate(prompts, max_bytes=max_bytes, stop=STOP, **modes[mode])
+            synchronize(device)
+            took[mode].append(time.perf_counter() - t0)
+        generations = outputs["speculative"]
+        if compare:
+            identical &= [g.output for g in generations] == [g.output for g in outputs["plain"]]
         for (i, _), g in zip(batch, generations):
             results[i].append(g)
         finished = batch[-1][0] + (batch[-1][1] == per_problem - 1)  # problems whose samples are all in
         if progress is not None and finished > done:
             progress(finished, len(problems))
         done = finished
-    seconds = time.perf_counter() - t0
+    seconds = sum(took["speculative"])
     completions, prompt_fits = {}, {}
     for problem, gens in zip(problems, results):
         fits = 1 + len(_encode(problem.prompt)) <= seq_len
@@ -230,8 +257,21 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
                     "slid": not fits or g.stats.slides > 0, "bytes": g.stats.bytes_out,
                     "forward_passes": g.stats.forward_passes} for g in gens]
         completions[problem.task_id] = [dict(records[0]) for _ in range(samples)] if greedy else records
-    return {"completions": completions, "prompt_fits": prompt_fits, "heads": "auto" if heads is None else heads,
-            "decoding": _decoding_stats([g for gens in results for g in gens], seconds)}
+    out = {"completions": completions, "prompt_fits": prompt_fits, "heads": "auto" if heads is None else heads,
+           "decoding": _decoding_stats([g for gens in results for g in gens], seconds)}
+    if compare:
+        ratios = sorted(p / s for p, s in zip(took["plain"], took["speculative"]))
+        plain_s, bytes_per_forward = sum(took["plain"]), out["decoding"]["bytes_per_forward"]
+        speedup, note = plain_s / seconds, ""
+        if plain_s < 1.0:
+            note = f"plain decoding took {plain_s:.2f} s: too short to judge a speedup"
+        elif speedup > 1.15 * bytes_per_forward + 0.05:  # as bytemtp.bench.speed_figures refuses
+            note = (f"a speedup above {bytes_per_forward:.2f} bytes per pass is impossible (a pass never costs "
+                    "less than a plain one): the machine was busy; rerun")
+        out["comparison"] = {"plain_s": plain_s, "speculative_s": seconds, "speedup": speedup,
+                             "speedup_min": ratios[0], "speedup_max": ratios[-1], "batches": len(ratios),
+                             "identical": identical, "note": note}
+    return out
 
 
 # --- scoring -----------------------------------------------------------------------------------
@@ -329,7 +369,7 @@ def read_completions(path: str | os.PathLike) -> dict[str, list[str]]:
 
 def run_humaneval(model: ByteMTP, problems: Sequence[Problem], *, samples: int = 1, temperature: float = 0.0,
                   top_p: float = 1.0, top_k: int = 0, seed: int = 0, batch_size: int = 16, max_bytes: int = 512,
-                  heads: int | None = None, timeout: float = 3.0, memory_mb: int = 1024,
+                  heads: int | None = None, compare: bool = False, timeout: float = 3.0, memory_mb: int = 1024,
                   workers: int | None = None, progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Sample `samples` completions of each problem (`sample_completions`), run them with their
     tests (`check_completions`) and score them. `progress(stage, done, total)` reports the
@@ -337,10 +377,12 @@ def run_humaneval(model: ByteMTP, problems: Sequence[Problem], *, samples: int =
 
     Returns check_completions' result (pass@k, shares of verdicts, every completion with its
     verdict, per task also "prompt_fits") with "decoding" (bytes per forward pass, drafted and
-    accepted drafts, ...), "slid" (completions whose window slid) and the settings of the run.
+    accepted drafts, ...), "slid" (completions whose window slid), with `compare` "comparison"
+    (the speedup over plain decoding; see sample_completions) and the settings of the run.
     """
     sampled = sample_completions(model, problems, samples=samples, temperature=temperature, top_p=top_p,
                                  top_k=top_k, seed=seed, batch_size=batch_size, max_bytes=max_bytes, heads=heads,
+                                 compare=compare,
                                  progress=None if progress is None else (lambda d, t: progress("decode", d, t)))
     result = check_completions(problems, sampled["completions"], timeout=timeout, memory_mb=memory_mb,
                                workers=workers,
@@ -351,4 +393,5 @@ def run_humaneval(model: ByteMTP, problems: Sequence[Problem], *, samples: int =
                 "batch_size": batch_size, "max_bytes": max_bytes, "heads": sampled["heads"],
                 "seq_len": model.config.seq_len, "n_future": model.config.n_future, "stop": list(STOP)}
     slid = sum(c["slid"] for t in result["tasks"] for c in t["completions"])
-    return {"settings": settings, **result, "decoding": sampled["decoding"], "slid": slid}
+    extra = {"comparison": sampled["comparison"]} if compare else {}
+    return {"settings": settings, **result, "decoding": sampled["decoding"], **extra, "slid": slid}
