@@ -18,6 +18,7 @@ from bytemtp import config as config_lib
 
 from . import report
 from .bench import bench
+from .eval_task import eval_task
 from .generate import generate_cmd
 from .options import (
     OneLineErrors, check_output_dir, device_option, dtype_option, json_option, one_target, parse_counts,
@@ -326,55 +327,6 @@ def task_corpus_cmd(task: str, out: str, documents: int | None, counts: str | No
                + f"; {summary.get('duplicates', 0):,} duplicate documents left out")
 
 
-@main.command("eval-task")
-@click.argument("task", type=click.Choice(["poly", "induction"]))
-@click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
-@click.option("--per-count", type=click.IntRange(1),
-              help="poly: test problems for each number of operations.  [default: 2000]")
-@click.option("--counts", help="poly: numbers of operations (1-5 in domain).  [default: 1-10]")
-@click.option("--stories", type=click.IntRange(1),
-              help="induction: test stories (each has several later mentions).  [default: 200]")
-@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1))
-@device_option()
-@dtype_option()
-@json_option()
-def eval_task_cmd(task: str, ckpt: str, per_count: int | None, counts: str | None, stories: int | None,
-                  batch_size: int, device: str, dtype: str, json_path: str | None) -> None:
-    """Greedy exact-match accuracy on a synthetic task's fixed test set: poly per number of
-    operations, induction (the second part of a name at its later mentions) per mention. Beside
-    it, teacher-forced scores of the answers (top-1 accuracy and bits per byte of the next-byte
-    head on the answer's bytes given the true prefix): a finer signal for weak models."""
-    from tqdm import tqdm
-
-    from bytemtp import tasks
-    from bytemtp.checkpoint import load_model
-    from bytemtp.decode import context_left
-    from bytemtp.evaluate import task_accuracy, task_answer_scores, task_context
-    from bytemtp.train import resolve_device
-
-    if task == "poly" and stories is not None:
-        raise click.UsageError("--stories is for induction; poly takes --per-count and --counts")
-    if task == "induction" and (per_count is not None or counts is not None):
-        raise click.UsageError("--per-count and --counts are for poly; induction takes --stories")
-    per_count, stories = per_count or 2000, stories or 200
-    test, until_eos = tasks.fixed_test_set(task, per_count=per_count, counts=parse_counts(counts or "1-10"),
-                                           n_stories=stories)
-    header, settings = ("operations", {"per_count": per_count}) if task == "poly" else ("mention", {"stories": stories})
-    model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype)
-    longest, seq_len = task_context(test, until_eos=until_eos), model.config.seq_len
-    if context_left(longest, 0, seq_len) < 0:
-        click.echo(f"note: the {task} test set needs up to {longest} bytes of context and this model has "
-                   f"{seq_len}; decoding slides its window and scoring keeps the newest {seq_len} bytes", err=True)
-    sizes = {group: len(ps) for group, ps in test.items()}
-    with tqdm(total=sum(sizes.values()), desc=task, unit="problem") as bar:
-        accuracy = task_accuracy(model, test, batch_size=batch_size, until_eos=until_eos, progress=bar.update)
-    scores = task_answer_scores(model, test, until_eos=until_eos, batch_size=batch_size)
-    overall = sum(accuracy[g] * n for g, n in sizes.items() if n) / sum(sizes.values())
-    echo(report.task_table(header, sizes, accuracy, scores, overall))
-    write_json(json_path, {"task": task, "ckpt": str(ckpt), **settings, "problems": sizes,
-                           "accuracy": accuracy, "overall": overall, "answer_scores": scores})
-
-
 @main.command("inspect")
 @click.argument("path", type=click.Path(), required=False)
 @click.option("--ckpt", default=None, help="The run or checkpoint, instead of the PATH argument.")
@@ -390,3 +342,4 @@ def inspect_cmd(path: str | None, ckpt: str | None, json_path: str | None) -> No
 
 main.add_command(generate_cmd)
 main.add_command(bench)
+main.add_command(eval_task)

@@ -176,3 +176,60 @@ def quality_report(res: dict) -> str:
                       f"{res['data']}, {res['device']}",
                       table(rows, ("model", "val bits/byte")),
                       f"gap (n=8 head 1 - baseline): {res['bpb_gap']:+.4f} bits/byte"])
+
+
+class StageBars:
+    """One tqdm bar per stage of a `progress(stage, done, total)` callback, each opened when its
+    stage starts and the previous one closed (decode over problems, then execute over programs)."""
+
+    def __init__(self, units: dict[str, str]):
+        self.units, self.stage, self.bar = units, None, None
+
+    def update(self, stage: str, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        if stage != self.stage:
+            self.close()
+            self.stage, self.bar = stage, tqdm(total=total, desc=stage, unit=self.units.get(stage, "it"))
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> "StageBars":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def humaneval_report(res: dict, *, source: str) -> str:
+    """`eval-task humaneval`: pass@k, the verdicts' shares, decoding statistics and the context."""
+    s, dec, n = res["settings"], res["decoding"], res["problems"]
+    how = ("greedy" if s["temperature"] == 0
+           else f"temperature {s['temperature']:g}, top-p {s['top_p']:g}, seed {s['seed']}")
+    lines = [f"{n} problems of {source}, {s['samples']} sample(s) each ({how}), "
+             f"at most {s['max_bytes']} bytes; {res['ckpt']}, {res['device']} {res['dtype']}"]
+    rows = [(k, f"{v:.4f}") for k, v in res["pass_at_k"].items()]
+    rows += [(verdict, f"{100 * share:.1f}% of {res['completions']}") for verdict, share in res["shares"].items()]
+    lines.append(table(rows, ("score", "value")))
+    rates = ", ".join(f"d{j + 1} {a:,}/{d:,}" for j, (a, d) in enumerate(zip(dec["accepted"], dec["drafted"])) if d)
+    lines.append(f"decoding: {dec['bytes']:,} bytes in {dec['forward_passes']:,} forward passes "
+                 f"({dec['bytes_per_forward']:.2f} bytes/pass), {dec['bytes_per_s']:,.0f} bytes/s; heads "
+                 f"{s['heads']}; drafts accepted/drafted by depth: {rates or 'none drafted'}")
+    if "comparison" in res:
+        c = res["comparison"]
+        lines.append(f"speedup over plain greedy decoding: {c['speedup']:.2f}x ({c['speedup_min']:.2f}-"
+                     f"{c['speedup_max']:.2f} over {c['batches']} batches, interleaved); outputs identical: "
+                     f"{'yes' if c['identical'] else 'NO'}" + (f"\nnote: {c['note']}" if c["note"] else ""))
+    else:
+        lines.append("speedup over plain decoding: not measured (--compare decodes plainly too); bytes/pass "
+                     "is its upper bound")
+    longer = sum(not t["prompt_fits"] for t in res["tasks"])
+    lines.append(f"context: {longer} of {n} prompts are longer than the model's {s['seq_len']} bytes "
+                 f"and {res['slid']} of {res['completions']} completions slid the window (the model saw "
+                 "only the newest bytes)" if longer or res["slid"] else
+                 f"context: every prompt fits the model's {s['seq_len']} bytes")
+    return "\n".join(lines)
