@@ -127,7 +127,7 @@ def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperatur
         raise click.UsageError(f"--heads {heads} is more than the model's {n_future} heads; choose 1 to {n_future}")
     if samples > 1 and temperature == 0:
         click.echo(f"note: greedy decoding gives {samples} identical samples, so pass@k for k > 1 equals "
-                   "pass@1; sample with --temperature (the paper: 0.2 for pass@1, 0.8 for pass@100)", err=True)
+                   "pass@1; sample with --temperature (Chen et al. 2021 used 0.2 for pass@1, 0.8 for pass@100)", err=True)
     dev = resolve_device(device)
     model, _ = load_model(ckpt, device=dev, dtype=dtype)
     with report.StageBars({"decode": "problem", "execute": "program"}) as bars:
