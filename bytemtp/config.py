@@ -33,6 +33,7 @@ HEAD_TYPES = ("transformer", "linear", "causal")
 UNEMBED_TYPES = ("shared", "replicated")
 MLP_TYPES = ("swiglu", "gelu")
 HEAD_WEIGHTS = ("uniform", "geometric")
+PARALLEL = ("ddp", "fsdp")  # how many processes share a model: DistributedDataParallel or FSDP2
 
 
 def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -268,7 +269,7 @@ class TrainConfig:
         _check(0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0, "train.beta1/beta2",
                (self.beta1, self.beta2), "expected 0 <= beta < 1")
         _check(self.grad_clip >= 0, "train.grad_clip", self.grad_clip, "expected >= 0")
-        _check(self.parallel in ("ddp", "fsdp"), "train.parallel", self.parallel, "choose ddp or fsdp")
+        _check(self.parallel in PARALLEL, "train.parallel", self.parallel, f"choose {' or '.join(PARALLEL)}")
         _check(self.dist_timeout > 0, "train.dist_timeout", self.dist_timeout, "expected seconds > 0")
         check_device("train.device", self.device)
 

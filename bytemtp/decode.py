@@ -37,6 +37,7 @@ from typing import Callable
 
 import torch
 
+from bytemtp.devices import synchronize
 from bytemtp.drafting import (MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts,
                               best_tree, choose)
 from bytemtp.kvcache import KVCache, Layout
@@ -507,12 +508,6 @@ class _Batch:
         if len(live) * 2 <= len(self.active) and len(live) < len(self.active):
             self.cache.keep(live)
             self.active = [self.active[b] for b in live]
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (timing a GPU needs it; the CPU runs in order)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5) -> PassCosts:

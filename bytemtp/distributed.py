@@ -36,15 +36,16 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from bytemtp.config import PARALLEL
 from bytemtp.model import ByteMTP
 
-PARALLEL = ("ddp", "fsdp")
 _BUCKET_BYTES = 25 << 20
 
 
@@ -105,6 +106,20 @@ def teardown(*, wait: bool = True) -> None:
                 dist.barrier()
         finally:
             dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def process_group(device: torch.device, *, timeout_s: float = 600.0) -> Iterator[Dist]:
+    """`setup` on entry and `teardown` on exit: waiting for every rank after a clean exit, at
+    once after an error (the peers may never reach the barrier). The one way training and
+    evaluation join and leave the process group."""
+    d = setup(device, timeout_s=timeout_s)
+    try:
+        yield d
+    except BaseException:
+        teardown(wait=False)
+        raise
+    teardown()
 
 
 def wrap_model(model: ByteMTP, d: Dist, parallel: str) -> nn.Module:

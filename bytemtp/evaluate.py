@@ -16,7 +16,6 @@ ranks before anything is divided.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -25,11 +24,9 @@ from bytemtp import distributed as dist_lib
 from bytemtp.config import DataConfig
 from bytemtp.corpus import MANIFEST, CorpusError
 from bytemtp.loader import ByteLoader
-from bytemtp.loss import IGNORE, future_targets
+from bytemtp.loss import IGNORE, LN2, future_targets, head_loss
 from bytemtp.model import ByteMTP
 from bytemtp.vocab import EOS
-
-LN2 = math.log(2)
 
 
 def has_splits(data) -> bool:
@@ -48,42 +45,49 @@ def held_out_split(data) -> str | None:
 @torch.inference_mode()
 def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: int = 50, batch_size: int = 8,
              device: torch.device = torch.device("cpu"), d: dist_lib.Dist | None = None,
-             progress=None) -> dict:
+             mask_after_eos: bool = True, progress=None) -> dict:
     """Bits per byte, accuracy and the acceptance profile of `model` on up to `batches` batches
     (per rank) of one pass over the corpus (its `split`: val, train, or None for every file; a
-    corpus that is not prepared has no splits, so only None)."""
+    corpus that is not prepared has no splits, so only None). Training's validation is this too.
+
+    One pass: a batch that runs into the second epoch is left out, unless it is the first (a
+    split shorter than one batch is still scored). Under torchrun each rank reads its share, the
+    ranks run their forward passes in step until every share is done (a sharded model needs every
+    rank in each forward pass; a rank that is done scores nothing more), and the sums are added
+    over the ranks before anything is divided. The model's train/eval mode is restored."""
     if split is not None and not has_splits(data):
         raise CorpusError(f"{data} is not a prepared corpus, so it has no splits (no {split} split); "
                           "pass split=None to evaluate every file, or prepare it with bytemtp prep")
     d = d or dist_lib.Dist(device=device)
     cfg = model.config
-    K, T = cfg.n_future, cfg.seq_len
-    loader = ByteLoader(DataConfig(path=data, batch_size=batch_size, shuffle_buffer=1), seq_len=T, n_future=K,
-                        rank=d.rank, world_size=d.world_size, split=split)
+    K = cfg.n_future
+    loader = ByteLoader(DataConfig(path=data, batch_size=batch_size, shuffle_buffer=1), seq_len=cfg.seq_len,
+                        n_future=K, rank=d.rank, world_size=d.world_size, split=split)
     if not loader.files:
         raise CorpusError(f"{data} has no {split} split to evaluate; pass split=None to read every file")
     sums = torch.zeros(4, K, dtype=torch.float64)  # nats, correct, count per head; accepted per k
     runs = torch.zeros(K, dtype=torch.float64)  # positions whose targets 1..k are all valid
+    was_training = model.training
     model.eval()
-    for _ in range(batches):
+    done = False  # this rank's pass is over: every document once
+    for i in range(batches):
         batch = next(loader).to(device)
-        if loader.epoch > 0:  # one pass: every document once
+        done = done or (loader.epoch > 0 and i > 0)
+        # ranks run forward passes together until every one is done (a sharded model gathers
+        # weights in each), but a rank whose pass is over scores nothing more
+        if not (dist_lib.any_rank(not done, d, device) if d.active else not done):
             break
-        targets_BTK = future_targets(batch, n_future=K, seq_len=T, mask_after_eos=True)
-        z_BTD = model(batch[:, :T])
+        targets_BTK = future_targets(batch, n_future=K, mask_after_eos=mask_after_eos)
+        z_BTD = model(batch[:, :targets_BTK.shape[1]])
         right_BTK = torch.zeros(targets_BTK.shape, dtype=torch.bool, device=device)
-        h_BTD = None
-        for k in range(K):
-            h_BTD = model.head_state(k, model.head_input(k, z_BTD, h_BTD))
-            logits = model.head_logits(k, h_BTD).float()
-            targets = targets_BTK[:, :, k]
-            valid = targets != IGNORE
-            nats = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(),
-                                                     ignore_index=IGNORE, reduction="sum")
-            right_BTK[:, :, k] = (logits.argmax(-1) == targets) & valid
-            sums[0, k] += float(nats)
-            sums[1, k] += float(right_BTK[:, :, k].sum())
-            sums[2, k] += float(valid.sum())
+        for k, h_BTD in model.head_states(z_BTD):
+            logits = model.head_logits(k, h_BTD)
+            h = head_loss(logits, targets_BTK[:, :, k])
+            right_BTK[:, :, k] = (logits.argmax(-1) == targets_BTK[:, :, k]) & (targets_BTK[:, :, k] != IGNORE)
+            if not done:
+                sums[:3, k] += torch.tensor([float(h.nats), float(h.correct), float(h.count)], dtype=torch.float64)
+        if done:
+            continue
         valid_BTK = targets_BTK != IGNORE
         all_valid = valid_BTK.cumprod(dim=-1).bool()  # targets 1..k inside the document
         drafts_right = right_BTK.clone()
@@ -93,6 +97,7 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
         runs += all_valid.flatten(0, 1).sum(0).double().cpu()
         if progress is not None:
             progress()
+    model.train(was_training)
     if d.active:
         both = torch.cat([sums.flatten(), runs]).to(device)
         torch.distributed.all_reduce(both)

@@ -15,6 +15,7 @@ Legend: B batch, T time, W window (T + n_future), K heads, V vocabulary.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -23,24 +24,21 @@ import torch.nn.functional as F
 from bytemtp.vocab import EOS, PAD
 
 IGNORE = -100
+LN2 = math.log(2)  # nats per bit: bits per byte = nats per byte / LN2
 
 
-def future_targets(ids_BW: torch.Tensor, *, n_future: int, seq_len: int,
-                   mask_after_eos: bool = True) -> torch.Tensor:
-    """Targets (B, T, K) for the inputs ids_BW[:, :T]; ignored entries are IGNORE (-100)."""
+def future_targets(ids_BW: torch.Tensor, *, n_future: int, mask_after_eos: bool = True) -> torch.Tensor:
+    """Targets (B, T, K) for the inputs ids_BW[:, :T], T = W - n_future (the window the model
+    config states: seq_len + n_future); ignored entries are IGNORE (-100)."""
     B, W = ids_BW.shape
-    T = seq_len
-    assert T <= W, f"window of {W} ids is shorter than seq_len={T}"
-    # pad the window so every shift is in range; padded targets are ignored
-    padded = torch.full((B, T + n_future), PAD, dtype=ids_BW.dtype, device=ids_BW.device)
-    n = min(W, T + n_future)
-    padded[:, :n] = ids_BW[:, :n]
-    targets_BTK = torch.stack([padded[:, k + 1:k + 1 + T] for k in range(n_future)], dim=2)
+    T = W - n_future
+    if T < 1:
+        raise ValueError(f"a window of {W} ids holds no input for n_future={n_future}")
+    targets_BTK = torch.stack([ids_BW[:, k + 1:k + 1 + T] for k in range(n_future)], dim=2)
     ignore = targets_BTK == PAD
     if mask_after_eos:
-        # EOS count in padded[:, :j+1]; the EOS's strictly between t and t+k+1 number
-        # cum[t+k] - cum[t]
-        cum = (padded == EOS).cumsum(dim=1)
+        # EOS count in ids[:, :j+1]; the EOS's strictly between t and t+k+1 number cum[t+k] - cum[t]
+        cum = (ids_BW == EOS).cumsum(dim=1)
         between = torch.stack([cum[:, k:k + T] - cum[:, :T] for k in range(n_future)], dim=2)
         ignore |= between > 0
     return targets_BTK.masked_fill(ignore, IGNORE).long()

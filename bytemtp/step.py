@@ -24,31 +24,19 @@ from __future__ import annotations
 import torch
 
 from bytemtp.config import LossConfig
+from bytemtp.devices import rng_state, set_rng_state
 from bytemtp.loss import HeadLoss, LossOutput, future_targets, head_loss, mtp_loss, summarize
 from bytemtp.model import ByteMTP
 
 
 def _targets(model: ByteMTP, ids_BW: torch.Tensor, loss_cfg: LossConfig) -> tuple[torch.Tensor, int]:
-    n = model.config.n_future
-    T = ids_BW.shape[1] - n
-    assert T >= 1, f"window of {ids_BW.shape[1]} ids holds no input for n_future={n}"
-    targets_BTK = future_targets(ids_BW, n_future=n, seq_len=T, mask_after_eos=loss_cfg.mask_after_eos)
-    return targets_BTK, T
+    """The targets (B, T, K) of a window and T, the inputs' length, which the window's shape gives."""
+    targets_BTK = future_targets(ids_BW, n_future=model.config.n_future, mask_after_eos=loss_cfg.mask_after_eos)
+    return targets_BTK, targets_BTK.shape[1]
 
 
 def _detached(h: HeadLoss) -> HeadLoss:
     return HeadLoss(loss=h.loss.detach(), nats=h.nats.detach(), correct=h.correct, count=h.count)
-
-
-def _rng_state(device: torch.device) -> tuple:
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def _set_rng_state(device: torch.device, state: tuple) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], device)
 
 
 def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig,
@@ -74,16 +62,16 @@ def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConf
 def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: torch.Tensor,
                            weights: list[float], scale: float) -> list[HeadLoss]:
     device = z_leaf.device
-    states, rng = [], [_rng_state(device)]  # rng[k]: the state before head k runs
+    states, rng = [], [rng_state(device)]  # rng[k]: the state before head k runs
     with torch.no_grad():
         for _, h_BTD in model.head_states(z_leaf):
             states.append(h_BTD)
-            rng.append(_rng_state(device))
+            rng.append(rng_state(device))
     rng_after = rng.pop()
     heads: list[HeadLoss] = [None] * len(weights)  # type: ignore[list-item]
     grad_out = None  # gradient reaching head k's output state from head k+1
     for k in reversed(range(len(weights))):
-        _set_rng_state(device, rng[k])
+        set_rng_state(rng[k], device)
         x_BTD = z_leaf if k == 0 else states[k - 1].requires_grad_()
         h_BTD = model.head_state(k, model.head_input(k, z_leaf, x_BTD))
         h = head_loss(model.head_logits(k, h_BTD), targets_BTK[:, :, k])
@@ -95,7 +83,7 @@ def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: to
         grad_out = x_BTD.grad if k > 0 else None
         states[k] = None  # head k's state is no longer needed
         heads[k] = _detached(h)
-    _set_rng_state(device, rng_after)
+    set_rng_state(rng_after, device)
     return heads
 
 
@@ -107,13 +95,3 @@ def plain_forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: Lo
     (out.total * scale).backward()
     out.total = out.total.detach()
     return out
-
-
-@torch.no_grad()
-def evaluate_heads(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig) -> LossOutput:
-    """Forward only, one head's logits alive at a time: per-head nats, counts and accuracy."""
-    targets_BTK, T = _targets(model, ids_BW, loss_cfg)
-    weights = loss_cfg.weights(model.config.n_future)
-    z_BTD = model(ids_BW[:, :T])
-    heads = [head_loss(model.head_logits(k, h_BTD), targets_BTK[:, :, k]) for k, h_BTD in model.head_states(z_BTD)]
-    return summarize(heads, weights, sum(w * h.loss for w, h in zip(weights, heads)))

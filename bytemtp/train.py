@@ -52,14 +52,16 @@ from bytemtp.checkpoint import (
     CheckpointError, is_checkpoint_dir, latest_checkpoint, load_config, load_optimizer_state,
     load_train_state, read_train_state, save_checkpoint)
 from bytemtp.config import Config, DataConfig, TrainConfig, to_dict, to_json
+from bytemtp.evaluate import evaluate
+from bytemtp.devices import resolve_device, rng_state, set_rng_state
 from bytemtp.flops import peak_gpu_flops, step_flops
 from bytemtp.loader import ByteLoader, combine_stats
+from bytemtp.loss import LN2
 from bytemtp.model import Block, ByteMTP
-from bytemtp.step import evaluate_heads, forward_backward, plain_forward_backward
+from bytemtp.step import forward_backward, plain_forward_backward
 
 RUN_CONFIG = "run-config.json"
 METRICS = "metrics.jsonl"
-LN2 = math.log(2)
 
 
 class TrainingError(RuntimeError):
@@ -73,20 +75,6 @@ class RunResult:
     stopped_by: str  # steps, bytes, time or signal; done: the run had reached its limit before
     checkpoint: Path
     val_bpb: list[float] | None
-
-
-def resolve_device(name: str) -> torch.device:
-    """The torch device a device setting names (auto: CUDA when available, else the CPU)."""
-    config_lib.check_device("device", name)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asks for CUDA but no CUDA device is available; use auto or cpu")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise ValueError(f"device {name!r} does not exist: this machine has {torch.cuda.device_count()} "
-                         f"CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
-    return device
 
 
 def schedule_horizon(cfg: TrainConfig, bytes_per_step: int) -> int:
@@ -121,50 +109,23 @@ def build_optimizer(model: ByteMTP, cfg: TrainConfig, device: torch.device) -> t
                              fused=device.type == "cuda")
 
 
-def rng_state(device: torch.device) -> dict:
-    state = {"cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
-    if device.type == "cuda":
-        state["cuda"] = base64.b64encode(torch.cuda.get_rng_state(device).numpy().tobytes()).decode()
-    return state
+def _encoded_rng(device: torch.device) -> dict:
+    """The device's random state as text, for train_state.json."""
+    return {name: base64.b64encode(t.numpy().tobytes()).decode() for name, t in rng_state(device).items()}
 
 
-def set_rng_state(state: dict, device: torch.device) -> None:
-    def tensor(text: str) -> torch.Tensor:
-        return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
-
-    torch.set_rng_state(tensor(state["cpu"]))
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(tensor(state["cuda"]), device)
+def _restore_rng(state: dict, device: torch.device) -> None:
+    set_rng_state({name: torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+                   for name, text in state.items()}, device)
 
 
-def val_data(data: DataConfig) -> DataConfig | None:
-    """The val split of a prepared corpus, read in order; None when the corpus has none."""
+def has_val_split(data: DataConfig) -> bool:
+    """Whether the corpus is a prepared one whose val split holds documents (what validation reads)."""
     try:
         manifest = corpus.read_manifest(data.path)
     except corpus.CorpusError:
-        return None
-    if manifest.get("splits", {}).get("val", {}).get("documents", 0) == 0:
-        return None
-    return DataConfig(path=data.path, field="text", batch_size=data.batch_size, shuffle_buffer=1)
-
-
-def validate(model: ByteMTP, cfg: Config, val_cfg: DataConfig, device: torch.device,
-             autocast) -> list[float]:
-    """Bits per byte of every head on the first train.eval_batches batches of the val split
-    (every target counts, one EOS per document among them)."""
-    loader = ByteLoader(val_cfg, seq_len=cfg.model.seq_len, n_future=cfg.model.n_future, split="val")
-    nats = torch.zeros(cfg.model.n_future, dtype=torch.float64)
-    count = torch.zeros(cfg.model.n_future, dtype=torch.float64)
-    model.eval()
-    for _ in range(cfg.train.eval_batches):
-        if loader.epoch > 0:  # a small val split: each batch once
-            break
-        with autocast:
-            out = evaluate_heads(model, next(loader).to(device), loss_cfg=cfg.loss)
-        nats += out.head_nats.double().cpu()
-        count += out.head_count.double().cpu()
-    model.train()
-    return (nats / count.clamp(min=1) / LN2).tolist()
+        return False
+    return manifest.get("splits", {}).get("val", {}).get("documents", 0) > 0
 
 
 @contextlib.contextmanager
@@ -241,22 +202,15 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, show_progre
         resume = True  # torchrun restarted the job after a failure: go on from the newest checkpoint
     if resume and (done := _already_done(run_dir, tc)) is not None:
         return done
-    device = resolve_device(tc.device)
-    d = dist_lib.setup(device, timeout_s=tc.dist_timeout)
-    try:
+    with dist_lib.process_group(resolve_device(tc.device), timeout_s=tc.dist_timeout) as d:
         ckpt = _prepare_run_dir(run_dir, cfg, resume, mutate=d.is_main)
         if d.is_main:
             (run_dir / RUN_CONFIG).write_text(to_json(cfg) + "\n")
         dist_lib.barrier(d)
         with torch.random.fork_rng(devices=[d.device] if d.device.type == "cuda" else []):
             torch.manual_seed(tc.seed + d.rank)  # dropout differs between ranks
-            result = _train(cfg, run_dir, ckpt, d, show_progress=show_progress and d.is_main,
-                            say=say if d.is_main else (lambda *_: None))
-    except BaseException:
-        dist_lib.teardown(wait=False)
-        raise
-    dist_lib.teardown()
-    return result
+            return _train(cfg, run_dir, ckpt, d, show_progress=show_progress and d.is_main,
+                          say=say if d.is_main else (lambda *_: None))
 
 
 def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
@@ -267,8 +221,8 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
     model.init_weights(generator=torch.Generator().manual_seed(tc.seed))
     loader = ByteLoader(cfg.data, seq_len=mc.seq_len, n_future=mc.n_future, rank=d.rank,
                         world_size=d.world_size)
-    val_cfg = val_data(cfg.data)
-    if val_cfg is None:
+    has_val = has_val_split(cfg.data)
+    if not has_val:
         say(f"note: {cfg.data.path} has no val split (prepare it with `bytemtp prep`); "
             "no validation in this run")
     step, bytes_seen, elapsed, skipped, bad_run, val_bpb = 0, 0, 0.0, 0, 0, None
@@ -283,7 +237,7 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
                              f"{d.world_size}: each reads its own share of the corpus, so resume with "
                              f"{len(loaders)} (torchrun --nproc-per-node, --nnodes) or start a new run")
         loader.load_state_dict(loaders[d.rank])
-        set_rng_state(rngs[d.rank], device)
+        _restore_rng(rngs[d.rank], device)
         step, bytes_seen, elapsed = state["step"], state["bytes_seen"], state["elapsed_s"]
         skipped, bad_run, val_bpb = state["skipped_steps"], state["bad_run"], state.get("val_bpb")
         if d.is_main:  # the one writer of metrics.jsonl: two ranks rewriting it race and lose lines
@@ -306,7 +260,7 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
     def save(final: bool) -> Path | None:
         """Every rank takes part (gathering); rank 0 writes, and all agree on whether it worked."""
         nonlocal last_saved
-        loaders, rngs = dist_lib.gather(loader.state_dict(), d), dist_lib.gather(rng_state(device), d)
+        loaders, rngs = dist_lib.gather(loader.state_dict(), d), dist_lib.gather(_encoded_rng(device), d)
         stats = dist_lib.gather(loader.stats(), d)
         weights, optim = dist_lib.full_state(wrapped, optimizer)
         path, error = None, None
@@ -344,9 +298,12 @@ def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
 
     def run_validation() -> None:
         nonlocal val_bpb, last_val
-        if val_cfg is None:
+        if not has_val:
             return
-        val_bpb = validate(model, cfg, val_cfg, device, autocast)
+        with autocast:  # the first train.eval_batches batches of the val split, shared out over the ranks
+            val_bpb = evaluate(model, cfg.data.path, split="val", batches=tc.eval_batches,
+                               batch_size=cfg.data.batch_size, device=device, d=d,
+                               mask_after_eos=cfg.loss.mask_after_eos)["bpb"]
         last_val = step
         log({"step": step, "bytes": bytes_seen, "val_bpb": val_bpb})
         say(f"step {step}: val bits/byte " + " ".join(f"h{k + 1} {b:.3f}" for k, b in enumerate(val_bpb)))

@@ -1,5 +1,5 @@
 """`bytemtp eval`: per-head bits per byte and accuracy, and the acceptance profile, held against
-slow references: the training loop's validation and a position-by-position recount."""
+slow references: the training loop's validation (which is this evaluation) and a position-by-position recount."""
 
 import dataclasses
 import json
@@ -11,14 +11,14 @@ import torch
 from click.testing import CliRunner
 
 from bytemtp import config as C
-from bytemtp.checkpoint import save_checkpoint
+from bytemtp.checkpoint import load_model, save_checkpoint
 from bytemtp.config import DataConfig
 from bytemtp.corpus import CorpusError
 from bytemtp.evaluate import evaluate
 from bytemtp.loader import ByteLoader
 from bytemtp.loss import IGNORE, future_targets
 from bytemtp.model import ByteMTP
-from bytemtp.train import validate
+from bytemtp.train import train
 from bytemtp_cli.main import main
 
 
@@ -30,14 +30,15 @@ def _model(head_type="transformer", seed=2):
 
 
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])
-def test_bits_per_byte_equal_the_training_validation(code_corpus, head_type):
-    model = _model(head_type)
-    cfg = dataclasses.replace(C.tiny(), model=model.config)
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_batches=3))
-    val_cfg = DataConfig(path=str(code_corpus), batch_size=2, shuffle_buffer=1)
-    want = validate(model, cfg, val_cfg, torch.device("cpu"), torch.autocast("cpu", enabled=False))
+def test_training_validation_is_this_evaluation(code_corpus, tmp_path, head_type):
+    """The val bits per byte a run records are evaluate's on its final weights."""
+    cfg = C.apply_overrides(C.tiny(), [f"data.path={code_corpus}", f"model.head_type={head_type}",
+                                       "model.n_future=4", "train.steps=2", "train.eval_batches=3",
+                                       "data.batch_size=2"])
+    result = train(cfg, tmp_path / "run", show_progress=False, say=lambda m: None)
+    model, _ = load_model(result.checkpoint)
     got = evaluate(model, str(code_corpus), batches=3, batch_size=2)
-    assert got["bpb"] == pytest.approx(want, rel=1e-5)
+    assert result.val_bpb == got["bpb"]
 
 
 def _recount(model, corpus, batches, batch_size):
@@ -50,7 +51,7 @@ def _recount(model, corpus, batches, batch_size):
         batch = next(loader)
         if loader.epoch > 0:
             break
-        targets = future_targets(batch, n_future=K, seq_len=T, mask_after_eos=True)
+        targets = future_targets(batch, n_future=K, mask_after_eos=True)
         with torch.no_grad():
             picks = model.logits(batch[:, :T]).argmax(-1)
         for b in range(batch.shape[0]):

@@ -11,7 +11,7 @@ X = IGNORE
 
 def test_every_shift_on_a_hand_built_window():
     ids = torch.tensor([[10, 11, EOS, 20, 21, 22, 23]])  # T = 4, n_future = 3
-    got = future_targets(ids, n_future=3, seq_len=4)
+    got = future_targets(ids, n_future=3)
     expected = torch.tensor([[
         [11, EOS, X],    # t=0: head 3's target 20 lies past the EOS at 2
         [EOS, X, X],     # t=1: the EOS itself is a target, what follows is not
@@ -19,21 +19,21 @@ def test_every_shift_on_a_hand_built_window():
         [21, 22, 23],
     ]])
     assert torch.equal(got, expected)
-    kept = future_targets(ids, n_future=3, seq_len=4, mask_after_eos=False)
+    kept = future_targets(ids, n_future=3, mask_after_eos=False)
     assert torch.equal(kept, torch.tensor([[[11, EOS, 20], [EOS, 20, 21], [20, 21, 22], [21, 22, 23]]]))
 
 
-def test_targets_past_the_window_end_and_pad_are_ignored():
-    ids = torch.tensor([[10, 11, PAD, 20, 21]])  # a window of T + 1 ids only
-    got = future_targets(ids, n_future=3, seq_len=4)
-    expected = torch.tensor([[[11, X, 20], [X, 20, 21], [20, 21, X], [21, X, X]]])
+def test_pad_targets_are_ignored():
+    ids = torch.tensor([[10, 11, PAD, 20, 21, 22, 23]])  # T = 4, n_future = 3
+    got = future_targets(ids, n_future=3)
+    expected = torch.tensor([[[11, X, 20], [X, 20, 21], [20, 21, 22], [21, 22, 23]]])
     assert torch.equal(got, expected)
 
 
 def test_head_k_predicts_k_ahead_on_random_windows():
     torch.manual_seed(0)
     ids = torch.randint(0, 256, (2, 12 + 4))
-    t = future_targets(ids, n_future=4, seq_len=12)
+    t = future_targets(ids, n_future=4)  # T = 12: the window's length less n_future
     for k in range(4):
         assert torch.equal(t[:, :, k], ids[:, k + 1:k + 13])
 
@@ -69,6 +69,6 @@ def test_mtp_loss_sums_heads_with_weights():
                         rel_tol=1e-6)
 
 
-def test_short_window_is_rejected():
-    with pytest.raises(AssertionError):
-        future_targets(torch.zeros(1, 3, dtype=torch.long), n_future=2, seq_len=4)
+def test_a_window_without_inputs_is_rejected():
+    with pytest.raises(ValueError, match="holds no input"):
+        future_targets(torch.zeros(1, 2, dtype=torch.long), n_future=2)

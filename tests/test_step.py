@@ -1,11 +1,13 @@
 import dataclasses
+import math
 
 import pytest
 import torch
 
 from bytemtp import config as C
+from bytemtp.evaluate import evaluate
 from bytemtp.model import ByteMTP
-from bytemtp.step import evaluate_heads, forward_backward, plain_forward_backward
+from bytemtp.step import forward_backward, plain_forward_backward
 from bytemtp.vocab import EOS
 
 
@@ -65,11 +67,15 @@ def test_step_reports_per_head_figures():
 
 
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])
-def test_evaluate_heads_equals_the_training_loss(head_type):
+def test_evaluation_nats_equal_the_training_loss(head_type, tmp_path):
+    """evaluate (what training's validation runs) scores a window as the training step does."""
     cfg = dataclasses.replace(C.tiny().model, head_type=head_type)
     model = ByteMTP(cfg).eval()
     ids = torch.randint(0, 256, (2, cfg.seq_len + cfg.n_future))
-    evaluated = evaluate_heads(model, ids, loss_cfg=C.LossConfig())
-    trained = plain_forward_backward(model, ids, loss_cfg=C.LossConfig())
-    torch.testing.assert_close(evaluated.head_nats, trained.head_nats)
-    torch.testing.assert_close(evaluated.total, trained.total)
+    (tmp_path / "doc.bin").write_bytes(bytes(ids[0, :-1].tolist()))  # one document: the window, EOS last
+    window = torch.cat([ids[:1, :-1], torch.tensor([[EOS]])], dim=1)
+    evaluated = evaluate(model, str(tmp_path / "doc.bin"), split=None, batches=1, batch_size=1)
+    trained = plain_forward_backward(model, window, loss_cfg=C.LossConfig())
+    nats = trained.head_nats / trained.head_count
+    assert evaluated["bpb"] == pytest.approx((nats / math.log(2)).tolist(), rel=1e-5)
+    assert evaluated["bytes"] == int(trained.head_count[0])

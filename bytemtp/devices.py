@@ -1,0 +1,50 @@
+"""Devices: which torch device a setting names, waiting for one, and its random number state.
+
+`resolve_device` turns a device setting (auto, cpu, cuda, cuda:N, mps) into a torch device, with
+one clear error where the machine has no such device; every command that runs a model goes
+through it. `synchronize` waits for a device's queued work (timing a GPU needs it). `rng_state`
+and `set_rng_state` capture and restore the torch random state a device draws from (the CPU
+generator, and the CUDA one on a GPU): the training step replays it to recompute a head with the
+same dropout, and checkpoints save it so that a resumed run draws what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bytemtp import config as config_lib
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device a device setting names (auto: CUDA when available, else the CPU)."""
+    config_lib.check_device("device", name)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asks for CUDA but no CUDA device is available; use auto or cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r} does not exist: this machine has {torch.cuda.device_count()} "
+                         f"CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (timing a GPU needs it; the CPU runs in order)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """The random state that draws on `device` use: {"cpu": ..., "cuda": ... on a GPU}."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Restore what `rng_state` captured."""
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
