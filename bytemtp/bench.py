@@ -1,19 +1,30 @@
 """Benchmarks, measured as ratios within one run (shared machines are noisy).
 
-`train_step` compares one optimizer step (forward, backward, AdamW) of three parameter-matched
-variants of a preset: the next-byte baseline (n_future=1), the memory-efficient multi-token step
-with n_future=8, and the plain all-heads step with n_future=8. Time: the three take steps in
-turn in one process, so a change in the machine's speed hits all of them alike, and each reports
-its median step. Memory: each variant builds and steps in a fresh subprocess, so its peak is its
-own: on the CPU the peak resident set (VmHWM) minus the resident set before the model was built,
-on CUDA `torch.cuda.max_memory_allocated`. Both count weights, gradients, optimizer state and
-activations.
+`train_step` compares one training step as `bytemtp train` takes it (forward, backward, gradient
+clipping, and the optimizer that `train.build_optimizer` builds from the preset) of three
+parameter-matched variants of a preset: the next-byte baseline (n_future=1), the memory-efficient
+multi-token step with n_future=8, and the plain all-heads step with n_future=8.
+
+Time: after warm-up steps, the three take turns in one process for a number of rounds, the order
+rotating from round to round, so a change in the machine's speed hits all of them alike. A round's
+sample of a variant repeats its step until the sample lasts `min_sample_s` (judged in the warm-up),
+so that a fast preset is not timed below the machine's scheduling jitter. Each variant reports its
+median step; `time_ratio` is the memory-efficient multi-token median over the next-byte one. Its
+spread is the pair ratios, one a round (multi-token over next-byte time in the same round): their
+min, median and max. A result whose pair ratios spread over more than `NOISY_SPREAD` of their
+median, or that has fewer than `MIN_ROUNDS` of them, is flagged as too noisy to mean anything
+(`time_ratio_noisy` and a note): the targets in BENCHMARKS.md need the ratio to about 10%.
+
+Memory: each variant builds and steps in a fresh subprocess, so its peak is its own: on the CPU the
+peak resident set (VmHWM) minus the resident set before the model was built, on CUDA
+`torch.cuda.max_memory_allocated`. Both count weights, gradients, optimizer state and activations.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import statistics
@@ -26,7 +37,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from bytemtp.config import DataConfig, LossConfig, preset
+from bytemtp.config import DataConfig, preset
 from bytemtp import decode
 from bytemtp.checkpoint import load_model
 from bytemtp.corpus import CorpusError, corpus_files, decompressed_size, iter_documents
@@ -35,6 +46,7 @@ from bytemtp.flops import peak_gpu_flops, step_flops
 from bytemtp.loader import ByteLoader
 from bytemtp.model import ByteMTP
 from bytemtp.step import forward_backward, plain_forward_backward
+from bytemtp.train import build_optimizer
 from bytemtp.vocab import EOS
 
 TRAIN_STEP_VARIANTS = {  # name: (n_future, memory-efficient step)
@@ -42,6 +54,8 @@ TRAIN_STEP_VARIANTS = {  # name: (n_future, memory-efficient step)
     "mtp": (8, True),
     "mtp_plain": (8, False),
 }
+NOISY_SPREAD = 0.2  # (max - min) / median of the pair ratios above this: the time ratio is noise
+MIN_ROUNDS = 3  # fewer pair ratios than this say nothing about their spread
 
 def _memory_kib(field: str) -> int:
     with open("/proc/self/status") as f:
@@ -56,12 +70,13 @@ class _Variant:
 
     def __init__(self, preset_name: str, variant: str, *, batch_size: int, device: torch.device):
         n_future, efficient = TRAIN_STEP_VARIANTS[variant]
-        self.cfg = cfg = dataclasses.replace(preset(preset_name).model, n_future=n_future)
+        base = preset(preset_name)
+        self.cfg = cfg = dataclasses.replace(base.model, n_future=n_future)
+        self.loss_cfg, self.grad_clip = base.loss, base.train.grad_clip
         gen = torch.Generator().manual_seed(0)
         self.model = ByteMTP(cfg).to(device)
         self.model.init_weights(generator=gen)  # the same weights in every process
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.95),
-                                           weight_decay=0.1)
+        self.optimizer = build_optimizer(self.model, base.train, device)
         ids = torch.randint(0, 256, (batch_size, cfg.seq_len + cfg.n_future), generator=gen)
         ids[:, ::97] = EOS  # a few document ends, as in packed data
         self.ids = ids.to(device)
@@ -70,8 +85,10 @@ class _Variant:
         self.bytes_per_step = batch_size * cfg.seq_len
 
     def step(self) -> None:
+        """One training step, as the training loop takes it (one micro-batch)."""
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-            self.step_fn(self.model, self.ids, loss_cfg=LossConfig())
+            self.step_fn(self.model, self.ids, loss_cfg=self.loss_cfg)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -106,27 +123,69 @@ def _peak_memory_in_subprocess(args: dict) -> float:
     return float(proc.stdout.strip().splitlines()[-1])
 
 
+def _timed_rounds(variants: dict[str, _Variant], *, rounds: int, warmup: int, min_sample_s: float,
+                  progress=None) -> tuple[dict[str, list[float]], int]:
+    """Seconds per step of each variant in each round, and the steps a sample repeated. The
+    variants take turns, the order rotating each round; the warm-up rounds take one step each and
+    decide how many steps a sample repeats (enough for the fastest variant to last min_sample_s)."""
+    names = list(variants)
+    warm: dict[str, float] = {}
+    for _ in range(warmup):
+        for name in names:
+            warm[name] = _time_steps(variants[name], 1)
+        if progress is not None:
+            progress("warm-up")
+    repeats = max(1, math.ceil(min_sample_s / min(warm.values()))) if warm else 1
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(_time_steps(variants[name], repeats) / repeats)
+        if progress is not None:
+            progress("timing")
+    return times, repeats
+
+
+def _time_steps(v: _Variant, n: int) -> float:
+    v.sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        v.step()
+    v.sync()
+    return time.perf_counter() - t0
+
+
+def ratio_spread(ratios: list[float]) -> dict:
+    """The spread of pair ratios (one a round): min, median, max, the ratios in order, (max - min)
+    / median, and whether the result is too noisy to mean anything, with a note that says why."""
+    ratios = sorted(ratios)
+    median = statistics.median(ratios)
+    spread = (ratios[-1] - ratios[0]) / median
+    note = None
+    if len(ratios) < MIN_ROUNDS:
+        note = (f"{len(ratios)} timed round(s) cannot show how noisy the time ratio is; "
+                f"take {MIN_ROUNDS} or more (--steps)")
+    elif spread > NOISY_SPREAD:
+        note = (f"the time ratio is noise: its pair ratios run from {ratios[0]:.3f} to {ratios[-1]:.3f}, "
+                f"{100 * spread:.0f}% of their median (more than {100 * NOISY_SPREAD:.0f}%); rerun on a "
+                "quieter machine or with more --steps")
+    return {"min": ratios[0], "median": median, "max": ratios[-1], "runs": ratios, "spread": spread,
+            "noisy": note is not None, "note": note}
+
+
 def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 6, warmup: int = 2,
-               device: str | None = None, progress=None) -> dict:
-    """Time the three variants step by step in turn in this process (the median step of each),
-    then measure each one's peak memory in a fresh subprocess; report the ratios."""
+               min_sample_s: float = 0.2, device: str | None = None, progress=None) -> dict:
+    """Time the three variants in `steps` interleaved rounds after `warmup` rounds (the module doc
+    says how), then measure each one's peak memory in a fresh subprocess; report the ratios and the
+    spread of the time ratio."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     variants = {name: _Variant(preset_name, name, batch_size=batch_size, device=dev)
                 for name in TRAIN_STEP_VARIANTS}
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for i in range(warmup + steps):
-        for name, v in variants.items():  # interleaved, so drifts in machine speed hit all alike
-            v.sync()
-            t0 = time.perf_counter()
-            v.step()
-            v.sync()
-            if i >= warmup:
-                times[name].append(time.perf_counter() - t0)
-        if progress is not None:
-            progress("warm-up" if i < warmup else "timing")
+    times, repeats = _timed_rounds(variants, rounds=steps, warmup=warmup, min_sample_s=min_sample_s,
+                                   progress=progress)
     result = {"preset": preset_name, "device": device, "batch_size": batch_size,
-              "seq_len": variants["ntp"].cfg.seq_len, "steps": steps}
+              "seq_len": variants["ntp"].cfg.seq_len, "steps": steps, "warmup": warmup,
+              "steps_per_sample": repeats}
     peak_flops = peak_gpu_flops(dev)
     for name, v in variants.items():
         step_s = statistics.median(times[name])
@@ -143,6 +202,8 @@ def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 
         if progress is not None:
             progress(f"memory {name}")
     result["time_ratio"] = result["mtp_step_s"] / result["ntp_step_s"]
+    pairs = ratio_spread([m / n for m, n in zip(times["mtp"], times["ntp"])])
+    result.update({f"time_ratio_{key}": value for key, value in pairs.items()})
     result["memory_ratio"] = result["mtp_peak_mb"] / result["ntp_peak_mb"]
     result["plain_memory_ratio"] = result["mtp_plain_peak_mb"] / result["ntp_peak_mb"]
     return result
@@ -389,7 +450,9 @@ def all_benchmarks(*, ckpt: str, data: str = "data/corpus/stdlib", preset_name: 
                   device=torch.device(device))
     k = model.config.n_future
     summary = {
-        "train_step.time_ratio": step["time_ratio"], "train_step.memory_ratio": step["memory_ratio"],
+        "train_step.time_ratio": step["time_ratio"], "train_step.time_ratio_min": step["time_ratio_min"],
+        "train_step.time_ratio_max": step["time_ratio_max"], "train_step.time_ratio_noisy": step["time_ratio_noisy"],
+        "train_step.memory_ratio": step["memory_ratio"],
         "loader.ratio": loader["ratio"], "loader.loader_mb_s": loader["loader_mb_s"],
         "decode.speedup": dec["speedup"], "decode.bytes_per_forward": dec["bytes_per_forward"],
         "decode.speedup_min": dec["speedup_min"], "decode.pass_cost": dec["pass_cost"],

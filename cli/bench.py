@@ -21,13 +21,19 @@ def bench() -> None:
 @preset_option("small")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
 @click.option("--steps", default=6, show_default=True, type=click.IntRange(1),
-              help="Timed steps per variant (after the warm-up); the median counts.")
-@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0))
+              help="Timed rounds, the variants taking turns (after the warm-up): each variant's median "
+                   "step counts, and the round-by-round time ratios give the spread (3 or more to judge it).")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0),
+              help="Untimed rounds first; they also decide how many steps a timed sample repeats.")
+@click.option("--min-sample-s", default=0.2, show_default=True, type=click.FloatRange(0),
+              help="A timed sample repeats a variant's step until it lasts this long.")
 @device_option()
 @json_option()
-def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, device: str | None,
+def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, min_sample_s: float, device: str | None,
                      json_path: str | None) -> None:
-    """Next-byte vs memory-efficient vs plain multi-token training step."""
+    """Next-byte vs memory-efficient vs plain multi-token training step, as `train` takes it.
+
+    Says when the time ratio is too noisy to mean anything (time_ratio_noisy in the JSON)."""
     from tqdm import tqdm
 
     from bytemtp.bench import TRAIN_STEP_VARIANTS, train_step
@@ -38,8 +44,8 @@ def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, devi
             bar.set_postfix_str(stage)
             bar.update()
 
-        res = train_step(preset, batch_size=batch_size, steps=steps, warmup=warmup, device=str(resolve_device(device)),
-                         progress=progress)
+        res = train_step(preset, batch_size=batch_size, steps=steps, warmup=warmup, min_sample_s=min_sample_s,
+                         device=str(resolve_device(device)), progress=progress)
     echo(report.train_step_table(res))
     write_json(json_path, res)
 

@@ -152,10 +152,16 @@ def train_step_table(res: dict) -> str:
             row.append(f"{100 * res[f'{name}_mfu']:.1f}%")
         rows.append(tuple(row))
     header = ("variant", "step s", "bytes/s", "peak MiB") + (("MFU",) if len(rows[0]) > 4 else ())
-    return "\n".join([f"preset {res['preset']}, batch {res['batch_size']} x {res['seq_len']} bytes, {res['device']}",
-                      table(rows, header),
-                      f"time_ratio {res['time_ratio']:.3f}  memory_ratio {res['memory_ratio']:.3f}  "
-                      f"plain_memory_ratio {res['plain_memory_ratio']:.3f}"])
+    lines = [f"preset {res['preset']}, batch {res['batch_size']} x {res['seq_len']} bytes, {res['device']}; "
+             f"{res['steps']} interleaved rounds after {res['warmup']} warm-up, "
+             f"{res['steps_per_sample']} step(s) a sample; median step",
+             table(rows, header),
+             f"time_ratio {res['time_ratio']:.3f} (round by round: min {res['time_ratio_min']:.3f}, "
+             f"median {res['time_ratio_median']:.3f}, max {res['time_ratio_max']:.3f})  "
+             f"memory_ratio {res['memory_ratio']:.3f}  plain_memory_ratio {res['plain_memory_ratio']:.3f}"]
+    if res["time_ratio_noisy"]:
+        lines.append(f"note: {res['time_ratio_note']}")
+    return "\n".join(lines)
 
 
 def decode_cases_table(res: dict) -> str:
