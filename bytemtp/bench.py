@@ -255,10 +255,10 @@ def quality(preset_name: str = "small", *, data: str = "data/corpus/stdlib", ste
     """Train the preset with n_future=8 and the parameter-matched next-byte baseline on the same
     bytes (same steps, batch and data order) on `device` (default: the preset's train.device), and
     compare validation bits per byte."""
-    from bytemtp.train import train, val_data
+    from bytemtp.train import has_val_split, train
 
     base = preset(preset_name)
-    if val_data(dataclasses.replace(base.data, path=data)) is None:
+    if not has_val_split(dataclasses.replace(base.data, path=data)):
         raise CorpusError(f"{data} has no val split; prepare it with `make corpus` or `bytemtp prep`")
     root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="bytemtp-quality-"))
     results = {}
