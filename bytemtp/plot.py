@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bytemtp.train import METRICS
+from bytemtp.runs import METRICS
 
 
 def _pyplot():

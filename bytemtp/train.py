@@ -1,4 +1,6 @@
-"""The training loop: one `train(cfg, run_dir)` that reads top to bottom.
+"""The training loop: `train(cfg, run_dir)` joins the ranks, then a `_Run` is built, restored
+from a checkpoint when resuming, and loops: stop condition, optimizer step, log, validate, save.
+Its counters are a `LoopState` with a state dict, like the loader's.
 
 AdamW (fused on CUDA) with decoupled weight decay on matrices, linear warmup then cosine decay
 to a fraction of the peak, gradient clipping and accumulation, bf16 autocast on CUDA, optional
@@ -17,8 +19,8 @@ update, counted) and the run aborts after train.max_bad_steps in a row. A checkp
 to save (a full disk) leaves the previous one intact and the run says so and goes on; only a
 failure of the final save ends the run with an error.
 
-Run directory: `run-config.json` (the resolved configuration), `metrics.jsonl` (one JSON object
-per logged step or validation), `checkpoints/step-NNNNNNNN/`.
+Run directory (`bytemtp.runs`, which also resolves a run before any work): `run-config.json`,
+`metrics.jsonl` (one JSON object per logged step or validation), `checkpoints/step-NNNNNNNN/`.
 
 Many processes: launched by torchrun, the same loop trains one model on every rank
 (`bytemtp.distributed`: DDP or FSDP2 after train.parallel). Each rank reads its own share of the
@@ -33,10 +35,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import dataclasses
 import json
 import math
-import os
 import signal
 import time
 from dataclasses import dataclass
@@ -47,34 +47,23 @@ from tqdm import tqdm
 
 from bytemtp import corpus
 from bytemtp import distributed as dist_lib
-from bytemtp import config as config_lib
-from bytemtp.checkpoint import (
-    CheckpointError, is_checkpoint_dir, latest_checkpoint, load_config, load_optimizer_state,
-    load_train_state, read_train_state, save_checkpoint)
-from bytemtp.config import Config, DataConfig, TrainConfig, to_dict, to_json
-from bytemtp.evaluate import evaluate
+from bytemtp.checkpoint import (CheckpointError, latest_checkpoint, load_optimizer_state, load_train_state,
+                                save_checkpoint)
+from bytemtp.config import Config, DataConfig, TrainConfig, to_json
 from bytemtp.devices import resolve_device, rng_state, set_rng_state
+from bytemtp.evaluate import evaluate
 from bytemtp.flops import peak_gpu_flops, step_flops
 from bytemtp.loader import ByteLoader, combine_stats
 from bytemtp.loss import LN2
 from bytemtp.model import Block, ByteMTP
+from bytemtp.runs import (METRICS, RUN_CONFIG, RunPlan, RunResult, absolute_corpus, already_done,  # noqa: F401
+                          keep_metrics_up_to, plan_run, prepare_run_dir)
 from bytemtp.step import forward_backward, plain_forward_backward
 
-RUN_CONFIG = "run-config.json"
-METRICS = "metrics.jsonl"
 
 
 class TrainingError(RuntimeError):
     """The run cannot go on (too many non-finite steps, a failed final save)."""
-
-
-@dataclass
-class RunResult:
-    step: int
-    bytes_seen: int
-    stopped_by: str  # steps, bytes, time or signal; done: the run had reached its limit before
-    checkpoint: Path
-    val_bpb: list[float] | None
 
 
 def schedule_horizon(cfg: TrainConfig, bytes_per_step: int) -> int:
@@ -144,50 +133,25 @@ def stop_on_signals():
             signal.signal(s, h)
 
 
-def _prepare_run_dir(run_dir: Path, cfg: Config, resume: bool, *, mutate: bool = True) -> Path | None:
-    if resume:
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is None:
-            raise ValueError(f"no checkpoint to resume in {run_dir}: expected "
-                             f"{run_dir / 'checkpoints' / 'step-*'}/; start a new run there instead")
-        return ckpt
-    if latest_checkpoint(run_dir) is not None:
-        raise ValueError(f"run directory {run_dir} already exists; resume it, or choose another run directory")
-    leftovers = {p.name for p in run_dir.iterdir()} if run_dir.exists() else set()
-    if leftovers - {RUN_CONFIG, METRICS, "checkpoints"}:
-        raise ValueError(f"{run_dir} exists and is not a run directory; choose another run directory")
-    if mutate:  # a run that died before its first checkpoint: start it over
-        (run_dir / METRICS).unlink(missing_ok=True)
-        run_dir.mkdir(parents=True, exist_ok=True)
-    return None
+@dataclass
+class LoopState:
+    """The training loop's own counters, saved in every checkpoint beside the weights, the
+    optimizer, the loader positions and the RNG states (which have their own state dicts)."""
 
+    step: int = 0
+    bytes_seen: int = 0
+    elapsed_s: float = 0.0  # training time over every session of the run
+    skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient
+    bad_run: int = 0  # of those, how many in a row up to now
+    val_bpb: list[float] | None = None  # the last validation
 
-def _already_done(run_dir: Path, tc: TrainConfig) -> RunResult | None:
-    """The newest checkpoint, as a result, when it has already reached the step or bytes limit
-    (then resuming changes nothing); None when there is training left or no checkpoint."""
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        return None
-    state = read_train_state(ckpt)
-    step, seen = state.get("step", 0), state.get("bytes_seen", 0)
-    if not ((tc.steps and step >= tc.steps) or (tc.max_bytes and seen >= tc.max_bytes)):
-        return None
-    return RunResult(step=step, bytes_seen=seen, stopped_by="done", checkpoint=ckpt,
-                     val_bpb=state.get("val_bpb"))
+    def state_dict(self) -> dict:
+        return {"bytes_seen": self.bytes_seen, "elapsed_s": self.elapsed_s, "skipped_steps": self.skipped_steps,
+                "bad_run": self.bad_run, "val_bpb": self.val_bpb}  # the checkpoint stores the step
 
-
-def _keep_metrics_up_to(path: Path, step: int) -> None:
-    """After a resume, drop the lines that the interrupted run logged past its checkpoint."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] <= step:
-                kept.append(line)
-        except (ValueError, KeyError, TypeError):  # a line torn by the crash
-            continue
-    path.write_text("".join(line + "\n" for line in kept))
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.bytes_seen, self.elapsed_s = state["step"], state["bytes_seen"], state["elapsed_s"]
+        self.skipped_steps, self.bad_run, self.val_bpb = state["skipped_steps"], state["bad_run"], state.get("val_bpb")
 
 
 def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, show_progress: bool = True,
@@ -200,192 +164,230 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, show_progre
         raise ValueError("no stop condition: set train.steps, train.max_bytes or train.max_time")
     if dist_lib.restarted() and latest_checkpoint(run_dir) is not None:
         resume = True  # torchrun restarted the job after a failure: go on from the newest checkpoint
-    if resume and (done := _already_done(run_dir, tc)) is not None:
+    if resume and (done := already_done(run_dir, tc)) is not None:
         return done
     with dist_lib.process_group(resolve_device(tc.device), timeout_s=tc.dist_timeout) as d:
-        ckpt = _prepare_run_dir(run_dir, cfg, resume, mutate=d.is_main)
+        ckpt = prepare_run_dir(run_dir, cfg, resume, mutate=d.is_main)
         if d.is_main:
             (run_dir / RUN_CONFIG).write_text(to_json(cfg) + "\n")
         dist_lib.barrier(d)
         with torch.random.fork_rng(devices=[d.device] if d.device.type == "cuda" else []):
             torch.manual_seed(tc.seed + d.rank)  # dropout differs between ranks
-            return _train(cfg, run_dir, ckpt, d, show_progress=show_progress and d.is_main,
-                          say=say if d.is_main else (lambda *_: None))
+            run = _Run(cfg, run_dir, d, say=say if d.is_main else (lambda *_: None))
+            if ckpt is not None:
+                run.restore(ckpt)
+            return run.loop(show_progress=show_progress and d.is_main)
 
 
-def _train(cfg: Config, run_dir: Path, ckpt: Path | None, d: dist_lib.Dist, *,
-           show_progress: bool, say) -> RunResult:
-    tc, mc = cfg.train, cfg.model
-    device = d.device
-    model = ByteMTP(mc).to(device)  # the same initial weights on every rank
-    model.init_weights(generator=torch.Generator().manual_seed(tc.seed))
-    loader = ByteLoader(cfg.data, seq_len=mc.seq_len, n_future=mc.n_future, rank=d.rank,
-                        world_size=d.world_size)
-    has_val = has_val_split(cfg.data)
-    if not has_val:
-        say(f"note: {cfg.data.path} has no val split (prepare it with `bytemtp prep`); "
-            "no validation in this run")
-    step, bytes_seen, elapsed, skipped, bad_run, val_bpb = 0, 0, 0.0, 0, 0, None
-    state = load_train_state(ckpt, model=model) if ckpt is not None else None  # weights before wrapping
-    wrapped = dist_lib.wrap_model(model, d, tc.parallel)
-    optimizer = build_optimizer(model, tc, device)
-    if state is not None:
-        load_optimizer_state(ckpt, optimizer, load=dist_lib.load_optimizer(wrapped))
-        loaders, rngs = state.get("loaders", [state.get("loader")]), state.get("rngs", [state.get("rng")])
+class _Run:
+    """One session of a run on one rank: built, restored from a checkpoint, then `loop` takes
+    optimizer steps until a stop condition, validating, logging and saving as it goes."""
+
+    def __init__(self, cfg: Config, run_dir: Path, d: dist_lib.Dist, *, say):
+        tc, mc = cfg.train, cfg.model
+        self.cfg, self.run_dir, self.d, self.device, self.say = cfg, run_dir, d, d.device, say
+        self.model = ByteMTP(mc).to(self.device)  # the same initial weights on every rank
+        self.model.init_weights(generator=torch.Generator().manual_seed(tc.seed))
+        self.loader = ByteLoader(cfg.data, seq_len=mc.seq_len, n_future=mc.n_future, rank=d.rank,
+                                 world_size=d.world_size)
+        self.has_val = has_val_split(cfg.data)
+        if not self.has_val:
+            say(f"note: {cfg.data.path} has no val split (prepare it with `bytemtp prep`); "
+                "no validation in this run")
+        self.state = LoopState()
+        self.checkpoint: Path | None = None  # the one this session resumes from
+        self._saved: dict = {}  # its train_state
+        self.last_saved = self.last_val = -1
+        self.metrics, self.metrics_ok = None, True
+
+    def restore(self, ckpt: Path) -> None:
+        """Weights (before wrapping), then, in wrap's place, the optimizer, this rank's loader
+        position and RNG state, and the loop's counters."""
+        d = self.d
+        self.checkpoint = ckpt
+        self._saved = load_train_state(ckpt, model=self.model)
+        loaders = self._saved.get("loaders", [self._saved.get("loader")])
         if len(loaders) != d.world_size:
             raise ValueError(f"{ckpt} was saved by {len(loaders)} process(es) and this run has "
                              f"{d.world_size}: each reads its own share of the corpus, so resume with "
                              f"{len(loaders)} (torchrun --nproc-per-node, --nnodes) or start a new run")
-        loader.load_state_dict(loaders[d.rank])
-        _restore_rng(rngs[d.rank], device)
-        step, bytes_seen, elapsed = state["step"], state["bytes_seen"], state["elapsed_s"]
-        skipped, bad_run, val_bpb = state["skipped_steps"], state["bad_run"], state.get("val_bpb")
-        if d.is_main:  # the one writer of metrics.jsonl: two ranks rewriting it race and lose lines
-            _keep_metrics_up_to(run_dir / METRICS, step)
-        say(f"resumed {run_dir} from {ckpt.name}: step {step}, {bytes_seen:,} bytes seen")
-    if tc.compile:
-        for module in model.modules():
-            if isinstance(module, Block):
-                module.compile()
-    step_fn = forward_backward if tc.memory_efficient else plain_forward_backward
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-    bytes_per_step = cfg.data.batch_size * mc.seq_len * tc.grad_accum * d.world_size
-    flops_per_step = step_flops(model, bytes_per_step, mc.seq_len)  # the model's, over all ranks
-    peak_flops = peak_gpu_flops(device)
-    horizon = schedule_horizon(tc, bytes_per_step)
-    params = list(model.parameters())
-    metrics, metrics_ok = open(run_dir / METRICS, "a") if d.is_main else None, True
-    last_saved = last_val = step if ckpt is not None else -1
 
-    def save(final: bool) -> Path | None:
+    def _build_step(self) -> None:
+        """Wrap the model for the ranks, make the optimizer and load what a checkpoint saved."""
+        tc, mc, d = self.cfg.train, self.cfg.model, self.d
+        self.wrapped = dist_lib.wrap_model(self.model, d, tc.parallel)
+        self.optimizer = build_optimizer(self.model, tc, self.device)
+        if self.checkpoint is not None:
+            saved, ckpt = self._saved, self.checkpoint
+            load_optimizer_state(ckpt, self.optimizer, load=dist_lib.load_optimizer(self.wrapped))
+            self.loader.load_state_dict(saved.get("loaders", [saved.get("loader")])[d.rank])
+            _restore_rng(saved.get("rngs", [saved.get("rng")])[d.rank], self.device)
+            self.state.load_state_dict(saved)
+            self.last_saved = self.last_val = self.state.step
+            if d.is_main:  # the one writer of metrics.jsonl: two ranks rewriting it race and lose lines
+                keep_metrics_up_to(self.run_dir / METRICS, self.state.step)
+            self.say(f"resumed {self.run_dir} from {ckpt.name}: step {self.state.step}, "
+                     f"{self.state.bytes_seen:,} bytes seen")
+        if d.is_main:
+            self.metrics = open(self.run_dir / METRICS, "a")
+        if tc.compile:
+            for module in self.model.modules():
+                if isinstance(module, Block):
+                    module.compile()
+        self.step_fn = forward_backward if tc.memory_efficient else plain_forward_backward
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+        self.bytes_per_step = self.cfg.data.batch_size * mc.seq_len * tc.grad_accum * d.world_size
+        self.flops_per_step = step_flops(self.model, self.bytes_per_step, mc.seq_len)  # the model's, all ranks
+        self.peak_flops = peak_gpu_flops(self.device)
+        self.horizon = schedule_horizon(tc, self.bytes_per_step)
+
+    def loop(self, *, show_progress: bool) -> RunResult:
+        """Optimizer steps until a stop condition; then a last validation and a final checkpoint."""
+        self._build_step()
+        tc, st = self.cfg.train, self.state
+        bar = tqdm(total=tc.steps or None, initial=st.step, desc="train", unit="step",
+                   disable=not show_progress, dynamic_ncols=True)
+        started, session_start = time.perf_counter() - st.elapsed_s, time.perf_counter()
+        self.model.train()
+        with stop_on_signals() as flag:
+            while not (stopped_by := self._stop_condition(flag, session_start)):
+                step_s, head_loss, loss, head_acc, grad_norm, lr = self._optimizer_step()
+                st.elapsed_s = time.perf_counter() - started
+                bar.update()
+                # the next-byte head's loss: the figure a byte model is judged by (the sum over heads is logged)
+                bar.set_postfix_str(f"next-byte loss {head_loss[0].item():.3f} ({head_loss[0].item() / LN2:.3f} "
+                                    f"bits/byte) {self.bytes_per_step / step_s:,.0f} B/s", refresh=False)
+                if st.step % tc.log_every == 0 or st.step == tc.steps:
+                    self._log_step(step_s, loss, head_loss, head_acc, grad_norm, lr)
+                if tc.eval_every and st.step % tc.eval_every == 0:
+                    self.validate()
+                if st.step % tc.ckpt_every == 0:
+                    self.save(final=False)
+            bar.close()
+            if stopped_by == "signal":
+                names = dist_lib.gather(flag["signal"], self.d)
+                rank = next(r for r, name in enumerate(names) if name)
+                where = f" (by rank {rank})" if self.d.active else ""
+                self.say(f"{names[rank]} received{where}: saving step {st.step} and stopping")
+            if self.last_val != st.step:
+                self.validate()
+            path = self.save(final=True) if self.last_saved != st.step else None
+            dist_lib.barrier(self.d)
+            path = path or latest_checkpoint(self.run_dir)
+        if self.metrics is not None:
+            self.metrics.close()
+        return RunResult(step=st.step, bytes_seen=st.bytes_seen, stopped_by=stopped_by, checkpoint=path,
+                         val_bpb=st.val_bpb)
+
+    def _stop_condition(self, flag: dict, session_start: float) -> str | None:
+        """steps, bytes, time or signal when the run must stop before the next step, else None."""
+        tc, st = self.cfg.train, self.state
+        out_of_time = bool(tc.max_time) and time.perf_counter() - session_start >= tc.max_time
+        if tc.steps and st.step >= tc.steps:
+            return "steps"
+        if tc.max_bytes and st.bytes_seen >= tc.max_bytes:
+            return "bytes"
+        # clocks and signals differ between ranks: every rank stops when one must
+        if dist_lib.any_rank(out_of_time or bool(flag["signal"]), self.d, self.device):
+            return "time" if out_of_time else "signal"
+        return None
+
+    def _optimizer_step(self):
+        """One step: the learning rate of the schedule, grad_accum micro-batches forward and
+        backward, clipping, and the update, or a skip when the loss or gradient is not finite."""
+        tc, st = self.cfg.train, self.state
+        lr = lr_at(st.step, tc, self.horizon)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        batches = (next(self.loader).to(self.device, non_blocking=True) for _ in range(tc.grad_accum))
+        loss, head_loss, head_acc = accumulate_gradients(
+            self.model, self.wrapped, batches, step_fn=self.step_fn, loss_cfg=self.cfg.loss,
+            accum=tc.grad_accum, d=self.d, autocast=self.autocast)
+        grad_norm = dist_lib.local(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                                  tc.grad_clip or float("inf")))
+        if torch.isfinite(loss) and torch.isfinite(grad_norm):
+            self.optimizer.step()
+            st.bad_run = 0
+        else:
+            st.skipped_steps, st.bad_run = st.skipped_steps + 1, st.bad_run + 1
+            self.say(f"step {st.step + 1}: non-finite loss or gradient, step skipped ({st.bad_run} in a row)")
+            if st.bad_run >= tc.max_bad_steps:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise TrainingError(
+                    f"{st.bad_run} consecutive steps had a non-finite loss or gradient "
+                    f"(train.max_bad_steps={tc.max_bad_steps}); lower train.lr or check the data; "
+                    f"the last good checkpoint is in {self.run_dir / 'checkpoints'}")
+        self.optimizer.zero_grad(set_to_none=True)
+        st.step += 1
+        st.bytes_seen += self.bytes_per_step
+        return time.perf_counter() - t0, head_loss, loss, head_acc, grad_norm, lr
+
+    def _log_step(self, step_s: float, loss, head_loss, head_acc, grad_norm, lr: float) -> None:
+        st, device = self.state, self.device
+        data_stats = combine_stats(dist_lib.gather(self.loader.stats(), self.d))
+        gpu = {}
+        if device.type == "cuda":  # model FLOP utilisation of all ranks' GPUs; this rank's memory
+            gpu["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+            if self.peak_flops:
+                gpu["mfu"] = self.flops_per_step / step_s / (self.peak_flops * self.d.world_size)
+        self.log({**gpu, "step": st.step, "bytes": st.bytes_seen, "loss": loss.item(),
+                  "bpb": head_loss[0].item() / LN2, "head_loss": head_loss.tolist(), "head_acc": head_acc.tolist(),
+                  "lr": lr, "grad_norm": grad_norm.item(), "bytes_per_s": self.bytes_per_step / step_s,
+                  "skipped_steps": st.skipped_steps, "elapsed_s": st.elapsed_s, "data": data_stats})
+
+    def log(self, record: dict) -> None:
+        """One metrics line; non-finite numbers become null (strict JSON); a full disk warns."""
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.write(json.dumps(_finite(record)) + "\n")
+            self.metrics.flush()
+            self.metrics_ok = True
+        except OSError as e:
+            if self.metrics_ok:
+                self.say(f"warning: cannot write {self.run_dir / METRICS} ({e.strerror}); training goes on")
+            self.metrics_ok = False
+
+    def validate(self) -> None:
+        """Bits per byte of every head on the first train.eval_batches batches of the val split,
+        shared out over the ranks (the library's evaluation)."""
+        st, tc = self.state, self.cfg.train
+        if not self.has_val:
+            return
+        with self.autocast:
+            st.val_bpb = evaluate(self.model, self.cfg.data.path, split="val", batches=tc.eval_batches,
+                                  batch_size=self.cfg.data.batch_size, device=self.device, d=self.d,
+                                  mask_after_eos=self.cfg.loss.mask_after_eos)["bpb"]
+        self.last_val = st.step
+        self.log({"step": st.step, "bytes": st.bytes_seen, "val_bpb": st.val_bpb})
+        self.say(f"step {st.step}: val bits/byte " + " ".join(f"h{k + 1} {b:.3f}" for k, b in enumerate(st.val_bpb)))
+
+    def save(self, *, final: bool) -> Path | None:
         """Every rank takes part (gathering); rank 0 writes, and all agree on whether it worked."""
-        nonlocal last_saved
-        loaders, rngs = dist_lib.gather(loader.state_dict(), d), dist_lib.gather(_encoded_rng(device), d)
-        stats = dist_lib.gather(loader.stats(), d)
-        weights, optim = dist_lib.full_state(wrapped, optimizer)
+        d, st = self.d, self.state
+        loaders = dist_lib.gather(self.loader.state_dict(), d)
+        rngs = dist_lib.gather(_encoded_rng(self.device), d)
+        stats = dist_lib.gather(self.loader.stats(), d)
+        weights, optim = dist_lib.full_state(self.wrapped, self.optimizer)
         path, error = None, None
         if d.is_main:
-            state = {"bytes_seen": bytes_seen, "elapsed_s": elapsed, "skipped_steps": skipped,
-                     "bad_run": bad_run, "val_bpb": val_bpb, "world_size": d.world_size,
-                     "loaders": loaders, "loader_stats": combine_stats(stats), "rngs": rngs}
+            state = {**st.state_dict(), "world_size": d.world_size, "loaders": loaders,
+                     "loader_stats": combine_stats(stats), "rngs": rngs}
             try:
-                path = save_checkpoint(run_dir, step=step, model=model, config=cfg, train_state=state,
-                                       keep=tc.keep_checkpoints, model_state=weights, optimizer_state=optim)
+                path = save_checkpoint(self.run_dir, step=st.step, model=self.model, config=self.cfg,
+                                       train_state=state, keep=self.cfg.train.keep_checkpoints,
+                                       model_state=weights, optimizer_state=optim)
             except CheckpointError as e:
                 error = e
-        if dist_lib.any_rank(error is not None, d, device):
+        if dist_lib.any_rank(error is not None, d, self.device):
             message = str(error) if error is not None else "rank 0 could not save a checkpoint"
             if final:
                 raise TrainingError(message)
-            say(f"warning: {message}; training goes on")
+            self.say(f"warning: {message}; training goes on")
             return None
-        last_saved = step
+        self.last_saved = st.step
         return path
-
-    def log(record: dict) -> None:
-        """One metrics line; non-finite numbers become null (strict JSON); a full disk warns."""
-        nonlocal metrics_ok
-        if metrics is None:
-            return
-        try:
-            metrics.write(json.dumps(_finite(record)) + "\n")
-            metrics.flush()
-            metrics_ok = True
-        except OSError as e:
-            if metrics_ok:
-                say(f"warning: cannot write {run_dir / METRICS} ({e.strerror}); training goes on")
-            metrics_ok = False
-
-    def run_validation() -> None:
-        nonlocal val_bpb, last_val
-        if not has_val:
-            return
-        with autocast:  # the first train.eval_batches batches of the val split, shared out over the ranks
-            val_bpb = evaluate(model, cfg.data.path, split="val", batches=tc.eval_batches,
-                               batch_size=cfg.data.batch_size, device=device, d=d,
-                               mask_after_eos=cfg.loss.mask_after_eos)["bpb"]
-        last_val = step
-        log({"step": step, "bytes": bytes_seen, "val_bpb": val_bpb})
-        say(f"step {step}: val bits/byte " + " ".join(f"h{k + 1} {b:.3f}" for k, b in enumerate(val_bpb)))
-
-    total = tc.steps or None
-    bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=not show_progress,
-               dynamic_ncols=True)
-    started, stopped_by = time.perf_counter() - elapsed, None
-    session_start = time.perf_counter()
-    model.train()
-    with stop_on_signals() as flag:
-        while True:
-            out_of_time = bool(tc.max_time) and time.perf_counter() - session_start >= tc.max_time
-            if tc.steps and step >= tc.steps:
-                stopped_by = "steps"
-            elif tc.max_bytes and bytes_seen >= tc.max_bytes:
-                stopped_by = "bytes"
-            # clocks and signals differ between ranks: every rank stops when one must
-            elif dist_lib.any_rank(out_of_time or bool(flag["signal"]), d, device):
-                stopped_by = "time" if out_of_time else "signal"
-            if stopped_by:
-                break
-            lr = lr_at(step, tc, horizon)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            t0 = time.perf_counter()
-            loss, head_loss, head_acc = accumulate_gradients(
-                model, wrapped, (next(loader).to(device, non_blocking=True) for _ in range(tc.grad_accum)),
-                step_fn=step_fn, loss_cfg=cfg.loss, accum=tc.grad_accum, d=d, autocast=autocast)
-            grad_norm = dist_lib.local(torch.nn.utils.clip_grad_norm_(params, tc.grad_clip or float("inf")))
-            if torch.isfinite(loss) and torch.isfinite(grad_norm):
-                optimizer.step()
-                bad_run = 0
-            else:
-                skipped, bad_run = skipped + 1, bad_run + 1
-                say(f"step {step + 1}: non-finite loss or gradient, step skipped ({bad_run} in a row)")
-                if bad_run >= tc.max_bad_steps:
-                    optimizer.zero_grad(set_to_none=True)
-                    raise TrainingError(
-                        f"{bad_run} consecutive steps had a non-finite loss or gradient "
-                        f"(train.max_bad_steps={tc.max_bad_steps}); lower train.lr or check the data; "
-                        f"the last good checkpoint is in {run_dir / 'checkpoints'}")
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            bytes_seen += bytes_per_step
-            elapsed = time.perf_counter() - started
-            step_s = time.perf_counter() - t0
-            bpb = head_loss[0].item() / LN2
-            bar.update()
-            # the next-byte head's loss: the figure a byte model is judged by (the sum over heads is logged)
-            bar.set_postfix_str(f"next-byte loss {head_loss[0].item():.3f} ({bpb:.3f} bits/byte) "
-                                f"{bytes_per_step / step_s:,.0f} B/s", refresh=False)
-            if step % tc.log_every == 0 or step == tc.steps:
-                data_stats = combine_stats(dist_lib.gather(loader.stats(), d))
-                gpu = {}
-                if device.type == "cuda":  # model FLOP utilisation of all ranks' GPUs; this rank's memory
-                    gpu["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
-                    if peak_flops:
-                        gpu["mfu"] = flops_per_step / step_s / (peak_flops * d.world_size)
-                log({**gpu, "step": step, "bytes": bytes_seen, "loss": loss.item(), "bpb": bpb,
-                     "head_loss": head_loss.tolist(), "head_acc": head_acc.tolist(), "lr": lr,
-                     "grad_norm": grad_norm.item(), "bytes_per_s": bytes_per_step / step_s,
-                     "skipped_steps": skipped, "elapsed_s": elapsed, "data": data_stats})
-            if tc.eval_every and step % tc.eval_every == 0:
-                run_validation()
-            if step % tc.ckpt_every == 0:
-                save(final=False)
-        bar.close()
-        if stopped_by == "signal":
-            names = dist_lib.gather(flag["signal"], d)
-            rank = next(r for r, name in enumerate(names) if name)
-            where = f" (by rank {rank})" if d.active else ""
-            say(f"{names[rank]} received{where}: saving step {step} and stopping")
-        if last_val != step:
-            run_validation()
-        path = save(final=True) if last_saved != step else None
-        dist_lib.barrier(d)
-        path = path or latest_checkpoint(run_dir)
-    if metrics is not None:
-        metrics.close()
-    return RunResult(step=step, bytes_seen=bytes_seen, stopped_by=stopped_by, checkpoint=path,
-                     val_bpb=val_bpb)
 
 
 def accumulate_gradients(model: ByteMTP, wrapped, batches, *, step_fn, loss_cfg, accum: int,
@@ -412,118 +414,3 @@ def _finite(value):
     return value
 
 
-def absolute_corpus(cfg: Config) -> Config:
-    """cfg with data.path made absolute (against the current directory), so that the run's
-    config.json names its corpus from anywhere."""
-    path = cfg.data.path
-    if os.path.isabs(path):
-        return cfg
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=os.path.abspath(path)))
-
-
-def same_corpus(a: str, b: str) -> bool:
-    """Whether two corpus specs name the same corpus: the same real path, or two prepared corpora
-    with the same manifest (a copy, or the same folder reached another way)."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        return corpus.read_manifest(a) == corpus.read_manifest(b)
-    except corpus.CorpusError:
-        return False
-
-
-def resume_target(path: str | os.PathLike) -> tuple[Path, Path]:
-    """(run directory, checkpoint) that resuming `path` continues: a run directory (its newest
-    checkpoint), its checkpoints/ folder, or its newest checkpoint itself."""
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"{path} does not exist; resume a run directory that `bytemtp train` wrote")
-    if is_checkpoint_dir(path):
-        run_dir = path.parent.parent
-        if path.parent.name != "checkpoints":
-            raise ValueError(f"{path} is a checkpoint outside a run directory (RUN/checkpoints/step-*); "
-                             "only a run can be resumed")
-        latest = latest_checkpoint(run_dir)
-        if latest is None or latest.resolve() != path.resolve():
-            newer = f"{latest.name} is its newest" if latest is not None else "it is incomplete"
-            raise ValueError(f"{path} is not the newest checkpoint of {run_dir} ({newer}); resume the run "
-                             f"directory {run_dir} to go on from its newest, or delete the newer "
-                             f"checkpoints in {path.parent} to go back to {path.name}")
-        return run_dir, path
-    run_dir = path.parent if path.name == "checkpoints" and not (path / "checkpoints").exists() else path
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise ValueError(f"no checkpoint to resume in {run_dir} (expected "
-                         f"{run_dir / 'checkpoints' / 'step-*'}/); start a new run there instead")
-    return run_dir, ckpt
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """A run resolved and checked before any work: where it lives, its config and what to do."""
-
-    run_dir: Path
-    cfg: Config  # data.path absolute
-    resume: bool
-    checkpoint: Path | None  # the newest checkpoint, that a resumed run goes on from
-    done: RunResult | None  # a resumed run that has already reached its step or bytes limit
-
-
-def plan_run(path: str | os.PathLike, *, resume: bool = False, preset: str | None = None,
-             config_file: str | None = None, overrides: list[str] = ()) -> RunPlan:
-    """The run that `train(plan.cfg, plan.run_dir, resume=plan.resume)` starts or resumes.
-
-    A new run: the preset (default small), then a config file, then each override; its run
-    directory must be new (or left by a run that died before its first checkpoint) and its corpus
-    must exist and not be a run directory. A resumed run (`path` a run directory, its checkpoints/
-    folder or its newest checkpoint): the checkpoint's config takes the preset's place, a preset is
-    refused, only train.* may change and data.path may name the same corpus another way."""
-    if resume:
-        if preset is not None:
-            raise ValueError(f"preset {preset!r} is for a new run; a resumed run keeps its checkpoint's "
-                             "settings (change train.* with a config file or overrides)")
-        run_dir, ckpt = resume_target(path)
-        saved = load_config(ckpt)
-        cfg = config_lib.load_file(config_file, saved) if config_file else saved
-        cfg = config_for_resume(saved, config_lib.apply_overrides(cfg, list(overrides)))
-    else:
-        run_dir, ckpt = Path(path), None
-        cfg = config_lib.resolve(preset or "small", config_file=config_file, overrides=list(overrides))
-        check_not_a_run(cfg.data.path)
-    cfg = absolute_corpus(cfg)
-    corpus.corpus_files(cfg.data.path)  # a missing corpus fails here, before any work
-    if not resume and not dist_lib.restarted():  # (a restarted torchrun job resumes in train)
-        _prepare_run_dir(run_dir, cfg, False, mutate=False)
-    return RunPlan(run_dir=run_dir, cfg=cfg, resume=resume, checkpoint=ckpt,
-                   done=_already_done(run_dir, cfg.train) if resume else None)
-
-
-def check_not_a_run(spec) -> None:
-    """Refuse a corpus that names a run directory (it holds checkpoints/ or run-config.json):
-    training on checkpoint binaries is a mistake. Files inside a run can still be named one by
-    one or with a glob."""
-    for item in spec if isinstance(spec, (list, tuple)) else [spec]:
-        path = Path(item)
-        if path.is_dir() and ((path / "checkpoints").is_dir() or (path / RUN_CONFIG).is_file()):
-            raise ValueError(f"the corpus {item} is a run directory (it holds "
-                             f"{'checkpoints/' if (path / 'checkpoints').is_dir() else RUN_CONFIG}), not text to "
-                             "train on; name a corpus, or its files with a glob if you mean them")
-
-
-def config_for_resume(saved: Config, resolved: Config) -> Config:
-    """On resume only train.* may change; a change elsewhere would not match the checkpoint.
-    data.path may name the same corpus another way (another directory, a link, a copy)."""
-    for section in ("model", "loss", "data"):
-        before, after = to_dict(getattr(saved, section)), to_dict(getattr(resolved, section))
-        for key in before:
-            if section == "data" and key == "path":
-                old, new = before[key], after[key]
-                if old == new and not os.path.isabs(old) and not os.path.exists(old):
-                    raise ValueError(f"the run's corpus {old} was named relative to the directory the "
-                                     f"run started in and does not exist from here; name the corpus again (data.path)")
-                if old == new or same_corpus(old, new) or (not os.path.isabs(old) and not os.path.exists(old)):
-                    continue  # a relative name from another directory cannot be checked: the new one counts
-            if before[key] != after[key]:
-                raise ValueError(f"{section}.{key} cannot change when resuming (checkpoint has "
-                                 f"{before[key]!r}, asked {after[key]!r}); start a new run instead")
-    return resolved

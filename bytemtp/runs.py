@@ -1,0 +1,202 @@
+"""Run directories: their layout, and a run resolved and checked before any work.
+
+A run directory holds `run-config.json` (the resolved configuration), `metrics.jsonl` (one JSON
+object per logged step or validation) and `checkpoints/step-NNNNNNNN/`. `plan_run` turns what a
+user names (a new run directory, or a run to resume: its directory, its checkpoints/ folder or its
+newest checkpoint) and their settings into a `RunPlan`, refusing what cannot work before any
+model is built: a preset with a resume, a change to anything but train.* on resume, a corpus that
+does not exist or is a run directory, a run directory that is taken. A run's corpus path is stored
+absolute, and on resume the same corpus may be named another way, so a run works from any
+directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from bytemtp import config as config_lib
+from bytemtp import corpus
+from bytemtp import distributed as dist_lib
+from bytemtp.checkpoint import is_checkpoint_dir, latest_checkpoint, load_config, read_train_state
+from bytemtp.config import Config, TrainConfig, to_dict
+
+RUN_CONFIG = "run-config.json"
+METRICS = "metrics.jsonl"
+
+
+@dataclass
+class RunResult:
+    step: int
+    bytes_seen: int
+    stopped_by: str  # steps, bytes, time or signal; done: the run had reached its limit before
+    checkpoint: Path
+    val_bpb: list[float] | None
+
+
+
+def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool, *, mutate: bool = True) -> Path | None:
+    if resume:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise ValueError(f"no checkpoint to resume in {run_dir}: expected "
+                             f"{run_dir / 'checkpoints' / 'step-*'}/; start a new run there instead")
+        return ckpt
+    if latest_checkpoint(run_dir) is not None:
+        raise ValueError(f"run directory {run_dir} already exists; resume it, or choose another run directory")
+    leftovers = {p.name for p in run_dir.iterdir()} if run_dir.exists() else set()
+    if leftovers - {RUN_CONFIG, METRICS, "checkpoints"}:
+        raise ValueError(f"{run_dir} exists and is not a run directory; choose another run directory")
+    if mutate:  # a run that died before its first checkpoint: start it over
+        (run_dir / METRICS).unlink(missing_ok=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+def already_done(run_dir: Path, tc: TrainConfig) -> RunResult | None:
+    """The newest checkpoint, as a result, when it has already reached the step or bytes limit
+    (then resuming changes nothing); None when there is training left or no checkpoint."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return None
+    state = read_train_state(ckpt)
+    step, seen = state.get("step", 0), state.get("bytes_seen", 0)
+    if not ((tc.steps and step >= tc.steps) or (tc.max_bytes and seen >= tc.max_bytes)):
+        return None
+    return RunResult(step=step, bytes_seen=seen, stopped_by="done", checkpoint=ckpt,
+                     val_bpb=state.get("val_bpb"))
+
+
+def keep_metrics_up_to(path: Path, step: int) -> None:
+    """After a resume, drop the lines that the interrupted run logged past its checkpoint."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):  # a line torn by the crash
+            continue
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+
+def absolute_corpus(cfg: Config) -> Config:
+    """cfg with data.path made absolute (against the current directory), so that the run's
+    config.json names its corpus from anywhere."""
+    path = cfg.data.path
+    if os.path.isabs(path):
+        return cfg
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=os.path.abspath(path)))
+
+
+def same_corpus(a: str, b: str) -> bool:
+    """Whether two corpus specs name the same corpus: the same real path, or two prepared corpora
+    with the same manifest (a copy, or the same folder reached another way)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return corpus.read_manifest(a) == corpus.read_manifest(b)
+    except corpus.CorpusError:
+        return False
+
+
+def resume_target(path: str | os.PathLike) -> tuple[Path, Path]:
+    """(run directory, checkpoint) that resuming `path` continues: a run directory (its newest
+    checkpoint), its checkpoints/ folder, or its newest checkpoint itself."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path} does not exist; resume a run directory that `bytemtp train` wrote")
+    if is_checkpoint_dir(path):
+        run_dir = path.parent.parent
+        if path.parent.name != "checkpoints":
+            raise ValueError(f"{path} is a checkpoint outside a run directory (RUN/checkpoints/step-*); "
+                             "only a run can be resumed")
+        latest = latest_checkpoint(run_dir)
+        if latest is None or latest.resolve() != path.resolve():
+            newer = f"{latest.name} is its newest" if latest is not None else "it is incomplete"
+            raise ValueError(f"{path} is not the newest checkpoint of {run_dir} ({newer}); resume the run "
+                             f"directory {run_dir} to go on from its newest, or delete the newer "
+                             f"checkpoints in {path.parent} to go back to {path.name}")
+        return run_dir, path
+    run_dir = path.parent if path.name == "checkpoints" and not (path / "checkpoints").exists() else path
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ValueError(f"no checkpoint to resume in {run_dir} (expected "
+                         f"{run_dir / 'checkpoints' / 'step-*'}/); start a new run there instead")
+    return run_dir, ckpt
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run resolved and checked before any work: where it lives, its config and what to do."""
+
+    run_dir: Path
+    cfg: Config  # data.path absolute
+    resume: bool
+    checkpoint: Path | None  # the newest checkpoint, that a resumed run goes on from
+    done: RunResult | None  # a resumed run that has already reached its step or bytes limit
+
+
+def plan_run(path: str | os.PathLike, *, resume: bool = False, preset: str | None = None,
+             config_file: str | None = None, overrides: list[str] = ()) -> RunPlan:
+    """The run that `train(plan.cfg, plan.run_dir, resume=plan.resume)` starts or resumes.
+
+    A new run: the preset (default small), then a config file, then each override; its run
+    directory must be new (or left by a run that died before its first checkpoint) and its corpus
+    must exist and not be a run directory. A resumed run (`path` a run directory, its checkpoints/
+    folder or its newest checkpoint): the checkpoint's config takes the preset's place, a preset is
+    refused, only train.* may change and data.path may name the same corpus another way."""
+    if resume:
+        if preset is not None:
+            raise ValueError(f"preset {preset!r} is for a new run; a resumed run keeps its checkpoint's "
+                             "settings (change train.* with a config file or overrides)")
+        run_dir, ckpt = resume_target(path)
+        saved = load_config(ckpt)
+        cfg = config_lib.load_file(config_file, saved) if config_file else saved
+        cfg = config_for_resume(saved, config_lib.apply_overrides(cfg, list(overrides)))
+    else:
+        run_dir, ckpt = Path(path), None
+        cfg = config_lib.resolve(preset or "small", config_file=config_file, overrides=list(overrides))
+        check_not_a_run(cfg.data.path)
+    cfg = absolute_corpus(cfg)
+    corpus.corpus_files(cfg.data.path)  # a missing corpus fails here, before any work
+    if not resume and not dist_lib.restarted():  # (a restarted torchrun job resumes in train)
+        prepare_run_dir(run_dir, cfg, False, mutate=False)
+    return RunPlan(run_dir=run_dir, cfg=cfg, resume=resume, checkpoint=ckpt,
+                   done=already_done(run_dir, cfg.train) if resume else None)
+
+
+def check_not_a_run(spec) -> None:
+    """Refuse a corpus that names a run directory (it holds checkpoints/ or run-config.json):
+    training on checkpoint binaries is a mistake. Files inside a run can still be named one by
+    one or with a glob."""
+    for item in spec if isinstance(spec, (list, tuple)) else [spec]:
+        path = Path(item)
+        if path.is_dir() and ((path / "checkpoints").is_dir() or (path / RUN_CONFIG).is_file()):
+            raise ValueError(f"the corpus {item} is a run directory (it holds "
+                             f"{'checkpoints/' if (path / 'checkpoints').is_dir() else RUN_CONFIG}), not text to "
+                             "train on; name a corpus, or its files with a glob if you mean them")
+
+
+def config_for_resume(saved: Config, resolved: Config) -> Config:
+    """On resume only train.* may change; a change elsewhere would not match the checkpoint.
+    data.path may name the same corpus another way (another directory, a link, a copy)."""
+    for section in ("model", "loss", "data"):
+        before, after = to_dict(getattr(saved, section)), to_dict(getattr(resolved, section))
+        for key in before:
+            if section == "data" and key == "path":
+                old, new = before[key], after[key]
+                if old == new and not os.path.isabs(old) and not os.path.exists(old):
+                    raise ValueError(f"the run's corpus {old} was named relative to the directory the "
+                                     f"run started in and does not exist from here; name the corpus again (data.path)")
+                if old == new or same_corpus(old, new) or (not os.path.isabs(old) and not os.path.exists(old)):
+                    continue  # a relative name from another directory cannot be checked: the new one counts
+            if before[key] != after[key]:
+                raise ValueError(f"{section}.{key} cannot change when resuming (checkpoint has "
+                                 f"{before[key]!r}, asked {after[key]!r}); start a new run instead")
+    return resolved
