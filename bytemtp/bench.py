@@ -46,6 +46,7 @@ from bytemtp.flops import peak_gpu_flops, step_flops
 from bytemtp.loader import ByteLoader
 from bytemtp.model import ByteMTP
 from bytemtp.step import forward_backward, plain_forward_backward
+from bytemtp.devices import synchronize
 from bytemtp.train import build_optimizer
 from bytemtp.vocab import EOS
 
@@ -93,8 +94,7 @@ class _Variant:
         self.optimizer.zero_grad(set_to_none=True)
 
     def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        synchronize(self.device)
 
 
 def peak_memory_mb(preset_name: str, variant: str, *, batch_size: int, device: str) -> float:
@@ -325,10 +325,10 @@ def interleaved_decodes(decoder: decode.Decoder, batches: list[list[bytes]], mod
     for rnd in range(rounds):
         for i, batch in enumerate(batches):
             for mode, args in modes.items():
-                decode.synchronize(device)
+                synchronize(device)
                 t0 = time.perf_counter()
                 outs[mode][i] = decoder.generate(batch, max_bytes=max_bytes, **common, **args)
-                decode.synchronize(device)
+                synchronize(device)
                 took[mode][rnd][i] = time.perf_counter() - t0
             if progress is not None:
                 progress()

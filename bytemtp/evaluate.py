@@ -22,7 +22,9 @@ import torch
 
 from bytemtp import distributed as dist_lib
 from bytemtp.config import DataConfig
+from bytemtp.checkpoint import load_model
 from bytemtp.corpus import MANIFEST, CorpusError
+from bytemtp.devices import resolve_device
 from bytemtp.loader import ByteLoader
 from bytemtp.loss import IGNORE, LN2, future_targets, head_loss
 from bytemtp.model import ByteMTP
@@ -40,6 +42,18 @@ def held_out_split(data) -> str | None:
     """The split that scores a model on text it did not train on: val where the corpus has
     splits, else None (every file: a corpus without splits holds no held-out text)."""
     return "val" if has_splits(data) else None
+
+
+def evaluate_checkpoint(ckpt, data: str, *, split: str | None = "val", batches: int = 50, batch_size: int = 8,
+                        device: str = "auto", dtype: str | None = None, progress=None) -> dict | None:
+    """`evaluate` of a checkpoint (or a run's newest), in the process group that torchrun
+    describes: each process evaluates its share and the sums are added. The result on rank 0,
+    None on the others (progress is reported on rank 0 only)."""
+    with dist_lib.process_group(resolve_device(device)) as d:
+        model, _ = load_model(ckpt, device=d.device, dtype=dtype)
+        result = evaluate(model, data, split=split, batches=batches, batch_size=batch_size, device=d.device,
+                          d=d, progress=progress if d.is_main else None)
+    return result if d.is_main else None
 
 
 @torch.inference_mode()

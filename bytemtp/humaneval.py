@@ -43,7 +43,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from bytemtp.decode import Decoder, Generation, synchronize
+from bytemtp.decode import Decoder, Generation
+from bytemtp.devices import synchronize
 from bytemtp.execution import VERDICTS, run_programs
 from bytemtp.model import ByteMTP
 from bytemtp.sampling import Sampling

@@ -56,8 +56,8 @@ from bytemtp.flops import peak_gpu_flops, step_flops
 from bytemtp.loader import ByteLoader, combine_stats
 from bytemtp.loss import LN2
 from bytemtp.model import Block, ByteMTP
-from bytemtp.runs import (METRICS, RUN_CONFIG, RunPlan, RunResult, absolute_corpus, already_done,  # noqa: F401
-                          keep_metrics_up_to, plan_run, prepare_run_dir)
+from bytemtp.runs import (METRICS, RUN_CONFIG, RunResult, absolute_corpus, already_done, keep_metrics_up_to,
+                          prepare_run_dir)
 from bytemtp.step import forward_backward, plain_forward_backward
 
 

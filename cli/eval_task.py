@@ -39,7 +39,7 @@ def synthetic_cmd(ckpt: str, per_count: int | None, counts: str | None, stories:
     from bytemtp.checkpoint import load_model
     from bytemtp.decode import context_left
     from bytemtp.evaluate import task_accuracy, task_answer_scores, task_context
-    from bytemtp.train import resolve_device
+    from bytemtp.devices import resolve_device
 
     task = click.get_current_context().info_name  # the same command serves poly and induction
     if task == "poly" and stories is not None:
@@ -115,7 +115,7 @@ def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperatur
     """
     from bytemtp import humaneval as he
     from bytemtp.checkpoint import load_config, load_model, resolve_checkpoint
-    from bytemtp.train import resolve_device
+    from bytemtp.devices import resolve_device
 
     ctx = click.get_current_context()
     if compare and temperature > 0:

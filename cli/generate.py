@@ -70,7 +70,7 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
 
     from bytemtp import decode
     from bytemtp.checkpoint import load_model
-    from bytemtp.train import resolve_device
+    from bytemtp.devices import resolve_device
     from bytemtp.vocab import TextStream
 
     if sum(x is not None for x in (prompt, prompt_file, prompts_file)) != 1:

@@ -171,9 +171,10 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
     if resume is not None and preset_given:
         raise click.UsageError("--preset is for a new run; a resumed run keeps its checkpoint's settings "
                                "(change train.* with --set or --config)")
+    from bytemtp import runs
     from bytemtp import train as train_lib
 
-    plan = train_lib.plan_run(run_dir, resume=resume is not None, preset=None if resume is not None else preset,
+    plan = runs.plan_run(run_dir, resume=resume is not None, preset=None if resume is not None else preset,
                               config_file=config_file, overrides=sets)
     cfg, main_rank = plan.cfg, os.environ.get("RANK", "0") == "0"
     if not (cfg.train.steps or cfg.train.max_bytes or cfg.train.max_time):
@@ -238,10 +239,8 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, 
     """
     from tqdm import tqdm
 
-    from bytemtp import distributed as dist_lib
-    from bytemtp.checkpoint import load_config, load_model, resolve_checkpoint
-    from bytemtp.evaluate import evaluate, has_splits
-    from bytemtp.train import resolve_device
+    from bytemtp.checkpoint import load_config, resolve_checkpoint
+    from bytemtp.evaluate import evaluate_checkpoint, has_splits
 
     data = data_path or load_config(resolve_checkpoint(ckpt)).data.path
     if split is None:
@@ -249,17 +248,10 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, 
     elif split != "all" and not has_splits(data):
         raise click.ClickException(f"{data} is not a prepared corpus, so it has no splits (no {split} split); "
                                    "evaluate every file with --split all, or prepare it with bytemtp prep")
-    d = dist_lib.setup(resolve_device(device))
-    try:
-        model, _ = load_model(ckpt, device=d.device, dtype=dtype)
-        with tqdm(total=batches, desc="eval", unit="batch", disable=not d.is_main) as bar:
-            res = evaluate(model, data, split=None if split == "all" else split, batches=batches,
-                           batch_size=batch_size, device=d.device, d=d, progress=bar.update)
-    except BaseException:
-        dist_lib.teardown(wait=False)
-        raise
-    dist_lib.teardown()
-    if d.is_main:
+    with tqdm(total=batches, desc="eval", unit="batch", disable=os.environ.get("RANK", "0") != "0") as bar:
+        res = evaluate_checkpoint(ckpt, data, split=None if split == "all" else split, batches=batches,
+                                  batch_size=batch_size, device=device, dtype=dtype, progress=bar.update)
+    if res is not None:  # rank 0 reports
         res = {"ckpt": str(ckpt), "data": str(data), "split": split, **res}
         echo(f"{res['bytes']:,} bytes of {data} ({split})")
         echo(report.eval_table(res))
@@ -294,7 +286,7 @@ def plot_cmd(run: str | None, ckpt: str | None, out: str | None, eval_json: str 
     elif eval_batches:
         from bytemtp.checkpoint import load_model
         from bytemtp.evaluate import evaluate, held_out_split
-        from bytemtp.train import resolve_device
+        from bytemtp.devices import resolve_device
 
         dev = resolve_device(device)
         model, cfg = load_model(model_from, device=dev, dtype=dtype)

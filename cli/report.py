@@ -59,7 +59,8 @@ def train_header(cfg, run_dir, *, resume: bool) -> str:
     import torch
 
     from bytemtp.model import ByteMTP
-    from bytemtp.train import RUN_CONFIG, resolve_device
+    from bytemtp.devices import resolve_device
+    from bytemtp.runs import RUN_CONFIG
 
     with torch.device("meta"):
         model = ByteMTP(cfg.model)

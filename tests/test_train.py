@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 import bytemtp.train as train_lib
 from bytemtp import config as config_lib
-from bytemtp import prep
+from bytemtp import prep, runs
 from bytemtp.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_train_state
 from bytemtp.config import TrainConfig
 from bytemtp.model import ByteMTP
@@ -519,24 +519,24 @@ def test_a_run_directory_is_refused_as_a_corpus(tmp_path, short_run):
     assert len(errors) == 1 and f"the corpus {short_run} is a run directory" in errors[0], res.stderr
     assert not new.exists()
     (tmp_path / "t2").mkdir()  # a run that died before its first checkpoint has only run-config.json
-    (tmp_path / "t2" / train_lib.RUN_CONFIG).write_text("{}")
+    (tmp_path / "t2" / runs.RUN_CONFIG).write_text("{}")
     with pytest.raises(ValueError, match="is a run directory"):
-        train_lib.plan_run(new, overrides=[f"data.path={tmp_path / 't2'}", "train.steps=1"])
+        runs.plan_run(new, overrides=[f"data.path={tmp_path / 't2'}", "train.steps=1"])
 
 
 def test_plan_run_resolves_and_checks_before_any_work(tmp_path, corpus_dir, short_run):
-    plan = train_lib.plan_run(tmp_path / "new", preset="tiny", overrides=[f"data.path={corpus_dir}", "train.steps=3"])
+    plan = runs.plan_run(tmp_path / "new", preset="tiny", overrides=[f"data.path={corpus_dir}", "train.steps=3"])
     assert (plan.resume, plan.checkpoint, plan.done) == (False, None, None)
     assert plan.cfg.train.steps == 3 and os.path.isabs(plan.cfg.data.path)
     assert not (tmp_path / "new").exists()  # planning writes nothing
-    plan = train_lib.plan_run(short_run / "checkpoints", resume=True, overrides=["train.steps=2"])
+    plan = runs.plan_run(short_run / "checkpoints", resume=True, overrides=["train.steps=2"])
     assert plan.run_dir == short_run and plan.checkpoint == latest_checkpoint(short_run)
     assert plan.done is not None and plan.done.step == 2  # already at its limit: nothing to do
-    assert train_lib.plan_run(short_run, resume=True, overrides=["train.steps=5"]).done is None
+    assert runs.plan_run(short_run, resume=True, overrides=["train.steps=5"]).done is None
     with pytest.raises(ValueError, match="preset 'tiny' is for a new run"):
-        train_lib.plan_run(short_run, resume=True, preset="tiny")
+        runs.plan_run(short_run, resume=True, preset="tiny")
     with pytest.raises(ValueError, match="already exists"):
-        train_lib.plan_run(short_run, preset="tiny", overrides=[f"data.path={corpus_dir}", "train.steps=3"])
+        runs.plan_run(short_run, preset="tiny", overrides=[f"data.path={corpus_dir}", "train.steps=3"])
 
 
 def test_train_prints_a_header_and_the_next_byte_loss(tmp_path, corpus_dir):
