@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from bytemtp.config import DataConfig, preset
+from bytemtp.config import DataConfig, ModelConfig, preset
 from bytemtp import decode
 from bytemtp.checkpoint import load_model
 from bytemtp.corpus import CorpusError, corpus_files, decompressed_size, iter_documents
@@ -226,7 +226,8 @@ def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batc
         raise CorpusError("the zstd command is not installed (apt-get install zstd); "
                           "the benchmark compares the loader against it")
     zstd_s, loader_s = [], []
-    loader = ByteLoader(DataConfig(path=str(shard), batch_size=batch_size), seq_len=seq_len, n_future=n_future)
+    loader = ByteLoader(DataConfig(path=str(shard), batch_size=batch_size),
+                        ModelConfig(seq_len=seq_len, n_future=n_future))  # the windows of such a model
     while loader.epoch == 0:  # the warm-up epoch
         next(loader)
     for _ in range(repeats):  # interleaved, so that a busy moment hits both

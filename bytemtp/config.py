@@ -130,6 +130,13 @@ class ModelConfig:
         return self.n_layers - heads * self.head_layers
 
     @property
+    def window(self) -> int:
+        """Ids in one training window: seq_len inputs and n_future more, so that every head has a
+        target for every input. The loader cuts windows of this size (consecutive windows
+        overlapping by n_future), and the loss takes T = window - n_future from a window's shape."""
+        return self.seq_len + self.n_future
+
+    @property
     def total_layers(self) -> int:
         """Transformer layers in the built model (trunk plus all heads)."""
         return self.trunk_layers + self.n_future * self.layers_per_head

@@ -144,7 +144,7 @@ def generate(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, sampling: S
     tokens = [EOS, *prompt]
     cache = KVCache.for_model(model, batch_size=1)
     start = window_start(len(tokens), 0, seq_len)
-    logits = model.logits(torch.tensor([tokens[start:]], device=device), cache, n_heads=1)[0, -1, 0]
+    logits = model.logits(torch.tensor([tokens[start:]], device=device), cache, heads=1)[0, -1, 0]
     out.stats.forward_passes = 1
     while not out.emit(byte := next_byte(logits, sampling)):
         tokens.append(byte)
@@ -155,7 +155,7 @@ def generate(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, sampling: S
             ids = torch.tensor([tokens[start:]], device=device)
         else:
             ids = torch.tensor([[byte]], device=device)
-        logits = model.logits(ids, cache, n_heads=1)[0, -1, 0]
+        logits = model.logits(ids, cache, heads=1)[0, -1, 0]
         out.stats.forward_passes += 1
     return out.result(t0)
 
@@ -257,7 +257,7 @@ class Decoder:
         for r, w in enumerate(windows):
             ids[r, :len(w)] = torch.tensor(w, dtype=torch.long)
         cache.lengths = [0] * len(rows)
-        logits = model.logits(ids.to(model.embed.weight.device), cache, n_heads=heads, stacked=self.stacked,
+        logits = model.logits(ids.to(model.embed.weight.device), cache, heads=heads, stacked=self.stacked,
                               last=[n - 1 for n in lengths])  # (B, 1, K, V)
         cache.lengths = lengths
         for row, logits_KV in zip(rows, logits[:, 0]):
@@ -460,7 +460,7 @@ class Decoder:
                    for r, row in zip(state.active, batch)]
         starts = list(cache.lengths)
         ids, layout = self.draft(batch, tree, cache)
-        logits = model.logits(ids, cache, n_heads=k, stacked=self.stacked, layout=layout)
+        logits = model.logits(ids, cache, heads=k, stacked=self.stacked, layout=layout)
         cache.rewind(tree.T)
         layers = model.config.trunk_layers + k * model.config.layers_per_head
         sampling = state.sampling

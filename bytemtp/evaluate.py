@@ -75,8 +75,8 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
     d = d or dist_lib.Dist(device=device)
     cfg = model.config
     K = cfg.n_future
-    loader = ByteLoader(DataConfig(path=data, batch_size=batch_size, shuffle_buffer=1), seq_len=cfg.seq_len,
-                        n_future=K, rank=d.rank, world_size=d.world_size, split=split)
+    loader = ByteLoader(DataConfig(path=data, batch_size=batch_size, shuffle_buffer=1), cfg, rank=d.rank,
+                        world_size=d.world_size, split=split)
     if not loader.files:
         raise CorpusError(f"{data} has no {split} split to evaluate; pass split=None to read every file")
     sums = torch.zeros(4, K, dtype=torch.float64)  # nats, correct, count per head; accepted per k
@@ -195,7 +195,7 @@ def task_answer_scores(model: ByteMTP, test: dict, *, until_eos: bool = True, ba
                 # position len(prompt) predicts the answer's first byte
                 start = max(0, len(p.prompt.encode()) - cuts[r])
                 targets[r, start:len(row) - 1] = torch.tensor(row[start + 1:])
-            logits = model.logits(ids.to(device), n_heads=1)[:, :, 0].float()
+            logits = model.logits(ids.to(device), heads=1)[:, :, 0].float()
             targets = targets.to(device)
             mask = targets != IGNORE
             picked, tgt = logits[mask], targets[mask]

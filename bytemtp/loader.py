@@ -50,7 +50,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from bytemtp.config import DataConfig
+from bytemtp.config import DataConfig, ModelConfig
 from bytemtp.corpus import Shard, CorpusError, corpus_files, file_kind, iter_lines, parse_record, read_raw
 from bytemtp.vocab import EOS
 
@@ -434,17 +434,17 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
 
 
 class ByteLoader:
-    """Batches (B, seq_len + n_future) of this rank's share of a corpus, forever, resumable.
+    """Batches (B, model.window) of this rank's share of a corpus, forever, resumable.
 
     With `num_workers` > 0 the packing runs in torch DataLoader worker processes, read in a
     fixed round robin so that the batch order does not depend on their timing.
     """
 
-    def __init__(self, cfg: DataConfig, *, seq_len: int, n_future: int, rank: int = 0,
-                 world_size: int = 1, split: str | None = "train"):
+    def __init__(self, cfg: DataConfig, model: ModelConfig, *, rank: int = 0, world_size: int = 1,
+                 split: str | None = "train"):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.files = corpus_files(cfg.path, split=split)
-        self.window, self.stride = seq_len + n_future, seq_len
+        self.window, self.stride = model.window, model.seq_len  # the model's window, seq_len apart
         self.n_local = max(1, cfg.num_workers)
         self.states: list[dict | None] = [None] * self.n_local
         self.next_slot = 0

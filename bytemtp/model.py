@@ -197,13 +197,13 @@ class ByteMTP(nn.Module):
         unembed = self.unembed[k if len(self.unembed) > 1 else 0]
         return unembed(self.heads[k].norm(h_BTD))
 
-    def logits(self, ids_BT: torch.Tensor, cache: KVCache | None = None, n_heads: int | None = None,
+    def logits(self, ids_BT: torch.Tensor, cache: KVCache | None = None, heads: int | None = None,
                stacked: StackedHeads | None = None, *, layout: Layout | None = None,
                last: list[int] | None = None) -> torch.Tensor:
-        """Logits (B, T, K, V) of the first n_heads output heads (all by default); advances the cache.
+        """Logits (B, T, K, V) of the first `heads` output heads (all by default); advances the cache.
 
-        Heads past n_heads do not run, so with a cache their keys and values for these positions
-        are not written: a cache used with n_heads=1 serves next-byte decoding only. `stacked`
+        Heads past the first `heads` do not run, so with a cache their keys and values for these
+        positions are not written: a cache used with heads=1 serves next-byte decoding only. `stacked`
         (from `stack_heads()`) runs the heads as one batched layer. `layout` places the ids (a
         tree of drafts, say); by default they follow the cache as a chain. With `last` (one
         position per row) only those positions are unembedded: (B, 1, K, V), what a prefill needs.
@@ -211,7 +211,7 @@ class ByteMTP(nn.Module):
         T = ids_BT.shape[1]
         layout = layout or self.layout(T, cache)
         z_BTD = self(ids_BT, cache, layout)  # through __call__, so wrappers' hooks run
-        K = self.config.n_future if n_heads is None else n_heads
+        K = self.config.n_future if heads is None else heads
         pick = None if last is None else torch.tensor(last, device=ids_BT.device)
         if stacked is not None:
             out = stacked(z_BTD, layout, cache, k=K, last=pick)

@@ -188,7 +188,7 @@ class _Run:
         self.cfg, self.run_dir, self.d, self.device, self.say = cfg, run_dir, d, d.device, say
         self.model = ByteMTP(mc).to(self.device)  # the same initial weights on every rank
         self.model.init_weights(generator=torch.Generator().manual_seed(tc.seed))
-        self.loader = ByteLoader(cfg.data, seq_len=mc.seq_len, n_future=mc.n_future, rank=d.rank,
+        self.loader = ByteLoader(cfg.data, mc, rank=d.rank,
                                  world_size=d.world_size)
         self.has_val = has_val_split(cfg.data)
         if not self.has_val:

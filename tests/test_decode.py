@@ -22,7 +22,7 @@ def _greedy_without_cache(model, prompt: bytes, max_bytes: int) -> bytes:
     ids = [EOS, *prompt]
     out = bytearray()
     while len(out) < max_bytes:
-        logits = model.logits(torch.tensor([ids]), n_heads=1)[0, -1, 0]
+        logits = model.logits(torch.tensor([ids]), heads=1)[0, -1, 0]
         byte = decode.next_byte(logits, decode.Sampling())
         if byte == EOS:
             break

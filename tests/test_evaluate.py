@@ -44,8 +44,8 @@ def test_training_validation_is_this_evaluation(code_corpus, tmp_path, head_type
 def _recount(model, corpus, batches, batch_size):
     """Acceptance by hand: position by position over the same batches."""
     K, T = model.config.n_future, model.config.seq_len
-    loader = ByteLoader(DataConfig(path=str(corpus), batch_size=batch_size, shuffle_buffer=1), seq_len=T,
-                        n_future=K, split="val")
+    loader = ByteLoader(DataConfig(path=str(corpus), batch_size=batch_size, shuffle_buffer=1), model.config,
+                        split="val")
     accepted, positions = [0] * (K + 1), [0] * (K + 1)
     for _ in range(batches):
         batch = next(loader)
@@ -83,8 +83,7 @@ def test_a_model_trained_to_copy_gets_drafts_right(code_corpus):
 
     model = _model(seed=5).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loader = ByteLoader(DataConfig(path=str(code_corpus), batch_size=8), seq_len=model.config.seq_len,
-                        n_future=4)
+    loader = ByteLoader(DataConfig(path=str(code_corpus), batch_size=8), model.config)
     before = evaluate(model.eval(), str(code_corpus), batches=4, batch_size=4)
     model.train()
     for _ in range(60):

@@ -53,7 +53,7 @@ def test_stacked_heads_and_per_row_cache_on_cuda():
     model.logits(ids[:, :10], cache)
     cache.rewind([0, 4, 7])
     fed = torch.stack([ids[0, 10:14], ids[1, 6:10], ids[2, 3:7]])
-    got = model.logits(fed, cache, n_heads=4, stacked=model.stack_heads())
+    got = model.logits(fed, cache, heads=4, stacked=model.stack_heads())
     for row, start in enumerate([10, 6, 3]):
         torch.testing.assert_close(got[row], full[row, start:start + 4], atol=1e-4, rtol=1e-4)
 

@@ -10,10 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bytemtp import loader as L
-from bytemtp.config import DataConfig
+from bytemtp.config import DataConfig, ModelConfig
 from bytemtp.corpus import CorpusError, corpus_files
 from bytemtp.prep import ShardWriter, prepare
 from bytemtp.vocab import EOS
+
+
+def _model(seq_len: int, n_future: int) -> ModelConfig:
+    """A model config whose windows are seq_len + n_future ids, seq_len apart."""
+    return ModelConfig(n_layers=n_future + 1, seq_len=seq_len, n_future=n_future)
 
 
 def _docs(n: int, seed: int = 0) -> list[bytes]:
@@ -98,7 +103,7 @@ def test_every_document_exactly_once_across_ranks_and_workers(corpus, world, wor
     seen = collections.Counter()
     shares = []
     for rank in range(world):
-        loader = L.ByteLoader(DataConfig(path=str(d), num_workers=workers), seq_len=16, n_future=4,
+        loader = L.ByteLoader(DataConfig(path=str(d), num_workers=workers), _model(16, 4),
                               rank=rank, world_size=world)
         for slot in range(max(1, workers)):
             stream = loader.make_packer(slot).docs
@@ -133,7 +138,7 @@ def test_windows_tile_the_stream_with_an_overlap_of_n_future(corpus):
 
 def test_batches_shape_and_dtype(corpus):
     d, _ = corpus
-    loader = L.ByteLoader(DataConfig(path=str(d), batch_size=3, shuffle_buffer=8), seq_len=16, n_future=4)
+    loader = L.ByteLoader(DataConfig(path=str(d), batch_size=3, shuffle_buffer=8), _model(16, 4))
     batch = next(loader)
     assert batch.shape == (3, 20) and batch.dtype == torch.int32
     assert int(batch.max()) <= EOS
@@ -147,7 +152,7 @@ def _take(loader, n):
 def test_resumed_loader_yields_the_same_batches(corpus, workers):
     d, _ = corpus
     cfg = DataConfig(path=str(d), batch_size=4, shuffle_buffer=5, num_workers=workers, seed=7)
-    make = lambda: L.ByteLoader(cfg, seq_len=16, n_future=4)  # noqa: E731
+    make = lambda: L.ByteLoader(cfg, _model(16, 4))  # noqa: E731
     first = make()
     _take(first, 9)
     state = json.loads(json.dumps(first.state_dict()))  # a checkpoint holds it as JSON
@@ -163,7 +168,7 @@ def test_resumed_loader_yields_the_same_batches(corpus, workers):
 def test_resume_seeks_to_its_position_mid_shard(corpus, monkeypatch):
     d, _ = corpus
     cfg = DataConfig(path=str(d), batch_size=2, shuffle_buffer=1, seed=1)
-    first = L.ByteLoader(cfg, seq_len=16, n_future=4)
+    first = L.ByteLoader(cfg, _model(16, 4))
     # stop inside a multi-frame zstd file
     while True:
         next(first)
@@ -179,7 +184,7 @@ def test_resume_seeks_to_its_position_mid_shard(corpus, monkeypatch):
         return real(path, start=start)
 
     monkeypatch.setattr(L, "iter_lines", spy)
-    resumed = L.ByteLoader(cfg, seq_len=16, n_future=4)
+    resumed = L.ByteLoader(cfg, _model(16, 4))
     resumed.load_state_dict(first.state_dict())
     while not starts:  # the first batches may come from the saved tail and buffer
         next(resumed)
@@ -205,24 +210,24 @@ def test_bad_lines_are_counted_and_abort_past_the_threshold(tmp_path):
 
 def test_clear_errors(tmp_path, corpus):
     with pytest.raises(CorpusError, match="does not exist"):
-        L.ByteLoader(DataConfig(path=str(tmp_path / "nope")), seq_len=8, n_future=2)
+        L.ByteLoader(DataConfig(path=str(tmp_path / "nope")), _model(8, 2))
     (tmp_path / "empty").mkdir()
     with pytest.raises(CorpusError):
-        L.ByteLoader(DataConfig(path=str(tmp_path / "empty")), seq_len=8, n_future=2)
+        L.ByteLoader(DataConfig(path=str(tmp_path / "empty")), _model(8, 2))
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "a.txt").write_bytes(b"just one document")
-    loader = L.ByteLoader(DataConfig(path=str(tmp_path / "one")), seq_len=8, n_future=2,
+    loader = L.ByteLoader(DataConfig(path=str(tmp_path / "one")), _model(8, 2),
                           rank=1, world_size=2)
     with pytest.raises(CorpusError, match="fewer documents than readers"):
         next(loader)
     d, _ = corpus
-    state = L.ByteLoader(DataConfig(path=str(d)), seq_len=16, n_future=4).state_dict()
-    other = L.ByteLoader(DataConfig(path=str(d)), seq_len=16, n_future=4, rank=0, world_size=2)
+    state = L.ByteLoader(DataConfig(path=str(d)), _model(16, 4)).state_dict()
+    other = L.ByteLoader(DataConfig(path=str(d)), _model(16, 4), rank=0, world_size=2)
     with pytest.raises(ValueError, match="same number of processes"):
         other.load_state_dict(state)
-    loader = L.ByteLoader(DataConfig(path=str(d)), seq_len=16, n_future=4)
+    loader = L.ByteLoader(DataConfig(path=str(d)), _model(16, 4))
     next(loader)
-    changed = L.ByteLoader(DataConfig(path=str(d)), seq_len=32, n_future=4)
+    changed = L.ByteLoader(DataConfig(path=str(d)), _model(32, 4))
     changed.load_state_dict(loader.state_dict())
     with pytest.raises(ValueError, match="seq_len or n_future changed"):
         next(changed)
@@ -230,7 +235,7 @@ def test_clear_errors(tmp_path, corpus):
 
 def test_stats_count_documents_and_bytes(corpus):
     d, docs = corpus
-    loader = L.ByteLoader(DataConfig(path=str(d), batch_size=1, shuffle_buffer=1), seq_len=16, n_future=4)
+    loader = L.ByteLoader(DataConfig(path=str(d), batch_size=1, shuffle_buffer=1), _model(16, 4))
     total_ids = sum(len(doc) + 1 for doc in docs)
     for _ in range(total_ids // 16 - 2):
         next(loader)
@@ -293,16 +298,16 @@ def test_any_bytes_go_through_prep_and_the_loader_exactly_once(tmp_path_factory,
 
 def test_a_position_saved_in_another_corpus_is_refused(corpus):
     d, _ = corpus
-    loader = L.ByteLoader(DataConfig(path=str(d), batch_size=2), seq_len=16, n_future=4)
+    loader = L.ByteLoader(DataConfig(path=str(d), batch_size=2), _model(16, 4))
     next(loader)
     state = loader.state_dict()
     (d / "e.txt").write_bytes(b"a document that changed its size")
-    changed = L.ByteLoader(DataConfig(path=str(d), batch_size=2), seq_len=16, n_future=4)
+    changed = L.ByteLoader(DataConfig(path=str(d), batch_size=2), _model(16, 4))
     changed.load_state_dict(state)
     with pytest.raises(CorpusError, match="the corpus changed since this position was saved"):
         next(changed)
     del state["workers"][0]["docs"]["files"]  # a state saved before fingerprints still loads
-    old = L.ByteLoader(DataConfig(path=str(d), batch_size=2), seq_len=16, n_future=4)
+    old = L.ByteLoader(DataConfig(path=str(d), batch_size=2), _model(16, 4))
     old.load_state_dict(state)
     next(old)
 

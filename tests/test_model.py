@@ -27,7 +27,7 @@ def test_shapes(head_type, unembed):
     h = model.head_state(0, z)
     assert model.head_logits(0, h).shape == (3, 17, VOCAB_SIZE)
     assert model.logits(ids).shape == (3, 17, 4, VOCAB_SIZE)
-    assert model.logits(ids, n_heads=2).shape == (3, 17, 2, VOCAB_SIZE)
+    assert model.logits(ids, heads=2).shape == (3, 17, 2, VOCAB_SIZE)
     assert len(model.unembed) == (4 if unembed == "replicated" else 1)
 
 
@@ -106,11 +106,11 @@ def test_stacked_heads_equal_heads_one_by_one(head_type, unembed, head_layers):
     ids = torch.randint(0, 258, (2, 30))
     stacked = model.stack_heads()
     for k in (4, 2):
-        torch.testing.assert_close(model.logits(ids, n_heads=k, stacked=stacked), model.logits(ids, n_heads=k))
+        torch.testing.assert_close(model.logits(ids, heads=k, stacked=stacked), model.logits(ids, heads=k))
         fast, slow = KVCache.for_model(model, 2), KVCache.for_model(model, 2)
         for a, b, back in [(0, 9, 0), (9, 10, 0), (10, 16, 3), (13, 20, 0), (20, 30, 0)]:
-            got = model.logits(ids[:, a:b], fast, n_heads=k, stacked=stacked)
-            want = model.logits(ids[:, a:b], slow, n_heads=k)
+            got = model.logits(ids[:, a:b], fast, heads=k, stacked=stacked)
+            want = model.logits(ids[:, a:b], slow, heads=k)
             torch.testing.assert_close(got, want)
             fast.rewind(back)
             slow.rewind(back)
@@ -134,7 +134,7 @@ def test_rows_at_different_lengths_equal_each_row_alone(head_type):
     cache.rewind([0, 5, 9])  # rows now at 12, 7 and 3
     assert cache.lengths == [12, 7, 3]
     fed = torch.stack([ids[0, 12:18], ids[1, 7:13], ids[2, 3:9]])
-    got = model.logits(fed, cache, n_heads=3, stacked=stacked)
+    got = model.logits(fed, cache, heads=3, stacked=stacked)
     for row, start in enumerate([12, 7, 3]):
         torch.testing.assert_close(got[row], full[row, start:start + 6])
     cache.keep([2, 0])
@@ -215,16 +215,16 @@ def test_a_tree_pass_equals_each_branch_as_a_chain(head_type, rows):
     tree_ids = torch.randint(0, 256, (rows, 6))
     starts = [10, 7][:rows]
     cache = KVCache.for_model(model, rows)
-    model.logits(ids[:, :10], cache, n_heads=3)
+    model.logits(ids[:, :10], cache, heads=3)
     cache.rewind([0, 3][:rows])
     layout = Layout(cache.lengths, 6, rope=(model.rope_cos, model.rope_sin), cached=True, depths=depths,
                     ancestors=anc)
-    got = model.logits(tree_ids, cache, n_heads=3, stacked=stacked, layout=layout)
+    got = model.logits(tree_ids, cache, heads=3, stacked=stacked, layout=layout)
     for r, s in enumerate(starts):
         for node in range(6):
             branch = [j for j in range(6) if anc[node, j]]  # ancestors in depth order
             seq = torch.cat([ids[r, :s], tree_ids[r, branch]])[None]
-            want = model.logits(seq, n_heads=3)[0, -1]
+            want = model.logits(seq, heads=3)[0, -1]
             torch.testing.assert_close(got[r, node], want)
     # accept the path 0 -> 2 -> 4 in every row, compact, and decode one more id
     cache.rewind(6)
@@ -232,10 +232,10 @@ def test_a_tree_pass_equals_each_branch_as_a_chain(head_type, rows):
         cache.compact(r, [starts[r] + j for j in (0, 2, 4)], layers=model.config.total_layers)
     cache.advance(3)
     nxt = torch.randint(0, 256, (rows, 1))
-    got = model.logits(nxt, cache, n_heads=3)
+    got = model.logits(nxt, cache, heads=3)
     for r, s in enumerate(starts):
         seq = torch.cat([ids[r, :s], tree_ids[r, [0, 2, 4]], nxt[r]])[None]
-        torch.testing.assert_close(got[r, 0], model.logits(seq, n_heads=3)[0, -1])
+        torch.testing.assert_close(got[r, 0], model.logits(seq, heads=3)[0, -1])
 
 
 def test_prefill_unembeds_only_the_last_positions():

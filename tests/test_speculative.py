@@ -32,10 +32,10 @@ class ScriptedModel:
     def stack_heads(self):
         return None
 
-    def logits(self, ids, cache, n_heads=None, stacked=None, *, layout=None, last=None):
+    def logits(self, ids, cache, heads=None, stacked=None, *, layout=None, last=None):
         assert layout is None or layout.chain
         self.calls += 1
-        K = n_heads or self.config.n_future
+        K = heads or self.config.n_future
         B, T = ids.shape
         out = torch.zeros(B, T, K, VOCAB_SIZE)
         for b in range(B):
@@ -259,10 +259,10 @@ class ScriptedBatchModel:
                 return stream, right
         return None, None
 
-    def logits(self, ids, cache, n_heads=None, stacked=None, *, layout=None, last=None):
+    def logits(self, ids, cache, heads=None, stacked=None, *, layout=None, last=None):
         assert layout is None or layout.chain
         self.calls += 1
-        K = n_heads or self.config.n_future
+        K = heads or self.config.n_future
         B, T = ids.shape
         assert len(cache.lengths) == B
         history = cache.k[0, :, 0, :, 0]  # (B, L)
@@ -443,11 +443,11 @@ class MarkovModel:
     def stack_heads(self):
         return None
 
-    def logits(self, ids, cache, n_heads=None, stacked=None, *, layout=None, last=None):
+    def logits(self, ids, cache, heads=None, stacked=None, *, layout=None, last=None):
         assert layout is None or layout.chain
         B, T = ids.shape
         pos_BT = torch.tensor(cache.lengths)[:, None] + torch.arange(T)
-        out = self.table[pos_BT % 2, ids.cpu()][:, :, :n_heads or self.config.n_future]
+        out = self.table[pos_BT % 2, ids.cpu()][:, :, :heads or self.config.n_future]
         cache.advance(T)
         return out if last is None else out[torch.arange(B), last][:, None]
 

@@ -280,7 +280,7 @@ def test_answer_scores_equal_a_problem_by_problem_count(until_eos):
             prompt, answer = list(p.prompt.encode()), list(p.answer.encode()) + ([EOS] if until_eos else [])
             seq = torch.tensor([[EOS, *prompt, *answer]])
             with torch.no_grad():
-                logits = model.logits(seq, n_heads=1)[0, :, 0]
+                logits = model.logits(seq, heads=1)[0, :, 0]
             for j, target in enumerate(answer):
                 row = logits[len(prompt) + j]
                 right += int(row.argmax()) == target
