@@ -14,7 +14,7 @@ DEMO_RUN ?= runs/demo
 DEMO_STEPS ?= 500
 DEMO_TIME ?= 12m
 
-.PHONY: setup test corpus corpus-poly corpus-induction demo bench
+.PHONY: setup test test-quick corpus corpus-poly corpus-induction demo bench
 
 # Installs into the interpreter that PYTHON names (activate a virtual environment first if you
 # want one). A torch that is already importable (a CUDA build, say) is kept; only when there is
@@ -23,8 +23,13 @@ setup:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install --quiet --root-user-action=ignore "$(TORCH_CPU)"
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e '.[dev]'
 
+# The suite runs in one process per core (pytest-xdist); tests that share fitted models stay on one.
 test: setup
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n auto --dist loadgroup
+
+# The inner loop: everything but the slow and the multi-process tests, in under a minute.
+test-quick: setup
+	$(PYTHON) -m pytest -q -n auto --dist loadgroup -m "not slow and not distributed"
 
 corpus: setup
 ifeq ($(SRC),)

@@ -142,7 +142,7 @@ def corpus_info_cmd(path: str, field: str, json_path: str | None) -> None:
 @click.option("--time", "max_time", help="Stop after this much wall time (e.g. 10m, 1h30m).")
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[RUN]",
               help="Continue a run from its newest checkpoint (the run directory here or in --out).")
-@click.option("--parallel", type=click.Choice(["ddp", "fsdp"]), default=None,
+@click.option("--parallel", type=click.Choice(config_lib.PARALLEL), default=None,
               help="Under torchrun: DDP (default) or FSDP2 (train.parallel).")
 @click.option("--nproc", type=click.IntRange(1), default=None,
               help="Launch this many processes on this machine with torchrun (one per GPU).")

@@ -1,5 +1,13 @@
-import pytest
-import torch
+import os
+
+# One thread per test process, and per process a test starts (torchrun's ranks inherit it): the
+# suite runs in parallel processes (pytest -n auto), and more threads than cores only wait.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):

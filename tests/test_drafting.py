@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from bytemtp import decode
 from bytemtp.drafting import AcceptanceProfile, DraftTree, PassCosts, best_tree, choose
-from test_speculative import _SONGS, TEXT, ScriptedModel, _fitted_model
+from test_speculative import _SONGS, FITTED, TEXT, ScriptedModel, _fitted_model
+
 
 FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})  # every pass costs alike
 # a plain pass costs 1; drafting heads and fed nodes cost more (the shape of a CPU's costs)
@@ -99,6 +100,8 @@ def test_auto_drafts_long_chains_when_drafts_are_always_right():
     assert got.stats.bytes_per_forward > 5 and max(got.stats.heads_used) == 8
 
 
+@pytest.mark.slow
+@FITTED
 def test_a_decoder_measures_costs_once_and_keeps_its_profile():
     model = _fitted_model(0, "transformer")
     dec = decode.Decoder(model)
@@ -111,8 +114,10 @@ def test_a_decoder_measures_costs_once_and_keeps_its_profile():
     assert sum(dec.profiles[True].trials) > 0
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2), head_type=st.sampled_from(["transformer", "linear", "causal"]),
+@pytest.mark.slow
+@FITTED
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 1), head_type=st.sampled_from(["transformer", "linear", "causal"]),
        prompts=st.lists(st.one_of(st.binary(max_size=30), st.sampled_from(_SONGS)), min_size=1, max_size=3),
        mode=st.sampled_from([("auto", None), ("tree", 4), ("tree", 8), ("chain", None)]),
        costs=st.sampled_from([FLAT, CPU_LIKE]), max_bytes=st.integers(0, 30))
@@ -127,6 +132,8 @@ def test_tree_and_auto_greedy_equal_plain_greedy(seed, head_type, prompts, mode,
         assert all(0 <= a <= d for a, d in zip(got.stats.accepted, got.stats.drafted))
 
 
+@pytest.mark.slow
+@FITTED
 def test_trees_accept_more_bytes_per_pass_than_chains_on_a_fitted_model():
     model = _fitted_model(1, "transformer")
     prompts = [b"one two", b"la la", b"0123", b"four five"]
@@ -140,6 +147,8 @@ def test_trees_accept_more_bytes_per_pass_than_chains_on_a_fitted_model():
 
 # --- no context wall ------------------------------------------------------------------------------
 
+@pytest.mark.slow
+@FITTED
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])
 @pytest.mark.parametrize("prompt_len", [0, 10, 63, 150])
 def test_the_window_slides_and_speculative_equals_plain(head_type, prompt_len):
@@ -196,6 +205,7 @@ def test_verify_greedy_walks_the_tree_along_head_1():
     assert path == [0, 3] and nxt == ord("c")
 
 
+@FITTED
 def test_accept_emits_counts_and_compacts_the_path():
     model = _fitted_model(0, "transformer")
     cache = decode.KVCache.for_model(model, 1, max_len=80)

@@ -76,6 +76,7 @@ def test_acceptance_profile_equals_a_position_by_position_count(code_corpus):
         assert got["bytes_per_forward"][k] == pytest.approx(1 + sum(got["acceptance"][j] for j in range(2, k + 1)))
 
 
+@pytest.mark.slow
 def test_a_model_trained_to_copy_gets_drafts_right(code_corpus):
     """A trained model's heads must be right more often than an untrained one's: the profile
     measures the model, not the data alone."""

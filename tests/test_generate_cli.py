@@ -150,6 +150,7 @@ def test_prompts_carry_any_bytes_in_base64_and_any_length(ckpt, tmp_path):
         assert base64.b64decode(line["output_base64"]) == decode.generate(model, prompt, max_bytes=12).output
 
 
+@pytest.mark.slow
 def test_bench_decode_checks_identity_and_writes_keys(ckpt, tmp_path):
     out = tmp_path / "decode.json"
     res = run("bench", "decode", "--ckpt", ckpt, "--n-prompts", 3, "--prompt-bytes", 8, "--max-bytes", 80,
@@ -169,6 +170,7 @@ def test_bench_decode_checks_identity_and_writes_keys(ckpt, tmp_path):
     assert res.exit_code != 0 and "'chain-x' is not a mode" in res.output
 
 
+@pytest.mark.slow
 def test_bench_all_writes_one_json(ckpt, code_corpus, tmp_path):
     out = tmp_path / "all.json"
     res = run("bench", "all", "--ckpt", ckpt, "--data", code_corpus, "--preset", "tiny", "--json", out)
@@ -223,6 +225,7 @@ def test_ckpt_takes_the_folder_of_checkpoints(ckpt):
     assert res.exit_code == 0 and "step-00000001" in res.output
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_the_output_prints_the_stats_and_exits_130(ckpt):
     import os
     import signal

@@ -137,6 +137,7 @@ def test_wrong_solutions_score_zero(humaneval):
     assert all(c["verdict"] == FAILED for t in got["tasks"] for c in t["completions"])
 
 
+@pytest.mark.slow
 def test_harmful_completions_fail_alone_and_change_nothing_outside(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")

@@ -79,6 +79,7 @@ def test_sampled_runs_report_pass_at_k_up_to_the_samples(runs, one_thread, tmp_p
            [c["completion"] for t in data["tasks"] for c in t["completions"]]
 
 
+@pytest.mark.slow
 def test_the_bundled_problems_with_a_few_bytes_each(runs, one_thread, tmp_path):
     out = tmp_path / "b.json"
     res = run("--ckpt", runs / "random", "--max-bytes", 2, "--device", "cpu", "--json", out)

@@ -34,6 +34,7 @@ def _run(tmp_path, corpus, *, val=True):
     return run
 
 
+@pytest.mark.slow
 def test_plot_writes_the_curves_and_the_profile(tmp_path, code_corpus):
     run = _run(tmp_path, code_corpus)
     res = CliRunner().invoke(main, ["plot", str(run), "--eval-batches", "2", "--device", "cpu"])
@@ -44,6 +45,7 @@ def test_plot_writes_the_curves_and_the_profile(tmp_path, code_corpus):
         assert f"wrote {run / 'plots' / name}" in res.output
 
 
+@pytest.mark.slow
 def test_profile_from_eval_json_and_no_validation(tmp_path, code_corpus):
     run = _run(tmp_path, code_corpus, val=False)
     result = {"acceptance": {"2": 0.5, "3": 0.3, "4": 0.1}, "bytes_per_forward": {"2": 1.5, "3": 1.8, "4": 1.9}}

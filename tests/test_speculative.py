@@ -13,6 +13,9 @@ from bytemtp.drafting import PassCosts
 from bytemtp.model import ByteMTP
 from bytemtp.vocab import EOS, VOCAB_SIZE
 
+# Tests that share the fitted models (made once a process) run on one test worker.
+FITTED = pytest.mark.xdist_group("fitted-models")
+
 
 class ScriptedModel:
     """Knows a text: head 1 always predicts its next byte; head j > 1 predicts the byte j ahead
@@ -138,6 +141,8 @@ def _fitted_model(seed: int, head_type: str) -> ByteMTP:
     return _MODELS[key]
 
 
+@pytest.mark.slow
+@FITTED
 def test_fitted_models_accept_some_drafts_but_not_all():
     rates = []
     for head_type in ("transformer", "causal", "linear"):
@@ -146,8 +151,10 @@ def test_fitted_models_accept_some_drafts_but_not_all():
     assert 0.1 < sum(rates) / len(rates) < 1.0
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2), head_type=st.sampled_from(["transformer", "causal", "linear"]),
+@pytest.mark.slow
+@FITTED
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 1), head_type=st.sampled_from(["transformer", "causal", "linear"]),
        prompt=st.one_of(st.just(b""), st.binary(min_size=1, max_size=1), st.binary(max_size=40),
                         st.sampled_from(_SONGS), st.binary(min_size=55, max_size=60)),
        k=st.integers(1, 8), max_bytes=st.integers(0, 20))
@@ -186,6 +193,7 @@ def _batch_prompts(seq_len: int, max_bytes: int) -> list[bytes]:
             filler[:longest - 3], filler[5:5 + longest]]
 
 
+@FITTED
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("head_type", _HEAD_TYPES)
 def test_greedy_batch_equals_each_row_alone(head_type):
@@ -216,6 +224,8 @@ def test_greedy_batch_equals_each_row_alone(head_type):
     assert accepted > 0  # the drafts did something: the speculative path was exercised
 
 
+@pytest.mark.slow
+@FITTED
 @pytest.mark.usefixtures("one_thread")
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(head_type=st.sampled_from(_HEAD_TYPES),
@@ -493,6 +503,7 @@ def test_chi_square_critical_value():
     assert sum(_target_probs().values()) == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("heads", [2, 3])
 def test_speculative_sampling_has_the_target_distribution(heads):
@@ -509,6 +520,7 @@ def test_speculative_sampling_has_the_target_distribution(heads):
     assert 0.3 < accepted / drafted < 0.8
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_plain_batch_sampling_has_the_target_distribution():
     outputs, stats = _sample_outputs(4000, 1, seed=7, speculative=False)
@@ -530,6 +542,7 @@ def _resample_target_on_reject(p_TV, q_DV, drafts, generator):
     return len(drafts), decode._sample(p_TV[len(drafts)][None], generator)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("wrong_rule,n", [(_accept_all_drafts, 2000), (_resample_target_on_reject, 4000)])
 def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch, wrong_rule, n):
@@ -547,6 +560,7 @@ def _sampling(seed: int, **kw) -> decode.Sampling:
     return decode.Sampling(**{"temperature": 1.0, **kw}, generator=torch.Generator().manual_seed(seed))
 
 
+@FITTED
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("head_type", _HEAD_TYPES)
 def test_batch_sampling_is_reproducible_from_the_seed(head_type):
@@ -564,6 +578,7 @@ def test_batch_sampling_is_reproducible_from_the_seed(head_type):
     assert runs[1][0] != runs[2][0]  # the seed matters (24 bytes at temperature 1.3 in 5 rows)
 
 
+@FITTED
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("head_type", _HEAD_TYPES)
 def test_plain_batch_sampling_runs_and_matches_plain_decoding(head_type):
@@ -586,6 +601,7 @@ def test_plain_batch_sampling_runs_and_matches_plain_decoding(head_type):
         assert row.output == plain.output
 
 
+@FITTED
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("sampling", [None, "sampled"])
 @pytest.mark.parametrize("head_type", _HEAD_TYPES)
@@ -635,6 +651,7 @@ def _exact_output_probs(model: "MarkovModel", sampling: decode.Sampling, n_bytes
     return probs
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("heads,kw", [
     (4, {}),                                        # positions 2 and 3 drafted, bonus byte after 3 drafts

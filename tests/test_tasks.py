@@ -232,6 +232,7 @@ def test_induction_accuracy_scores_the_second_part_only(monkeypatch):
     assert max(task_accuracy(model, test, until_eos=False).values()) < 0.05
 
 
+@pytest.mark.slow
 def test_induction_corpus_and_eval_commands(tmp_path):
     out = tmp_path / "induction"
     res = CliRunner().invoke(main, ["task-corpus", "induction", "--out", str(out), "--documents", "200"])

@@ -442,6 +442,7 @@ def test_a_run_killed_before_its_first_checkpoint_can_be_restarted(tmp_path, cor
         resumed.stderr, fresh.stderr)
 
 
+@pytest.mark.slow
 def test_a_run_works_from_any_directory(tmp_path, corpus_dir, code_corpus, monkeypatch):
     start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
     shutil.copytree(corpus_dir, start / "data" / "mine")  # a corpus named relative to where the run starts
