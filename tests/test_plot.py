@@ -5,7 +5,6 @@ import dataclasses
 import json
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from bytemtp import config as C
