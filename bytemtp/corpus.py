@@ -459,6 +459,13 @@ TRAILER_BYTES = 16  # the payload length (uint64) and SHARD_MAGIC end every shar
 _frame_decoders = threading.local()  # a ZstdDecompressor is not safe to share between threads
 
 
+def hash_document(sha, doc: bytes) -> None:
+    """Add one document to a split's sha256 as the manifest defines it: its length in 8
+    little-endian bytes, then its bytes (so the boundaries count, not just the content)."""
+    sha.update(len(doc).to_bytes(8, "little"))
+    sha.update(doc)
+
+
 def _has_index(path) -> bool:
     try:
         with open(path, "rb") as f:
@@ -475,7 +482,8 @@ class Shard:
 
     The index is checked against the file (the frame sizes must add up to where the index begins,
     the content sizes to the documents' lengths), so a damaged or foreign file is refused, never
-    misread. `frame(i)` reads and decompresses frame i, strictly (checksum and size), from any thread.
+    misread. `frames(indices)` reads and decompresses frames strictly (checksum and size), from any
+    thread.
     """
 
     def __init__(self, path):
@@ -629,8 +637,7 @@ def verify(corpus_dir) -> None:
                 documents, nbytes = _verify_jsonl(path, sha, documents, nbytes, f"split {name}; {damaged}")
                 continue
             for doc in iter_documents(path):
-                sha.update(len(doc).to_bytes(8, "little"))
-                sha.update(doc)
+                hash_document(sha, doc)
                 documents, nbytes = documents + 1, nbytes + len(doc)
         got = {"documents": documents, "bytes": nbytes, "compressed_bytes": compressed, "sha256": sha.hexdigest()}
         for key, value in got.items():

@@ -510,6 +510,24 @@ class _Batch:
             self.active = [self.active[b] for b in live]
 
 
+def timed_generate(decoder: Decoder, prompts: list[bytes | str], **kwargs) -> tuple[list[Generation], float]:
+    """`decoder.generate(prompts, **kwargs)` and the seconds it took, the device's queued work
+    included: what a comparison of decoding modes times."""
+    device = decoder.model.embed.weight.device
+    synchronize(device)
+    t0 = time.perf_counter()
+    generations = decoder.generate(prompts, **kwargs)
+    synchronize(device)
+    return generations, time.perf_counter() - t0
+
+
+def speedup_is_impossible(speedup: float, bytes_per_forward: float) -> bool:
+    """Whether a measured speedup over plain decoding exceeds what its bytes per pass allow (a
+    speculative pass never costs less than a plain one), beyond a margin for timing noise: then
+    the machine was busy during the measurement, and the figure says nothing."""
+    return speedup > 1.15 * bytes_per_forward + 0.05
+
+
 def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5) -> PassCosts:
     """Seconds per decoding step (draft, forward pass, verify, accept) of k heads over T nodes,
     for k in 1, 2, 4, all and T in 1, 2, 4, 8, 16, on rows in the middle of the context: the

@@ -43,8 +43,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from bytemtp.decode import Decoder, Generation
-from bytemtp.devices import synchronize
+from bytemtp.decode import Decoder, Generation, speedup_is_impossible, timed_generate
 from bytemtp.execution import VERDICTS, run_programs
 from bytemtp.model import ByteMTP
 from bytemtp.sampling import Sampling
@@ -235,11 +234,8 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
         prompts = [problems[i].prompt for i, _ in batch]
         outputs = {}
         for mode in (list(modes) if number % 2 == 0 else list(modes)[::-1]):  # alternate who goes first
-            synchronize(device)
-            t0 = time.perf_counter()
-            outputs[mode] = decoder.generate(prompts, max_bytes=max_bytes, stop=STOP, **modes[mode])
-            synchronize(device)
-            took[mode].append(time.perf_counter() - t0)
+            outputs[mode], seconds = timed_generate(decoder, prompts, max_bytes=max_bytes, stop=STOP, **modes[mode])
+            took[mode].append(seconds)
         generations = outputs["speculative"]
         if compare:
             identical &= [g.output for g in generations] == [g.output for g in outputs["plain"]]
@@ -266,7 +262,7 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
         speedup, note = plain_s / seconds, ""
         if plain_s < 1.0:
             note = f"plain decoding took {plain_s:.2f} s: too short to judge a speedup"
-        elif speedup > 1.15 * bytes_per_forward + 0.05:  # as bytemtp.bench.speed_figures refuses
+        elif speedup_is_impossible(speedup, bytes_per_forward):
             note = (f"a speedup above {bytes_per_forward:.2f} bytes per pass is impossible (a pass never costs "
                     "less than a plain one): the machine was busy; rerun")
         out["comparison"] = {"plain_s": plain_s, "speculative_s": seconds, "speedup": speedup,

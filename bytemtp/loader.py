@@ -328,7 +328,7 @@ class WindowPacker:
         self._buf = np.zeros(0, dtype=np.uint16)  # where the tail is packed
         # The shuffled block in the order it is handed out: rows from `taken` on are due.
         self.block, self.taken = np.zeros((0, window), dtype=np.uint16), 0
-        self._wide, self._wide_from, self._spare = None, 0, []  # the block as int32; reused arrays
+        self._wide, self._spare = None, []  # the block as int32; arrays to reuse for it
         self.rng = np.random.Generator(np.random.PCG64([seed, docs.reader]))  # a stream per reader
         self.batches = 0
         self._doc_iter: Iterator[tuple[np.ndarray, np.ndarray]] | None = None
@@ -370,16 +370,15 @@ class WindowPacker:
             np.take(rows, self.rng.permutation(self.capacity), axis=0, out=self.block, mode="wrap")
             self.taken, self._wide = 0, None
         if self._wide is None:  # widened once a block (or once the pending rows of a loaded state)
-            self._wide = self._widened(self.block[self.taken:])
-            self._wide_from = self.taken
+            self._wide = self._widened(self.block)
         self.taken += B
-        return torch.from_numpy(self._wide[self.taken - B - self._wide_from:self.taken - self._wide_from])
+        return torch.from_numpy(self._wide[self.taken - B:self.taken])
 
     def _widened(self, rows: np.ndarray) -> np.ndarray:
         """rows as int32, in one of two reused arrays when no batch still views it. Batches are
         views of these arrays, so a consumer that keeps batches only makes new arrays appear;
         one that drops them (a training loop) makes the loader allocate nothing."""
-        for i, out in enumerate(self._spare):
+        for out in self._spare:
             # the only references: the list, `out` and getrefcount's argument
             if out.shape == rows.shape and sys.getrefcount(out) == 3:
                 break

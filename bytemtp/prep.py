@@ -32,7 +32,7 @@ import zstandard
 import bytemtp
 from bytemtp.corpus import (
     FORMAT_VERSION, MANIFEST, SHARD_MAGIC, SKIP_REASONS, SKIPPABLE_MAGIC, TRAILER_BYTES, CorpusError, corpus_files,
-    iter_documents, spec_items)
+    hash_document, iter_documents, spec_items)
 
 
 def encode_index(compressed: list[int], content: list[int], lengths: list[int]) -> bytes:
@@ -84,8 +84,7 @@ class ShardWriter:
     def write(self, doc: bytes) -> None:
         self._buffer += doc
         self._lengths.append(len(doc))
-        self._sha.update(len(doc).to_bytes(8, "little"))
-        self._sha.update(doc)
+        hash_document(self._sha, doc)
         self.documents += 1
         self.bytes += len(doc)
         while len(self._buffer) >= self.frame_bytes:
