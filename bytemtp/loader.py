@@ -42,7 +42,6 @@ import functools
 import hashlib
 import os
 import random
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -313,8 +312,9 @@ class WindowPacker:
     int32) in one buffer that is reused, not reallocated (fresh memory costs page faults that
     would outweigh the copying), and windows are cut from it in bulk with numpy, as strided views.
     The shuffle is by blocks: the buffer takes the next `capacity` windows (a multiple of the batch
-    size), draws one permutation for them and gathers them in that order into a reused block; each
-    batch is then B consecutive rows of it, widened to int32. A buffer of 1 keeps the packing order.
+    size), draws one permutation for them and gathers them in that order into a reused block,
+    widened to int32 once a block; each batch is a view of B consecutive rows of it. A buffer of 1
+    keeps the packing order.
     """
 
     def __init__(self, docs: DocumentStream, *, window: int, stride: int, batch_size: int,
@@ -328,7 +328,7 @@ class WindowPacker:
         self._buf = np.zeros(0, dtype=np.uint16)  # where the tail is packed
         # The shuffled block in the order it is handed out: rows from `taken` on are due.
         self.block, self.taken = np.zeros((0, window), dtype=np.uint16), 0
-        self._wide, self._spare = None, []  # the block as int32; arrays to reuse for it
+        self._wide = None  # the block as int32
         self.rng = np.random.Generator(np.random.PCG64([seed, docs.reader]))  # a stream per reader
         self.batches = 0
         self._doc_iter: Iterator[tuple[np.ndarray, np.ndarray]] | None = None
@@ -361,7 +361,7 @@ class WindowPacker:
         B = self.batch_size
         self.batches += 1
         if self.capacity == 0:
-            return torch.from_numpy(self._widened(self._windows(B)))
+            return torch.from_numpy(self._windows(B).astype(np.int32))
         if self.taken == len(self.block):
             rows = self._windows(self.capacity)
             if self.block.shape != rows.shape:
@@ -370,23 +370,9 @@ class WindowPacker:
             np.take(rows, self.rng.permutation(self.capacity), axis=0, out=self.block, mode="wrap")
             self.taken, self._wide = 0, None
         if self._wide is None:  # widened once a block (or once the pending rows of a loaded state)
-            self._wide = self._widened(self.block)
+            self._wide = self.block.astype(np.int32)  # batches are views of it
         self.taken += B
         return torch.from_numpy(self._wide[self.taken - B:self.taken])
-
-    def _widened(self, rows: np.ndarray) -> np.ndarray:
-        """rows as int32, in one of two reused arrays when no batch still views it. Batches are
-        views of these arrays, so a consumer that keeps batches only makes new arrays appear;
-        one that drops them (a training loop) makes the loader allocate nothing."""
-        for out in self._spare:
-            # the only references: the list, `out` and getrefcount's argument
-            if out.shape == rows.shape and sys.getrefcount(out) == 3:
-                break
-        else:
-            out = np.empty(rows.shape, dtype=np.int32)
-            self._spare = [out, *self._spare[:1]]
-        np.copyto(out, rows)
-        return out
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         while True:
