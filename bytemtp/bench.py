@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from bytemtp.config import DataConfig, ModelConfig, preset
 from bytemtp import decode
+from bytemtp.speed import DECODE_MODES, interleaved_decodes, mode_args, speed_figures
 from bytemtp.checkpoint import load_model
 from bytemtp.corpus import CorpusError, corpus_files, decompressed_size, iter_documents
 from bytemtp.evaluate import evaluate, held_out_split
@@ -298,100 +299,21 @@ def val_prompts(data_path: str, *, n: int, prompt_bytes: int) -> list[bytes]:
     return prompts
 
 
-DECODE_MODES = ("auto", "chain-2", "chain-4", "chain-all", "tree-4", "tree-all")
-
-
-def _mode_args(mode: str, n_future: int) -> dict:
-    """generate() arguments of a drafting mode: auto, chain-K or tree-K (K heads, or all)."""
-    if mode == "plain":
-        return {"speculative": False}
-    if mode == "auto":
-        return {}
-    shape, k = mode.split("-")
-    return {"heads": n_future if k == "all" else min(int(k), n_future), "draft": shape}
-
-
-def interleaved_decodes(decoder: decode.Decoder, batches: list[list[bytes]], modes: dict[str, dict], *,
-                        max_bytes: int, rounds: int, progress=None, **common) -> tuple[dict, dict]:
-    """Decode every batch in every mode (name: `Decoder.generate` arguments), `rounds` times, the
-    modes in turn on each batch so that a busy moment hits them alike, after a warm-up that runs
-    each mode once on the first batch (pass costs measured, acceptance profile learnt, the
-    allocator's caches warm). Returns took[mode][round][batch] (seconds) and outs[mode][batch]
-    (the generations of the last round)."""
-    for args in modes.values():
-        decoder.generate(batches[0], max_bytes=min(max_bytes, 64), **common, **args)
-    took = {m: [[0.0] * len(batches) for _ in range(rounds)] for m in modes}
-    outs: dict[str, list] = {m: [None] * len(batches) for m in modes}
-    for rnd in range(rounds):
-        for i, batch in enumerate(batches):
-            for mode, args in modes.items():
-                outs[mode][i], took[mode][rnd][i] = decode.timed_generate(decoder, batch, max_bytes=max_bytes,
-                                                                          **common, **args)
-            if progress is not None:
-                progress()
-    return took, outs
-
-
-def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain") -> dict:
-    """One mode against plain decoding, from `interleaved_decodes`: speedup = plain time / mode
-    time over all batches and rounds, its spread (each batch and round's ratio), bytes per pass
-    (output bytes over the passes each row took part in), pass cost (the mode's time per pass over
-    plain's), both speeds, whether the outputs are identical, the heads run and the commonest draft
-    shapes. A speedup above bytes per pass is impossible (a pass never costs less than a plain
-    one) and is refused as a bad measurement, on runs long enough to judge (a second of plain
-    decoding)."""
-    gens = [g for got in outs[mode] for g in got]
-    n_bytes = sum(g.stats.bytes_out for g in gens)
-    plain_time, mode_time = sum(map(sum, took[base])), sum(map(sum, took[mode]))
-    ratios = sorted(p / m for p_round, m_round in zip(took[base], took[mode]) for p, m in zip(p_round, m_round))
-    passes = sum(max(g.stats.forward_passes for g in got) for got in outs[mode])
-    plain_passes = sum(max(g.stats.forward_passes for g in got) for got in outs[base])
-    heads_used, shapes = {}, {}
-    for g in gens:
-        for key, n in getattr(g.stats, "heads_used", {}).items():
-            heads_used[key] = heads_used.get(key, 0) + n
-        for key, n in getattr(g.stats, "shapes", {}).items():
-            shapes[key] = shapes.get(key, 0) + n
-    rounds = len(took[mode])
-    case = {"mode": mode, "speedup": plain_time / mode_time, "speedup_min": ratios[0], "speedup_max": ratios[-1],
-            "speedup_runs": ratios,
-            "bytes_per_forward": n_bytes / max(1, sum(g.stats.forward_passes for g in gens)),
-            "pass_cost": (mode_time / passes) / (plain_time / plain_passes),
-            "plain_bytes_s": n_bytes * rounds / plain_time, "spec_bytes_s": n_bytes * rounds / mode_time,
-            "identical": [[g.output for g in got] for got in outs[mode]]
-            == [[g.output for g in got] for got in outs[base]],
-            "heads_used": heads_used, "shapes": dict(sorted(shapes.items(), key=lambda kv: -kv[1])[:3])}
-    if plain_time > 1.0 and decode.speedup_is_impossible(case["speedup"], case["bytes_per_forward"]):
-        raise RuntimeError(f"decode benchmark contradicts itself ({mode}): speedup {case['speedup']:.2f} at "
-                           f"{case['bytes_per_forward']:.2f} bytes per pass, but a pass never costs less than "
-                           "a plain one; rerun on a quieter machine")
-    return case
-
-
-def compare_decoding(decoder: decode.Decoder, prompt: bytes | str, *, max_bytes: int, heads: int | None = None,
-                     draft: str = "auto", stop: tuple = (), rounds: int = 3) -> dict:
-    """Plain greedy against self-speculative greedy decoding of one prompt, interleaved (`rounds`
-    times after a warm-up): the figures of `speed_figures`, the plain output and `degenerate`,
-    whether that output is one byte repeated (a continuation that says little about speed)."""
-    modes = {"plain": {"speculative": False}, "speculative": {"heads": heads, "draft": draft}}
-    took, outs = interleaved_decodes(decoder, [[decode.as_bytes(prompt)]], modes, max_bytes=max_bytes,
-                                     rounds=rounds, stop=stop)
-    output = outs["plain"][0][0].output
-    return {**speed_figures(took, outs, "speculative"), "output": output,
-            "degenerate": len(output) > 1 and len(set(output)) == 1}
-
-
 def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128,
                  max_bytes: int = 256, batch_sizes=(1, 8), modes=DECODE_MODES, rounds: int = 2,
-                 device: str = "cpu", dtype: str = "float32", eval_batches: int = 10, progress=None) -> dict:
+                 device: str = "cpu", dtype: str = "float32", eval_batches: int = 10, compile: str = "auto",
+                 progress=None) -> dict:
     """Plain greedy against self-speculative greedy in several drafting modes, on the same model
     and held-out prompts, in one run.
 
     Every mode decodes with one `Decoder` (heads stacked once, pass costs measured once per batch
     size, the acceptance profile kept across calls), by `interleaved_decodes`; the outputs must be
     identical. Per batch size and mode, the figures of `speed_figures`. The top-level keys describe
-    auto at the first batch size (or the first mode measured); `val_bpb` is the model's held-out
-    bits per byte (next-byte head).
+    auto at the first batch size (or the first mode measured), with `plain_bytes_s`, `spec_bytes_s`
+    and `compile` (on or off: whether the passes ran the compiled static step); `val_bpb` is the
+    model's held-out bits per byte (next-byte head). When compiled, eager plain decoding runs in
+    the same rounds as the baseline: `eager_plain_bytes_s`, `compiled_plain_speedup` (compiled
+    plain over eager plain) and `eager_speedup` (the default mode over eager plain), per case too.
     """
     dev = torch.device(device)
     model, cfg = load_model(ckpt, device=dev)
@@ -402,28 +324,41 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
         prompts = val_prompts(cfg.data.path, n=n_prompts, prompt_bytes=prompt_bytes)
     n_future = model.config.n_future
     modes = ["plain", *[m for m in modes if n_future > 1 or m == "auto"]]
-    decoder = decode.Decoder(model)
+    decoder = decode.Decoder(model, compile=compile)
+    compiled = decoder.settle_compile(batch_size=batch_sizes[0],
+                                      work_bytes=len(prompts) * max_bytes * len(modes) * rounds * len(batch_sizes))
+    runs = {m: (decoder, mode_args(m, n_future)) for m in modes}
+    if compiled:
+        runs["eager plain"] = (decode.Decoder(model, compile="off"), mode_args("plain", n_future))
     cases = []
     for B in batch_sizes:
         batches = [prompts[i:i + B] for i in range(0, len(prompts), B)]
-        took, outs = interleaved_decodes(decoder, batches, {m: _mode_args(m, n_future) for m in modes},
-                                         max_bytes=max_bytes, rounds=rounds, progress=progress)
+        took, outs = interleaved_decodes(runs, batches, max_bytes=max_bytes, rounds=rounds, progress=progress)
         for mode in modes[1:]:
             try:
-                cases.append({"batch_size": B, **speed_figures(took, outs, mode)})
+                case = {"batch_size": B, **speed_figures(took, outs, mode)}
             except RuntimeError as e:
                 raise RuntimeError(f"{e} (batch {B})") from None
+            if compiled:
+                eager = speed_figures(took, outs, mode, base="eager plain", same_step=False)
+                plain = speed_figures(took, outs, "plain", base="eager plain", same_step=False)
+                case.update(eager_plain_bytes_s=eager["plain_bytes_s"], eager_speedup=eager["speedup"],
+                            compiled_plain_speedup=plain["speedup"],
+                            identical=case["identical"] and plain["identical"])
+            cases.append(case)
     # the top-level figures describe auto at the first batch size, or the first mode measured
     first = [c for c in cases if c["batch_size"] == batch_sizes[0]]
     top = next((c for c in first if c["mode"] == "auto"), first[0])
     ev = (evaluate(model, cfg.data.path, split=held_out_split(cfg.data.path), batches=eval_batches, device=dev)
           if eval_batches else None)
-    costs = decoder.pass_costs(batch_sizes[0])
+    costs = decoder.pass_costs(batch_sizes[0], static=compiled)
+    eager_keys = ("eager_plain_bytes_s", "eager_speedup", "compiled_plain_speedup") if compiled else ()
     return {"ckpt": str(ckpt), "device": str(dev), "dtype": dtype, "prompts": len(prompts),
             "prompt_bytes": max(len(p) for p in prompts), "max_bytes": max_bytes, "rounds": rounds,
-            "val_bpb": ev["bpb"][0] if ev else None,
+            "val_bpb": ev["bpb"][0] if ev else None, "compile": "on" if compiled else "off",
             **{key: top[key] for key in ("speedup", "speedup_min", "speedup_max", "bytes_per_forward",
-                                          "pass_cost", "identical")},
+                                          "pass_cost", "identical", "plain_bytes_s", "spec_bytes_s", *eager_keys)},
+            "compile_stats": decoder.static.stats() if decoder.static is not None else None,
             "pass_costs_ms": costs.to_dict(),
             "all_identical": all(c["identical"] for c in cases), "cases": cases}
 

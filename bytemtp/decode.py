@@ -37,6 +37,7 @@ from typing import Callable
 
 import torch
 
+from bytemtp.compiled import Compile, StaticStep, in_disk_cache, worth_compiling
 from bytemtp.devices import synchronize
 from bytemtp.drafting import (MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts,
                               best_tree, choose)
@@ -211,35 +212,63 @@ class Decoder:
     Made once per model and reused: the heads are stacked once (`ByteMTP.stack_heads`), what a
     pass costs is measured once per batch size (`pass_costs`), and the heads' acceptance is
     tracked across calls. `costs` gives the pass costs instead of measuring them (tests).
+    `compile` says when the passes run the compiled static step (`bytemtp.compiled`): on, off,
+    or auto (when a call's work repays compiling); prefills and slides always run eagerly.
     """
 
-    def __init__(self, model: ByteMTP, *, stacked: bool = True, costs: PassCosts | None = None):
+    def __init__(self, model: ByteMTP, *, stacked: bool = True, costs: PassCosts | None = None,
+                 compile: Compile | str | bool = Compile.AUTO):
         self.model = model
         self.stacked = model.stack_heads() if stacked else None
         n = model.config.n_future
         self.profiles = {True: AcceptanceProfile(n), False: AcceptanceProfile(n, ranks=1)}  # by greedy
-        self._costs: dict[int, PassCosts] = {}
+        self._costs: dict[tuple[int, bool], PassCosts] = {}  # by (batch size, compiled)
         self._fixed_costs = costs
         self.last_choice: Choice | None = None
+        self.compile = Compile.parse(compile)
+        self.static: StaticStep | None = None  # made the first time a call compiles
+
+    def _worth_compiling(self, batch_size: int, work_bytes: int) -> bool:
+        device = self.model.embed.weight.device
+        ready = (self.static.ready(batch_size) if self.static is not None else
+                 in_disk_cache(self.model, stacked=self.stacked is not None, batch_size=batch_size))
+        return worth_compiling(self.compile, device=device, work_bytes=work_bytes, ready=ready)
+
+    def settle_compile(self, *, batch_size: int, work_bytes: int) -> bool:
+        """Under `auto`, decide once for a job of many calls (`work_bytes` of output in all, in
+        batches of `batch_size`), so that each call does not judge its own share; True when the
+        job runs compiled."""
+        if self.compile is Compile.AUTO:
+            self.compile = Compile.ON if self._worth_compiling(batch_size, work_bytes) else Compile.OFF
+        return self.compile is Compile.ON
+
+    def use_static(self, batch_size: int, max_bytes: int) -> bool:
+        """Whether a call decoding `batch_size` rows of up to `max_bytes` runs the static step."""
+        if not self._worth_compiling(batch_size, batch_size * max_bytes):
+            return False
+        if self.static is None:
+            self.static = StaticStep(self.model, self.stacked)
+        return True
 
     # --- what a pass costs -------------------------------------------------------------------
 
-    def pass_costs(self, batch_size: int) -> PassCosts:
-        """Seconds per pass for k heads over T nodes at this batch size, measured on a grid at
-        the middle of the context (`measure_pass_costs`) the first time it is asked."""
+    def pass_costs(self, batch_size: int, *, static: bool = False) -> PassCosts:
+        """Seconds per pass for k heads over T nodes at this batch size, on the eager or the
+        compiled static step, measured on a grid at the middle of the context
+        (`measure_pass_costs`) the first time it is asked."""
         if self._fixed_costs is not None:  # given: used as they are, never calibrated
             return self._fixed_costs
-        if batch_size not in self._costs:
+        if (batch_size, static) not in self._costs:
             with torch.inference_mode():
-                self._costs[batch_size] = measure_pass_costs(self, batch_size)
-        return self._costs[batch_size]
+                self._costs[batch_size, static] = measure_pass_costs(self, batch_size, static=static)
+        return self._costs[batch_size, static]
 
-    def _calibrated(self, batch_size: int, *, measure: bool) -> PassCosts | None:
+    def _calibrated(self, batch_size: int, *, measure: bool, static: bool) -> PassCosts | None:
         """The costs that this run's passes calibrate: none when they were given, and under a
         forced draft only those already measured (plain decoding never waits to measure)."""
         if self._fixed_costs is not None:
             return None
-        return self.pass_costs(batch_size) if measure else self._costs.get(batch_size)
+        return self.pass_costs(batch_size, static=static) if measure else self._costs.get((batch_size, static))
 
     # --- the steps of a pass -----------------------------------------------------------------
 
@@ -281,12 +310,16 @@ class Decoder:
         row.q = probs[1:]
         row.cand = [[d] for d in _sample(row.q, sampling.generator)] if len(probs) > 1 else []
 
-    def draft(self, rows: list[_Row], tree: DraftTree, cache: KVCache) -> tuple[torch.Tensor, Layout]:
+    def draft(self, rows: list[_Row], tree: DraftTree, cache: KVCache, *,
+              layout: bool = True) -> tuple[torch.Tensor, Layout | None]:
         """The ids of one pass (B, T) — each row's next byte and its candidates laid out as the
-        tree — and their layout after each row's cache."""
+        tree — and their layout after each row's cache (None without `layout`: the static step
+        lays out its own)."""
         ids = [[row.nxt] + [row.cand[d - 1][r] for d, r in zip(tree.depths[1:], tree.ranks[1:])]
                for row in rows]
         model = self.model
+        if not layout:
+            return torch.tensor(ids, device=model.embed.weight.device), None
         layout = Layout(cache.lengths, tree.T, rope=(model.rope_cos, model.rope_sin), cached=True,
                         depths=None if tree.is_chain else list(tree.depths),
                         ancestors=None if tree.is_chain else tree.ancestors)
@@ -317,10 +350,15 @@ class Decoder:
 
     @staticmethod
     def verify_sampled(logits_BTKV: torch.Tensor, rows: list[_Row], offered: list[int],
-                       sampling: Sampling) -> list[tuple[list[int], int]]:
-        """For each row (a chain): the accepted path and the byte after it, by `verify_sampled`."""
+                       sampling: Sampling, live: list[bool]) -> list[tuple[list[int], int]]:
+        """For each row (a chain): the accepted path and the byte after it, by `verify_sampled`.
+        Finished rows draw nothing, so a row's draws do not depend on whether the finished rows
+        of its batch are still in the cache."""
         out = []
         for b, row in enumerate(rows):
+            if not live[b]:
+                out.append(([0], EOS))
+                continue
             n = offered[b]
             p = distribution(logits_BTKV[b, :n + 1, 0], sampling)
             n_ok, nxt = verify_sampled(p, row.q, [c[0] for c in row.cand[:n]], sampling.generator)
@@ -400,16 +438,19 @@ class Decoder:
             return [row.out.result(t0) for row in rows]
         profile = self.profiles[sampling.greedy]
 
+        static = self.use_static(len(rows), max_bytes)
+
         def plan() -> Choice:  # with the costs of the batch as it started (rows that finish leave)
             if forced is not None and (forced == 1 or not use_tree):
                 tree = DraftTree.chain(forced - 1)
                 return Choice(forced, tree, 0.0, 0.0)
-            return choose(profile, self.pass_costs(len(rows)), max_heads=n_future, tree=use_tree, heads=forced)
+            return choose(profile, self.pass_costs(len(rows), static=static), max_heads=n_future, tree=use_tree,
+                          heads=forced)
 
         choice = self.last_choice = plan()
         state = _Batch(rows, KVCache.for_model(model, batch_size=len(rows), max_len=seq_len + MAX_NODES),
-                       warm=choice.heads, sampling=sampling, profile=profile,
-                       costs=self._calibrated(len(rows), measure=forced is None or use_tree))
+                       warm=choice.heads, sampling=sampling, profile=profile, static=static,
+                       costs=self._calibrated(len(rows), measure=forced is None or use_tree, static=static))
         self.prefill(rows, state.cache, state.warm, sampling)
         passes = 0
         while self.emit_next(state):
@@ -423,6 +464,8 @@ class Decoder:
                 choice = self.last_choice = plan()
             self.step(state, choice)
             passes += 1
+        if static:
+            self.static.mark_compiled(len(rows))
         return [row.out.result(t0) for row in rows]
 
     def emit_next(self, state: _Batch) -> bool:
@@ -459,15 +502,20 @@ class Decoder:
                        context_left(row.n_tokens, row.start, seq_len))
                    for r, row in zip(state.active, batch)]
         starts = list(cache.lengths)
-        ids, layout = self.draft(batch, tree, cache)
-        logits = model.logits(ids, cache, heads=k, stacked=self.stacked, layout=layout)
+        ids, layout = self.draft(batch, tree, cache, layout=not state.static)
+        if state.static:
+            logits = self.static(ids, cache, heads=k, depths=None if tree.is_chain else tree.depths,
+                                 ancestors=None if tree.is_chain else tree.ancestors)
+        else:
+            logits = model.logits(ids, cache, heads=k, stacked=self.stacked, layout=layout)
         cache.rewind(tree.T)
         layers = model.config.trunk_layers + k * model.config.layers_per_head
         sampling = state.sampling
         if sampling.greedy:
             verdicts = self.verify_greedy(logits, batch, tree, offered)
         else:
-            verdicts = [(path, nxt, None) for path, nxt in self.verify_sampled(logits, batch, offered, sampling)]
+            live = [r not in state.finished for r in state.active]
+            verdicts = [(path, nxt, None) for path, nxt in self.verify_sampled(logits, batch, offered, sampling, live)]
         shapes: dict[int, str] = {}  # the shape offered to rows that may use drafts to a depth, by depth
         gained = []  # bytes each live row gets from this pass
         for b, (r, row) in enumerate(zip(state.active, batch)):
@@ -494,44 +542,28 @@ class Decoder:
 class _Batch:
     """The rows being decoded together in one call, and how: cache row b holds rows[active[b]];
     finished rows stay in the cache (fed, never accepted) until half of them are, then the cache
-    drops them. `profile` learns from the passes and `costs` are calibrated by them (None: not)."""
+    drops them (not on the static step, whose batch shape stays). `profile` learns from the
+    passes and `costs` are calibrated by them (None: not)."""
 
     def __init__(self, rows: list[_Row], cache: KVCache, *, warm: int, sampling: Sampling,
-                 profile: AcceptanceProfile | None, costs: PassCosts | None):
+                 profile: AcceptanceProfile | None, costs: PassCosts | None, static: bool = False):
         self.rows, self.cache, self.warm = rows, cache, warm  # warm: heads whose caches are complete
-        self.sampling, self.profile, self.costs = sampling, profile, costs
+        self.sampling, self.profile, self.costs, self.static = sampling, profile, costs, static
         self.active = list(range(len(rows)))
         self.finished: set[int] = set()
 
     def drop_finished(self) -> None:
         live = [b for b, r in enumerate(self.active) if r not in self.finished]
-        if len(live) * 2 <= len(self.active) and len(live) < len(self.active):
+        if not self.static and len(live) * 2 <= len(self.active) and len(live) < len(self.active):
             self.cache.keep(live)
             self.active = [self.active[b] for b in live]
 
 
-def timed_generate(decoder: Decoder, prompts: list[bytes | str], **kwargs) -> tuple[list[Generation], float]:
-    """`decoder.generate(prompts, **kwargs)` and the seconds it took, the device's queued work
-    included: what a comparison of decoding modes times."""
-    device = decoder.model.embed.weight.device
-    synchronize(device)
-    t0 = time.perf_counter()
-    generations = decoder.generate(prompts, **kwargs)
-    synchronize(device)
-    return generations, time.perf_counter() - t0
-
-
-def speedup_is_impossible(speedup: float, bytes_per_forward: float) -> bool:
-    """Whether a measured speedup over plain decoding exceeds what its bytes per pass allow (a
-    speculative pass never costs less than a plain one), beyond a margin for timing noise: then
-    the machine was busy during the measurement, and the figure says nothing."""
-    return speedup > 1.15 * bytes_per_forward + 0.05
-
-
-def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5) -> PassCosts:
+def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5, static: bool = False) -> PassCosts:
     """Seconds per decoding step (draft, forward pass, verify, accept) of k heads over T nodes,
     for k in 1, 2, 4, all and T in 1, 2, 4, 8, 16, on rows in the middle of the context: the
-    fastest of interleaved repeats after a warm-up round, timed as `Decoder.step` runs."""
+    fastest of interleaved repeats after a warm-up round, timed as `Decoder.step` runs, on the
+    eager or the compiled static step (whose costs step from bucket to bucket)."""
     model = decoder.model
     n, seq_len = model.config.n_future, model.config.seq_len
     ks = sorted({1, min(2, n), min(4, n), n})
@@ -543,7 +575,7 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5) -
             for _ in range(batch_size)]
     cache = KVCache.for_model(model, batch_size=batch_size, max_len=seq_len + MAX_NODES)
     # the dummy rows teach no profile and calibrate nothing
-    state = _Batch(rows, cache, warm=max(ks), sampling=Sampling(), profile=None, costs=None)
+    state = _Batch(rows, cache, warm=max(ks), sampling=Sampling(), profile=None, costs=None, static=static)
     device = model.embed.weight.device
     times: dict[tuple[int, int], list[float]] = {key: [] for key in shapes}
     for rep in range(repeats + 1):
@@ -562,7 +594,7 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5) -
     table = {key: min(v) for key, v in times.items()}
     for T in Ts[1:]:  # one head drafts nothing: its row is only ever read at T = 1
         table[1, T] = table[min(2, n), T] if n > 1 else table[1, 1]
-    return PassCosts(table)
+    return PassCosts(table, stepwise=static)
 
 
 def generate_batch(model: ByteMTP, prompts: list[bytes | str], *, max_bytes: int, heads: int | None = None,

@@ -148,9 +148,11 @@ class PassCosts:
     running mean (the loop's overheads and the machine's load included), the others the grid
     times the running ratio of observed to predicted over all passes, plain ones included. The
     grid times whole decoding steps, as the fastest of several tries, and is made monotone (more
-    heads or nodes never cost less), so its shape is clean and the ratio carries the load."""
+    heads or nodes never cost less), so its shape is clean and the ratio carries the load.
+    `stepwise` costs (a compiled step, which pads a pass up to the next grid point) take the
+    grid point at or above instead of interpolating."""
 
-    def __init__(self, table: dict[tuple[int, int], float], *, calibrate: bool = True):
+    def __init__(self, table: dict[tuple[int, int], float], *, calibrate: bool = True, stepwise: bool = False):
         self.ks = sorted({k for k, _ in table})
         self.Ts = sorted({T for _, T in table})
         # a pass with more heads or more nodes never costs less: smooth the noise out of the grid
@@ -160,18 +162,17 @@ class PassCosts:
                 below = [self.table[k2, T] for k2 in self.ks if k2 < k] + \
                         [self.table[k, T2] for T2 in self.Ts if T2 < T]
                 self.table[k, T] = max([table[k, T], *below])
-        self.calibrate = calibrate
+        self.calibrate, self.stepwise = calibrate, stepwise
         self.seen: dict[tuple[int, int], float] = {}  # running mean of observed seconds
         self.scale = 1.0  # running mean of observed over predicted: the loop and the load now
         self.realized: dict[bool, float] = {}  # bytes a row per second, speculative passes or plain
 
-    @staticmethod
-    def _between(grid: list[int], x: int) -> tuple[int, int, float]:
+    def _between(self, grid: list[int], x: int) -> tuple[int, int, float]:
         if x <= grid[0]:
             return grid[0], grid[0], 0.0
         for lo, hi in zip(grid, grid[1:]):
             if x <= hi:
-                return lo, hi, (x - lo) / (hi - lo)
+                return (hi, hi, 0.0) if self.stepwise else (lo, hi, (x - lo) / (hi - lo))
         return grid[-1], grid[-1], 0.0
 
     def predicted(self, k: int, T: int) -> float:
@@ -182,7 +183,14 @@ class PassCosts:
         return ((1 - a) * (1 - b) * t[k0, T0] + a * (1 - b) * t[k1, T0]
                 + (1 - a) * b * t[k0, T1] + a * b * t[k1, T1])
 
+    def _key(self, k: int, T: int) -> tuple[int, int]:
+        """Where a pass's cost is kept: its own (k, T), or for stepwise costs the grid point it runs as."""
+        if not self.stepwise:
+            return k, T
+        return self._between(self.ks, k)[0], self._between(self.Ts, T)[0]
+
     def __call__(self, k: int, T: int) -> float:
+        k, T = self._key(k, T)
         if (k, T) in self.seen:
             return self.seen[k, T]
         return self.predicted(k, T) * self.scale
@@ -193,6 +201,7 @@ class PassCosts:
         and gave each row `bytes_per_row` bytes on average."""
         if not self.calibrate:
             return
+        k, T = self._key(k, T)
         if bytes_per_row is not None:
             spec, rate = T > 1, bytes_per_row / seconds
             old_rate = self.realized.get(spec)

@@ -43,7 +43,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from bytemtp.decode import Decoder, Generation, speedup_is_impossible, timed_generate
+from bytemtp.decode import Decoder, Generation
+from bytemtp.speed import speedup_is_impossible, timed_generate
 from bytemtp.execution import VERDICTS, run_programs
 from bytemtp.model import ByteMTP
 from bytemtp.sampling import Sampling
@@ -190,7 +191,7 @@ def _decoding_stats(generations: list[Generation], seconds: float) -> dict:
 def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: int = 1,
                        temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                        batch_size: int = 16, max_bytes: int = 512, heads: int | None = None,
-                       decoder: Decoder | None = None, compare: bool = False,
+                       decoder: Decoder | None = None, compare: bool = False, compile: str = "auto",
                        progress: Callable[[int, int], None] | None = None) -> dict:
     """`samples` completions of each problem, decoded `batch_size` at a time by self-speculative
     decoding (see the module docstring for greedy, seeds and heads), each at most `max_bytes`.
@@ -200,7 +201,9 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
     and with `compare` (greedy only) "comparison": plain and speculative seconds, the speedup
     (plain over speculative), its spread over batches and whether the outputs were identical.
     `progress(done, total)` counts the problems whose samples are all decoded. `decoder` reuses a
-    Decoder of this model (its measured pass costs and the acceptance it has learnt).
+    Decoder of this model (its measured pass costs and the acceptance it has learnt); otherwise
+    one is made with `compile` (auto, on, off: whether the passes run the compiled static step;
+    auto decides from the whole run's work).
     """
     for name, value in (("samples", samples), ("batch_size", batch_size), ("max_bytes", max_bytes)):
         if not isinstance(value, int) or value < 1:
@@ -214,9 +217,11 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     if heads is None and not greedy:
         heads = model.config.n_future  # a fixed draft, so that the seed repeats the samples
-    decoder = decoder or Decoder(model)
+    decoder = decoder or Decoder(model, compile=compile)
     per_problem = 1 if greedy else samples
     jobs = [(i, j) for i in range(len(problems)) for j in range(per_problem)]
+    decoder.settle_compile(batch_size=min(batch_size, len(jobs)),
+                           work_bytes=len(jobs) * max_bytes * (2 if compare else 1))
     results: list[list[Generation]] = [[] for _ in problems]
     seq_len, done = model.config.seq_len, 0
     modes = {"speculative": {"heads": heads, "sampling": sampling}}
@@ -255,7 +260,9 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
                     "forward_passes": g.stats.forward_passes} for g in gens]
         completions[problem.task_id] = [dict(records[0]) for _ in range(samples)] if greedy else records
     out = {"completions": completions, "prompt_fits": prompt_fits, "heads": "auto" if heads is None else heads,
-           "decoding": _decoding_stats([g for gens in results for g in gens], seconds)}
+           "decoding": _decoding_stats([g for gens in results for g in gens], seconds),
+           "compile": decoder.compile.value,
+           "compile_stats": decoder.static.stats() if decoder.static is not None else None}
     if compare:
         ratios = sorted(p / s for p, s in zip(took["plain"], took["speculative"]))
         plain_s, bytes_per_forward = sum(took["plain"]), out["decoding"]["bytes_per_forward"]
@@ -366,7 +373,8 @@ def read_completions(path: str | os.PathLike) -> dict[str, list[str]]:
 
 def run_humaneval(model: ByteMTP, problems: Sequence[Problem], *, samples: int = 1, temperature: float = 0.0,
                   top_p: float = 1.0, top_k: int = 0, seed: int = 0, batch_size: int = 16, max_bytes: int = 512,
-                  heads: int | None = None, compare: bool = False, timeout: float = 3.0, memory_mb: int = 1024,
+                  heads: int | None = None, compare: bool = False, compile: str = "auto", timeout: float = 3.0,
+                  memory_mb: int = 1024,
                   workers: int | None = None, progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Sample `samples` completions of each problem (`sample_completions`), run them with their
     tests (`check_completions`) and score them. `progress(stage, done, total)` reports the
@@ -379,7 +387,7 @@ def run_humaneval(model: ByteMTP, problems: Sequence[Problem], *, samples: int =
     """
     sampled = sample_completions(model, problems, samples=samples, temperature=temperature, top_p=top_p,
                                  top_k=top_k, seed=seed, batch_size=batch_size, max_bytes=max_bytes, heads=heads,
-                                 compare=compare,
+                                 compare=compare, compile=compile,
                                  progress=None if progress is None else (lambda d, t: progress("decode", d, t)))
     result = check_completions(problems, sampled["completions"], timeout=timeout, memory_mb=memory_mb,
                                workers=workers,
@@ -388,7 +396,9 @@ def run_humaneval(model: ByteMTP, problems: Sequence[Problem], *, samples: int =
         task["prompt_fits"] = sampled["prompt_fits"][task["task_id"]]
     settings = {"samples": samples, "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed,
                 "batch_size": batch_size, "max_bytes": max_bytes, "heads": sampled["heads"],
-                "seq_len": model.config.seq_len, "n_future": model.config.n_future, "stop": list(STOP)}
+                "seq_len": model.config.seq_len, "n_future": model.config.n_future, "stop": list(STOP),
+                "compile": sampled["compile"]}
     slid = sum(c["slid"] for t in result["tasks"] for c in t["completions"])
     extra = {"comparison": sampled["comparison"]} if compare else {}
-    return {"settings": settings, **result, "decoding": sampled["decoding"], **extra, "slid": slid}
+    return {"settings": settings, **result, "decoding": sampled["decoding"], **extra, "slid": slid,
+            "compile_stats": sampled["compile_stats"]}

@@ -91,7 +91,31 @@ class KVCache:
         self.lengths = [0] * len(self.lengths)
 
 
-class Layout:
+class _Placement:
+    """What every layout of a pass gives the attention layers: the rotation of queries and keys
+    (`cos`, `sin`) and the mask (`mask`, bools, or None)."""
+
+    def rotate(self, x_BHTE: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding at each node's position (x of shape (..., B, H, T, E))."""
+        x1, x2 = x_BHTE.float().chunk(2, dim=-1)
+        cos, sin = self.cos, self.sin
+        rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+        return rotated.type_as(x_BHTE)
+
+    def mask_for(self, n: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """The mask as an additive bias of the queries' dtype (0 or -inf), for n stacked heads
+        folded into the batch ((n * B, 1, T, L)): made once a pass, not once a layer."""
+        if self.mask is None:
+            return None
+        n = 1 if self.mask.shape[0] == 1 else n
+        if (n, dtype) not in self._folded:
+            bias = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
+            bias.masked_fill_(~self.mask, float("-inf"))
+            self._folded[n, dtype] = bias.repeat(n, 1, 1, 1) if n > 1 else bias
+        return self._folded[n, dtype]
+
+
+class Layout(_Placement):
     """Where the T nodes of one pass go and what each sees (see the module docstring).
 
     `starts` are the rows' cache lengths (host ints); `depths` (T ints) and `ancestors` (T x T
@@ -136,24 +160,44 @@ class Layout:
             self.slots_BT = (torch.tensor(starts)[:, None] + torch.arange(T)).to(device)
         self._folded: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
-    def rotate(self, x_BHTE: torch.Tensor) -> torch.Tensor:
-        """Rotary embedding at each node's position (x of shape (..., B, H, T, E))."""
-        x1, x2 = x_BHTE.float().chunk(2, dim=-1)
-        cos, sin = self.cos, self.sin
-        rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-        return rotated.type_as(x_BHTE)
 
-    def mask_for(self, n: int, dtype: torch.dtype) -> torch.Tensor | None:
-        """The mask as an additive bias of the queries' dtype (0 or -inf), for n stacked heads
-        folded into the batch ((n * B, 1, T, L)): made once a pass, not once a layer."""
-        if self.mask is None:
-            return None
-        n = 1 if self.mask.shape[0] == 1 else n
-        if (n, dtype) not in self._folded:
-            bias = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
-            bias.masked_fill_(~self.mask, float("-inf"))
-            self._folded[n, dtype] = bias.repeat(n, 1, 1, 1) if n > 1 else bias
-        return self._folded[n, dtype]
+class StaticLayout:
+    """The layout of a static decode step: shapes that depend only on (B, T, cache slots).
+
+    Built from device tensors inside the step (no host numbers enter it, so one compiled step
+    serves every pass of its shape): `starts_B` the rows' cache lengths, `depths_T` each node's
+    depth and `see_TT` the tree's ancestry. Node i of row b sits at rotary position
+    `starts_B[b] + depths_T[i]` and attends to the row's cache slots below its start and to the
+    nodes it sees. The cache is only read here: every layer's new keys and values are kept in
+    `written`, in the order the layers run, and the step writes them into the cache in one go
+    (an in-place write inside a compiled graph costs a copy of the whole cache). Nodes that pad
+    a pass up to its bucket see only themselves and are never seen: they change no real node.
+    """
+
+    def __init__(self, starts_B: torch.Tensor, depths_T: torch.Tensor, see_TT: torch.Tensor, *,
+                 rope: tuple[torch.Tensor, torch.Tensor], L: int):
+        self.T = depths_T.shape[0]
+        pos_BT = (starts_B[:, None] + depths_T).clamp(max=rope[0].shape[0] - 1)
+        self.cos, self.sin = rope[0][pos_BT][:, None], rope[1][pos_BT][:, None]  # (B, 1, T, E/2)
+        self.past_B1TL = (torch.arange(L, device=starts_B.device) < starts_B[:, None])[:, None, None]
+        self.see_TT = see_TT
+        self.written: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    rotate = _Placement.rotate
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
+               cache_v: torch.Tensor) -> torch.Tensor:
+        """Attention of the nodes (..., B, H, T, E) over the cache's past (..., B, H, L, E) and
+        the nodes they see, as two products (the cache is not copied); keeps k and v."""
+        self.written.append((k, v))
+        scale, wide = 1.0 / math.sqrt(q.shape[-1]), torch.promote_types(q.dtype, torch.float32)
+        past = (q @ cache_k.transpose(-1, -2)).to(wide) * scale  # (..., B, H, T, L)
+        new = (q @ k.transpose(-1, -2)).to(wide) * scale  # (..., B, H, T, T)
+        past = past.masked_fill(~self.past_B1TL, float("-inf"))
+        new = new.masked_fill(~self.see_TT, float("-inf"))
+        p = torch.cat([past, new], dim=-1).softmax(dim=-1).to(q.dtype)
+        L = cache_k.shape[-2]
+        return p[..., :L] @ cache_v + p[..., L:] @ v
 
 
 def causal_layout(T: int, rope: tuple[torch.Tensor, torch.Tensor]) -> Layout:
@@ -169,6 +213,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout,
     at the layout's slots and the queries attend as the layout says. Leading dims (stacked
     heads) fold into the batch for SDPA.
     """
+    if isinstance(layout, StaticLayout):
+        return layout.attend(q, k, v, cache_k, cache_v)
     if cache_k is not None:
         T = layout.T
         if layout.start is not None:

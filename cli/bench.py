@@ -8,7 +8,8 @@ import click
 
 from . import report
 from .options import (
-    OneLineErrors, check_output_dir, device_option, json_option, parse_batch_sizes, parse_modes, preset_option)
+    OneLineErrors, check_output_dir, compile_option, device_option, json_option, parse_batch_sizes, parse_modes,
+    preset_option)
 from .report import echo, table, write_json
 
 
@@ -91,11 +92,13 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, json_pa
               help="Drafting modes against plain greedy: auto, chain-K, tree-K (K heads or 'all').")
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1),
               help="Times every batch is decoded in every mode (interleaved).")
+@compile_option()
 @device_option()
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
 @json_option()
 def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_bytes: int, max_bytes: int,
-                 batch_sizes: str, modes: str, rounds: int, device: str, dtype: str, json_path: str | None) -> None:
+                 batch_sizes: str, modes: str, rounds: int, compile_mode: str, device: str, dtype: str,
+                 json_path: str | None) -> None:
     """Plain greedy vs self-speculative greedy (automatic, fixed chains, trees) on one model."""
     from tqdm import tqdm
 
@@ -107,13 +110,17 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
         try:
             res = decode_speed(ckpt, prompts_path=prompts_path, n_prompts=n_prompts, prompt_bytes=prompt_bytes,
                                max_bytes=max_bytes, batch_sizes=sizes, modes=mode_list, rounds=rounds,
-                               device=str(resolve_device(device)), dtype=dtype, progress=bar.update)
+                               device=str(resolve_device(device)), dtype=dtype, compile=compile_mode,
+                               progress=bar.update)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
     bpb = f"; model val bits/byte {res['val_bpb']:.3f}" if res["val_bpb"] is not None else ""
     echo(f"{res['prompts']} held-out prompts of up to {res['prompt_bytes']} bytes, {res['max_bytes']} output "
-         f"bytes each, {res['rounds']} interleaved rounds, {res['device']} {res['dtype']}{bpb}")
+         f"bytes each, {res['rounds']} interleaved rounds, {res['device']} {res['dtype']}, compiled step "
+         f"{res['compile']}{bpb}")
     echo(report.decode_cases_table(res))
+    if res["compile_stats"]:
+        echo(report.compile_line(res["compile_stats"]))
     write_json(json_path, res)
     if not res["all_identical"]:
         raise click.ClickException("speculative output differs from plain greedy output")

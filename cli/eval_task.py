@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from . import report
-from .options import OneLineErrors, device_option, dtype_option, json_option, parse_counts
+from .options import OneLineErrors, compile_option, device_option, dtype_option, json_option, parse_counts
 from .report import echo, write_json
 
 
@@ -98,12 +98,13 @@ eval_task.add_command(synthetic_cmd, "induction")
               help="Address space of a program's process, in MiB.")
 @click.option("--workers", type=click.IntRange(1), default=None,
               help="Programs run at once.  [default: the number of CPU cores]")
+@compile_option()
 @device_option()
 @dtype_option()
 @json_option()
 def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperature: float, top_p: float,
                   top_k: int, seed: int, max_bytes: int, batch_size: int, heads: int | None, compare: bool,
-                  timeout: float, memory_mb: int, workers: int | None, device: str, dtype: str,
+                  timeout: float, memory_mb: int, workers: int | None, compile_mode: str, device: str, dtype: str,
                   json_path: str | None) -> None:
     """pass@k on HumanEval (Chen et al. 2021) or a file of problems in its shape.
 
@@ -134,7 +135,7 @@ def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperatur
         try:
             res = he.run_humaneval(model, problems, samples=samples, temperature=temperature, top_p=top_p,
                                    top_k=top_k, seed=seed, batch_size=batch_size, max_bytes=max_bytes,
-                                   heads=heads, compare=compare, timeout=timeout, memory_mb=memory_mb,
+                                   heads=heads, compare=compare, compile=compile_mode, timeout=timeout, memory_mb=memory_mb,
                                    workers=workers, progress=bars.update)
         except KeyboardInterrupt:
             bars.close()

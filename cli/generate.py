@@ -9,7 +9,7 @@ import json
 import click
 
 from . import report
-from .options import check_output_file, device_option, dtype_option
+from .options import check_output_file, compile_option, device_option, dtype_option
 
 
 @click.command("generate")
@@ -49,6 +49,7 @@ from .options import check_output_file, device_option, dtype_option
 @click.option("--compare", is_flag=True,
               help="Greedy only: decode plainly and speculatively (3 interleaved rounds), check that the "
                    "outputs are identical, and print bytes per forward pass and the speedup.")
+@compile_option()
 @device_option()
 @dtype_option()
 @click.option("--json", "json_path", type=click.Path(), callback=check_output_file,
@@ -56,7 +57,8 @@ from .options import check_output_file, device_option, dtype_option
 def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts_file: str | None,
                  batch_size: int, max_bytes: int, temperature: float, top_k: int, top_p: float,
                  seed: int | None, stop: tuple[str, ...], heads: int | None, draft: str, no_speculative: bool, raw: bool,
-                 show_stats: bool, compare: bool, device: str, dtype: str, json_path: str | None) -> None:
+                 show_stats: bool, compare: bool, compile_mode: str, device: str, dtype: str,
+                 json_path: str | None) -> None:
     """Continue a prompt with a trained model, streaming the output.
 
     Decoding is self-speculative by default: the extra heads draft bytes (a chain or a tree of
@@ -102,11 +104,13 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
     sampling = decode.Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     stops = tuple(s.encode() for s in stop)
     speculative = not no_speculative and model.config.n_future > 1
-    decoder = decode.Decoder(model)
+    decoder = decode.Decoder(model, compile=compile_mode)
+    decoder.settle_compile(batch_size=min(batch_size, len(prompts)), work_bytes=len(prompts) * max_bytes
+                           * (4 if compare else 1))  # --compare decodes every mode after a warm-up
     kwargs = dict(max_bytes=max_bytes, sampling=sampling, stop=stops, heads=heads, draft=draft,
                   speculative=speculative)
     ctx = click.get_current_context()
-    stats = {"ckpt": str(ckpt), "seed": seed, "device": str(dev), "dtype": dtype}
+    stats = {"ckpt": str(ckpt), "seed": seed, "device": str(dev), "dtype": dtype, "compile": decoder.compile.value}
     if prompts_file is not None:
         all_stats = []
         with _interruptible() as interrupted:
@@ -139,7 +143,7 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         out.write(text.finish() + "\n")
     out.flush()
     if compare and not interrupted.is_set():
-        from bytemtp.bench import compare_decoding
+        from bytemtp.speed import compare_decoding
 
         try:
             res = compare_decoding(decoder, prompts[0], max_bytes=max_bytes, heads=heads, draft=draft, stop=stops)
@@ -150,10 +154,14 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
             raise click.ClickException("speculative output differs from plain greedy output")
     if show_stats:
         click.echo(report.stats_lines(result.stats), err=True)
+        if decoder.static is not None:
+            click.echo(report.compile_line(decoder.static.stats()), err=True)
         if speculative and heads != 1:
             click.echo(report.draft_summary(result.stats, decoder), err=True)
         elif speculative:
             click.echo("no drafts: --heads 1 runs the next-byte head alone, one byte a pass", err=True)
+    if decoder.static is not None:
+        stats["compile_stats"] = decoder.static.stats()
     _write_stats(json_path, {**stats, "stats": report.stats_dict(result.stats)})
     if interrupted.is_set():
         ctx.exit(130)  # the shell's status for Ctrl-C; what was produced is out

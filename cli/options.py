@@ -100,6 +100,14 @@ def device_option(default: str | None = "auto"):
                         help="auto (CUDA when available), cpu, cuda or cuda:N.")
 
 
+def compile_option():
+    return click.option("--compile", "compile_mode", default="auto", show_default=True,
+                        type=click.Choice(["auto", "on", "off"]),
+                        help="Run decoding passes as a compiled static-shape step (inductor on a CPU, CUDA "
+                             "graphs on a GPU): auto compiles when the work repays the compile time or the "
+                             "step is already in the compile cache.")
+
+
 def dtype_option():
     return click.option("--dtype", default="float32", show_default=True,
                         type=click.Choice(["float32", "bfloat16", "float16"]),

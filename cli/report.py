@@ -107,15 +107,34 @@ def draft_summary(st, decoder) -> str:
 
 
 def comparison(res: dict, mode: str) -> str:
-    """`generate --compare`: plain and speculative speeds, the speedup and its runs, identity."""
-    lines = [f"plain greedy:                 {res['plain_bytes_s']:8,.0f} bytes/s, 1.00 bytes/pass",
-             f"speculative, {mode:16s} {res['spec_bytes_s']:8,.0f} bytes/s, {res['bytes_per_forward']:.2f} bytes/pass",
-             f"speedup {res['speedup']:.2f}x (runs: {', '.join(f'{r:.2f}' for r in res['speedup_runs'])}); "
-             f"outputs identical: {'yes' if res['identical'] else 'NO'}"]
+    """`generate --compare`: plain and speculative speeds, the speedup and its runs, identity; on
+    the compiled step also eager plain decoding and the speedups over it."""
+    step = "compiled" if res.get("compiled") else "eager"
+    lines = []
+    if res.get("compiled"):
+        lines.append(f"plain greedy, eager:          {res['eager_plain_bytes_s']:8,.0f} bytes/s, 1.00 bytes/pass")
+    lines += [f"plain greedy, {step + ':':15s} {res['plain_bytes_s']:8,.0f} bytes/s, 1.00 bytes/pass",
+              f"speculative, {mode:16s} {res['spec_bytes_s']:8,.0f} bytes/s, {res['bytes_per_forward']:.2f} bytes/pass",
+              f"speedup {res['speedup']:.2f}x over {step} plain (runs: {', '.join(f'{r:.2f}' for r in res['speedup_runs'])}); "
+              f"outputs identical: {'yes' if res['identical'] else 'NO'}"]
+    if res.get("compiled"):
+        lines.append(f"over eager plain: compiled plain {res['compiled_plain_speedup']:.2f}x, speculative "
+                     f"{res['eager_speedup']:.2f}x")
+        if res.get("compile_stats"):
+            lines.append(compile_line(res["compile_stats"]))
     if res["degenerate"]:
         lines.append(f"note: the output is one byte repeated ({res['output'][:1]!r}): a degenerate "
                      "continuation says little about speed; try another prompt")
     return "\n".join(lines)
+
+
+def compile_line(st: dict) -> str:
+    """What compiling the static step cost, and whether inductor's disk cache served it."""
+    if not st["graphs"]:
+        return "compiled step: no graph compiled in this run (compiled earlier in this process)"
+    served = "the disk cache served" if st["cache_hits"] and not st["cache_misses"] else (
+        f"disk cache: {st['cache_hits']} hits, {st['cache_misses']} misses")
+    return f"compiled step: {st['graphs']} graphs in {st['compile_s']:.1f} s ({served})"
 
 
 def eval_table(res: dict) -> str:

@@ -120,7 +120,7 @@ def test_context_left_is_what_the_window_slides_by():
 
 
 def test_compare_decoding_measures_plain_against_speculative():
-    from bytemtp.bench import compare_decoding
+    from bytemtp.speed import compare_decoding
 
     model = _model(n_future=4)
     decoder = decode.Decoder(model)

@@ -1,0 +1,139 @@
+"""The static decode step (bytemtp.compiled) against its references: the eager `ByteMTP.logits`
+pass, and plain greedy decoding; compiled and uncompiled."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from bytemtp import config as C
+from bytemtp import decode
+from bytemtp.compiled import Compile, StaticStep, head_bucket, head_buckets, node_bucket, worth_compiling
+from bytemtp.drafting import DraftTree, PassCosts
+from bytemtp.kvcache import KVCache, Layout
+from bytemtp.model import ByteMTP
+
+COMPILED = pytest.mark.xdist_group("compiled-step")  # one process compiles the graphs, once
+
+
+def _model(head_type="transformer", seed=0, dtype=torch.float64, **kw) -> ByteMTP:
+    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, **kw)
+    model = ByteMTP(cfg)
+    model.init_weights(generator=torch.Generator().manual_seed(seed))
+    return model.to(dtype).eval()
+
+
+def test_buckets():
+    assert [node_bucket(T) for T in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
+    assert head_buckets(8) == (1, 2, 4, 8) and head_buckets(6) == (1, 2, 4, 6) and head_buckets(1) == (1,)
+    assert [head_bucket(k, 8) for k in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+
+
+def test_compile_modes_and_when_auto_compiles():
+    assert Compile.parse("on") is Compile.ON and Compile.parse(False) is Compile.OFF
+    with pytest.raises(ValueError, match="compile='fast' is not allowed; choose auto, on or off"):
+        Compile.parse("fast")
+    cpu = torch.device("cpu")
+    assert worth_compiling(Compile.ON, device=cpu, work_bytes=1, ready=False)
+    assert not worth_compiling(Compile.OFF, device=cpu, work_bytes=10**9, ready=True)
+    assert not worth_compiling(Compile.AUTO, device=cpu, work_bytes=1000, ready=False)
+    assert worth_compiling(Compile.AUTO, device=cpu, work_bytes=1000, ready=True)  # compiled already: cheap
+    assert worth_compiling(Compile.AUTO, device=cpu, work_bytes=10**6, ready=False)
+
+
+def test_stepwise_costs_charge_the_bucket_a_pass_runs_as():
+    table = {(k, T): k * 1.0 + T * 0.1 for k in (1, 2, 4, 8) for T in (1, 2, 4, 8, 16)}
+    smooth, step = PassCosts(table), PassCosts(table, stepwise=True)
+    assert smooth(3, 3) == pytest.approx(3.3) and step(3, 3) == pytest.approx(4.4)
+    assert step(4, 5) == step(4, 8) and step(8, 9) == step(8, 16)
+    step.observe(3, 3, 9.0)  # a (3, 3) pass ran as (4, 4): it is what (4, 4) costs
+    assert step(4, 4) == step(3, 4) == 9.0
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "causal", "linear"])
+@pytest.mark.parametrize("head_layers", [1, 2])
+def test_static_step_equals_the_eager_pass(head_type, head_layers):
+    """Chains and a tree, every bucket (padded or not), rows at different lengths: the static
+    step's logits and cache writes equal the eager pass's."""
+    if head_type == "linear" and head_layers == 2:
+        pytest.skip("linear heads have no layers")
+    model = _model(head_type, head_layers=head_layers, n_layers=2 + 8 * head_layers)
+    stacked = model.stack_heads()
+    step = StaticStep(model, stacked, compiled=False)
+    tree = DraftTree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+    n = model.config.n_future
+    max_len = model.config.seq_len + 16
+    for lengths in ([9], [4, 11, 7]):
+        B = len(lengths)
+        caches = [KVCache.for_model(model, batch_size=B, max_len=max_len) for _ in range(2)]
+        prompt = torch.randint(0, 256, (B, 12), generator=torch.Generator().manual_seed(B))
+        for cache in caches:
+            model.logits(prompt, cache, stacked=stacked)
+            cache.lengths = list(lengths)
+        passes = [(1, 1, None), (2, 2, None), (4, 3, None), (n, 5, None), (n, 7, tree), (n, 16, None)]
+        for heads, T, shape in passes:
+            ids = torch.randint(0, 256, (B, T), generator=torch.Generator().manual_seed(T))
+            kw = {} if shape is None else {"depths": list(shape.depths), "ancestors": shape.ancestors}
+            rope = (model.rope_cos, model.rope_sin)
+            want = model.logits(ids, caches[0], heads=heads, stacked=stacked,
+                                layout=Layout(caches[0].lengths, T, rope=rope, cached=True, **kw))
+            got = step(ids, caches[1], heads=heads, **({} if shape is None else
+                                                       {"depths": shape.depths, "ancestors": shape.ancestors}))
+            assert got.shape == want.shape == (B, T, heads, want.shape[-1])
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+            assert caches[0].lengths == caches[1].lengths
+            layers = model.config.trunk_layers + heads * model.config.layers_per_head
+            for b in range(B):  # the slots this pass wrote, in the layers it ran
+                end = caches[0].lengths[b]
+                torch.testing.assert_close(caches[1].k[:layers, b, :, :end], caches[0].k[:layers, b, :, :end])
+                torch.testing.assert_close(caches[1].v[:layers, b, :, :end], caches[0].v[:layers, b, :, :end])
+
+
+def _prompts(seq_len: int) -> list[bytes]:
+    """Rows at different lengths, one of them longer than the context (its window slides)."""
+    return [b"def f(x):\n    return x", b"o", bytes(range(100, 100 + seq_len + 9)), b"la la la, la la lo\n"]
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+def test_uncompiled_static_decoding_equals_plain_greedy(head_type):
+    model = _model(head_type)
+    prompts = _prompts(model.config.seq_len)
+    want = [decode.generate(model, p, max_bytes=70) for p in prompts]
+    decoder = decode.Decoder(model, compile="on")
+    decoder.static = StaticStep(model, decoder.stacked, compiled=False)
+    for kw in ({"speculative": False}, {"heads": 3}, {"heads": 8, "draft": "tree"}, {}):
+        got = decoder.generate(prompts, max_bytes=70, **kw)
+        assert [g.output for g in got] == [w.output for w in want], kw
+        assert [g.stats.stopped_by for g in got] == [w.stats.stopped_by for w in want]
+    assert any(g.stats.slides for g in got)
+    draws = []
+    for d in (decoder, decode.Decoder(model, compile="off")):  # seeded sampling draws alike
+        sampling = decode.Sampling(temperature=1.0, generator=torch.Generator().manual_seed(5))
+        draws.append([g.output for g in d.generate(prompts, max_bytes=40, heads=4, sampling=sampling)])
+    assert draws[0] == draws[1]
+
+
+@pytest.mark.slow
+@COMPILED
+def test_compiled_decoding_equals_eager_and_plain_greedy():
+    """Through inductor: greedy output of every draft shape (padded buckets, a tree, one head)
+    equals plain greedy decoding, on a batch whose rows stand at different lengths, one of them
+    sliding past the context; seeded sampling draws what the eager step draws."""
+    torch.manual_seed(0)
+    model = _model()  # float64: the seeded draws do not hinge on rounding
+    prompts = _prompts(model.config.seq_len)
+    want = [decode.generate(model, p, max_bytes=70).output for p in prompts]
+    compiled, eager = decode.Decoder(model, compile="on"), decode.Decoder(model, compile="off")
+    for kw in ({"speculative": False}, {"heads": 3}, {"heads": 8, "draft": "tree"}):
+        got = compiled.generate(prompts, max_bytes=70, **kw)
+        assert [g.output for g in got] == want, kw
+    assert compiled.static is not None and compiled.static.graphs >= 1 and eager.static is None
+    assert compiled.static.stats()["compile_s"] > 0
+    for decoder in (compiled, eager):
+        decoder.last = decoder.generate(prompts, max_bytes=40, heads=4, sampling=decode.Sampling(
+            temperature=1.0, generator=torch.Generator().manual_seed(5)))
+    assert [g.output for g in compiled.last] == [g.output for g in eager.last]
+    # the costs the chooser sees are the compiled step's, one per bucket
+    costs = compiled.pass_costs(len(prompts), static=True)
+    assert costs.stepwise and costs(3, 3) == costs(4, 4)
+    assert costs is not eager.pass_costs(len(prompts))
