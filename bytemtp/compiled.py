@@ -7,12 +7,14 @@ model code with static shapes instead: the cache is the preallocated `KVCache`, 
 the step (its new keys and values come out and are written by index in one go); positions and
 the mask come from device tensors (`kvcache.StaticLayout`), so no host number enters the graph;
 the nodes of a pass are padded up to a bucket (`NODE_BUCKETS`) and the heads run are rounded up
-to a few counts (`head_buckets`). The step is compiled with symbolic sizes, so a handful of graphs
-(one-node passes and wider ones, one row and several, one head and several) serve every draft the
-decoder may choose; on a GPU each bucket is also captured as a CUDA graph
-(`mode="reduce-overhead"`). Inductor keeps what it compiled on disk (its FX graph cache, under
-TORCHINDUCTOR_CACHE_DIR), so a second process compiles the same graphs in a few seconds; a marker
-beside it records which models' steps were compiled, so `auto` knows that the cache is warm.
+to a few counts (`head_buckets`), so that ten graphs a batch size (one per bucket of heads and
+nodes) serve every draft the decoder may choose, each compiled the first time it runs: inductor
+on the CPU, with CUDA graphs on a GPU (`mode="reduce-overhead"`). Static sizes, not symbolic
+ones: a symbolic graph served every bucket but took ten times longer to trace from a warm cache. Inductor keeps what it compiled on disk (its FX graph cache, under
+TORCHINDUCTOR_CACHE_DIR), so a second process compiles the same graphs in a few seconds each; a
+record beside it keeps the pass costs measured on the compiled step, so that a second process
+neither measures them again nor compiles a shape before the decoder chooses it, and `auto` knows
+that the cache is warm.
 
 The eager `ByteMTP.logits` path stays the reference: `StaticStep(..., compiled=False)` runs the
 static step uncompiled, and the tests compare both with it and with plain decoding.
@@ -93,7 +95,7 @@ class StaticStep:
         self._fn = self._pass
         if compiled:
             cuda = self.device.type == "cuda"
-            self._fn = torch.compile(self._pass, dynamic=True, fullgraph=True,
+            self._fn = torch.compile(self._pass, dynamic=False, fullgraph=True,
                                      mode="reduce-overhead" if cuda else None)
         self._shapes: set[tuple[int, int, int]] = set()  # (B, K, T) run so far
         self._trees: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -184,20 +186,9 @@ class StaticStep:
         return logits[:, :T, :heads]
 
     def ready(self, batch_size: int) -> bool:
-        """Whether this batch size's graphs are compiled in this process or in the disk cache."""
+        """Whether this batch size has run here, or its step is recorded in the disk cache."""
         return (any(b == batch_size for b, _, _ in self._shapes)
-                or in_disk_cache(self.model, stacked=self.stacked is not None, batch_size=batch_size))
-
-    def mark_compiled(self, batch_size: int) -> None:
-        """Record in the disk cache that this model's step at this batch size is compiled there."""
-        if self.compiled and self.graphs:
-            path = _marker(self.model, stacked=self.stacked is not None, batch_size=batch_size)
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps({"config": dataclasses.asdict(self.model.config),
-                                            "batch_size": batch_size}))
-            except OSError:  # a read-only cache serves as it is; auto then asks for the work
-                pass
+                or cached_costs(self.model, stacked=self.stacked is not None, batch_size=batch_size) is not None)
 
     def stats(self) -> dict:
         """What compiling cost in this process: graphs, seconds, and the disk cache's hits and misses."""
@@ -208,11 +199,29 @@ class StaticStep:
                 "cache_hits": inductor["fxgraph_cache_hit"], "cache_misses": inductor["fxgraph_cache_miss"]}
 
 
-def in_disk_cache(model, *, stacked: bool, batch_size: int) -> bool:
-    """Whether a static step of this model's shape (config, dtype, device) at this batch size
-    was compiled into inductor's disk cache by an earlier process (weights do not matter: they
-    are inputs of the graphs)."""
-    return _marker(model, stacked=stacked, batch_size=batch_size).exists()
+def cached_costs(model, *, stacked: bool, batch_size: int) -> dict[str, float] | None:
+    """The pass costs (ms by "KxT", `PassCosts.to_dict`) that an earlier process measured on this
+    model's compiled step at this batch size, on this machine, when it compiled the step into
+    inductor's disk cache; None when it never did. The graphs depend on the model's shape
+    (config, dtype, device), not on its weights, which are their inputs."""
+    try:
+        return json.loads(_marker(model, stacked=stacked, batch_size=batch_size).read_text())["costs_ms"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def record_costs(model, *, stacked: bool, batch_size: int, costs_ms: dict[str, float]) -> None:
+    """Record in the disk cache that this model's step at this batch size is compiled there, with
+    the pass costs measured on it (a read-only cache is left as it is)."""
+    path = _marker(model, stacked=stacked, batch_size=batch_size)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"config": dataclasses.asdict(model.config), "batch_size": batch_size,
+                                   "costs_ms": costs_ms}))
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 def _marker(model, *, stacked: bool, batch_size: int) -> pathlib.Path:

@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from bytemtp.compiled import Compile, StaticStep, in_disk_cache, worth_compiling
+from bytemtp.compiled import Compile, StaticStep, cached_costs, record_costs, worth_compiling
 from bytemtp.devices import synchronize
 from bytemtp.drafting import (MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts,
                               best_tree, choose)
@@ -231,7 +231,7 @@ class Decoder:
     def _worth_compiling(self, batch_size: int, work_bytes: int) -> bool:
         device = self.model.embed.weight.device
         ready = (self.static.ready(batch_size) if self.static is not None else
-                 in_disk_cache(self.model, stacked=self.stacked is not None, batch_size=batch_size))
+                 cached_costs(self.model, stacked=self.stacked is not None, batch_size=batch_size) is not None)
         return worth_compiling(self.compile, device=device, work_bytes=work_bytes, ready=ready)
 
     def settle_compile(self, *, batch_size: int, work_bytes: int) -> bool:
@@ -255,13 +255,22 @@ class Decoder:
     def pass_costs(self, batch_size: int, *, static: bool = False) -> PassCosts:
         """Seconds per pass for k heads over T nodes at this batch size, on the eager or the
         compiled static step, measured on a grid at the middle of the context
-        (`measure_pass_costs`) the first time it is asked."""
+        (`measure_pass_costs`) the first time it is asked; for the compiled step, those that an
+        earlier process recorded in the compile cache when it compiled the step."""
         if self._fixed_costs is not None:  # given: used as they are, never calibrated
             return self._fixed_costs
-        if (batch_size, static) not in self._costs:
+        key, stacked = (batch_size, static), self.stacked is not None
+        if key not in self._costs and static:  # measured by an earlier process that compiled the step
+            table = cached_costs(self.model, stacked=stacked, batch_size=batch_size)
+            if table is not None:
+                self._costs[key] = PassCosts.from_dict(table, stepwise=True)
+        if key not in self._costs:
             with torch.inference_mode():
-                self._costs[batch_size, static] = measure_pass_costs(self, batch_size, static=static)
-        return self._costs[batch_size, static]
+                self._costs[key] = measure_pass_costs(self, batch_size, static=static)
+            if static:
+                record_costs(self.model, stacked=stacked, batch_size=batch_size,
+                             costs_ms=self._costs[key].to_dict())
+        return self._costs[key]
 
     def _calibrated(self, batch_size: int, *, measure: bool, static: bool) -> PassCosts | None:
         """The costs that this run's passes calibrate: none when they were given, and under a
@@ -464,8 +473,6 @@ class Decoder:
                 choice = self.last_choice = plan()
             self.step(state, choice)
             passes += 1
-        if static:
-            self.static.mark_compiled(len(rows))
         return [row.out.result(t0) for row in rows]
 
     def emit_next(self, state: _Batch) -> bool:

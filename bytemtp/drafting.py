@@ -214,6 +214,11 @@ class PassCosts:
         """What the pass costs over a plain one (one head, one node)."""
         return self(k, T) / self(1, 1)
 
+    @classmethod
+    def from_dict(cls, table_ms: dict[str, float], **kw) -> PassCosts:
+        """The costs that `to_dict` wrote."""
+        return cls({tuple(int(x) for x in key.split("x")): ms / 1e3 for key, ms in table_ms.items()}, **kw)
+
     def to_dict(self) -> dict:
         return {f"{k}x{T}": round(s * 1e3, 4) for (k, T), s in sorted(self.table.items())}
 
