@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from bytemtp.config import DataConfig, ModelConfig, preset
 from bytemtp import decode
-from bytemtp.speed import DECODE_MODES, interleaved_decodes, mode_args, speed_figures
+from bytemtp.speed import DECODE_MODES, interleaved_decodes, speed_figures
 from bytemtp.checkpoint import load_model
 from bytemtp.corpus import CorpusError, corpus_files, decompressed_size, iter_documents
 from bytemtp.evaluate import evaluate, held_out_split
@@ -299,6 +299,12 @@ def val_prompts(data_path: str, *, n: int, prompt_bytes: int) -> list[bytes]:
     return prompts
 
 
+def _draft(mode: str, n_future: int) -> decode.Draft:
+    """The draft a mode names, with its heads capped at the model's."""
+    draft = decode.Draft.parse(mode)
+    return decode.Draft("all", draft.shape) if isinstance(draft.heads, int) and draft.heads > n_future else draft
+
+
 def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128,
                  max_bytes: int = 256, batch_sizes=(1, 8), modes=DECODE_MODES, rounds: int = 2,
                  device: str = "cpu", dtype: str = "float32", eval_batches: int = 10, compile: str = "auto",
@@ -327,9 +333,9 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     decoder = decode.Decoder(model, compile=compile)
     compiled = decoder.settle_compile(batch_size=batch_sizes[0],
                                       work_bytes=len(prompts) * max_bytes * len(modes) * rounds * len(batch_sizes))
-    runs = {m: (decoder, mode_args(m, n_future)) for m in modes}
+    runs = {m: (decoder, {"draft": _draft(m, n_future)}) for m in modes}
     if compiled:
-        runs["eager plain"] = (decode.Decoder(model, compile="off"), mode_args("plain", n_future))
+        runs["eager plain"] = (decode.Decoder(model, compile="off"), {"draft": decode.Draft.plain()})
     cases = []
     for B in batch_sizes:
         batches = [prompts[i:i + B] for i in range(0, len(prompts), B)]

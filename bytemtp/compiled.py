@@ -8,7 +8,7 @@ the step (its new keys and values come out and are written by index in one go); 
 the mask come from device tensors (`kvcache.StaticLayout`), so no host number enters the graph;
 the nodes of a pass are padded up to a bucket (`NODE_BUCKETS`) and the heads run are rounded up
 to a few counts (`head_buckets`), so that ten graphs a batch size (one per bucket of heads and
-nodes) serve every draft the decoder may choose, each compiled the first time it runs: inductor
+of at least as many nodes) serve every draft the decoder may choose, each compiled the first time it runs: inductor
 on the CPU, with CUDA graphs on a GPU (`mode="reduce-overhead"`). Static sizes, not symbolic
 ones: a symbolic graph served every bucket but took ten times longer to trace from a warm cache. Inductor keeps what it compiled on disk (its FX graph cache, under
 TORCHINDUCTOR_CACHE_DIR), so a second process compiles the same graphs in a few seconds each; a

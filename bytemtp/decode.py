@@ -10,9 +10,11 @@ chose and a chain or tree of the heads' candidates after it, one forward pass ru
 cache slots and takes the next byte and candidates from its last node. Which heads run and which
 tree is drafted is chosen each pass from what a pass costs on this device and how often each
 head has been right (bytemtp.drafting), so speculation does not cost more than it returns: on
-a model whose extra heads are untrained it settles on plain decoding. Greedy output equals plain
-greedy output; sampled output has exactly the model's distribution (the speculative sampling
-rule, on chains).
+a model whose extra heads are untrained it settles on plain decoding; a `Draft` fixes the heads
+or the shape instead. The passes run eagerly (`ByteMTP.logits`) or, where compiling pays, on the
+compiled static step (bytemtp.compiled), whose costs the choice then sees. Greedy output equals
+plain greedy output; sampled output has exactly the model's distribution (the speculative
+sampling rule, on chains).
 
 Generation starts a new document: the prompt is preceded by EOS, as every document is in the
 packed training stream. The model never emits BOS, PAD or the padding ids above them; EOS ends
@@ -29,104 +31,21 @@ of a batch share one prefill, so comparing them never mixes in the batch's own r
 
 from __future__ import annotations
 
-import base64
-import json
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from bytemtp.compiled import Compile, StaticStep, cached_costs, record_costs, worth_compiling
 from bytemtp.devices import synchronize
-from bytemtp.drafting import (MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts,
+from bytemtp.generation import (DecodeStats, Generation, Output, SpeculativeStats, as_bytes,  # noqa: F401
+                                as_prompt_list, load_prompts)
+from bytemtp.drafting import (MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, Draft, DraftTree, PassCosts,  # noqa: F401
                               best_tree, choose)
-from bytemtp.kvcache import KVCache, Layout
+from bytemtp.kvcache import KVCache, Layout, context_left, window_start  # noqa: F401
 from bytemtp.model import ByteMTP
 from bytemtp.sampling import Sampling, _masked, _sample, distribution, next_byte, verify_sampled  # noqa: F401
 from bytemtp.vocab import EOS
-
-@dataclass
-class DecodeStats:
-    bytes_out: int = 0
-    forward_passes: int = 0
-    wall_s: float = 0.0
-    stopped_by: str = ""  # eos, stop, max_bytes, interrupted
-
-    @property
-    def bytes_per_forward(self) -> float:
-        return self.bytes_out / max(1, self.forward_passes)
-
-
-@dataclass
-class Generation:
-    output: bytes
-    stats: DecodeStats = field(default_factory=DecodeStats)
-
-
-def as_bytes(prompt: bytes | str) -> bytes:
-    """A prompt as bytes: bytes-like as they are, str as UTF-8 (lone surrogates kept as such)."""
-    if isinstance(prompt, str):
-        return prompt.encode("utf-8", "surrogatepass")
-    if isinstance(prompt, (bytes, bytearray, memoryview)):
-        return bytes(prompt)
-    raise TypeError(f"a prompt is bytes or str, not {type(prompt).__name__}")
-
-
-def as_prompt_list(prompts) -> list[bytes]:
-    """prompts (a list of bytes or str) as a list of bytes; one bare prompt is a mistake, not a
-    list of one-byte prompts."""
-    if isinstance(prompts, (str, bytes, bytearray, memoryview)):
-        raise TypeError("prompts is a list of prompts; for one prompt pass [prompt]")
-    return [as_bytes(p) for p in prompts]
-
-
-def context_left(n: int, start: int, seq_len: int) -> int:
-    """How many more tokens the window holds when the context of the prediction of token n is
-    tokens start..n-1 (tokens count from the leading EOS); below 0 the window must slide. The one
-    place that says how much context is left: decoding, drafting and task scoring ask it."""
-    return seq_len - (n - start)
-
-
-def window_start(n: int, start: int, seq_len: int) -> int:
-    """Where the context of the prediction of token n begins: the current start while that fits
-    in seq_len, else the newest half of the context (a slide re-runs seq_len / 2 bytes once every
-    seq_len / 2 bytes: one extra position a byte). Plain and speculative decoding both follow this
-    rule."""
-    if context_left(n, start, seq_len) >= 0:
-        return start
-    return n - max(1, seq_len // 2)
-
-
-class _Output:
-    """The bytes generated so far and the rules that end generation (EOS, stop strings, max_bytes)."""
-
-    def __init__(self, stats: DecodeStats, *, max_bytes: int, stop: tuple[bytes, ...],
-                 on_bytes: Callable[[bytes], None] | None):
-        self.data, self.stats, self.max_bytes = bytearray(), stats, max_bytes
-        self.stop, self.on_bytes = stop, on_bytes
-
-    def emit(self, byte: int) -> bool:
-        """Append one generated id; True when generation must stop."""
-        if byte == EOS:
-            self.stats.stopped_by = "eos"
-            return True
-        self.data.append(byte)
-        if self.on_bytes is not None:
-            self.on_bytes(bytes([byte]))
-        if any(s and self.data.endswith(s) for s in self.stop):
-            self.stats.stopped_by = "stop"
-            return True
-        if len(self.data) >= self.max_bytes:
-            self.stats.stopped_by = "max_bytes"
-            return True
-        return False
-
-    def result(self, t0: float) -> Generation:
-        self.stats.bytes_out = len(self.data)
-        self.stats.wall_s = time.perf_counter() - t0
-        return Generation(bytes(self.data), self.stats)
-
 
 @torch.inference_mode()
 def generate(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, sampling: Sampling | None = None,
@@ -137,7 +56,7 @@ def generate(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, sampling: S
     prompt, stop = as_bytes(prompt), tuple(as_bytes(s) for s in stop)
     sampling = sampling or Sampling()
     t0 = time.perf_counter()
-    out = _Output(DecodeStats(), max_bytes=max_bytes, stop=stop, on_bytes=on_bytes)
+    out = Output(DecodeStats(), max_bytes=max_bytes, stop=stop, on_bytes=on_bytes)
     if max_bytes == 0:
         out.stats.stopped_by = "max_bytes"
         return out.result(t0)
@@ -159,27 +78,6 @@ def generate(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, sampling: S
         logits = model.logits(ids, cache, heads=1)[0, -1, 0]
         out.stats.forward_passes += 1
     return out.result(t0)
-
-
-@dataclass
-class SpeculativeStats(DecodeStats):
-    drafted: list[int] = field(default_factory=list)  # per draft depth 1..k-1: passes that offered it
-    accepted: list[int] = field(default_factory=list)  # ... and passes whose output used it
-    heads_used: dict = field(default_factory=dict)  # heads run in a pass -> passes
-    shapes: dict = field(default_factory=dict)  # draft shape (DraftTree.describe) -> passes
-    slides: int = 0  # times the window slid
-
-    @property
-    def acceptance(self) -> list[float]:
-        """Acceptance rate at each draft position (head 2, 3, ..., k)."""
-        return [a / d if d else 0.0 for a, d in zip(self.accepted, self.drafted)]
-
-    def count(self, depth: int, *, used: bool) -> None:
-        while len(self.drafted) < depth:
-            self.drafted.append(0)
-            self.accepted.append(0)
-        self.drafted[depth - 1] += 1
-        self.accepted[depth - 1] += used
 
 
 class _Row:
@@ -409,15 +307,13 @@ class Decoder:
     # --- the loop ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def generate(self, prompts: list[bytes | str], *, max_bytes: int, heads: int | None = None,
-                 draft: str = "auto", speculative: bool = True, sampling: Sampling | None = None,
-                 stop: tuple[bytes, ...] = (), on_bytes: Callable[[int, bytes], None] | None = None,
+    def generate(self, prompts: list[bytes | str], *, max_bytes: int, draft: Draft | str = Draft(),
+                 sampling: Sampling | None = None, stop: tuple[bytes, ...] = (),
+                 on_bytes: Callable[[int, bytes], None] | None = None,
                  cancel: Callable[[], bool] | None = None) -> list[Generation]:
-        """Decode many prompts at once; self-speculative unless `speculative` is False.
+        """Decode many prompts at once, drafting as `draft` says (a `Draft` or its name: by
+        default the heads and the draft are chosen each pass; "plain" decodes one byte a pass).
 
-        `heads` None chooses the heads and the draft each pass (cost-aware); a number forces
-        that many heads drafting a chain of heads - 1 bytes (`draft="tree"`: the best tree of
-        that depth). `draft="chain"` keeps automatic choice to chains. Sampling drafts chains.
         Each row accepts its own number of bytes per pass and leaves the batch when it
         finishes; every row equals that row decoded alone. `on_bytes(row, piece)` streams.
         `cancel()`, asked before every pass, ends decoding when it returns True: each row keeps
@@ -427,15 +323,12 @@ class Decoder:
         prompts, stop = as_prompt_list(prompts), tuple(as_bytes(s) for s in stop)
         sampling = sampling or Sampling()
         model, n_future, seq_len = self.model, self.model.config.n_future, self.model.config.seq_len
-        if draft not in ("auto", "chain", "tree"):
-            raise ValueError(f"draft={draft!r} is not allowed; choose auto, chain or tree")
-        if heads is not None and not 1 <= heads <= n_future:
-            raise ValueError(f"heads={heads} is not allowed; the model has {n_future} heads (1..{n_future})")
-        forced = 1 if not speculative else heads
-        use_tree = sampling.greedy and draft != "chain" and (forced is None or draft == "tree")
+        draft = (Draft.parse(draft) if isinstance(draft, str) else draft).for_model(n_future)
+        forced = draft.heads
+        use_tree = sampling.greedy and draft.shape != "chain" and (forced is None or draft.shape == "tree")
         t0 = time.perf_counter()
         depths = 0 if forced == 1 else (forced or n_future) - 1
-        rows = [_Row(p, _Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
+        rows = [_Row(p, Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
                                 max_bytes=max_bytes, stop=stop,
                                 on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))))
                 for r, p in enumerate(prompts)]
@@ -568,7 +461,7 @@ class _Batch:
 
 def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5, static: bool = False) -> PassCosts:
     """Seconds per decoding step (draft, forward pass, verify, accept) of k heads over T nodes,
-    for k in 1, 2, 4, all and T in 1, 2, 4, 8, 16, on rows in the middle of the context: the
+    for k in 1, 2, 4, all and T in 1, 2, 4, 8, 16 (T >= k), on rows in the middle of the context: the
     fastest of interleaved repeats after a warm-up round, timed as `Decoder.step` runs, on the
     eager or the compiled static step (whose costs step from bucket to bucket)."""
     model = decoder.model
@@ -576,9 +469,12 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5, s
     ks = sorted({1, min(2, n), min(4, n), n})
     Ts = [1, 2, 4, 8, MAX_NODES]
     flat = AcceptanceProfile(n, prior=[0.5] * (n - 1), strength=1.0)
+    # k heads over fewer than k nodes draft too shallow a tree to need them all: such a pass does no
+    # better than one of fewer heads, so it is charged what k nodes cost and never measured (on the
+    # compiled step, six graphs fewer to compile)
     shapes = {(k, T): DraftTree.from_paths([p for p, _ in best_tree(flat, k - 1, T, ranks=TREE_RANKS)])
-              for k in ks for T in Ts if k > 1 or T == 1}
-    rows = [_Row(b"", _Output(SpeculativeStats(), max_bytes=1 << 30, stop=(), on_bytes=None))
+              for k in ks for T in Ts if T >= k or k == T == 1}
+    rows = [_Row(b"", Output(SpeculativeStats(), max_bytes=1 << 30, stop=(), on_bytes=None))
             for _ in range(batch_size)]
     cache = KVCache.for_model(model, batch_size=batch_size, max_len=seq_len + MAX_NODES)
     # the dummy rows teach no profile and calibrate nothing
@@ -599,60 +495,29 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5, s
             if rep:  # the first round warms up
                 times[k, T].append(time.perf_counter() - t0)
     table = {key: min(v) for key, v in times.items()}
+    for k in ks[1:]:
+        for T in Ts:
+            if T < k:
+                table[k, T] = table[k, next(T2 for T2 in Ts if T2 >= k)]
     for T in Ts[1:]:  # one head drafts nothing: its row is only ever read at T = 1
         table[1, T] = table[min(2, n), T] if n > 1 else table[1, 1]
     return PassCosts(table, stepwise=static)
 
 
-def generate_batch(model: ByteMTP, prompts: list[bytes | str], *, max_bytes: int, heads: int | None = None,
-                   draft: str = "auto", speculative: bool = True, sampling: Sampling | None = None,
-                   stop: tuple[bytes, ...] = (), on_bytes: Callable[[int, bytes], None] | None = None,
-                   cancel: Callable[[], bool] | None = None, stacked: bool = True,
-                   costs: PassCosts | None = None) -> list[Generation]:
+def generate_batch(model: ByteMTP, prompts: list[bytes | str], *, max_bytes: int, draft: Draft | str = Draft(),
+                   sampling: Sampling | None = None, stop: tuple[bytes, ...] = (),
+                   on_bytes: Callable[[int, bytes], None] | None = None, cancel: Callable[[], bool] | None = None,
+                   stacked: bool = True, costs: PassCosts | None = None,
+                   compile: Compile | str | bool = Compile.AUTO) -> list[Generation]:
     """`Decoder(model).generate(...)` in one call (a new decoder: stacks the heads and, for the
     automatic choice, measures pass costs; make one `Decoder` to decode many times)."""
-    return Decoder(model, stacked=stacked, costs=costs).generate(
-        prompts, max_bytes=max_bytes, heads=heads, draft=draft, speculative=speculative,
-        sampling=sampling, stop=stop, on_bytes=on_bytes, cancel=cancel)
+    return Decoder(model, stacked=stacked, costs=costs, compile=compile).generate(
+        prompts, max_bytes=max_bytes, draft=draft, sampling=sampling, stop=stop, on_bytes=on_bytes, cancel=cancel)
 
 
-def generate_speculative(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, heads: int | None = None,
+def generate_speculative(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, draft: Draft | str = Draft(),
                          sampling: Sampling | None = None, stop: tuple[bytes, ...] = (),
                          on_bytes: Callable[[bytes], None] | None = None, **kw) -> Generation:
     """Self-speculative decoding of one prompt (see `Decoder.generate`)."""
-    return generate_batch(model, [prompt], max_bytes=max_bytes, heads=heads, sampling=sampling, stop=stop,
+    return generate_batch(model, [prompt], max_bytes=max_bytes, draft=draft, sampling=sampling, stop=stop,
                           on_bytes=None if on_bytes is None else (lambda _, piece: on_bytes(piece)), **kw)[0]
-
-
-def load_prompts(path, field: str = "prompt") -> list[bytes]:
-    """Prompts from a JSONL file, one object a line: the prompt text in `field`, or its exact bytes
-    base64-encoded in `field`_b64 (for prompts that are not UTF-8); blank lines are skipped. A bad
-    line is an error naming the file and the line."""
-    b64 = f"{field}_b64"
-    expected = f'expected {{"{field}": "text"}} or {{"{b64}": "base64 of the bytes"}} on each line'
-    prompts = []
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{path}:{number} is not JSON ({e}); {expected}") from None
-            if not isinstance(record, dict) or (field in record) == (b64 in record):
-                raise ValueError(f"{path}:{number} has {'both' if isinstance(record, dict) and field in record else 'neither'} "
-                                 f"of the fields {field!r} and {b64!r}; {expected}")
-            value = record.get(field, record.get(b64))
-            if not isinstance(value, str):
-                raise ValueError(f"{path}:{number}: {field if field in record else b64!r} is a "
-                                 f"{type(value).__name__}, not a string; {expected}")
-            if field in record:
-                prompts.append(value.encode("utf-8", "surrogatepass"))
-                continue
-            try:
-                prompts.append(base64.b64decode(value, validate=True))
-            except ValueError:
-                raise ValueError(f"{path}:{number}: {b64!r} is not valid base64; {expected}") from None
-    if not prompts:
-        raise ValueError(f"{path} holds no prompts")
-    return prompts

@@ -165,7 +165,7 @@ class PassCosts:
         self.calibrate, self.stepwise = calibrate, stepwise
         self.seen: dict[tuple[int, int], float] = {}  # running mean of observed seconds
         self.scale = 1.0  # running mean of observed over predicted: the loop and the load now
-        self.realized: dict[bool, float] = {}  # bytes a row per second, speculative passes or plain
+        self.realized: dict[tuple[int, int], float] = {}  # bytes a row per second, by (k, T) as kept
 
     def _between(self, grid: list[int], x: int) -> tuple[int, int, float]:
         if x <= grid[0]:
@@ -203,9 +203,8 @@ class PassCosts:
             return
         k, T = self._key(k, T)
         if bytes_per_row is not None:
-            spec, rate = T > 1, bytes_per_row / seconds
-            old_rate = self.realized.get(spec)
-            self.realized[spec] = rate if old_rate is None else (1 - weight) * old_rate + weight * rate
+            rate, old_rate = bytes_per_row / seconds, self.realized.get((k, T))
+            self.realized[k, T] = rate if old_rate is None else (1 - weight) * old_rate + weight * rate
         old = self.seen.get((k, T))
         self.seen[k, T] = seconds if old is None else (1 - weight) * old + weight * seconds
         self.scale = (1 - weight) * self.scale + weight * seconds / self.predicted(k, T)
@@ -224,6 +223,60 @@ class PassCosts:
 
     def seen_dict(self) -> dict:
         return {f"{k}x{T}": round(s * 1e3, 4) for (k, T), s in sorted(self.seen.items())}
+
+
+SHAPES = ("auto", "chain", "tree")
+
+
+@dataclass(frozen=True)
+class Draft:
+    """How decoding drafts, as one value: `heads` None chooses the heads and the draft each pass
+    from measured costs and acceptance (`choose`); 1 decodes plainly, one byte a pass with the
+    next-byte head alone; k > 1 runs k heads every pass; "all" runs all of the model's heads.
+    `shape`: auto (trees where they pay, chains otherwise), chain (chains only) or tree (with
+    fixed heads: the best tree of that depth). Sampling always drafts chains (the rule of
+    Leviathan et al. is proven for one draft a position).
+
+    Its text form is the name of a benchmark mode: plain, auto, chain (automatic chains), tree,
+    and chain-K or tree-K, K a number of heads or all (`parse`, `str`)."""
+
+    heads: int | str | None = None
+    shape: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.shape not in SHAPES:
+            raise ValueError(f"draft shape {self.shape!r} is not allowed; choose auto, chain or tree")
+        if not (self.heads is None or self.heads == "all" or isinstance(self.heads, int) and self.heads >= 1):
+            raise ValueError(f"heads={self.heads!r} is not allowed; expected a number >= 1, 'all' or None (automatic)")
+
+    @classmethod
+    def plain(cls) -> Draft:
+        return cls(heads=1, shape="chain")
+
+    @classmethod
+    def parse(cls, text: str) -> Draft:
+        """A mode name (see the class docstring) as a Draft; ValueError naming the allowed forms."""
+        shape, _, k = text.strip().partition("-")
+        if text.strip() == "plain":
+            return cls.plain()
+        if shape in SHAPES and not k:
+            return cls(shape=shape)
+        if shape in ("chain", "tree") and (k == "all" or k.isdigit() and int(k) >= 1):
+            return cls(heads=k if k == "all" else int(k), shape=shape)
+        raise ValueError(f"{text!r} is not a draft; use plain, auto, chain, tree, chain-K or tree-K "
+                         "(K a number of heads or all)")
+
+    def for_model(self, n_future: int) -> Draft:
+        """This draft for a model of n_future heads ("all" resolved): the one check of the head count."""
+        heads = n_future if self.heads == "all" else self.heads
+        if heads is not None and heads > n_future:
+            raise ValueError(f"heads={heads} is not allowed; the model has {n_future} heads (1..{n_future})")
+        return Draft(heads=heads, shape=self.shape) if heads != self.heads else self
+
+    def __str__(self) -> str:
+        if self.heads == 1:
+            return "plain"
+        return self.shape if self.heads is None else f"{'tree' if self.shape == 'tree' else 'chain'}-{self.heads}"
 
 
 @dataclass(frozen=True)
@@ -265,7 +318,8 @@ def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree
     draft alike; `heads` fixes the number of heads (a forced --heads), `tree` False drafts
     chains only. Speculation must promise `margin` more than plain decoding to be chosen over
     it, so that estimates off by a few percent do not make decoding slower, and where both have
-    run, speculation must have really delivered more bytes per second than plain decoding."""
+    run, the chosen pass must have really delivered more bytes per second than plain decoding (a
+    pass shape that fixed drafts ran slowly says nothing against another one)."""
     ranks = profile.ranks if tree else 1
     best = None
     for k in ([heads] if heads else range(1, max_heads + 1)):
@@ -280,8 +334,8 @@ def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree
             if best is None or rate > best[0] * 1.0001:
                 best = (rate, k, [p for p, _ in nodes[:n]], expected)
     rate, k, paths, expected = best
-    plain_rate = costs.realized.get(False, 1 / costs(1, 1))
-    spec_rate = costs.realized.get(True)  # what speculation has really delivered, where it has run
+    plain_rate = costs.realized.get(costs._key(1, 1), 1 / costs(1, 1))
+    spec_rate = costs.realized.get(costs._key(k, len(paths) + 1))  # what this pass delivered, where it ran
     if heads is None and k > 1 and (rate < (1 + margin) * plain_rate
                                     or spec_rate is not None and spec_rate < plain_rate):
         rate, k, paths, expected = plain_rate, 1, [], 1.0

@@ -160,7 +160,7 @@ def task_accuracy(model: ByteMTP, test: dict, *, batch_size: int = 64, max_bytes
             answers = [p.answer.encode() for p in chunk]
             limit = max_bytes if until_eos else max(map(len, answers))
             outs = decoder.generate([p.prompt.encode() for p in chunk], max_bytes=limit,
-                                    speculative=model.config.n_future > 1)
+                                    draft="auto" if model.config.n_future > 1 else "plain")
             right += sum((out.output if until_eos else out.output[:len(answer)]) == answer
                          for out, answer in zip(outs, answers))
             if progress is not None:

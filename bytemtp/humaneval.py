@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from bytemtp.decode import Decoder, Generation
+from bytemtp.drafting import Draft
 from bytemtp.speed import speedup_is_impossible, timed_generate
 from bytemtp.execution import VERDICTS, run_programs
 from bytemtp.model import ByteMTP
@@ -224,9 +225,9 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
                            work_bytes=len(jobs) * max_bytes * (2 if compare else 1))
     results: list[list[Generation]] = [[] for _ in problems]
     seq_len, done = model.config.seq_len, 0
-    modes = {"speculative": {"heads": heads, "sampling": sampling}}
+    modes = {"speculative": {"draft": Draft(heads=heads), "sampling": sampling}}
     if compare:
-        modes["plain"] = {"speculative": False}
+        modes["plain"] = {"draft": Draft.plain()}
         warm = [problems[i].prompt for i, _ in jobs[:batch_size]]
         for args in modes.values():  # pass costs measured, acceptance learnt, caches warm: then time
             decoder.generate(warm, max_bytes=min(max_bytes, 64), stop=STOP, **args)

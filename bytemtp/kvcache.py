@@ -12,6 +12,10 @@ candidates is the same pass with other depths and ancestors. Everything that dep
 the layout (rotary tables, the attention mask, write indices) is built once a pass, on the
 host's numbers, and every layer reuses it: no layer reads a length back from the device.
 
+`StaticLayout` is the same for the compiled static step (bytemtp.compiled), built from device
+tensors so that no host number enters the step. `context_left` and `window_start` are the one
+rule by which decoding slides its window past the context.
+
 After a tree pass the decoder keeps the accepted path (`KVCache.compact`): its slots move to
 the front, so the cache again holds one contiguous sequence per row.
 
@@ -24,6 +28,23 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+
+def context_left(n: int, start: int, seq_len: int) -> int:
+    """How many more tokens the window holds when the context of the prediction of token n is
+    tokens start..n-1 (tokens count from the leading EOS); below 0 the window must slide. The one
+    place that says how much context is left: decoding, drafting and task scoring ask it."""
+    return seq_len - (n - start)
+
+
+def window_start(n: int, start: int, seq_len: int) -> int:
+    """Where the context of the prediction of token n begins: the current start while that fits
+    in seq_len, else the newest half of the context (a slide re-runs seq_len / 2 bytes once every
+    seq_len / 2 bytes: one extra position a byte). Plain and speculative decoding both follow this
+    rule."""
+    if context_left(n, start, seq_len) >= 0:
+        return start
+    return n - max(1, seq_len // 2)
 
 
 class KVCache:

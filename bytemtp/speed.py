@@ -14,19 +14,10 @@ from __future__ import annotations
 import time
 
 from bytemtp.decode import Decoder, Generation, as_bytes
+from bytemtp.drafting import Draft
 from bytemtp.devices import synchronize
 
-DECODE_MODES = ("auto", "chain-2", "chain-4", "chain-all", "tree-4", "tree-all")
-
-
-def mode_args(mode: str, n_future: int) -> dict:
-    """generate() arguments of a drafting mode: plain, auto, chain-K or tree-K (K heads, or all)."""
-    if mode == "plain":
-        return {"speculative": False}
-    if mode == "auto":
-        return {}
-    shape, k = mode.split("-")
-    return {"heads": n_future if k == "all" else min(int(k), n_future), "draft": shape}
+DECODE_MODES = ("auto", "chain-2", "chain-4", "chain-all", "tree-4", "tree-all")  # `Draft` names
 
 
 def timed_generate(decoder: Decoder, prompts: list[bytes | str], **kwargs) -> tuple[list[Generation], float]:
@@ -103,8 +94,8 @@ def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", sam
     return case
 
 
-def compare_decoding(decoder: Decoder, prompt: bytes | str, *, max_bytes: int, heads: int | None = None,
-                     draft: str = "auto", stop: tuple = (), rounds: int = 3) -> dict:
+def compare_decoding(decoder: Decoder, prompt: bytes | str, *, max_bytes: int, draft: Draft | str = Draft(),
+                     stop: tuple = (), rounds: int = 3) -> dict:
     """Plain greedy against self-speculative greedy decoding of one prompt, interleaved (`rounds`
     times after a warm-up): the figures of `speed_figures`, the plain output and `degenerate`,
     whether that output is one byte repeated (a continuation that says little about speed).
@@ -113,10 +104,10 @@ def compare_decoding(decoder: Decoder, prompt: bytes | str, *, max_bytes: int, h
     step is measured against: `eager_plain_bytes_s`, `compiled_plain_speedup` (compiled plain
     over eager plain) and `eager_speedup` (speculative over eager plain); `identical` then also
     covers the eager output."""
-    modes = {"plain": (decoder, {"speculative": False}), "speculative": (decoder, {"heads": heads, "draft": draft})}
+    modes = {"plain": (decoder, {"draft": Draft.plain()}), "speculative": (decoder, {"draft": draft})}
     compiled = decoder.settle_compile(batch_size=1, work_bytes=max_bytes * (2 * rounds + 2))
     if compiled:
-        modes["eager plain"] = (Decoder(decoder.model, compile="off"), {"speculative": False})
+        modes["eager plain"] = (Decoder(decoder.model, compile="off"), {"draft": Draft.plain()})
     took, outs = interleaved_decodes(modes, [[as_bytes(prompt)]], max_bytes=max_bytes, rounds=rounds, stop=stop)
     output = outs["plain"][0][0].output
     res = {**speed_figures(took, outs, "speculative"), "output": output, "compiled": compiled,

@@ -104,11 +104,11 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
     sampling = decode.Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     stops = tuple(s.encode() for s in stop)
     speculative = not no_speculative and model.config.n_future > 1
+    policy = decode.Draft(heads=heads if speculative else 1, shape=draft)
     decoder = decode.Decoder(model, compile=compile_mode)
     decoder.settle_compile(batch_size=min(batch_size, len(prompts)), work_bytes=len(prompts) * max_bytes
                            * (4 if compare else 1))  # --compare decodes every mode after a warm-up
-    kwargs = dict(max_bytes=max_bytes, sampling=sampling, stop=stops, heads=heads, draft=draft,
-                  speculative=speculative)
+    kwargs = dict(max_bytes=max_bytes, sampling=sampling, stop=stops, draft=policy)
     ctx = click.get_current_context()
     stats = {"ckpt": str(ckpt), "seed": seed, "device": str(dev), "dtype": dtype, "compile": decoder.compile.value}
     if prompts_file is not None:
@@ -146,7 +146,7 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         from bytemtp.speed import compare_decoding
 
         try:
-            res = compare_decoding(decoder, prompts[0], max_bytes=max_bytes, heads=heads, draft=draft, stop=stops)
+            res = compare_decoding(decoder, prompts[0], max_bytes=max_bytes, draft=policy, stop=stops)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
         click.echo(report.comparison(res, f"{heads} heads, {draft}" if heads else f"automatic ({draft})"), err=True)

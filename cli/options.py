@@ -68,12 +68,15 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
 
 def parse_modes(text: str) -> tuple[str, ...]:
     """Drafting modes in 'auto,chain-2,tree-all'."""
+    from bytemtp.drafting import Draft
+
     modes = tuple(m.strip() for m in text.split(",") if m.strip())
     for m in modes:
-        shape, _, k = m.partition("-")
-        if not (m == "auto" or (shape in ("chain", "tree") and (k == "all" or k.isdigit() and int(k) >= 1))):
+        try:
+            Draft.parse(m)
+        except ValueError:
             raise click.BadParameter(f"{m!r} is not a mode; use auto, chain-K or tree-K (K a number or all)",
-                                     param_hint="--modes")
+                                     param_hint="--modes") from None
     return modes
 
 

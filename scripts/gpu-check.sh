@@ -23,7 +23,7 @@ STDLIB=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 rm -rf runs/gpu-small
 $B train --preset small --data data/corpus/stdlib --out runs/gpu-small --steps 1500 --time 3m \
   --set train.eval_every=500 > "$OUT/train-small.log" 2>&1
-$B bench decode --ckpt runs/gpu-small --device cuda --dtype bfloat16 --batch-sizes 1,16 \
+$B bench decode --ckpt runs/gpu-small --device cuda --dtype bfloat16 --batch-sizes 1,16 --compile on \
   --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log"
 
 # 4. the base preset under FSDP2 in bf16, n_future 8 vs 1: bytes/s, MFU and peak memory per logged step
@@ -34,10 +34,13 @@ for n in 8 1; do
     --set model.n_future=$n --set train.eval_every=0 --set train.eval_batches=2 > "$OUT/base-$n.log" 2>&1
   cp "runs/gpu-base-$n/metrics.jsonl" "$OUT/base-$n-metrics.jsonl"
 done
-# ... and decoding on the (briefly trained) 8-head base model in bf16 at batch 1 and 16: automatic
-# drafting, chains and trees, the pass cost ratio and the speedup (CUDA graphs: not implemented yet)
-$B bench decode --ckpt runs/gpu-base-8 --device cuda --dtype bfloat16 --batch-sizes 1,16 --n-prompts 16 \
-  --json "$OUT/decode-base.json" 2>&1 | tee "$OUT/decode-base.log"
+# ... and decoding on the (briefly trained) 8-head base model in bf16 at batch 1 and 16: plain and
+# automatic drafting, chains and trees, eager (--compile off) against the compiled step with CUDA
+# graphs (--compile on, which also times eager plain decoding in the same rounds)
+for c in off on; do
+  $B bench decode --ckpt runs/gpu-base-8 --device cuda --dtype bfloat16 --batch-sizes 1,16 --n-prompts 16 \
+    --modes auto,chain-4,tree-all --compile $c --json "$OUT/decode-base-$c.json" 2>&1 | tee "$OUT/decode-base-$c.log"
+done
 
 # ... and HumanEval on it: greedy pass@1 on the 164 problems (near 0 after 90 s of training: the
 # figures that count are that the harness runs there, bytes per pass and the speedup over plain

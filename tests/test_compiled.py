@@ -9,7 +9,7 @@ import torch
 from bytemtp import config as C
 from bytemtp import decode
 from bytemtp.compiled import Compile, StaticStep, head_bucket, head_buckets, node_bucket, worth_compiling
-from bytemtp.drafting import DraftTree, PassCosts
+from bytemtp.drafting import Draft, DraftTree, PassCosts
 from bytemtp.kvcache import KVCache, Layout
 from bytemtp.model import ByteMTP
 
@@ -101,7 +101,7 @@ def test_uncompiled_static_decoding_equals_plain_greedy(head_type):
     want = [decode.generate(model, p, max_bytes=70) for p in prompts]
     decoder = decode.Decoder(model, compile="on")
     decoder.static = StaticStep(model, decoder.stacked, compiled=False)
-    for kw in ({"speculative": False}, {"heads": 3}, {"heads": 8, "draft": "tree"}, {}):
+    for kw in ({"draft": "plain"}, {"draft": Draft(3)}, {"draft": "tree-8"}, {}):
         got = decoder.generate(prompts, max_bytes=70, **kw)
         assert [g.output for g in got] == [w.output for w in want], kw
         assert [g.stats.stopped_by for g in got] == [w.stats.stopped_by for w in want]
@@ -109,7 +109,7 @@ def test_uncompiled_static_decoding_equals_plain_greedy(head_type):
     draws = []
     for d in (decoder, decode.Decoder(model, compile="off")):  # seeded sampling draws alike
         sampling = decode.Sampling(temperature=1.0, generator=torch.Generator().manual_seed(5))
-        draws.append([g.output for g in d.generate(prompts, max_bytes=40, heads=4, sampling=sampling)])
+        draws.append([g.output for g in d.generate(prompts, max_bytes=40, draft=Draft(4), sampling=sampling)])
     assert draws[0] == draws[1]
 
 
@@ -124,16 +124,36 @@ def test_compiled_decoding_equals_eager_and_plain_greedy():
     prompts = _prompts(model.config.seq_len)
     want = [decode.generate(model, p, max_bytes=70).output for p in prompts]
     compiled, eager = decode.Decoder(model, compile="on"), decode.Decoder(model, compile="off")
-    for kw in ({"speculative": False}, {"heads": 3}, {"heads": 8, "draft": "tree"}):
+    for kw in ({"draft": "plain"}, {"draft": Draft(3)}, {"draft": "tree-8"}):
         got = compiled.generate(prompts, max_bytes=70, **kw)
         assert [g.output for g in got] == want, kw
     assert compiled.static is not None and compiled.static.graphs >= 1 and eager.static is None
     assert compiled.static.stats()["compile_s"] > 0
     for decoder in (compiled, eager):
-        decoder.last = decoder.generate(prompts, max_bytes=40, heads=4, sampling=decode.Sampling(
+        decoder.last = decoder.generate(prompts, max_bytes=40, draft=Draft(4), sampling=decode.Sampling(
             temperature=1.0, generator=torch.Generator().manual_seed(5)))
     assert [g.output for g in compiled.last] == [g.output for g in eager.last]
-    # the costs the chooser sees are the compiled step's, one per bucket
-    costs = compiled.pass_costs(len(prompts), static=True)
-    assert costs.stepwise and costs(3, 3) == costs(4, 4)
-    assert costs is not eager.pass_costs(len(prompts))
+
+
+def test_costs_measured_on_the_static_step_serve_the_next_process(tmp_path, monkeypatch):
+    """The chooser sees the static step's costs, by bucket; they are recorded beside the compile
+    cache, and a later decoder of a model of the same shape takes them (and `auto` counts the
+    step as compiled) instead of measuring again."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = _model()
+    first = decode.Decoder(model, compile="on")
+    first.static = StaticStep(model, first.stacked, compiled=False)
+    assert not first.static.ready(2)
+    costs = first.pass_costs(2, static=True)
+    assert costs.stepwise and costs(3, 3) == costs(4, 4) and costs(1, 1) > 0
+    assert costs is not first.pass_costs(2)  # the eager step's are its own
+
+    def never(*args, **kw):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(decode, "measure_pass_costs", never)
+    other = _model(seed=1)  # other weights, same shape: the same graphs
+    later = decode.Decoder(other)  # auto
+    assert later.use_static(2, max_bytes=8)  # little work, but the step is compiled already
+    assert later.pass_costs(2, static=True).to_dict() == costs.to_dict()
+    assert not decode.Decoder(other).use_static(3, max_bytes=8)  # another batch size is not

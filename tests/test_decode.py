@@ -5,6 +5,7 @@ import torch
 
 from bytemtp import config as C
 from bytemtp import decode
+from bytemtp.drafting import Draft
 from bytemtp.model import ByteMTP
 from bytemtp.vocab import EOS, PAD, TextStream
 
@@ -96,17 +97,17 @@ def test_text_stream_keeps_characters_whole():
 
 def test_the_python_api_takes_str_prompts_as_utf8():
     model = _model()
-    want = decode.generate_batch(model, [b"def parse(", "é".encode()], max_bytes=12, heads=4)
-    got = decode.generate_batch(model, ["def parse(", "é"], max_bytes=12, heads=4, stop=())
+    want = decode.generate_batch(model, [b"def parse(", "é".encode()], max_bytes=12, draft=Draft(4))
+    got = decode.generate_batch(model, ["def parse(", "é"], max_bytes=12, draft=Draft(4), stop=())
     assert [g.output for g in got] == [w.output for w in want]
     assert decode.generate(model, "def parse(", max_bytes=12).output == want[0].output
-    assert decode.generate_speculative(model, "é", max_bytes=12, heads=4).output == want[1].output
+    assert decode.generate_speculative(model, "é", max_bytes=12, draft=Draft(4)).output == want[1].output
     with pytest.raises(TypeError, match=r"for one prompt pass \[prompt\]"):
         decode.generate_batch(model, "def parse(", max_bytes=4)
     with pytest.raises(TypeError, match="a prompt is bytes or str, not int"):
         decode.generate_batch(model, [7], max_bytes=4)
     with pytest.raises(ValueError, match=r"^heads=9 is not allowed") as error:
-        decode.generate_batch(model, ["x"], max_bytes=4, heads=9)
+        decode.generate_batch(model, ["x"], max_bytes=4, draft=Draft(9))
     assert "--" not in str(error.value)  # library errors name arguments, not the CLI's flags
 
 
@@ -124,7 +125,7 @@ def test_compare_decoding_measures_plain_against_speculative():
 
     model = _model(n_future=4)
     decoder = decode.Decoder(model)
-    res = compare_decoding(decoder, "def ", max_bytes=24, heads=4, draft="chain", rounds=2)
+    res = compare_decoding(decoder, "def ", max_bytes=24, draft=Draft(4, "chain"), rounds=2)
     assert res["identical"] and res["output"] == decode.generate(model, b"def ", max_bytes=24).output
     assert len(res["speedup_runs"]) == 2 and res["speedup_min"] <= res["speedup"] * 1.5
     assert res["bytes_per_forward"] >= 1.0 and res["degenerate"] == (len(set(res["output"])) == 1)

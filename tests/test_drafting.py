@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bytemtp import decode
-from bytemtp.drafting import AcceptanceProfile, DraftTree, PassCosts, best_tree, choose
+from bytemtp.drafting import AcceptanceProfile, Draft, DraftTree, PassCosts, best_tree, choose
 from test_speculative import _SONGS, FITTED, TEXT, ScriptedModel, _fitted_model
 
 
@@ -109,7 +109,7 @@ def test_a_decoder_measures_costs_once_and_keeps_its_profile():
     costs = dec.pass_costs(1)
     assert costs is dec.pass_costs(1) and costs(1, 1) > 0
     b = dec.generate([b"one t"], max_bytes=30)[0]
-    c = dec.generate([b"one t"], max_bytes=30, heads=4)[0]  # drafts for sure: the profile learns
+    c = dec.generate([b"one t"], max_bytes=30, draft=Draft(4))[0]  # drafts for sure: the profile learns
     assert a.output == b.output == c.output == decode.generate(model, b"one t", max_bytes=30).output
     assert sum(dec.profiles[True].trials) > 0
 
@@ -124,7 +124,7 @@ def test_a_decoder_measures_costs_once_and_keeps_its_profile():
 def test_tree_and_auto_greedy_equal_plain_greedy(seed, head_type, prompts, mode, costs, max_bytes):
     model = _fitted_model(seed, head_type)
     draft, heads = mode
-    batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, heads=heads, draft=draft, costs=costs)
+    batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(heads, draft), costs=costs)
     for p, got in zip(prompts, batch):
         ref = decode.generate(model, p, max_bytes=max_bytes)
         assert (got.output, got.stats.stopped_by) == (ref.output, ref.stats.stopped_by)
@@ -137,8 +137,8 @@ def test_tree_and_auto_greedy_equal_plain_greedy(seed, head_type, prompts, mode,
 def test_trees_accept_more_bytes_per_pass_than_chains_on_a_fitted_model():
     model = _fitted_model(1, "transformer")
     prompts = [b"one two", b"la la", b"0123", b"four five"]
-    chain = decode.generate_batch(model, prompts, max_bytes=40, heads=4)
-    tree = decode.generate_batch(model, prompts, max_bytes=40, heads=4, draft="tree", costs=FLAT)
+    chain = decode.generate_batch(model, prompts, max_bytes=40, draft=Draft(4))
+    tree = decode.generate_batch(model, prompts, max_bytes=40, draft=Draft(4, "tree"), costs=FLAT)
     assert [g.output for g in chain] == [g.output for g in tree]
     rate = lambda gens: sum(g.stats.bytes_out for g in gens) / sum(g.stats.forward_passes for g in gens)  # noqa: E731
     assert rate(tree) >= rate(chain)
@@ -159,7 +159,7 @@ def test_the_window_slides_and_speculative_equals_plain(head_type, prompt_len):
     plain = decode.generate(model, prompt, max_bytes=200)
     assert plain.stats.bytes_out == 200 or plain.stats.stopped_by == "eos"
     for heads, draft in ((None, "auto"), (8, "chain"), (4, "tree")):
-        got = decode.generate_batch(model, [prompt, prompt[:5]], max_bytes=200, heads=heads, draft=draft,
+        got = decode.generate_batch(model, [prompt, prompt[:5]], max_bytes=200, draft=Draft(heads, draft),
                                     costs=FLAT)
         assert got[0].output == plain.output
         assert got[1].output == decode.generate(model, prompt[:5], max_bytes=200).output
@@ -177,7 +177,7 @@ def test_window_rule():
 # --- the steps of a pass, each on its own ---------------------------------------------------------
 
 def _row(cand):
-    row = decode._Row(b"", decode._Output(decode.SpeculativeStats(), max_bytes=100, stop=(), on_bytes=None))
+    row = decode._Row(b"", decode.Output(decode.SpeculativeStats(), max_bytes=100, stop=(), on_bytes=None))
     row.nxt, row.cand = ord("a"), cand
     return row
 

@@ -77,6 +77,8 @@ def test_tree_and_automatic_drafts_equal_plain_greedy_on_cuda():
     model = ByteMTP(C.tiny().model).cuda().double().eval()
     prompts = [b"", b"def ", b"x" * 80]  # the last one slides the window (context 64)
     plain = [decode.generate(model, p, max_bytes=100).output for p in prompts]
-    decoder = decode.Decoder(model)
-    for kw in ({}, {"heads": 4, "draft": "tree"}, {"heads": 8, "draft": "chain"}):
-        assert [g.output for g in decoder.generate(prompts, max_bytes=100, **kw)] == plain, kw
+    for compile in ("off", "on"):  # eager, and the static step with CUDA graphs
+        decoder = decode.Decoder(model, compile=compile)
+        for draft in ("auto", "tree-4", "chain-8", "plain"):
+            got = decoder.generate(prompts, max_bytes=100, draft=draft)
+            assert [g.output for g in got] == plain, (compile, draft)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from bytemtp import config as C
 from bytemtp import decode
-from bytemtp.drafting import PassCosts
+from bytemtp.drafting import Draft, PassCosts
 from bytemtp.model import ByteMTP
 from bytemtp.vocab import EOS, VOCAB_SIZE
 
@@ -64,7 +64,7 @@ TEXT = b"def main():\n    return 42\n"
 def test_scripted_acceptance(name, right, per_forward):
     plain = decode.generate(ScriptedModel(TEXT, right), b"", max_bytes=100)
     model = ScriptedModel(TEXT, right)
-    spec = decode.generate_speculative(model, b"", max_bytes=100, heads=8)
+    spec = decode.generate_speculative(model, b"", max_bytes=100, draft=Draft(8))
     assert plain.output == spec.output == TEXT
     stats = spec.stats
     if name == "never":
@@ -82,7 +82,7 @@ def test_scripted_acceptance(name, right, per_forward):
 
 def test_eos_inside_an_accepted_draft_stops_there():
     model = ScriptedModel(b"abc", lambda j: True)
-    got = decode.generate_speculative(model, b"", max_bytes=50, heads=8)
+    got = decode.generate_speculative(model, b"", max_bytes=50, draft=Draft(8))
     assert got.output == b"abc" and got.stats.stopped_by == "eos"
     # honest counts: the EOS draft ends the output and is not counted as a used draft
     assert got.stats.accepted[:3] == [1, 1, 0] and got.stats.bytes_out == 3
@@ -91,14 +91,14 @@ def test_eos_inside_an_accepted_draft_stops_there():
 @pytest.mark.parametrize("max_bytes", [0, 1, 7, 8, 9])
 def test_max_bytes_edges(max_bytes):
     model = ScriptedModel(TEXT, lambda j: True)
-    got = decode.generate_speculative(model, b"", max_bytes=max_bytes, heads=8)
+    got = decode.generate_speculative(model, b"", max_bytes=max_bytes, draft=Draft(8))
     assert got.output == TEXT[:max_bytes]
     assert got.stats.stopped_by == "max_bytes"
 
 
 def test_stop_string_inside_accepted_drafts():
     model = ScriptedModel(TEXT, lambda j: True)
-    got = decode.generate_speculative(model, b"", max_bytes=50, stop=(b"():",), heads=8)
+    got = decode.generate_speculative(model, b"", max_bytes=50, stop=(b"():",), draft=Draft(8))
     assert got.output == b"def main():" and got.stats.stopped_by == "stop"
     # drafts after the stop string were right but are not output, so they are not counted
     assert sum(got.stats.accepted) + got.stats.forward_passes == len(got.output) + 1
@@ -107,13 +107,13 @@ def test_stop_string_inside_accepted_drafts():
 def test_streamed_pieces_equal_the_output():
     pieces = []
     model = ScriptedModel(TEXT, lambda j: j % 2 == 0)
-    got = decode.generate_speculative(model, b"", max_bytes=50, on_bytes=pieces.append, heads=8)
+    got = decode.generate_speculative(model, b"", max_bytes=50, on_bytes=pieces.append, draft=Draft(8))
     assert b"".join(pieces) == got.output == TEXT
 
 
 def test_heads_must_exist():
     with pytest.raises(ValueError, match="heads=9"):
-        decode.generate_speculative(ScriptedModel(TEXT, lambda j: True), b"", max_bytes=5, heads=9)
+        decode.generate_speculative(ScriptedModel(TEXT, lambda j: True), b"", max_bytes=5, draft=Draft(9))
 
 
 _MODELS = {}
@@ -146,7 +146,7 @@ def _fitted_model(seed: int, head_type: str) -> ByteMTP:
 def test_fitted_models_accept_some_drafts_but_not_all():
     rates = []
     for head_type in ("transformer", "causal", "linear"):
-        got = decode.generate_speculative(_fitted_model(0, head_type), b"one t", max_bytes=40, heads=8)
+        got = decode.generate_speculative(_fitted_model(0, head_type), b"one t", max_bytes=40, draft=Draft(8))
         rates += got.stats.acceptance
     assert 0.1 < sum(rates) / len(rates) < 1.0
 
@@ -162,7 +162,7 @@ def test_speculative_greedy_equals_plain_greedy(seed, head_type, prompt, k, max_
     model = _fitted_model(seed, head_type)
     max_bytes = min(max_bytes, model.config.seq_len - len(prompt) - 1)  # near the context end too
     plain = decode.generate(model, prompt, max_bytes=max_bytes)
-    spec = decode.generate_speculative(model, prompt, max_bytes=max_bytes, heads=k)
+    spec = decode.generate_speculative(model, prompt, max_bytes=max_bytes, draft=Draft(k))
     assert spec.output == plain.output
     assert spec.stats.stopped_by == plain.stats.stopped_by
     assert spec.stats.forward_passes <= plain.stats.forward_passes
@@ -203,10 +203,10 @@ def test_greedy_batch_equals_each_row_alone(head_type):
     assert len(prompts[-1]) + 1 + max_bytes == model.config.seq_len
     alone = [decode.generate(model, p, max_bytes=max_bytes) for p in prompts]
     runs = {("plain batch", False): decode.generate_batch(model, prompts, max_bytes=max_bytes,
-                                                          speculative=False)}
+                                                          draft="plain")}
     for k in (2, model.config.n_future):
         for stacked in (True, False):
-            runs[(k, stacked)] = decode.generate_batch(model, prompts, max_bytes=max_bytes, heads=k,
+            runs[(k, stacked)] = decode.generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(k),
                                                        stacked=stacked)
     accepted = 0
     for key, batch in runs.items():
@@ -235,7 +235,7 @@ def test_greedy_batch_equals_each_row_alone(head_type):
 def test_greedy_batch_equals_rows_alone_property(head_type, prompts, k, max_bytes, stacked):
     model = _fitted_model(0, head_type)
     max_bytes = min(max_bytes, model.config.seq_len - 1 - max(map(len, prompts)))
-    batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, heads=k, stacked=stacked)
+    batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(k), stacked=stacked)
     for p, got in zip(prompts, batch):
         ref = decode.generate(model, p, max_bytes=max_bytes)
         assert (got.output, got.stats.stopped_by) == (ref.output, ref.stats.stopped_by)
@@ -309,11 +309,11 @@ _DOCS = [  # prompt, text, which draft heads are right
 def test_scripted_batch_rows_follow_their_own_texts(k):
     model = ScriptedBatchModel(_DOCS)
     prompts = [prompt for prompt, _, _ in _DOCS]
-    batch = decode.generate_batch(model, prompts, max_bytes=100, heads=k)
+    batch = decode.generate_batch(model, prompts, max_bytes=100, draft=Draft(k))
     for (prompt, text, right), got in zip(_DOCS, batch):
         assert got.output == text and got.stats.stopped_by == "eos"
         alone_model = ScriptedBatchModel(_DOCS)
-        alone = decode.generate_speculative(alone_model, prompt, max_bytes=100, heads=k)
+        alone = decode.generate_speculative(alone_model, prompt, max_bytes=100, draft=Draft(k))
         assert alone.output == text and alone_model.calls == alone.stats.forward_passes
         # per-row stats are that row's own: as many passes and drafts as decoding it alone
         assert got.stats.forward_passes == alone.stats.forward_passes
@@ -344,7 +344,7 @@ def test_scripted_batch_eos_inside_accepted_drafts_while_other_rows_continue():
             (b"L", b"a longer text that keeps going", lambda j: j <= 4)]
     model = ScriptedBatchModel(docs)
     pieces = {}
-    batch = decode.generate_batch(model, [d[0] for d in docs], max_bytes=60, heads=8,
+    batch = decode.generate_batch(model, [d[0] for d in docs], max_bytes=60, draft=Draft(8),
                                   on_bytes=lambda r, piece: pieces.setdefault(r, []).append(piece))
     assert [g.output for g in batch] == [d[1] for d in docs]
     assert [g.stats.stopped_by for g in batch] == ["eos"] * 3
@@ -360,7 +360,7 @@ def test_scripted_batch_max_bytes_edges(k, extra):
     max_bytes = {"k": k, "k+1": k + 1}.get(extra, extra)
     model = ScriptedBatchModel(_DOCS[:4])
     prompts = [d[0] for d in _DOCS[:4]]
-    batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, heads=k)
+    batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(k))
     for (_, text, _), got in zip(_DOCS, batch):
         assert got.output == text[:max_bytes]
         assert got.stats.stopped_by == "max_bytes" and got.stats.bytes_out == max_bytes
@@ -385,7 +385,7 @@ def test_scripted_batch_max_bytes_edges(k, extra):
 @pytest.mark.usefixtures("one_thread")
 def test_scripted_batch_stop_strings_per_row():
     model = ScriptedBatchModel(_DOCS)
-    batch = decode.generate_batch(model, [d[0] for d in _DOCS], max_bytes=100, heads=6,
+    batch = decode.generate_batch(model, [d[0] for d in _DOCS], max_bytes=100, draft=Draft(6),
                                   stop=(b"():", b"ri", b"heads"))
     assert [g.output for g in batch] == [b"def main():", b"always ri", b"never ri",
                                          b"odd heads", b"ab"]
@@ -403,10 +403,10 @@ def test_scripted_batch_rows_equal_rows_alone_property(docs, k, max_bytes, data)
             for i, (prompt, text, right) in enumerate(docs)]
     stop = data.draw(st.lists(st.binary(min_size=1, max_size=2), max_size=2).map(tuple))
     model = ScriptedBatchModel(docs)
-    batch = decode.generate_batch(model, [d[0] for d in docs], max_bytes=max_bytes, heads=k, stop=stop)
+    batch = decode.generate_batch(model, [d[0] for d in docs], max_bytes=max_bytes, draft=Draft(k), stop=stop)
     for (prompt, text, _), got in zip(docs, batch):
         alone = decode.generate_speculative(ScriptedBatchModel(docs), prompt, max_bytes=max_bytes,
-                                            heads=k, stop=stop)
+                                            draft=Draft(k), stop=stop)
         plain = decode.generate(ScriptedBatchModel(docs), prompt, max_bytes=max_bytes, stop=stop)
         assert got.output == alone.output == plain.output and text.startswith(got.output)
         assert got.stats.stopped_by == alone.stats.stopped_by == plain.stats.stopped_by
@@ -489,8 +489,8 @@ def _sample_outputs(n: int, heads: int, seed: int, speculative: bool = True):
     sampling = decode.Sampling(temperature=1.0, generator=gen)
     model, outputs, stats = MarkovModel(), [], []
     for _ in range(n // 2000):  # batches of 2000 rows (one call per batch)
-        batch = decode.generate_batch(model, [b""] * 2000, max_bytes=3, heads=heads,
-                                      speculative=speculative, sampling=sampling)
+        batch = decode.generate_batch(model, [b""] * 2000, max_bytes=3,
+                                      draft=Draft(heads) if speculative else "plain", sampling=sampling)
         outputs += [g.output for g in batch]
         stats += [g.stats for g in batch]
     return outputs, stats
@@ -523,7 +523,7 @@ def test_speculative_sampling_has_the_target_distribution(heads):
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_plain_batch_sampling_has_the_target_distribution():
-    outputs, stats = _sample_outputs(4000, 1, seed=7, speculative=False)
+    outputs, stats = _sample_outputs(4000, 1, seed=7, draft="plain")
     assert _chi_square(outputs) < _CHI2_26_P001
     assert all(s.forward_passes == 3 and s.drafted == [] for s in stats)
 
@@ -568,7 +568,7 @@ def test_batch_sampling_is_reproducible_from_the_seed(head_type):
     runs = {}
     for seed in (1, 1, 2):
         for stacked in (True, False):
-            batch = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=24, heads=4, stacked=stacked,
+            batch = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=24, draft=Draft(4), stacked=stacked,
                                           sampling=_sampling(seed, temperature=1.3, top_k=40, top_p=0.97))
             runs.setdefault(seed, []).append([g.output for g in batch])
             assert all(len(g.output) <= 24 and 0.0 <= min(g.stats.acceptance, default=0.0)
@@ -583,9 +583,9 @@ def test_batch_sampling_is_reproducible_from_the_seed(head_type):
 @pytest.mark.parametrize("head_type", _HEAD_TYPES)
 def test_plain_batch_sampling_runs_and_matches_plain_decoding(head_type):
     model = _fitted_model(0, head_type)
-    batch = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, speculative=False,
+    batch = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, draft="plain",
                                   sampling=_sampling(3, temperature=0.9, top_p=0.9))
-    again = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, speculative=False,
+    again = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, draft="plain",
                                   sampling=_sampling(3, temperature=0.9, top_p=0.9))
     assert [g.output for g in batch] == [g.output for g in again]
     for got in batch:
@@ -595,7 +595,7 @@ def test_plain_batch_sampling_runs_and_matches_plain_decoding(head_type):
         assert stats.forward_passes == stats.bytes_out + (stats.stopped_by == "eos")
     # one row with k = 1 draws from the generator exactly as plain decoding does, byte for byte
     for prompt in _SAMPLE_PROMPTS[:3]:
-        row = decode.generate_batch(model, [prompt], max_bytes=20, speculative=False,
+        row = decode.generate_batch(model, [prompt], max_bytes=20, draft="plain",
                                     sampling=_sampling(5, temperature=1.1))[0]
         plain = decode.generate(model, prompt, max_bytes=20, sampling=_sampling(5, temperature=1.1))
         assert row.output == plain.output
@@ -610,7 +610,7 @@ def test_streamed_pieces_per_row_equal_the_outputs(head_type, sampling):
     for k, speculative in ((4, True), (8, True), (1, False)):
         pieces = {}
         batch = decode.generate_batch(
-            model, _SAMPLE_PROMPTS, max_bytes=20, heads=k, speculative=speculative,
+            model, _SAMPLE_PROMPTS, max_bytes=20, draft=Draft(k) if speculative else "plain",
             sampling=_sampling(4) if sampling else None, stop=(b"la l",),
             on_bytes=lambda r, piece: pieces.setdefault(r, []).append(piece))
         assert set(pieces) <= set(range(len(_SAMPLE_PROMPTS))) and any(g.output for g in batch)
@@ -668,7 +668,7 @@ def test_longer_speculative_sampling_has_the_target_distribution(heads, kw):
     outputs, stats = [], []
     decoder = decode.Decoder(model, costs=_FLAT_COSTS)
     for _ in range(n // 2000):
-        batch = decoder.generate([b""] * 2000, max_bytes=n_bytes, heads=heads, sampling=sampling)
+        batch = decoder.generate([b""] * 2000, max_bytes=n_bytes, draft=Draft(heads), sampling=sampling)
         outputs += [g.output for g in batch]
         stats += [g.stats for g in batch]
     assert set(outputs) <= set(expected), set(outputs) - set(expected)

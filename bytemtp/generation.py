@@ -1,0 +1,134 @@
+"""What a generation call takes and gives: prompts as bytes (from str, or a JSONL file of text
+or base64), the bytes generated with the rules that end them (EOS, stop strings, max_bytes), and
+the statistics of the decoding (bytes, forward passes, drafts offered and accepted)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from bytemtp.vocab import EOS
+
+
+@dataclass
+class DecodeStats:
+    bytes_out: int = 0
+    forward_passes: int = 0
+    wall_s: float = 0.0
+    stopped_by: str = ""  # eos, stop, max_bytes, interrupted
+
+    @property
+    def bytes_per_forward(self) -> float:
+        return self.bytes_out / max(1, self.forward_passes)
+
+
+@dataclass
+class Generation:
+    output: bytes
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+def as_bytes(prompt: bytes | str) -> bytes:
+    """A prompt as bytes: bytes-like as they are, str as UTF-8 (lone surrogates kept as such)."""
+    if isinstance(prompt, str):
+        return prompt.encode("utf-8", "surrogatepass")
+    if isinstance(prompt, (bytes, bytearray, memoryview)):
+        return bytes(prompt)
+    raise TypeError(f"a prompt is bytes or str, not {type(prompt).__name__}")
+
+
+def as_prompt_list(prompts) -> list[bytes]:
+    """prompts (a list of bytes or str) as a list of bytes; one bare prompt is a mistake, not a
+    list of one-byte prompts."""
+    if isinstance(prompts, (str, bytes, bytearray, memoryview)):
+        raise TypeError("prompts is a list of prompts; for one prompt pass [prompt]")
+    return [as_bytes(p) for p in prompts]
+
+
+@dataclass
+class SpeculativeStats(DecodeStats):
+    drafted: list[int] = field(default_factory=list)  # per draft depth 1..k-1: passes that offered it
+    accepted: list[int] = field(default_factory=list)  # ... and passes whose output used it
+    heads_used: dict = field(default_factory=dict)  # heads run in a pass -> passes
+    shapes: dict = field(default_factory=dict)  # draft shape (DraftTree.describe) -> passes
+    slides: int = 0  # times the window slid
+
+    @property
+    def acceptance(self) -> list[float]:
+        """Acceptance rate at each draft position (head 2, 3, ..., k)."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted, self.drafted)]
+
+    def count(self, depth: int, *, used: bool) -> None:
+        while len(self.drafted) < depth:
+            self.drafted.append(0)
+            self.accepted.append(0)
+        self.drafted[depth - 1] += 1
+        self.accepted[depth - 1] += used
+
+
+class Output:
+    """The bytes generated so far and the rules that end generation (EOS, stop strings, max_bytes)."""
+
+    def __init__(self, stats: DecodeStats, *, max_bytes: int, stop: tuple[bytes, ...],
+                 on_bytes: Callable[[bytes], None] | None):
+        self.data, self.stats, self.max_bytes = bytearray(), stats, max_bytes
+        self.stop, self.on_bytes = stop, on_bytes
+
+    def emit(self, byte: int) -> bool:
+        """Append one generated id; True when generation must stop."""
+        if byte == EOS:
+            self.stats.stopped_by = "eos"
+            return True
+        self.data.append(byte)
+        if self.on_bytes is not None:
+            self.on_bytes(bytes([byte]))
+        if any(s and self.data.endswith(s) for s in self.stop):
+            self.stats.stopped_by = "stop"
+            return True
+        if len(self.data) >= self.max_bytes:
+            self.stats.stopped_by = "max_bytes"
+            return True
+        return False
+
+    def result(self, t0: float) -> Generation:
+        self.stats.bytes_out = len(self.data)
+        self.stats.wall_s = time.perf_counter() - t0
+        return Generation(bytes(self.data), self.stats)
+
+
+
+def load_prompts(path, field: str = "prompt") -> list[bytes]:
+    """Prompts from a JSONL file, one object a line: the prompt text in `field`, or its exact bytes
+    base64-encoded in `field`_b64 (for prompts that are not UTF-8); blank lines are skipped. A bad
+    line is an error naming the file and the line."""
+    b64 = f"{field}_b64"
+    expected = f'expected {{"{field}": "text"}} or {{"{b64}": "base64 of the bytes"}} on each line'
+    prompts = []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{path}:{number} is not JSON ({e}); {expected}") from None
+            if not isinstance(record, dict) or (field in record) == (b64 in record):
+                raise ValueError(f"{path}:{number} has {'both' if isinstance(record, dict) and field in record else 'neither'} "
+                                 f"of the fields {field!r} and {b64!r}; {expected}")
+            value = record.get(field, record.get(b64))
+            if not isinstance(value, str):
+                raise ValueError(f"{path}:{number}: {field if field in record else b64!r} is a "
+                                 f"{type(value).__name__}, not a string; {expected}")
+            if field in record:
+                prompts.append(value.encode("utf-8", "surrogatepass"))
+                continue
+            try:
+                prompts.append(base64.b64decode(value, validate=True))
+            except ValueError:
+                raise ValueError(f"{path}:{number}: {b64!r} is not valid base64; {expected}") from None
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts
