@@ -101,6 +101,7 @@ class StaticStep:
         self._trees: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._layers: dict[int, torch.Tensor] = {}
         self.compile_s, self.graphs = 0.0, 0
+        self.last_was_new = False  # whether the last call ran a shape for the first time (compiling it)
 
     def _pass(self, ids_BT: torch.Tensor, starts_B: torch.Tensor, depths_T: torch.Tensor, see_TT: torch.Tensor,
               cache_k: torch.Tensor, cache_v: torch.Tensor,
@@ -156,7 +157,8 @@ class StaticStep:
         the tree that `depths` and `ancestors` describe, as `Layout` takes them); advances the
         cache like `ByteMTP.logits`."""
         B, T = ids_BT.shape
-        padded, K = node_bucket(T), head_bucket(heads, self.n_future)
+        K = head_bucket(heads, self.n_future)
+        padded = node_bucket(max(T, K))  # k heads over fewer nodes run as k nodes: no graph of their own
         assert max(cache.lengths) + padded <= cache.max_len, (cache.lengths, padded, cache.max_len)
         if padded > T:
             ids_BT = torch.cat([ids_BT, ids_BT[:, -1:].expand(B, padded - T)], dim=1)
@@ -176,6 +178,7 @@ class StaticStep:
         else:
             logits, k, v = self._fn(ids_BT, starts_B, depth_T, see_TT, cache.k, cache.v, K)
         self._shapes.add(shape)
+        self.last_was_new = first
         # the new keys and values into their slots: (layers, B, L, H, E) views index them as (N, B, T)
         layers = self._written_layers(K)[:, None, None]
         rows = torch.arange(B, device=self.device)[:, None]

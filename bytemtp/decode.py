@@ -140,6 +140,13 @@ class Decoder:
             self.compile = Compile.ON if self._worth_compiling(batch_size, work_bytes) else Compile.OFF
         return self.compile is Compile.ON
 
+    def compile_shapes(self, batch_size: int) -> None:
+        """Compile now every shape of the static step that the decoder may choose at this batch
+        size (a benchmark's warm-up: no compiling inside timed runs); nothing without the step."""
+        if self.static is not None:
+            with torch.inference_mode():
+                measure_pass_costs(self, batch_size, repeats=0, static=True)
+
     def use_static(self, batch_size: int, max_bytes: int) -> bool:
         """Whether a call decoding `batch_size` rows of up to `max_bytes` runs the static step."""
         if not self._worth_compiling(batch_size, batch_size * max_bytes):
@@ -434,7 +441,7 @@ class Decoder:
                 continue
             self._propose(row, logits[b, path[-1], :k], nxt, sampling, cand)
         state.warm = k
-        if state.costs is not None:
+        if state.costs is not None and not (state.static and self.static.last_was_new):  # compiling: not a cost
             state.costs.observe(k, tree.T, time.perf_counter() - t0,
                                 bytes_per_row=sum(gained) / max(1, len(gained)))
 
@@ -459,11 +466,13 @@ class _Batch:
             self.active = [self.active[b] for b in live]
 
 
-def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5, static: bool = False) -> PassCosts:
+def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5,
+                       static: bool = False) -> PassCosts | None:
     """Seconds per decoding step (draft, forward pass, verify, accept) of k heads over T nodes,
     for k in 1, 2, 4, all and T in 1, 2, 4, 8, 16 (T >= k), on rows in the middle of the context: the
     fastest of interleaved repeats after a warm-up round, timed as `Decoder.step` runs, on the
-    eager or the compiled static step (whose costs step from bucket to bucket)."""
+    eager or the compiled static step (whose costs step from bucket to bucket). With no repeats,
+    only the warm-up round runs (every shape compiled) and nothing is returned."""
     model = decoder.model
     n, seq_len = model.config.n_future, model.config.seq_len
     ks = sorted({1, min(2, n), min(4, n), n})
@@ -494,6 +503,8 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5, s
             synchronize(device)
             if rep:  # the first round warms up
                 times[k, T].append(time.perf_counter() - t0)
+    if not repeats:
+        return None
     table = {key: min(v) for key, v in times.items()}
     for k in ks[1:]:
         for T in Ts:

@@ -187,7 +187,8 @@ class PassCosts:
         """Where a pass's cost is kept: its own (k, T), or for stepwise costs the grid point it runs as."""
         if not self.stepwise:
             return k, T
-        return self._between(self.ks, k)[0], self._between(self.Ts, T)[0]
+        k = self._between(self.ks, k)[0]
+        return k, self._between(self.Ts, max(T, k))[0]  # k heads run at least k nodes
 
     def __call__(self, k: int, T: int) -> float:
         k, T = self._key(k, T)

@@ -231,6 +231,7 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
         warm = [problems[i].prompt for i, _ in jobs[:batch_size]]
         for args in modes.values():  # pass costs measured, acceptance learnt, caches warm: then time
             decoder.generate(warm, max_bytes=min(max_bytes, 64), stop=STOP, **args)
+        decoder.compile_shapes(len(warm))  # no compiling inside the timed batches
     took: dict[str, list[float]] = {mode: [] for mode in modes}
     identical = True
     if progress is not None:

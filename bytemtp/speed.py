@@ -42,10 +42,13 @@ def speedup_is_impossible(speedup: float, bytes_per_forward: float) -> bool:
 def interleaved_decodes(modes: dict[str, tuple[Decoder, dict]], batches: list[list[bytes]], *,
                         max_bytes: int, rounds: int, progress=None, **common) -> tuple[dict, dict]:
     """Decode every batch in every mode (name: (decoder, `generate` arguments)), `rounds` times,
-    the modes in turn on each batch, after a warm-up that runs each mode once on the first batch.
+    the modes in turn on each batch, after a warm-up that runs each mode once on the first batch
+    (and compiles every shape of a compiled step, so that no timed run compiles).
     Returns took[mode][round][batch] (seconds) and outs[mode][batch] (the last round's generations)."""
     for decoder, args in modes.values():
         decoder.generate(batches[0], max_bytes=min(max_bytes, 64), **common, **args)
+    for decoder in {id(d): d for d, _ in modes.values()}.values():
+        decoder.compile_shapes(len(batches[0]))
     took = {m: [[0.0] * len(batches) for _ in range(rounds)] for m in modes}
     outs: dict[str, list] = {m: [None] * len(batches) for m in modes}
     for rnd in range(rounds):
