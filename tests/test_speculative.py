@@ -523,7 +523,7 @@ def test_speculative_sampling_has_the_target_distribution(heads):
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_plain_batch_sampling_has_the_target_distribution():
-    outputs, stats = _sample_outputs(4000, 1, seed=7, draft="plain")
+    outputs, stats = _sample_outputs(4000, 1, seed=7, speculative=False)
     assert _chi_square(outputs) < _CHI2_26_P001
     assert all(s.forward_passes == 3 and s.drafted == [] for s in stats)
 
