@@ -3,6 +3,9 @@ import os
 # One thread per test process, and per process a test starts (torchrun's ranks inherit it): the
 # suite runs in parallel processes (pytest -n auto), and more threads than cores only wait.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Inductor compiles the decode step's graphs in this process rather than in a pool of its own
+# (which would take the other core from the parallel test process and its torchrun ranks).
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
