@@ -13,7 +13,7 @@ from bytemtp.drafting import Draft, DraftTree, PassCosts
 from bytemtp.kvcache import KVCache, Layout
 from bytemtp.model import ByteMTP
 
-COMPILED = pytest.mark.xdist_group("compiled-step")  # one process compiles the graphs, once
+COMPILED = pytest.mark.xdist_group("processes")  # not beside the torchrun tests (see test_distributed)
 
 
 def _model(head_type="transformer", seed=0, dtype=torch.float64, **kw) -> ByteMTP:

@@ -25,7 +25,9 @@ from safetensors.torch import load_file
 from bytemtp import distributed as dist_lib
 from bytemtp.checkpoint import latest_checkpoint
 
-pytestmark = pytest.mark.distributed
+# the torchrun tests and the compiling test share one test process, so that they never run at once
+# on a 2-core machine (ranks starved by a compile beside them have failed at exit)
+pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("processes")]
 HERE = Path(__file__).parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 

@@ -116,6 +116,7 @@ def test_eval_command(code_corpus, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.xdist_group("processes")  # with the other multi-process tests (test_distributed)
 def test_eval_under_torchrun_adds_the_ranks(code_corpus, tmp_path):
     model = _model()
     cfg = dataclasses.replace(C.tiny(), model=model.config,
