@@ -164,6 +164,10 @@ class StaticStep:
             ids_BT = torch.cat([ids_BT, ids_BT[:, -1:].expand(B, padded - T)], dim=1)
         depth_T, see_TT = self._tree(T, padded, depths, ancestors)
         starts_B = torch.tensor(cache.lengths, device=self.device)
+        if self.device.type == "cuda" and not getattr(cache.k, "_static_address", False):
+            for t in (cache.k, cache.v):  # CUDA graphs then read the cache where it is, not a copy
+                torch._dynamo.mark_static_address(t)
+                t._static_address = True
         shape = (B, K, padded)
         first = shape not in self._shapes
         if first and self.compiled:  # a new shape may compile one more graph of the same code
