@@ -99,7 +99,7 @@ class StaticStep:
                                      mode="reduce-overhead" if cuda else None)
         self._shapes: set[tuple[int, int, int]] = set()  # (B, K, T) run so far
         self._trees: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._layers: dict[int, torch.Tensor] = {}
+        self._index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.compile_s, self.graphs = 0.0, 0
         self.last_was_new = False  # whether the last call ran a shape for the first time (compiling it)
 
@@ -107,7 +107,7 @@ class StaticStep:
               cache_k: torch.Tensor, cache_v: torch.Tensor,
               heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Logits (B, T, heads, V) and the keys and values of the layers that ran, (N, B, H, T, E)
-        in the order of `_written_layers`. Reads the cache, writes nothing."""
+        in the order of `_indices`. Reads the cache, writes nothing."""
         model = self.model
         layout = StaticLayout(starts_B, depths_T, see_TT, rope=(model.rope_cos, model.rope_sin),
                               L=cache_k.shape[-2])
@@ -122,12 +122,14 @@ class StaticStep:
         vs = [v if v.dim() == 5 else v[None] for _, v in layout.written]
         return logits, torch.cat(ks), torch.cat(vs)
 
-    def _written_layers(self, heads: int) -> torch.Tensor:
-        """The cache layers of the keys and values a pass of `heads` heads returns, in order: the
-        trunk's, then (stacked heads) head layer i of every head in turn, or (heads one by one)
-        every layer of head 0, then head 1, ..."""
-        cfg = self.model.config
-        if heads not in self._layers:
+    def _indices(self, B: int, heads: int, padded: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where a pass's returned keys and values go, made once per shape: their cache layers
+        (N, 1, 1) in the order they come (the trunk's, then head layer i of every head in turn
+        for stacked heads, or every layer of head 0, then head 1, ... one by one), the rows
+        (B, 1) and the nodes' offsets from each row's start (padded,)."""
+        key = (B, heads, padded)
+        if key not in self._index:
+            cfg = self.model.config
             t, per = cfg.trunk_layers, cfg.layers_per_head
             if cfg.head_type == "linear":
                 order = list(range(t))
@@ -135,8 +137,10 @@ class StaticStep:
                 order = list(range(t)) + [t + j * per + i for i in range(per) for j in range(heads)]
             else:
                 order = list(range(t)) + [t + j * per + i for j in range(heads) for i in range(per)]
-            self._layers[heads] = torch.tensor(order, device=self.device)
-        return self._layers[heads]
+            self._index[key] = (torch.tensor(order, device=self.device)[:, None, None],
+                                torch.arange(B, device=self.device)[:, None],
+                                torch.arange(padded, device=self.device))
+        return self._index[key]
 
     def _tree(self, T: int, padded: int, depths: tuple[int, ...] | None,
               ancestors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,9 +188,8 @@ class StaticStep:
         self._shapes.add(shape)
         self.last_was_new = first
         # the new keys and values into their slots: (layers, B, L, H, E) views index them as (N, B, T)
-        layers = self._written_layers(K)[:, None, None]
-        rows = torch.arange(B, device=self.device)[:, None]
-        slots = starts_B[:, None] + torch.arange(padded, device=self.device)
+        layers, rows, nodes = self._indices(B, K, padded)
+        slots = starts_B[:, None] + nodes
         for cache_t, new in ((cache.k, k), (cache.v, v)):
             cache_t.transpose(2, 3)[layers, rows, slots] = new.transpose(2, 3)
         cache.advance(T)

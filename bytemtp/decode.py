@@ -224,20 +224,24 @@ class Decoder:
         row.q = probs[1:]
         row.cand = [[d] for d in _sample(row.q, sampling.generator)] if len(probs) > 1 else []
 
-    def draft(self, rows: list[_Row], tree: DraftTree, cache: KVCache, *,
-              layout: bool = True) -> tuple[torch.Tensor, Layout | None]:
-        """The ids of one pass (B, T) — each row's next byte and its candidates laid out as the
-        tree — and their layout after each row's cache (None without `layout`: the static step
-        lays out its own)."""
+    def draft(self, rows: list[_Row], tree: DraftTree) -> torch.Tensor:
+        """The ids of one pass (B, T): each row's next byte and its candidates laid out as the tree."""
         ids = [[row.nxt] + [row.cand[d - 1][r] for d, r in zip(tree.depths[1:], tree.ranks[1:])]
                for row in rows]
+        return torch.tensor(ids, device=self.model.embed.weight.device)
+
+    def forward(self, ids_BT: torch.Tensor, tree: DraftTree, cache: KVCache, *, heads: int,
+                static: bool) -> torch.Tensor:
+        """Logits (B, T, heads, V) of one pass of the tree after each row's cache, which it
+        advances: on the compiled static step, or eagerly with the layout built here."""
+        chain = tree.is_chain
+        if static:
+            return self.static(ids_BT, cache, heads=heads, depths=None if chain else tree.depths,
+                               ancestors=None if chain else tree.ancestors)
         model = self.model
-        if not layout:
-            return torch.tensor(ids, device=model.embed.weight.device), None
         layout = Layout(cache.lengths, tree.T, rope=(model.rope_cos, model.rope_sin), cached=True,
-                        depths=None if tree.is_chain else list(tree.depths),
-                        ancestors=None if tree.is_chain else tree.ancestors)
-        return torch.tensor(ids, device=model.embed.weight.device), layout
+                        depths=None if chain else list(tree.depths), ancestors=None if chain else tree.ancestors)
+        return model.logits(ids_BT, cache, heads=heads, stacked=self.stacked, layout=layout)
 
     def verify_greedy(self, logits_BTKV: torch.Tensor, rows: list[_Row], tree: DraftTree,
                       offered: list[int]) -> list[tuple[list[int], int, list[list[int]]]]:
@@ -409,12 +413,7 @@ class Decoder:
                        context_left(row.n_tokens, row.start, seq_len))
                    for r, row in zip(state.active, batch)]
         starts = list(cache.lengths)
-        ids, layout = self.draft(batch, tree, cache, layout=not state.static)
-        if state.static:
-            logits = self.static(ids, cache, heads=k, depths=None if tree.is_chain else tree.depths,
-                                 ancestors=None if tree.is_chain else tree.ancestors)
-        else:
-            logits = model.logits(ids, cache, heads=k, stacked=self.stacked, layout=layout)
+        logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static)
         cache.rewind(tree.T)
         layers = model.config.trunk_layers + k * model.config.layers_per_head
         sampling = state.sampling

@@ -112,9 +112,9 @@ class KVCache:
         self.lengths = [0] * len(self.lengths)
 
 
-class _Placement:
+class _Rotary:
     """What every layout of a pass gives the attention layers: the rotation of queries and keys
-    (`cos`, `sin`) and the mask (`mask`, bools, or None)."""
+    at each node's position (`cos`, `sin`)."""
 
     def rotate(self, x_BHTE: torch.Tensor) -> torch.Tensor:
         """Rotary embedding at each node's position (x of shape (..., B, H, T, E))."""
@@ -123,20 +123,8 @@ class _Placement:
         rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
         return rotated.type_as(x_BHTE)
 
-    def mask_for(self, n: int, dtype: torch.dtype) -> torch.Tensor | None:
-        """The mask as an additive bias of the queries' dtype (0 or -inf), for n stacked heads
-        folded into the batch ((n * B, 1, T, L)): made once a pass, not once a layer."""
-        if self.mask is None:
-            return None
-        n = 1 if self.mask.shape[0] == 1 else n
-        if (n, dtype) not in self._folded:
-            bias = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
-            bias.masked_fill_(~self.mask, float("-inf"))
-            self._folded[n, dtype] = bias.repeat(n, 1, 1, 1) if n > 1 else bias
-        return self._folded[n, dtype]
 
-
-class Layout(_Placement):
+class Layout(_Rotary):
     """Where the T nodes of one pass go and what each sees (see the module docstring).
 
     `starts` are the rows' cache lengths (host ints); `depths` (T ints) and `ancestors` (T x T
@@ -181,8 +169,20 @@ class Layout(_Placement):
             self.slots_BT = (torch.tensor(starts)[:, None] + torch.arange(T)).to(device)
         self._folded: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
+    def mask_for(self, n: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """The mask as an additive bias of the queries' dtype (0 or -inf), for n stacked heads
+        folded into the batch ((n * B, 1, T, L)): made once a pass, not once a layer."""
+        if self.mask is None:
+            return None
+        n = 1 if self.mask.shape[0] == 1 else n
+        if (n, dtype) not in self._folded:
+            bias = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
+            bias.masked_fill_(~self.mask, float("-inf"))
+            self._folded[n, dtype] = bias.repeat(n, 1, 1, 1) if n > 1 else bias
+        return self._folded[n, dtype]
 
-class StaticLayout:
+
+class StaticLayout(_Rotary):
     """The layout of a static decode step: shapes that depend only on (B, T, cache slots).
 
     Built from device tensors inside the step (no host numbers enter it, so one compiled step
@@ -203,8 +203,6 @@ class StaticLayout:
         self.past_B1TL = (torch.arange(L, device=starts_B.device) < starts_B[:, None])[:, None, None]
         self.see_TT = see_TT
         self.written: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    rotate = _Placement.rotate
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                cache_v: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from . import report
-from .options import OneLineErrors, compile_option, device_option, dtype_option, json_option, parse_counts
+from .options import OneLineErrors, check_heads, compile_option, device_option, dtype_option, json_option, parse_counts
 from .report import echo, write_json
 
 
@@ -124,8 +124,7 @@ def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperatur
                                "outputs are identical")
     problems = he.load_problems(problems_path)  # a bad file stops here, before the model loads
     n_future = load_config(resolve_checkpoint(ckpt)).model.n_future
-    if heads is not None and heads > n_future:
-        raise click.UsageError(f"--heads {heads} is more than the model's {n_future} heads; choose 1 to {n_future}")
+    check_heads(heads, n_future)
     if samples > 1 and temperature == 0:
         click.echo(f"note: greedy decoding gives {samples} identical samples, so pass@k for k > 1 equals "
                    "pass@1; sample with --temperature (Chen et al. 2021 used 0.2 for pass@1, 0.8 for pass@100)", err=True)

@@ -9,7 +9,7 @@ import json
 import click
 
 from . import report
-from .options import check_output_file, compile_option, device_option, dtype_option
+from .options import check_heads, check_output_file, compile_option, device_option, dtype_option
 
 
 @click.command("generate")
@@ -91,10 +91,7 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         prompts = [click.open_file(prompt_file, "rb").read()]
     dev = resolve_device(device)
     model, _ = load_model(ckpt, device=dev, dtype=dtype)
-    if heads is not None and heads > model.config.n_future:
-        n = model.config.n_future
-        raise click.ClickException(f"--heads {heads}: {heads} is more than the model's {n} heads; choose "
-                                   + (f"1 to {n} (1 decodes plainly)" if n > 1 else "1 (it has no draft heads)"))
+    check_heads(heads, model.config.n_future)
     if seed is None and temperature > 0:
         import secrets
 

@@ -103,6 +103,18 @@ def device_option(default: str | None = "auto"):
                         help="auto (CUDA when available), cpu, cuda or cuda:N.")
 
 
+def check_heads(heads: int | None, n_future: int) -> None:
+    """--heads against the model's heads (the check is `Draft.for_model`'s), as one line naming the option."""
+    from bytemtp.drafting import Draft
+
+    try:
+        Draft(heads=heads).for_model(n_future)
+    except ValueError:
+        raise click.ClickException(
+            f"--heads {heads}: {heads} is more than the model's {n_future} heads; choose "
+            + (f"1 to {n_future} (1 decodes plainly)" if n_future > 1 else "1 (it has no draft heads)")) from None
+
+
 def compile_option():
     return click.option("--compile", "compile_mode", default="auto", show_default=True,
                         type=click.Choice(["auto", "on", "off"]),

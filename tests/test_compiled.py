@@ -50,13 +50,11 @@ def test_stepwise_costs_charge_the_bucket_a_pass_runs_as():
     assert step(4, 4) == step(3, 4) == 9.0
 
 
-@pytest.mark.parametrize("head_type", ["transformer", "causal", "linear"])
-@pytest.mark.parametrize("head_layers", [1, 2])
+@pytest.mark.parametrize("head_type,head_layers", [("transformer", 1), ("transformer", 2), ("causal", 1),
+                                                   ("causal", 2), ("linear", 1)])  # linear heads have no layers
 def test_static_step_equals_the_eager_pass(head_type, head_layers):
     """Chains and a tree, every bucket (padded or not), rows at different lengths: the static
     step's logits and cache writes equal the eager pass's."""
-    if head_type == "linear" and head_layers == 2:
-        pytest.skip("linear heads have no layers")
     model = _model(head_type, head_layers=head_layers, n_layers=2 + 8 * head_layers)
     stacked = model.stack_heads()
     step = StaticStep(model, stacked, compiled=False)
