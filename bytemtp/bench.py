@@ -41,13 +41,13 @@ from bytemtp.config import DataConfig, ModelConfig, preset
 from bytemtp import decode
 from bytemtp.speed import DECODE_MODES, interleaved_decodes, speed_figures
 from bytemtp.checkpoint import load_model
-from bytemtp.corpus import CorpusError, corpus_files, decompressed_size, iter_documents
-from bytemtp.evaluate import evaluate, held_out_split
+from bytemtp.corpus import CorpusError, corpus_files, decompressed_size
+from bytemtp.evaluate import evaluate, held_out_split, val_prompts
 from bytemtp.flops import peak_gpu_flops, step_flops
 from bytemtp.loader import ByteLoader
 from bytemtp.model import ByteMTP
 from bytemtp.step import forward_backward, plain_forward_backward
-from bytemtp.devices import synchronize
+from bytemtp.devices import resolve_device, synchronize
 from bytemtp.train import build_optimizer
 from bytemtp.vocab import EOS
 
@@ -253,20 +253,28 @@ def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batc
 
 def quality(preset_name: str = "small", *, data: str = "data/corpus/stdlib", steps: int = 300,
             eval_batches: int = 100, out_dir: str | None = None, device: str | None = None,
-            show_progress: bool = True) -> dict:
+            teacher_weight: float = 1.0, prompts: int = 16, show_progress: bool = True) -> dict:
     """Train the preset with n_future=8 and the parameter-matched next-byte baseline on the same
     bytes (same steps, batch and data order) on `device` (default: the preset's train.device), and
-    compare validation bits per byte."""
+    compare validation bits per byte. With teacher_weight > 0, a third arm: the 8-head model with
+    the teacher term (`loss.teacher_weight`) on the same bytes. The 8-head arms also report what
+    their heads give decoding (`evaluate.draft_report`: agreement with head 1 and the bytes per
+    pass of greedy chain and tree drafts over `prompts` held-out prompts)."""
+    from bytemtp.evaluate import draft_report
     from bytemtp.train import has_val_split, train
 
     base = preset(preset_name)
     if not has_val_split(dataclasses.replace(base.data, path=data)):
         raise CorpusError(f"{data} has no val split; prepare it with `make corpus` or `bytemtp prep`")
     root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="bytemtp-quality-"))
-    results = {}
-    for name, n_future in (("ntp", 1), ("mtp", 8)):
+    arms = {"ntp": (1, 0.0), "mtp": (8, 0.0)}
+    if teacher_weight:
+        arms["mtp_teacher"] = (8, teacher_weight)
+    results, drafts = {}, {}
+    for name, (n_future, weight) in arms.items():
         cfg = dataclasses.replace(
             base, model=dataclasses.replace(base.model, n_future=n_future),
+            loss=dataclasses.replace(base.loss, teacher_weight=weight),
             data=dataclasses.replace(base.data, path=data),
             train=dataclasses.replace(base.train, steps=steps, max_bytes=0, max_time=0.0,
                                       eval_every=0, eval_batches=eval_batches,
@@ -274,29 +282,22 @@ def quality(preset_name: str = "small", *, data: str = "data/corpus/stdlib", ste
         # its notes go to stderr with the progress bars: stdout may carry the result as JSON
         results[name] = train(cfg, root / name, show_progress=show_progress,
                               say=lambda text: tqdm.write(text, file=sys.stderr))
+        if n_future > 1:
+            dev = resolve_device(cfg.train.device)
+            model, _ = load_model(results[name].checkpoint, device=dev)
+            drafts[name] = draft_report(model, data, batches=eval_batches, batch_size=cfg.data.batch_size,
+                                        prompts=prompts, device=dev)
     bytes_seen = results["mtp"].bytes_seen
-    return {"preset": preset_name, "data": data, "steps": steps, "bytes": bytes_seen,
-            "device": device or base.train.device,
-            "eval_batches": eval_batches, "runs": str(root),
-            "ntp_bpb": results["ntp"].val_bpb[0], "mtp_bpb": results["mtp"].val_bpb[0],
-            "mtp_head_bpb": results["mtp"].val_bpb,
-            "bpb_gap": results["mtp"].val_bpb[0] - results["ntp"].val_bpb[0]}
-
-
-def val_prompts(data_path: str, *, n: int, prompt_bytes: int) -> list[bytes]:
-    """The first `prompt_bytes` bytes of the first n documents of a corpus's val split that are
-    at least that long: held-out prompts."""
-    files = corpus_files(data_path, split="val")
-    prompts = []
-    for path in files:
-        for doc in iter_documents(path):
-            if len(doc) >= prompt_bytes:
-                prompts.append(doc[:prompt_bytes])
-                if len(prompts) == n:
-                    return prompts
-    if not prompts:
-        raise CorpusError(f"the val split of {data_path} has no document of {prompt_bytes} bytes or more")
-    return prompts
+    out = {"preset": preset_name, "data": data, "steps": steps, "bytes": bytes_seen,
+           "device": device or base.train.device,
+           "eval_batches": eval_batches, "runs": str(root),
+           "ntp_bpb": results["ntp"].val_bpb[0], "mtp_bpb": results["mtp"].val_bpb[0],
+           "mtp_head_bpb": results["mtp"].val_bpb,
+           "bpb_gap": results["mtp"].val_bpb[0] - results["ntp"].val_bpb[0], "drafts": drafts}
+    if teacher_weight:
+        out.update(teacher_weight=teacher_weight, teacher_head_bpb=results["mtp_teacher"].val_bpb,
+                   teacher_bpb_gap=results["mtp_teacher"].val_bpb[0] - results["mtp"].val_bpb[0])
+    return out
 
 
 def _draft(mode: str, n_future: int) -> decode.Draft:

@@ -34,6 +34,7 @@ UNEMBED_TYPES = ("shared", "replicated")
 MLP_TYPES = ("swiglu", "gelu")
 HEAD_WEIGHTS = ("uniform", "geometric")
 PARALLEL = ("ddp", "fsdp")  # how many processes share a model: DistributedDataParallel or FSDP2
+TRAINABLE = ("all", "draft-heads")  # what trains: the whole model, or heads 2..n only (tune-heads)
 
 
 def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -159,6 +160,14 @@ class LossConfig:
     """Ratio between successive head weights when head_weights is geometric."""
     mask_after_eos: bool = True
     """Ignore targets that lie beyond the end of the document the prediction starts in."""
+    teacher_weight: float = 0.0
+    """Weight of the teacher term of heads 2..n: the KL from head 1's distribution (detached), where the head's byte is next, to the head's own (0: off)."""
+    teacher_temperature: float = 1.0
+    """Temperature of head 1's distribution as the teacher; below 1 sharpens it toward head 1's greedy byte."""
+    draft_data_weight: float = 1.0
+    """Weight of the cross-entropy on the data of heads 2..n (1: the paper's loss; 0: the teacher term alone)."""
+    rollout_bytes: int = 0
+    """Self-generated targets: the last this many inputs of every window are the model's own greedy continuation (needs train.trainable=draft-heads; 0: off)."""
 
     def __post_init__(self) -> None:
         _check(self.head_weights in HEAD_WEIGHTS, "loss.head_weights", self.head_weights,
@@ -167,6 +176,16 @@ class LossConfig:
                "expected 0 < decay <= 1")
         _check(isinstance(self.mask_after_eos, bool), "loss.mask_after_eos", self.mask_after_eos,
                "expected true or false")
+        for name in ("teacher_weight", "draft_data_weight"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                   and value >= 0, f"loss.{name}", value, "expected a number >= 0")
+        _check(isinstance(self.teacher_temperature, (int, float)) and self.teacher_temperature > 0,
+               "loss.teacher_temperature", self.teacher_temperature, "expected a number > 0")
+        _check(isinstance(self.rollout_bytes, int) and not isinstance(self.rollout_bytes, bool)
+               and self.rollout_bytes >= 0, "loss.rollout_bytes", self.rollout_bytes, "expected an integer >= 0")
+        _check(self.teacher_weight > 0 or self.draft_data_weight > 0, "loss.draft_data_weight",
+               self.draft_data_weight, "heads 2..n need a data term or a teacher term (set loss.teacher_weight)")
 
     def weights(self, n_future: int) -> list[float]:
         if self.head_weights == "uniform":
@@ -258,6 +277,10 @@ class TrainConfig:
     """Under torchrun: ddp (replicate the model) or fsdp (FSDP2: shard it, for models that do not fit)."""
     dist_timeout: float = 600.0
     """Seconds a process waits in a collective before the job ends with an error (a stuck rank)."""
+    init: str = ""
+    """Weights a new run starts from: a checkpoint or a run (its newest) of the same model settings; empty: random."""
+    trainable: str = "all"
+    """What trains: all, or draft-heads (heads 2..n and their own unembeddings; embedding, trunk and head 1 frozen)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "max_bytes", "warmup_steps", "schedule_steps", "eval_every", "seed"):
@@ -279,6 +302,9 @@ class TrainConfig:
         _check(self.parallel in PARALLEL, "train.parallel", self.parallel, f"choose {' or '.join(PARALLEL)}")
         _check(self.dist_timeout > 0, "train.dist_timeout", self.dist_timeout, "expected seconds > 0")
         check_device("train.device", self.device)
+        _check(isinstance(self.init, str), "train.init", self.init, "expected a checkpoint or run path")
+        _check(self.trainable in TRAINABLE, "train.trainable", self.trainable,
+               f"choose {' or '.join(TRAINABLE)}")
 
 
 @dataclass(frozen=True)
@@ -293,6 +319,14 @@ class Config:
     """The training corpus and its loader."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """The training loop."""
+
+    def __post_init__(self) -> None:
+        if self.loss.rollout_bytes:
+            _check(self.train.trainable == "draft-heads", "loss.rollout_bytes", self.loss.rollout_bytes,
+                   "self-generated targets need the trunk and head 1 frozen (train.trainable=draft-heads, "
+                   "as bytemtp tune-heads sets)")
+            _check(self.loss.rollout_bytes <= self.model.seq_len, "loss.rollout_bytes", self.loss.rollout_bytes,
+                   f"expected at most model.seq_len={self.model.seq_len}")
 
 
 # --- presets --------------------------------------------------------------------------------

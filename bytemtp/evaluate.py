@@ -10,6 +10,13 @@ plus the drafts up to the first wrong one, so where head 1 follows the text it e
 verifies against the model's own greedy continuation rather than the text, so this is a
 prediction from the data, not a measurement of decoding (`bytemtp bench decode` measures that).
 
+The agreement profile asks what decoding asks, with the text as context: draft head j agrees at
+t when its greedy byte equals head 1's greedy byte at t + j - 1, the position where that byte is
+next (what the teacher term trains, `bytemtp.loss`). `agreement[k]` is the fraction of positions
+at which heads 2..k all agree, and `agreed_bytes_per_forward[k]` = 1 + agreement[2] + ... +
+agreement[k]; it does not need head 1 to be right, so it is the closer of the two predictions
+for a model whose next-byte head is weak.
+
 Under torchrun every rank evaluates its own share of the corpus; the sums are added over the
 ranks before anything is divided.
 """
@@ -23,7 +30,7 @@ import torch
 from bytemtp import distributed as dist_lib
 from bytemtp.config import DataConfig
 from bytemtp.checkpoint import load_model
-from bytemtp.corpus import MANIFEST, CorpusError
+from bytemtp.corpus import MANIFEST, CorpusError, corpus_files, iter_documents
 from bytemtp.devices import resolve_device
 from bytemtp.loader import ByteLoader
 from bytemtp.loss import IGNORE, LN2, future_targets, head_loss
@@ -79,8 +86,8 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
                         world_size=d.world_size, split=split)
     if not loader.files:
         raise CorpusError(f"{data} has no {split} split to evaluate; pass split=None to read every file")
-    sums = torch.zeros(4, K, dtype=torch.float64)  # nats, correct, count per head; accepted per k
-    runs = torch.zeros(K, dtype=torch.float64)  # positions whose targets 1..k are all valid
+    sums = torch.zeros(5, K, dtype=torch.float64)  # nats, correct, count per head; accepted, agreed per k
+    runs = torch.zeros(2, K, dtype=torch.float64)  # positions whose targets 1..k are all valid; and head 1's
     was_training = model.training
     model.eval()
     done = False  # this rank's pass is over: every document once
@@ -94,10 +101,18 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
         targets_BTK = future_targets(batch, n_future=K, mask_after_eos=mask_after_eos)
         z_BTD = model(batch[:, :targets_BTK.shape[1]])
         right_BTK = torch.zeros(targets_BTK.shape, dtype=torch.bool, device=device)
+        agree_BTK = torch.ones(targets_BTK.shape, dtype=torch.bool, device=device)
+        T = targets_BTK.shape[1]
         for k, h_BTD in model.head_states(z_BTD):
             logits = model.head_logits(k, h_BTD)
             h = head_loss(logits, targets_BTK[:, :, k])
-            right_BTK[:, :, k] = (logits.argmax(-1) == targets_BTK[:, :, k]) & (targets_BTK[:, :, k] != IGNORE)
+            greedy_BT = logits.argmax(-1)
+            right_BTK[:, :, k] = (greedy_BT == targets_BTK[:, :, k]) & (targets_BTK[:, :, k] != IGNORE)
+            if k == 0:
+                head1_BT = greedy_BT
+            else:  # head 1 makes this byte's prediction at t + k; the last k positions have no partner
+                agree_BTK[:, :T - k, k] = greedy_BT[:, :T - k] == head1_BT[:, k:]
+                agree_BTK[:, T - k:, k] = False
             if not done:
                 sums[:3, k] += torch.tensor([float(h.nats), float(h.correct), float(h.count)], dtype=torch.float64)
         if done:
@@ -107,8 +122,12 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
         drafts_right = right_BTK.clone()
         drafts_right[:, :, 0] = True  # head 1's byte is emitted whatever; drafts are heads 2..k
         all_right = drafts_right.cumprod(dim=-1).bool() & all_valid
+        paired = all_valid & (torch.arange(T, device=device)[:, None] + torch.arange(K, device=device) < T)
+        all_agree = agree_BTK.cumprod(dim=-1).bool() & paired
         sums[3] += all_right.flatten(0, 1).sum(0).double().cpu()
-        runs += all_valid.flatten(0, 1).sum(0).double().cpu()
+        sums[4] += all_agree.flatten(0, 1).sum(0).double().cpu()
+        runs[0] += all_valid.flatten(0, 1).sum(0).double().cpu()
+        runs[1] += paired.flatten(0, 1).sum(0).double().cpu()
         if progress is not None:
             progress()
     model.train(was_training)
@@ -116,19 +135,79 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
         both = torch.cat([sums.flatten(), runs]).to(device)
         torch.distributed.all_reduce(both)
         both = both.cpu()
-        sums, runs = both[:4 * K].view(4, K), both[4 * K:]
-    nats, correct, count, accepted = sums
+        sums, runs = both[:5 * K].view(5, K), both[5 * K:].view(2, K)
+    nats, correct, count, accepted, agreed = sums
     if count[0] == 0:
         raise CorpusError(f"{data} gave no bytes to evaluate ({split or 'all'} split)")
-    acceptance = (accepted / runs.clamp(min=1)).tolist()
-    acceptance[0] = 1.0
+    acceptance = (accepted / runs[0].clamp(min=1)).tolist()
+    agreement = (agreed / runs[1].clamp(min=1)).tolist()
+    acceptance[0] = agreement[0] = 1.0
     return {
         "bytes": int(count[0]),
         "bpb": (nats / count.clamp(min=1) / LN2).tolist(),
         "accuracy": (correct / count.clamp(min=1)).tolist(),
         "acceptance": {k + 1: acceptance[k] for k in range(1, K)},
         "bytes_per_forward": {k + 1: 1 + sum(acceptance[1:k + 1]) for k in range(1, K)},
+        "agreement": {k + 1: agreement[k] for k in range(1, K)},
+        "agreed_bytes_per_forward": {k + 1: 1 + sum(agreement[1:k + 1]) for k in range(1, K)},
     }
+
+
+def val_prompts(data_path: str, *, n: int, prompt_bytes: int) -> list[bytes]:
+    """The first `prompt_bytes` bytes of the first n documents of a corpus's val split that are
+    at least that long: held-out prompts."""
+    files = corpus_files(data_path, split="val")
+    prompts = []
+    for path in files:
+        for doc in iter_documents(path):
+            if len(doc) >= prompt_bytes:
+                prompts.append(doc[:prompt_bytes])
+                if len(prompts) == n:
+                    return prompts
+    if not prompts:
+        raise CorpusError(f"the val split of {data_path} has no document of {prompt_bytes} bytes or more")
+    return prompts
+
+
+def decoded_bytes_per_pass(model: ByteMTP, prompts: list[bytes], *, max_bytes: int = 150,
+                           drafts: tuple[str, ...] = ("chain-all", "tree-all"), batch_size: int = 8,
+                           progress=None) -> dict[str, float]:
+    """Bytes per forward pass of greedy self-speculative decoding with each fixed draft
+    (`decode.Draft` names), measured by decoding the prompts: what the heads give back,
+    whatever a pass costs on this machine. Eager passes (nothing to compile)."""
+    from bytemtp.decode import Decoder, Draft
+
+    decoder = Decoder(model, compile="off")
+    result = {}
+    for name in drafts:
+        out = passes = 0
+        for first in range(0, len(prompts), batch_size):
+            gens = decoder.generate(prompts[first:first + batch_size], max_bytes=max_bytes, draft=Draft.parse(name))
+            out += sum(len(g.output) for g in gens)
+            passes += sum(g.stats.forward_passes for g in gens)
+            if progress is not None:
+                progress()
+        result[name] = out / max(1, passes)
+    return result
+
+
+def draft_report(model: ByteMTP, data: str, *, batches: int = 20, batch_size: int = 8, prompts: int = 16,
+                 prompt_bytes: int = 128, max_bytes: int = 150, device: torch.device = torch.device("cpu"),
+                 progress=None) -> dict:
+    """What a model's draft heads give decoding, on held-out text: every head's bits per byte, the
+    agreement profile (`evaluate`), and the bytes per pass of greedy decoding with a chain and a
+    tree of all heads from `prompts` held-out prompts (0: no decoding)."""
+    split = held_out_split(data)
+    res = evaluate(model, data, split=split, batches=batches, batch_size=batch_size, device=device,
+                   progress=progress)
+    report = {"split": split or "all", "bytes": res["bytes"], "bpb": res["bpb"], "agreement": res["agreement"],
+              "agreed_bytes_per_forward": res["agreed_bytes_per_forward"], "decoded_bytes_per_forward": {}}
+    if prompts and model.config.n_future > 1:
+        held_out = val_prompts(data, n=prompts, prompt_bytes=prompt_bytes) if split else []
+        if held_out:
+            report["prompts"], report["max_bytes"] = len(held_out), max_bytes
+            report["decoded_bytes_per_forward"] = decoded_bytes_per_pass(model, held_out, max_bytes=max_bytes)
+    return report
 
 
 ANSWER_MAX_BYTES = 32  # how far task_accuracy decodes an answer that must end with EOS

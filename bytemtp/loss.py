@@ -10,6 +10,16 @@ Each head's cross-entropy is the mean over its valid targets; the total is their
 (uniform weights of 1 = the paper's plain sum). Sums and counts are returned too, so callers
 can add them across micro-batches and ranks before dividing (bits per byte).
 
+Head 1 as the teacher of the draft heads. Greedy self-speculative decoding keeps head k's byte
+only when it equals head 1's choice where that byte is next, so what a draft head should learn is
+head 1's distribution there, not just the data's byte. Head k at position t (0-based k) predicts
+ids[t + k + 1], which head 1 predicts at position t + k. The teacher term of head k is the KL from
+head 1's distribution at t + k (detached, at `Teacher.temperature`) to head k's at t, averaged
+over the positions where both exist and the data target is valid (same document); its weight is
+`Teacher.weight` (Hydra's "teacher loss", DeepSeek-V3's MTP fine-tuning, Medusa's
+self-distillation). Each head also counts its agreement with head 1: its greedy byte equals head
+1's at the shifted position, the event a greedy draft is accepted on.
+
 Legend: B batch, T time, W window (T + n_future), K heads, V vocabulary.
 """
 
@@ -44,6 +54,32 @@ def future_targets(ids_BW: torch.Tensor, *, n_future: int, mask_after_eos: bool 
     return targets_BTK.masked_fill(ignore, IGNORE).long()
 
 
+@dataclass(frozen=True)
+class Teacher:
+    """Head 1 as the teacher of heads 2..n: the weight of the term (0: agreement is only counted),
+    the temperature of head 1's distribution, and the weight left to the draft heads' data term."""
+
+    weight: float = 0.0
+    temperature: float = 1.0
+    data_weight: float = 1.0
+
+
+@dataclass
+class Reference:
+    """Head 1's detached view of a batch: its greedy bytes (B, T) and, when the teacher term is on,
+    its log-probabilities at the teacher's temperature (B, T, V)."""
+
+    greedy_BT: torch.Tensor
+    logq_BTV: torch.Tensor | None
+
+
+def reference(logits_BTV: torch.Tensor, teacher: Teacher) -> Reference:
+    with torch.no_grad():
+        logits = logits_BTV.detach().float()
+        logq = F.log_softmax(logits / teacher.temperature, dim=-1) if teacher.weight else None
+        return Reference(greedy_BT=logits.argmax(dim=-1), logq_BTV=logq)
+
+
 @dataclass
 class HeadLoss:
     """One head's loss over one batch."""
@@ -52,9 +88,20 @@ class HeadLoss:
     nats: torch.Tensor  # summed cross-entropy, nats
     correct: torch.Tensor  # valid targets whose argmax is right
     count: torch.Tensor  # valid targets
+    objective: torch.Tensor | None = None  # what the head trains on, before its head weight (None: loss)
+    kl: torch.Tensor | None = None  # summed teacher KL, nats (heads 2..n with the teacher on)
+    agree: torch.Tensor | None = None  # positions whose greedy byte equals head 1's there (heads 2..n)
+    pairs: torch.Tensor | None = None  # positions where head 1 is there to compare with
+
+    @property
+    def trained(self) -> torch.Tensor:
+        return self.loss if self.objective is None else self.objective
 
 
-def head_loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> HeadLoss:
+def head_loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor, *, k: int = 0, ref: Reference | None = None,
+              teacher: Teacher = Teacher()) -> HeadLoss:
+    """Head k's (0-based) cross-entropy on the data and, given head 1's reference, its agreement
+    with head 1 and its teacher term. Head 1's own loss (k = 0) is its cross-entropy alone."""
     logits = logits_BTV.float().flatten(0, 1)
     targets = targets_BT.flatten()
     nats = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum")
@@ -62,35 +109,65 @@ def head_loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> HeadLoss:
     count = valid.sum()
     with torch.no_grad():
         correct = ((logits.argmax(dim=-1) == targets) & valid).sum()
-    return HeadLoss(loss=nats / count.clamp(min=1), nats=nats, correct=correct, count=count)
+    h = HeadLoss(loss=nats / count.clamp(min=1), nats=nats, correct=correct, count=count)
+    if k == 0 or ref is None:
+        return h
+    T = logits_BTV.shape[1]
+    mine_BTV, paired_BT = logits_BTV[:, :T - k].float(), targets_BT[:, :T - k] != IGNORE
+    h.pairs = paired_BT.sum()
+    with torch.no_grad():
+        h.agree = ((mine_BTV.argmax(dim=-1) == ref.greedy_BT[:, k:]) & paired_BT).sum()
+    objective = h.loss if teacher.data_weight == 1 else teacher.data_weight * h.loss
+    if teacher.weight:
+        logq_BTV = ref.logq_BTV[:, k:]
+        kl_BT = (logq_BTV.exp() * (logq_BTV - F.log_softmax(mine_BTV, dim=-1))).sum(dim=-1)
+        h.kl = (kl_BT * paired_BT).sum()
+        objective = objective + teacher.weight * h.kl / h.pairs.clamp(min=1)
+    h.objective = objective
+    return h
 
 
 @dataclass
 class LossOutput:
-    """The weighted total and per-head figures (each (K,), detached) of one batch."""
+    """The weighted total and per-head figures (each (K,), detached) of one batch. Agreement with
+    head 1 and the teacher KL (nats) are 1 and 0 for head 1 itself."""
 
     total: torch.Tensor
     head_loss: torch.Tensor
     head_accuracy: torch.Tensor
     head_nats: torch.Tensor
     head_count: torch.Tensor
+    head_agreement: torch.Tensor | None = None
+    head_kl: torch.Tensor | None = None
 
 
 def summarize(heads: list[HeadLoss], weights: list[float], total: torch.Tensor) -> LossOutput:
     count = torch.stack([h.count for h in heads]).detach()
-    return LossOutput(
+    out = LossOutput(
         total=total,
         head_loss=torch.stack([h.loss for h in heads]).detach(),
         head_accuracy=torch.stack([h.correct for h in heads]).float() / count.clamp(min=1),
         head_nats=torch.stack([h.nats for h in heads]).detach(),
         head_count=count,
     )
+    if len(heads) > 1 and heads[1].pairs is not None:
+        one, zero = torch.ones_like(out.head_loss), torch.zeros_like(out.head_loss)
+        out.head_agreement = torch.stack([one[0]] + [h.agree.float() / h.pairs.clamp(min=1) for h in heads[1:]])
+        out.head_kl = torch.stack([zero[0]] + [(h.kl.detach() if h.kl is not None else zero[0]) /
+                                               h.pairs.clamp(min=1) for h in heads[1:]])
+    return out
 
 
-def mtp_loss(logits_BTKV: torch.Tensor, targets_BTK: torch.Tensor, weights: list[float]) -> LossOutput:
+def total_of(heads: list[HeadLoss], weights: list[float]) -> torch.Tensor:
+    """The weighted sum of what each head trains on."""
+    return sum(w * h.trained for w, h in zip(weights, heads))
+
+
+def mtp_loss(logits_BTKV: torch.Tensor, targets_BTK: torch.Tensor, weights: list[float],
+             teacher: Teacher = Teacher()) -> LossOutput:
     """All heads at once: the plain reference for the memory-efficient step."""
     K = logits_BTKV.shape[2]
     assert len(weights) == K, (len(weights), K)
-    heads = [head_loss(logits_BTKV[:, :, k], targets_BTK[:, :, k]) for k in range(K)]
-    total = sum(w * h.loss for w, h in zip(weights, heads))
-    return summarize(heads, weights, total)
+    ref = reference(logits_BTKV[:, :, 0], teacher)
+    heads = [head_loss(logits_BTKV[:, :, k], targets_BTK[:, :, k], k=k, ref=ref, teacher=teacher) for k in range(K)]
+    return summarize(heads, weights, total_of(heads, weights))

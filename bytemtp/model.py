@@ -230,6 +230,12 @@ class ByteMTP(nn.Module):
             return None
         return StackedHeads(self)
 
+    def draft_heads(self) -> list[nn.Module]:
+        """The modules that only heads 2..n use: their heads and their own unembeddings (a
+        shared unembedding is head 1's too). What `tune-heads` trains."""
+        own_unembed = list(self.unembed)[1:] if len(self.unembed) > 1 else []
+        return list(self.heads)[1:] + own_unembed
+
     def num_params(self, part: str = "all") -> int:
         """Parameters in the whole model, or in one part: embed, trunk, heads, unembed."""
         modules = {"embed": self.embed, "trunk": self.trunk, "heads": self.heads,

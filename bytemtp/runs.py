@@ -21,7 +21,8 @@ from pathlib import Path
 from bytemtp import config as config_lib
 from bytemtp import corpus
 from bytemtp import distributed as dist_lib
-from bytemtp.checkpoint import is_checkpoint_dir, latest_checkpoint, load_config, read_train_state
+from bytemtp.checkpoint import (is_checkpoint_dir, latest_checkpoint, load_config, read_train_state,
+                                resolve_checkpoint)
 from bytemtp.config import Config, TrainConfig, to_dict
 
 RUN_CONFIG = "run-config.json"
@@ -169,6 +170,43 @@ def plan_run(path: str | os.PathLike, *, resume: bool = False, preset: str | Non
         prepare_run_dir(run_dir, cfg, False, mutate=False)
     return RunPlan(run_dir=run_dir, cfg=cfg, resume=resume, checkpoint=ckpt,
                    done=already_done(run_dir, cfg.train) if resume else None)
+
+
+def tune_config(saved: Config, ckpt: Path) -> Config:
+    """The settings a heads-only tune starts from: the source run's model, data and optimiser,
+    its weights (train.init), only heads 2..n trained, with its own stop conditions and a short
+    warmup; the second half of every window is the model's own greedy continuation
+    (loss.rollout_bytes), and the draft heads learn it both as data and from head 1 as teacher."""
+    train = dataclasses.replace(saved.train, init=str(ckpt.resolve()), trainable="draft-heads", steps=0,
+                                max_bytes=0, max_time=0.0, schedule_steps=0,
+                                warmup_steps=min(saved.train.warmup_steps, 20))
+    loss = dataclasses.replace(saved.loss, teacher_weight=1.0, draft_data_weight=1.0,
+                               rollout_bytes=saved.model.seq_len // 2)
+    return dataclasses.replace(saved, train=train, loss=loss)
+
+
+def plan_tune(source: str | os.PathLike, out: str | os.PathLike, *, config_file: str | None = None,
+              overrides: list[str] = ()) -> RunPlan:
+    """A new run in `out` that tunes the draft heads of `source` (a run, its newest checkpoint,
+    or a checkpoint): `tune_config`, then a config file, then each override. model.* stays the
+    source's (the weights are its), and `out` must be a new run directory."""
+    ckpt = resolve_checkpoint(source)
+    saved = load_config(ckpt)
+    if saved.model.n_future < 2:
+        raise ValueError(f"{ckpt} has one head (model.n_future=1): there are no draft heads to tune")
+    base = tune_config(saved, ckpt)
+    cfg = config_lib.load_file(config_file, base) if config_file else base
+    cfg = absolute_corpus(config_lib.apply_overrides(cfg, list(overrides)))
+    if cfg.model != saved.model:
+        raise ValueError("model.* cannot change in a tune: it starts from the weights of "
+                         f"{ckpt}; train a new run for another model")
+    corpus.corpus_files(cfg.data.path)
+    run_dir = Path(out)
+    if run_dir.resolve() == ckpt.resolve().parent.parent:
+        raise ValueError(f"{out} is the run being tuned; write the tune to a new run directory (--out)")
+    if not dist_lib.restarted():
+        prepare_run_dir(run_dir, cfg, False, mutate=False)
+    return RunPlan(run_dir=run_dir, cfg=cfg, resume=False, checkpoint=None, done=None)
 
 
 def check_not_a_run(spec) -> None:

@@ -56,6 +56,7 @@ from bytemtp.flops import peak_gpu_flops, step_flops
 from bytemtp.loader import ByteLoader, combine_stats
 from bytemtp.loss import LN2
 from bytemtp.model import Block, ByteMTP
+from bytemtp.rollout import greedy_rollout
 from bytemtp.runs import (METRICS, RUN_CONFIG, RunResult, absolute_corpus, already_done, keep_metrics_up_to,
                           prepare_run_dir)
 from bytemtp.step import forward_backward, plain_forward_backward
@@ -88,10 +89,38 @@ def lr_at(step: int, cfg: TrainConfig, horizon: int) -> float:
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def set_trainable(model: ByteMTP, trainable: str) -> None:
+    """train.trainable: everything, or only what heads 2..n use (the embedding, the trunk and
+    head 1 frozen, so the next-byte predictions stay exactly as they were)."""
+    if trainable == "all":
+        return
+    if model.config.n_future < 2:
+        raise ValueError("train.trainable=draft-heads needs draft heads: this model has model.n_future=1")
+    model.requires_grad_(False)
+    for module in model.draft_heads():
+        module.requires_grad_(True)
+
+
+def start_from(model: ByteMTP, init: str, device: torch.device) -> Path:
+    """Load the weights of train.init (a checkpoint, or a run's newest) into a new run's model."""
+    from bytemtp.checkpoint import load_model, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(init)
+    source, cfg = load_model(ckpt, device=device)
+    if cfg.model != model.config:
+        differ = [f"{k}={getattr(cfg.model, k)!r}" for k in vars(cfg.model) if getattr(cfg.model, k) !=
+                  getattr(model.config, k)]
+        raise ValueError(f"train.init {ckpt} is a model of other settings (its {', '.join(differ)}); "
+                         "a run starts from a checkpoint of the same model.* settings")
+    model.load_state_dict(source.state_dict())
+    return ckpt
+
+
 def build_optimizer(model: ByteMTP, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only; fused on CUDA."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    """AdamW with weight decay on matrices only, over the parameters that train; fused on CUDA."""
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
@@ -176,6 +205,9 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, show_progre
             run = _Run(cfg, run_dir, d, say=say if d.is_main else (lambda *_: None))
             if ckpt is not None:
                 run.restore(ckpt)
+            elif tc.init:
+                run.say(f"starting from the weights of {start_from(run.model, tc.init, d.device)}")
+            set_trainable(run.model, tc.trainable)
             return run.loop(show_progress=show_progress and d.is_main)
 
 
@@ -251,14 +283,12 @@ class _Run:
         self.model.train()
         with stop_on_signals() as flag:
             while not (stopped_by := self._stop_condition(flag, session_start)):
-                step_s, head_loss, loss, head_acc, grad_norm, lr = self._optimizer_step()
+                step_s, figures, grad_norm, lr = self._optimizer_step()
                 st.elapsed_s = time.perf_counter() - started
                 bar.update()
-                # the next-byte head's loss: the figure a byte model is judged by (the sum over heads is logged)
-                bar.set_postfix_str(f"next-byte loss {head_loss[0].item():.3f} ({head_loss[0].item() / LN2:.3f} "
-                                    f"bits/byte) {self.bytes_per_step / step_s:,.0f} B/s", refresh=False)
+                bar.set_postfix_str(self._progress_line(figures, step_s), refresh=False)
                 if st.step % tc.log_every == 0 or st.step == tc.steps:
-                    self._log_step(step_s, loss, head_loss, head_acc, grad_norm, lr)
+                    self._log_step(step_s, figures, grad_norm, lr)
                 if tc.eval_every and st.step % tc.eval_every == 0:
                     self.validate()
                 if st.step % tc.ckpt_every == 0:
@@ -300,13 +330,13 @@ class _Run:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         t0 = time.perf_counter()
-        batches = (next(self.loader).to(self.device, non_blocking=True) for _ in range(tc.grad_accum))
-        loss, head_loss, head_acc = accumulate_gradients(
+        batches = (self._targets(next(self.loader).to(self.device, non_blocking=True)) for _ in range(tc.grad_accum))
+        figures = accumulate_gradients(
             self.model, self.wrapped, batches, step_fn=self.step_fn, loss_cfg=self.cfg.loss,
             accum=tc.grad_accum, d=self.d, autocast=self.autocast)
-        grad_norm = dist_lib.local(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                                  tc.grad_clip or float("inf")))
-        if torch.isfinite(loss) and torch.isfinite(grad_norm):
+        grad_norm = dist_lib.local(torch.nn.utils.clip_grad_norm_(
+            [p for p in self.model.parameters() if p.requires_grad], tc.grad_clip or float("inf")))
+        if torch.isfinite(figures.total) and torch.isfinite(grad_norm):
             self.optimizer.step()
             st.bad_run = 0
         else:
@@ -321,9 +351,23 @@ class _Run:
         self.optimizer.zero_grad(set_to_none=True)
         st.step += 1
         st.bytes_seen += self.bytes_per_step
-        return time.perf_counter() - t0, head_loss, loss, head_acc, grad_norm, lr
+        return time.perf_counter() - t0, figures, grad_norm, lr
 
-    def _log_step(self, step_s: float, loss, head_loss, head_acc, grad_norm, lr: float) -> None:
+    def _targets(self, batch: torch.Tensor) -> torch.Tensor:
+        """The batch, or with loss.rollout_bytes its windows ending in the model's greedy continuation."""
+        n = self.cfg.loss.rollout_bytes
+        return greedy_rollout(self.model, batch, n) if n else batch
+
+    def _progress_line(self, figures: StepFigures, step_s: float) -> str:
+        """The next-byte head's loss (the figure a byte model is judged by; the sum over heads is
+        logged), or, where head 1 is frozen, how often head 2 agrees with it."""
+        speed = f"{self.bytes_per_step / step_s:,.0f} B/s"
+        if self.cfg.train.trainable == "draft-heads" and figures.head_agreement is not None:
+            return f"head 2 agrees with head 1 {figures.head_agreement[1].item():.3f} {speed}"
+        nats = figures.head_loss[0].item()
+        return f"next-byte loss {nats:.3f} ({nats / LN2:.3f} bits/byte) {speed}"
+
+    def _log_step(self, step_s: float, figures: StepFigures, grad_norm, lr: float) -> None:
         st, device = self.state, self.device
         data_stats = combine_stats(dist_lib.gather(self.loader.stats(), self.d))
         gpu = {}
@@ -331,8 +375,12 @@ class _Run:
             gpu["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
             if self.peak_flops:
                 gpu["mfu"] = self.flops_per_step / step_s / (self.peak_flops * self.d.world_size)
-        self.log({**gpu, "step": st.step, "bytes": st.bytes_seen, "loss": loss.item(),
-                  "bpb": head_loss[0].item() / LN2, "head_loss": head_loss.tolist(), "head_acc": head_acc.tolist(),
+        heads = {"head_agree": figures.head_agreement.tolist()} if figures.head_agreement is not None else {}
+        if figures.head_kl is not None and self.cfg.loss.teacher_weight:
+            heads["head_teacher_kl"] = figures.head_kl.tolist()
+        self.log({**gpu, "step": st.step, "bytes": st.bytes_seen, "loss": figures.total.item(),
+                  "bpb": figures.head_loss[0].item() / LN2, "head_loss": figures.head_loss.tolist(),
+                  "head_acc": figures.head_accuracy.tolist(), **heads,
                   "lr": lr, "grad_norm": grad_norm.item(), "bytes_per_s": self.bytes_per_step / step_s,
                   "skipped_steps": st.skipped_steps, "elapsed_s": st.elapsed_s, "data": data_stats})
 
@@ -356,12 +404,17 @@ class _Run:
         if not self.has_val:
             return
         with self.autocast:
-            st.val_bpb = evaluate(self.model, self.cfg.data.path, split="val", batches=tc.eval_batches,
-                                  batch_size=self.cfg.data.batch_size, device=self.device, d=self.d,
-                                  mask_after_eos=self.cfg.loss.mask_after_eos)["bpb"]
+            res = evaluate(self.model, self.cfg.data.path, split="val", batches=tc.eval_batches,
+                           batch_size=self.cfg.data.batch_size, device=self.device, d=self.d,
+                           mask_after_eos=self.cfg.loss.mask_after_eos)
+        st.val_bpb = res["bpb"]
         self.last_val = st.step
-        self.log({"step": st.step, "bytes": st.bytes_seen, "val_bpb": st.val_bpb})
-        self.say(f"step {st.step}: val bits/byte " + " ".join(f"h{k + 1} {b:.3f}" for k, b in enumerate(st.val_bpb)))
+        agreed = res["agreed_bytes_per_forward"]
+        self.log({"step": st.step, "bytes": st.bytes_seen, "val_bpb": st.val_bpb,
+                  "val_agreed_bytes_per_forward": [1.0] + [agreed[k] for k in sorted(agreed)]})
+        per_pass = f"; {agreed[max(agreed)]:.2f} bytes/pass agreed with h1" if agreed else ""
+        self.say(f"step {st.step}: val bits/byte " + " ".join(f"h{k + 1} {b:.3f}" for k, b in enumerate(st.val_bpb))
+                 + per_pass)
 
     def save(self, *, final: bool) -> Path | None:
         """Every rank takes part (gathering); rank 0 writes, and all agree on whether it worked."""
@@ -390,18 +443,34 @@ class _Run:
         return path
 
 
+@dataclass
+class StepFigures:
+    """One optimizer step's loss and per-head figures, averaged over micro-batches and ranks;
+    agreement with head 1 and the teacher KL where the step counted them."""
+
+    total: torch.Tensor
+    head_loss: torch.Tensor
+    head_accuracy: torch.Tensor
+    head_agreement: torch.Tensor | None
+    head_kl: torch.Tensor | None
+
+
 def accumulate_gradients(model: ByteMTP, wrapped, batches, *, step_fn, loss_cfg, accum: int,
-                         d: dist_lib.Dist, autocast=contextlib.nullcontext()):
+                         d: dist_lib.Dist, autocast=contextlib.nullcontext()) -> StepFigures:
     """Forward and backward of one optimizer step's `accum` micro-batches, with the gradients
-    reduced once over the ranks; the loss, per-head loss and per-head accuracy averaged over the
-    micro-batches and the ranks."""
+    reduced once over the ranks; the figures averaged over the micro-batches and the ranks."""
     outs = []
     for micro, batch in enumerate(batches):
         with autocast, dist_lib.gradient_sync(wrapped, last=micro == accum - 1):
             outs.append(step_fn(model, batch, loss_cfg=loss_cfg, scale=1 / accum))
+
+    def averaged(name):
+        values = [getattr(o, name) for o in outs]
+        return None if values[0] is None else dist_lib.mean(sum(values) / len(values), d)
+
     dist_lib.reduce_gradients(wrapped, d)
-    return tuple(dist_lib.mean(sum(values) / len(outs), d) for values in
-                 zip(*((o.total, o.head_loss, o.head_accuracy) for o in outs)))
+    return StepFigures(*(averaged(name) for name in ("total", "head_loss", "head_accuracy", "head_agreement",
+                                                     "head_kl")))
 
 
 def _finite(value):

@@ -157,15 +157,20 @@ def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) ->
 @click.option("--eval-batches", default=100, show_default=True, type=click.IntRange(1))
 @click.option("--out", default=None, type=click.Path(file_okay=False), callback=check_output_dir,
               help="Keep the two runs here (default: a temporary directory).")
+@click.option("--teacher-weight", default=1.0, show_default=True, type=click.FloatRange(0),
+              help="A third arm: the 8-head model with the teacher term at this weight (0: no such arm).")
+@click.option("--prompts", default=16, show_default=True, type=click.IntRange(0),
+              help="Held-out prompts the 8-head arms decode greedily to measure bytes per pass (0: none).")
 @device_option()
 @json_option()
-def bench_quality(preset: str, data: str, steps: int, eval_batches: int, out: str | None, device: str,
-                  json_path: str | None) -> None:
-    """Validation bits per byte: 8-head model vs the next-byte baseline, same bytes."""
+def bench_quality(preset: str, data: str, steps: int, eval_batches: int, teacher_weight: float, prompts: int,
+                  out: str | None, device: str, json_path: str | None) -> None:
+    """Validation bits per byte: 8-head model vs the next-byte baseline, same bytes; and what the
+    teacher term gives the draft heads (bits/byte per head, bytes per pass) on the same bytes."""
     from bytemtp.bench import quality
     from bytemtp.devices import resolve_device
 
     res = quality(preset, data=data, steps=steps, eval_batches=eval_batches, out_dir=out,
-                  device=str(resolve_device(device)))
+                  device=str(resolve_device(device)), teacher_weight=teacher_weight, prompts=prompts)
     echo(report.quality_report(res))
     write_json(json_path, res)

@@ -199,6 +199,109 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
                    f"{val}\ncheckpoint {result.checkpoint}")
 
 
+@main.command("tune-heads")
+@click.option("--ckpt", default=None, help="The run (its newest checkpoint) or checkpoint whose draft heads to tune.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="The tuned run: a new run directory (or, with --resume, the tune to continue).")
+@click.option("--steps", type=click.IntRange(1), help="Stop after this many optimizer steps (cosine schedule over them).")
+@click.option("--bytes", "max_bytes", help="Stop after this many training bytes (e.g. 5M).")
+@click.option("--time", "max_time", help="Stop after this much wall time (e.g. 3m).")
+@click.option("--teacher-weight", type=click.FloatRange(0, min_open=True), default=None,
+              help="Weight of the teacher term (loss.teacher_weight).  [default: 1]")
+@click.option("--temperature", type=click.FloatRange(0, min_open=True), default=None,
+              help="Temperature of head 1's distribution as the teacher (loss.teacher_temperature).  [default: 1]")
+@click.option("--data-term", type=click.FloatRange(0), default=None,
+              help="Weight of the draft heads' cross-entropy on the windows' bytes beside the teacher term "
+                   "(loss.draft_data_weight).  [default: 1]")
+@click.option("--rollout-bytes", type=click.IntRange(0), default=None,
+              help="Bytes at the end of every window that the model writes itself, greedily, before the "
+                   "heads learn from it (loss.rollout_bytes; 0: the corpus alone).  [default: half the context]")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="TOML or JSON file of settings applied on top of the source run's.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override one setting, e.g. --set train.lr=5e-4 (repeatable).")
+@click.option("--resume", is_flag=True, help="Continue the tune in --out from its newest checkpoint.")
+@click.option("--report-prompts", default=16, show_default=True, type=click.IntRange(0),
+              help="Held-out prompts decoded before and after to measure bytes per pass (0: evaluate only).")
+@device_option(None)
+@json_option()
+def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str | None, max_time: str | None,
+                   teacher_weight: float | None, temperature: float | None, data_term: float | None,
+                   rollout_bytes: int | None, config_file: str | None, overrides: tuple[str, ...], resume: bool, report_prompts: int,
+                   device: str | None, json_path: str | None) -> None:
+    """Train heads 2..n of a run toward its next-byte head, which stays frozen with the trunk.
+
+    Greedy self-speculative decoding keeps a drafted byte only when head 1 would have chosen it,
+    after bytes head 1 chose too. So the draft heads learn from text the model writes itself: the
+    second half of every training window is replaced by the model's greedy continuation of the
+    first (--rollout-bytes), and each draft head learns those bytes (--data-term) and head 1's
+    distribution where its byte is next (--teacher-weight). The embedding, trunk and head 1 do not
+    change, so next-byte quality is the source's to the last digit. Reports the agreement with
+    head 1 and the bytes per pass of greedy decoding (chain and tree of all heads) on held-out
+    prompts before and after; the tuned run loads everywhere a run does and resumes like `train`.
+    """
+    from bytemtp import runs
+    from bytemtp import train as train_lib
+
+    flags = {"train.device": device, "train.steps": steps, "train.max_bytes": max_bytes and parse_size(max_bytes),
+             "train.max_time": max_time and parse_duration(max_time), "loss.teacher_weight": teacher_weight,
+             "loss.teacher_temperature": temperature, "loss.draft_data_weight": data_term,
+             "loss.rollout_bytes": rollout_bytes}
+    sets = list(overrides) + [f"{key}={value}" for key, value in flags.items() if value is not None]
+    if resume:
+        if ckpt:
+            raise click.UsageError("--resume continues the tune in --out; leave --ckpt out (the tune knows its source)")
+        plan = runs.plan_run(out, resume=True, config_file=config_file, overrides=sets)
+    else:
+        if not ckpt:
+            raise click.UsageError("name the run to tune: --ckpt RUN (or --resume to continue the tune in --out)")
+        plan = runs.plan_tune(ckpt, out, config_file=config_file, overrides=sets)
+    cfg, main_rank = plan.cfg, os.environ.get("RANK", "0") == "0"
+    if cfg.train.trainable != "draft-heads":
+        raise click.ClickException(f"{out} is not a tune of draft heads (train.trainable={cfg.train.trainable}); "
+                                   "resume it with bytemtp train")
+    if not (cfg.train.steps or cfg.train.max_bytes or cfg.train.max_time):
+        raise click.ClickException("no stop condition: give --steps, --bytes or --time")
+    if plan.done is not None:
+        if main_rank:
+            click.echo(f"{plan.run_dir} is already done at step {plan.done.step}; raise --steps to tune on")
+        return
+    report_args = dict(cfg=cfg, prompts=report_prompts) if main_rank else None
+    before = _draft_report(cfg.train.init, **report_args) if report_args else None
+    if main_rank:
+        click.echo(report.train_header(cfg, plan.run_dir, resume=plan.resume))
+    try:
+        result = train_lib.train(cfg, plan.run_dir, resume=plan.resume)
+    except train_lib.TrainingError as e:
+        raise click.ClickException(str(e)) from None
+    if not main_rank:
+        return
+    click.echo(f"stopped by {result.stopped_by} at step {result.step} ({result.bytes_seen:,} bytes)\n"
+               f"checkpoint {result.checkpoint}")
+    after = _draft_report(result.checkpoint, **report_args)
+    echo(report.tune_table(before, after))
+    write_json(json_path, {"source": cfg.train.init, "tuned": str(result.checkpoint), "before": before,
+                           "after": after})
+
+
+def _draft_report(ckpt: str, *, cfg, prompts: int) -> dict | None:
+    """`evaluate.draft_report` of a checkpoint on the run's corpus, with a progress bar; None
+    when the checkpoint is gone (a resumed tune whose source was removed)."""
+    from tqdm import tqdm
+
+    from bytemtp.checkpoint import load_model
+    from bytemtp.devices import resolve_device
+    from bytemtp.evaluate import draft_report
+
+    if not os.path.exists(ckpt):
+        return None
+    device = resolve_device(cfg.train.device)
+    model, _ = load_model(ckpt, device=device)
+    with tqdm(desc=f"draft report {os.path.basename(ckpt)}", unit="batch", leave=False) as bar:
+        return draft_report(model, cfg.data.path, batches=cfg.train.eval_batches, batch_size=cfg.data.batch_size,
+                            prompts=prompts, device=device, progress=bar.update)
+
+
 def _relaunch_with_torchrun(nproc: int) -> None:
     """Replace this process by torchrun running the same command, less --nproc, on nproc processes."""
     import sys

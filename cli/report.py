@@ -138,10 +138,36 @@ def compile_line(st: dict) -> str:
 
 
 def eval_table(res: dict) -> str:
-    rows = [(f"h{k + 1}", f"{b:.3f}", f"{a:.3f}", f"{res['acceptance'].get(k + 1, 1.0):.3f}" if k else "-",
-             f"{res['bytes_per_forward'].get(k + 1, 1.0):.2f}" if k else "1.00")
+    """Per head: bits/byte and accuracy; per k: heads 2..k right about the text and in agreement
+    with head 1, and the bytes per pass each predicts for a chain of k heads."""
+    def by_k(key, k, spec):
+        return format(res[key].get(k + 1, 1.0), spec) if k else "-"
+    rows = [(f"h{k + 1}", f"{b:.3f}", f"{a:.3f}", by_k("acceptance", k, ".3f"), by_k("bytes_per_forward", k, ".2f"),
+             by_k("agreement", k, ".3f"), by_k("agreed_bytes_per_forward", k, ".2f"))
             for k, (b, a) in enumerate(zip(res["bpb"], res["accuracy"]))]
-    return table(rows, ("head", "bits/byte", "accuracy", "heads 2..k right", "bytes/pass with k"))
+    return table(rows, ("head", "bits/byte", "accuracy", "2..k right", "bytes/pass", "2..k agree with h1",
+                        "bytes/pass (agreed)"))
+
+
+def tune_table(before: dict | None, after: dict) -> str:
+    """Before and after a tune: head 1's bits/byte (unchanged), how often heads 2..k all agree
+    with head 1 (k = 2, 4, n), the bytes per pass that predicts, and the bytes per pass decoded."""
+    n = len(after["bpb"])
+    ks = sorted({2, min(4, n), n})
+    decoded = sorted(after["decoded_bytes_per_forward"])
+    header = ("heads", "h1 bits/byte", *(f"2..{k} agree" for k in ks), f"agreed bytes/pass ({n})",
+              *(f"{name} bytes/pass" for name in decoded))
+
+    def row(name, res):
+        return (name, f"{res['bpb'][0]:.4f}", *(f"{res['agreement'][k]:.3f}" for k in ks),
+                f"{res['agreed_bytes_per_forward'][n]:.2f}",
+                *(f"{res['decoded_bytes_per_forward'][d]:.2f}" for d in decoded))
+
+    rows = ([row("before", before)] if before else []) + [row("after", after)]
+    where = f"{after['bytes']:,} bytes of the {after['split']} split"
+    if decoded:
+        where += f"; decoded: {after['prompts']} held-out prompts, {after['max_bytes']} bytes each, greedy"
+    return where + "\n" + table(rows, header)
 
 
 def task_table(header: str, sizes: dict, accuracy: dict, scores: dict, overall: float) -> str:
@@ -195,13 +221,24 @@ def decode_cases_table(res: dict) -> str:
 
 
 def quality_report(res: dict) -> str:
-    rows = [("next-byte baseline (n=1)", f"{res['ntp_bpb']:.4f}"),
-            ("multi-token n=8, head 1", f"{res['mtp_bpb']:.4f}")]
-    rows += [(f"multi-token n=8, head {k + 1}", f"{b:.4f}") for k, b in enumerate(res["mtp_head_bpb"]) if k]
-    return "\n".join([f"preset {res['preset']}, {res['steps']} steps, {res['bytes']:,} training bytes each, "
-                      f"{res['data']}, {res['device']}",
-                      table(rows, ("model", "val bits/byte")),
-                      f"gap (n=8 head 1 - baseline): {res['bpb_gap']:+.4f} bits/byte"])
+    teacher = "teacher_head_bpb" in res
+    rows = [("next-byte baseline (n=1)", f"{res['ntp_bpb']:.4f}", *([""] if teacher else []))]
+    rows += [(f"multi-token n=8, head {k + 1}", f"{b:.4f}", *([f"{res['teacher_head_bpb'][k]:.4f}"] if teacher else []))
+             for k, b in enumerate(res["mtp_head_bpb"])]
+    header = ("model", "val bits/byte", *([f"with teacher {res['teacher_weight']:g}"] if teacher else []))
+    lines = [f"preset {res['preset']}, {res['steps']} steps, {res['bytes']:,} training bytes each, "
+             f"{res['data']}, {res['device']}", table(rows, header),
+             f"gap (n=8 head 1 - baseline): {res['bpb_gap']:+.4f} bits/byte"]
+    if teacher:
+        lines.append(f"teacher term, head 1: {res['teacher_bpb_gap']:+.4f} bits/byte against n=8 without it")
+    arms = {"mtp": "n=8", "mtp_teacher": "n=8 with teacher"}
+    drafts = [(arms[name], f"{d['agreed_bytes_per_forward'][max(d['agreed_bytes_per_forward'])]:.2f}",
+               *(f"{d['decoded_bytes_per_forward'].get(m, float('nan')):.2f}" for m in ("chain-all", "tree-all")))
+              for name, d in res.get("drafts", {}).items()]
+    if drafts:
+        lines.append(table(drafts, ("draft heads", "agreed bytes/pass (8)", "chain-all bytes/pass",
+                                    "tree-all bytes/pass")))
+    return "\n".join(lines)
 
 
 class StageBars:

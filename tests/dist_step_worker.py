@@ -52,9 +52,9 @@ def train_steps(model, wrapped, cfg, data, *, memory_efficient: bool, d: dist_li
     losses = []
     for micro_batches in data:
         rows = (batch.chunk(d.world_size)[d.rank] for batch in micro_batches)
-        loss, _, _ = accumulate_gradients(model, wrapped, rows, step_fn=step_fn, loss_cfg=cfg.loss,
-                                          accum=len(micro_batches), d=d)
-        losses.append(float(loss))
+        figures = accumulate_gradients(model, wrapped, rows, step_fn=step_fn, loss_cfg=cfg.loss,
+                                       accum=len(micro_batches), d=d)
+        losses.append(float(figures.total))
         dist_lib.local(torch.nn.utils.clip_grad_norm_(params, 1.0))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -198,6 +198,13 @@ def test_bench_quality_takes_a_device(code_corpus, tmp_path):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["device"] == "cpu" and data["mtp_bpb"] > 0 and data["ntp_bpb"] > 0
-    for name in ("ntp", "mtp"):
+    for name, teacher in (("ntp", 0.0), ("mtp", 0.0), ("mtp_teacher", 1.0)):
         saved = json.loads((tmp_path / "runs" / name / "run-config.json").read_text())
-        assert saved["train"]["device"] == "cpu"
+        assert saved["train"]["device"] == "cpu" and saved["loss"]["teacher_weight"] == teacher
+    # the teacher arm trained on the same bytes: the same first step, so the same head-1 loss
+    first = [json.loads((tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()[0])
+             for name in ("mtp", "mtp_teacher")]
+    assert first[0]["head_loss"][0] == first[1]["head_loss"][0] and first[0]["bytes"] == first[1]["bytes"]
+    assert data["teacher_bpb_gap"] == pytest.approx(data["teacher_head_bpb"][0] - data["mtp_bpb"])
+    assert set(data["drafts"]) == {"mtp", "mtp_teacher"}
+    assert set(data["drafts"]["mtp"]["decoded_bytes_per_forward"]) == {"chain-all", "tree-all"}

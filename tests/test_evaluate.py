@@ -47,6 +47,7 @@ def _recount(model, corpus, batches, batch_size):
     loader = ByteLoader(DataConfig(path=str(corpus), batch_size=batch_size, shuffle_buffer=1), model.config,
                         split="val")
     accepted, positions = [0] * (K + 1), [0] * (K + 1)
+    agreed, paired = [0] * (K + 1), [0] * (K + 1)
     for _ in range(batches):
         batch = next(loader)
         if loader.epoch > 0:
@@ -60,16 +61,22 @@ def _recount(model, corpus, batches, batch_size):
                     if all(targets[b, t, j] != IGNORE for j in range(k)):
                         positions[k] += 1
                         accepted[k] += all(picks[b, t, j] == targets[b, t, j] for j in range(1, k))
-    return {k: accepted[k] / positions[k] for k in range(2, K + 1)}
+                        if t + k - 1 < T:  # head j's byte is head 1's next byte at t + j - 1
+                            paired[k] += 1
+                            agreed[k] += all(picks[b, t, j] == picks[b, t + j, 0] for j in range(1, k))
+    return ({k: accepted[k] / positions[k] for k in range(2, K + 1)},
+            {k: agreed[k] / paired[k] for k in range(2, K + 1)})
 
 
 def test_acceptance_profile_equals_a_position_by_position_count(code_corpus):
     model = _model()
     got = evaluate(model, str(code_corpus), batches=2, batch_size=2)
-    want = _recount(model, code_corpus, 2, 2)
-    assert got["acceptance"].keys() == want.keys()
+    want, agreement = _recount(model, code_corpus, 2, 2)
+    assert got["acceptance"].keys() == want.keys() == got["agreement"].keys()
     for k in want:
         assert got["acceptance"][k] == pytest.approx(want[k], abs=1e-12), k
+        assert got["agreement"][k] == pytest.approx(agreement[k], abs=1e-12), k
+        assert got["agreed_bytes_per_forward"][k] == pytest.approx(1 + sum(agreement[j] for j in range(2, k + 1)))
     rates = [got["acceptance"][k] for k in sorted(got["acceptance"])]
     assert rates == sorted(rates, reverse=True)  # more heads all right: never more often
     for k in got["bytes_per_forward"]:
@@ -105,10 +112,12 @@ def test_eval_command(code_corpus, tmp_path):
     res = CliRunner().invoke(main, ["eval", "--ckpt", str(tmp_path / "run"), "--batches", "3", "--batch-size", "2",
                                     "--json", str(out)])
     assert res.exit_code == 0, res.output
-    assert "heads 2..k right" in res.output and "h4" in res.output
+    assert "2..k right" in res.output and "2..k agree with h1" in res.output and "h4" in res.output
     data = json.loads(out.read_text())
     assert len(data["bpb"]) == len(data["accuracy"]) == 4 and data["bytes"] > 0
-    assert set(data["acceptance"]) == {"2", "3", "4"}
+    assert set(data["acceptance"]) == set(data["agreement"]) == {"2", "3", "4"}
+    row = next(line.split() for line in res.output.splitlines() if line.split()[:1] == ["h4"])
+    assert row[-2:] == [f"{data['agreement']['4']:.3f}", f"{data['agreed_bytes_per_forward']['4']:.2f}"]
     res = CliRunner().invoke(main, ["eval", "--ckpt", str(tmp_path / "run"), "--data", str(tmp_path / "none")])
     assert res.exit_code != 0 and "Traceback" not in res.output
     res = CliRunner().invoke(main, ["eval", "--ckpt", str(tmp_path / "run"), "--split", "all", "--batches", "2"])

@@ -20,14 +20,16 @@ def _grads(model):
 @pytest.mark.parametrize("head_type", ["transformer", "linear", "causal"])
 @pytest.mark.parametrize("unembed", ["shared", "replicated"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_memory_efficient_gradients_equal_plain(head_type, unembed, dropout):
+@pytest.mark.parametrize("teacher", [False, True])
+def test_memory_efficient_gradients_equal_plain(head_type, unembed, dropout, teacher):
     cfg = dataclasses.replace(C.tiny().model, head_type=head_type, unembed=unembed, dropout=dropout,
                               n_future=4, head_layers=2, n_layers=10)
     model = ByteMTP(cfg)
     model.init_weights(generator=torch.Generator().manual_seed(0))
     ids = torch.randint(0, 256, (3, 24 + 4), generator=torch.Generator().manual_seed(1))
     ids[0, 7] = ids[2, 15] = EOS
-    loss_cfg = C.LossConfig(head_weights="geometric")
+    loss_cfg = C.LossConfig(head_weights="geometric", **(
+        {"teacher_weight": 0.7, "teacher_temperature": 0.5, "draft_data_weight": 0.4} if teacher else {}))
 
     torch.manual_seed(5)
     plain = plain_forward_backward(model, ids, loss_cfg=loss_cfg, scale=0.5)
@@ -38,11 +40,42 @@ def test_memory_efficient_gradients_equal_plain(head_type, unembed, dropout):
 
     torch.testing.assert_close(efficient.total, plain.total)
     torch.testing.assert_close(efficient.head_loss, plain.head_loss)
+    torch.testing.assert_close(efficient.head_kl, plain.head_kl)
+    torch.testing.assert_close(efficient.head_agreement, plain.head_agreement)
+    assert (efficient.head_kl[1:] > 0).all() == teacher
     assert torch.equal(efficient.head_count, plain.head_count)
     for name, g in plain_grads.items():
         assert g.abs().sum() > 0, f"{name} got no gradient"
         torch.testing.assert_close(efficient_grads[name], g, atol=1e-6, rtol=1e-5, msg=name)
     assert not efficient.total.requires_grad and not plain.total.requires_grad
+
+
+def freeze_all_but_draft_heads(model: ByteMTP) -> None:
+    """What tune-heads trains: heads 2..n and their unembeddings; the rest is frozen."""
+    model.requires_grad_(False)
+    for module in model.draft_heads():
+        module.requires_grad_(True)
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+def test_a_frozen_trunk_and_head_1_train_only_the_draft_heads_as_the_reference_does(head_type):
+    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=4, head_layers=1, n_layers=6)
+    model = ByteMTP(cfg)
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    freeze_all_but_draft_heads(model)
+    ids = torch.randint(0, 256, (2, 20 + 4), generator=torch.Generator().manual_seed(1))
+    loss_cfg = C.LossConfig(teacher_weight=1.0, draft_data_weight=0.0)
+    plain = plain_forward_backward(model, ids, loss_cfg=loss_cfg)
+    plain_grads = {n: p.grad for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    efficient = forward_backward(model, ids, loss_cfg=loss_cfg)
+    torch.testing.assert_close(efficient.total, plain.total)
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+            torch.testing.assert_close(p.grad, plain_grads[name], atol=1e-6, rtol=1e-5, msg=name)
+        else:
+            assert p.grad is None and plain_grads[name] is None, name
 
 
 def test_gradients_accumulate_across_calls():

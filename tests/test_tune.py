@@ -1,0 +1,145 @@
+"""`bytemtp tune-heads`: heads 2..n trained toward head 1 on a frozen trunk. The frozen parts stay
+equal to the source's to the bit, the tuned run loads and resumes like any run, and what a user can
+get wrong stops with one line."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from bytemtp import config as C
+from bytemtp.checkpoint import load_model
+from bytemtp.train import train
+from bytemtp_cli.main import main
+
+
+@pytest.fixture(scope="module")
+def source(code_corpus, tmp_path_factory):
+    """A tiny 4-head run, trained a few steps so that its heads disagree."""
+    cfg = C.apply_overrides(C.tiny(), [f"data.path={code_corpus}", "model.n_future=4", "train.steps=30",
+                                       "train.eval_batches=2", "data.batch_size=4", "train.lr=3e-3",
+                                       "train.warmup_steps=5"])
+    run = tmp_path_factory.mktemp("tune") / "source"
+    train(cfg, run, show_progress=False, say=lambda m: None)
+    return run
+
+
+def _tune(args):
+    res = CliRunner().invoke(main, ["tune-heads", *args])
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def _weights(path):
+    model, cfg = load_model(path)
+    return model, cfg
+
+
+def test_a_tune_trains_only_the_draft_heads_and_reports_before_and_after(source, tmp_path):
+    report = tmp_path / "tune.json"
+    res = _tune(["--ckpt", str(source), "--out", str(tmp_path / "tuned"), "--steps", "6", "--report-prompts", "2",
+                 "--json", str(report)])
+    before, cfg_before = _weights(source)
+    after, cfg_after = _weights(tmp_path / "tuned")
+    assert cfg_after.train.trainable == "draft-heads" and cfg_after.loss.teacher_weight == 1.0
+    assert cfg_after.loss.draft_data_weight == 1.0 and cfg_after.model == cfg_before.model
+    assert cfg_after.loss.rollout_bytes == cfg_before.model.seq_len // 2
+    draft = {id(p) for m in after.draft_heads() for p in m.parameters()}
+    state_before = before.state_dict()
+    changed = []
+    for (name, p) in after.named_parameters():
+        if id(p) in draft:
+            changed.append(not torch.equal(p, state_before[name]))
+        else:
+            assert torch.equal(p, state_before[name]), f"{name} is frozen but changed"
+    assert changed and all(changed)
+    data = json.loads(report.read_text())
+    assert data["before"]["bpb"][0] == data["after"]["bpb"][0]  # head 1 unchanged: the same bits/byte
+    assert all(a != b for a, b in zip(data["after"]["bpb"][1:], data["before"]["bpb"][1:]))  # heads 2..n trained
+    assert set(data["after"]["decoded_bytes_per_forward"]) == {"chain-all", "tree-all"}
+    for side in ("before", "after"):
+        assert 1.0 <= data[side]["decoded_bytes_per_forward"]["chain-all"] <= 4.0
+    assert "before" in res.output and "after" in res.output and "chain-all bytes/pass" in res.output
+
+
+def test_a_tune_resumes_exactly(source, tmp_path):
+    _tune(["--ckpt", str(source), "--out", str(tmp_path / "once"), "--steps", "6", "--report-prompts", "0"])
+    _tune(["--ckpt", str(source), "--out", str(tmp_path / "twice"), "--steps", "6", "--report-prompts", "0",
+           "--set", "train.max_time=0", "--set", "train.ckpt_every=3", "--set", "train.steps=3"])
+    _tune(["--resume", "--out", str(tmp_path / "twice"), "--steps", "6", "--report-prompts", "0"])
+    once, _ = _weights(tmp_path / "once")
+    twice, _ = _weights(tmp_path / "twice")
+    for (name, a), b in zip(once.state_dict().items(), twice.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_a_tune_on_the_teacher_term_brings_the_draft_heads_toward_head_1(source, tmp_path):
+    """The term it trains on falls, and with it the heads' disagreement with head 1: the sign,
+    the shift and the detach of the teacher are right."""
+    _tune(["--ckpt", str(source), "--out", str(tmp_path / "t"), "--steps", "30", "--report-prompts", "0",
+           "--data-term", "0", "--rollout-bytes", "0", "--set", "train.lr=1e-2", "--set", "train.log_every=1"])
+    lines = [json.loads(line) for line in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if "head_teacher_kl" in line]
+    first, last = (sum(s["head_teacher_kl"][1:]) for s in (steps[0], steps[-1]))
+    assert last < 0.5 * first, (first, last)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "2"], "name the run to tune"),
+    (["--ckpt", "{source}"], "no stop condition"),
+    (["--ckpt", "{source}", "--steps", "2", "--set", "model.d_model=64"], "model.* cannot change"),
+    (["--ckpt", "{source}", "--steps", "2", "--out", "{source}"], "the run being tuned"),
+    (["--ckpt", "{source}", "--steps", "2", "--data-term", "0", "--set", "loss.teacher_weight=0"],
+     "need a data term or a teacher term"),
+    (["--resume", "--ckpt", "{source}", "--steps", "2"], "leave --ckpt out"),
+])
+def test_mistakes_stop_with_one_line(source, tmp_path, args, message):
+    args = [a.format(source=source) for a in args]
+    if "--out" not in args:
+        args += ["--out", str(tmp_path / "out")]
+    res = CliRunner().invoke(main, ["tune-heads", *args])
+    assert res.exit_code != 0 and message in res.output and "Traceback" not in res.output, res.output
+
+
+def test_a_run_starts_from_weights_of_the_same_model_only(source, code_corpus, tmp_path):
+    cfg = C.apply_overrides(C.tiny(), [f"data.path={code_corpus}", "model.n_future=4", "train.steps=1",
+                                       f"train.init={source}", "data.batch_size=2", "train.eval_batches=1"])
+    got = train(cfg, tmp_path / "a", show_progress=False, say=lambda m: None)
+    assert got.step == 1
+    other = C.apply_overrides(cfg, ["model.n_future=2"])
+    res = CliRunner().invoke(main, ["train", "--preset", "tiny", "--data", str(code_corpus), "--out",
+                                    str(tmp_path / "b"), "--steps", "1", "--set", "model.n_future=2",
+                                    "--set", f"train.init={source}"])
+    assert res.exit_code != 0 and "other settings" in res.output and "n_future=4" in res.output, res.output
+    assert other.train.init == str(source)
+
+
+def test_a_greedy_rollout_is_head_1s_greedy_continuation_position_by_position():
+    from bytemtp.model import ByteMTP
+    from bytemtp.rollout import greedy_rollout
+    from bytemtp.vocab import EOS, PAD
+
+    cfg = C.apply_overrides(C.tiny(), ["model.n_future=4"]).model
+    model = ByteMTP(cfg)
+    model.init_weights(generator=torch.Generator().manual_seed(3))
+    model.train()
+    ids = torch.randint(0, 256, (3, cfg.window), generator=torch.Generator().manual_seed(4))
+    ids[1, 5] = EOS
+    T, n = cfg.seq_len, 20
+    got = greedy_rollout(model, ids, n)
+    assert model.training  # mode kept
+    assert torch.equal(got[:, :T + 1 - n], ids[:, :T + 1 - n]) and (got[:, T + 1:] == PAD).all()
+    with torch.no_grad():
+        model.eval()
+        for j in range(T + 1 - n, T + 1):  # each written byte: head 1's argmax after the ids before it
+            want = model.logits(got[:, :j], heads=1)[:, -1, 0, :EOS + 1].argmax(-1)
+            assert torch.equal(got[:, j], want), j
+    with pytest.raises(ValueError, match="does not fit"):
+        greedy_rollout(model, ids, T + 1)
+
+
+def test_rollouts_need_a_frozen_trunk():
+    with pytest.raises(ValueError, match="trainable=draft-heads"):
+        C.apply_overrides(C.tiny(), ["loss.rollout_bytes=16"])
+    C.apply_overrides(C.tiny(), ["loss.rollout_bytes=16", "train.trainable=draft-heads"])
