@@ -132,7 +132,7 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
             progress()
     model.train(was_training)
     if d.active:
-        both = torch.cat([sums.flatten(), runs]).to(device)
+        both = torch.cat([sums.flatten(), runs.flatten()]).to(device)
         torch.distributed.all_reduce(both)
         both = both.cpu()
         sums, runs = both[:5 * K].view(5, K), both[5 * K:].view(2, K)
