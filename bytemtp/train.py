@@ -14,6 +14,12 @@ run's losses equal an uninterrupted run's bit for bit (a test kills a run with S
 it). The global torch RNG (dropout draws from it) is seeded from train.seed inside
 `torch.random.fork_rng`, so the caller's RNG is left as it was.
 
+A new run may start from another run's weights (train.init, the same model settings) and train
+only the draft heads (train.trainable=draft-heads: the embedding, trunk and head 1 frozen), which
+is what `bytemtp tune-heads` sets; with loss.rollout_bytes each window's end is first replaced
+by the model's own greedy continuation (`bytemtp.rollout`). The log then carries each head's
+agreement with head 1 and, with the teacher term on, its KL to head 1.
+
 Faults: a step whose loss or gradient norm is not finite is skipped (no parameter or optimizer
 update, counted) and the run aborts after train.max_bad_steps in a row. A checkpoint that fails
 to save (a full disk) leaves the previous one intact and the run says so and goes on; only a
@@ -47,8 +53,8 @@ from tqdm import tqdm
 
 from bytemtp import corpus
 from bytemtp import distributed as dist_lib
-from bytemtp.checkpoint import (CheckpointError, latest_checkpoint, load_optimizer_state, load_train_state,
-                                save_checkpoint)
+from bytemtp.checkpoint import (CheckpointError, latest_checkpoint, load_model, load_optimizer_state,
+                                load_train_state, resolve_checkpoint, save_checkpoint)
 from bytemtp.config import Config, DataConfig, TrainConfig, to_json
 from bytemtp.devices import resolve_device, rng_state, set_rng_state
 from bytemtp.evaluate import evaluate
@@ -103,8 +109,6 @@ def set_trainable(model: ByteMTP, trainable: str) -> None:
 
 def start_from(model: ByteMTP, init: str, device: torch.device) -> Path:
     """Load the weights of train.init (a checkpoint, or a run's newest) into a new run's model."""
-    from bytemtp.checkpoint import load_model, resolve_checkpoint
-
     ckpt = resolve_checkpoint(init)
     source, cfg = load_model(ckpt, device=device)
     if cfg.model != model.config:
