@@ -331,11 +331,14 @@ def _relaunch_with_torchrun(nproc: int) -> None:
 @click.option("--batches", default=50, show_default=True, type=click.IntRange(1),
               help="Batches at most (per process); fewer when the split ends first.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--decode-prompts", default=0, show_default=True, type=click.IntRange(0),
+              help="Also decode this many held-out prompts (the starts of val documents) greedily with a chain "
+                   "and a tree of all heads, and report the bytes per pass measured.")
 @device_option()
 @dtype_option()
 @json_option()
-def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, batch_size: int, device: str,
-             dtype: str, json_path: str | None) -> None:
+def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, batch_size: int,
+             decode_prompts: int, device: str, dtype: str, json_path: str | None) -> None:
     """Bits per byte and accuracy of every head, and the acceptance profile of self-speculative decoding.
 
     Runs under torchrun too (each process evaluates its share; the sums are added).
@@ -358,7 +361,27 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, 
         res = {"ckpt": str(ckpt), "data": str(data), "split": split, **res}
         echo(f"{res['bytes']:,} bytes of {data} ({split})")
         echo(report.eval_table(res))
+        if decode_prompts:
+            res["decoded"] = _decoded(ckpt, data, decode_prompts, device=device, dtype=dtype)
+            echo(report.decoded_line(res["decoded"]))
         write_json(json_path, res)
+
+
+def _decoded(ckpt: str, data: str, n: int, *, device: str, dtype: str | None) -> dict:
+    """Bytes per pass of greedy chain and tree drafts of all heads on n held-out prompts."""
+    from bytemtp.checkpoint import load_model
+    from bytemtp.devices import resolve_device
+    from bytemtp.evaluate import decoded_bytes_per_pass, has_splits, val_prompts
+
+    if not has_splits(data):
+        raise click.ClickException(f"{data} is not a prepared corpus: it has no val split to take held-out "
+                                   "prompts from (--decode-prompts)")
+    model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype)
+    if model.config.n_future < 2:
+        raise click.ClickException("--decode-prompts measures the draft heads; this model has only head 1")
+    prompts = val_prompts(data, n=n, prompt_bytes=128)
+    return {"prompts": len(prompts), "max_bytes": 150,
+            "bytes_per_forward": decoded_bytes_per_pass(model, prompts, max_bytes=150)}
 
 
 @main.command("plot")

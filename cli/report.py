@@ -170,6 +170,12 @@ def tune_table(before: dict | None, after: dict) -> str:
     return where + "\n" + table(rows, header)
 
 
+def decoded_line(dec: dict) -> str:
+    shapes = ", ".join(f"{name} {bpp:.2f}" for name, bpp in dec["bytes_per_forward"].items())
+    return (f"decoded: {dec['prompts']} held-out prompts, {dec['max_bytes']} greedy bytes each; "
+            f"bytes per pass: {shapes}")
+
+
 def task_table(header: str, sizes: dict, accuracy: dict, scores: dict, overall: float) -> str:
     rows = [(g, n, f"{accuracy[g]:.3f}", f"{scores[g]['byte_accuracy']:.3f}", f"{scores[g]['bpb']:.3f}")
             for g, n in sizes.items()] + [("all", sum(sizes.values()), f"{overall:.3f}", "", "")]

@@ -118,6 +118,13 @@ def test_eval_command(code_corpus, tmp_path):
     assert set(data["acceptance"]) == set(data["agreement"]) == {"2", "3", "4"}
     row = next(line.split() for line in res.output.splitlines() if line.split()[:1] == ["h4"])
     assert row[-2:] == [f"{data['agreement']['4']:.3f}", f"{data['agreed_bytes_per_forward']['4']:.2f}"]
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(tmp_path / "run"), "--batches", "1", "--decode-prompts", "2",
+                                    "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    decoded = json.loads(out.read_text())["decoded"]
+    assert decoded["prompts"] == 2 and set(decoded["bytes_per_forward"]) == {"chain-all", "tree-all"}
+    assert "bytes per pass: chain-all" in res.output
+    assert all(1.0 <= b <= 4.0 for b in decoded["bytes_per_forward"].values())
     res = CliRunner().invoke(main, ["eval", "--ckpt", str(tmp_path / "run"), "--data", str(tmp_path / "none")])
     assert res.exit_code != 0 and "Traceback" not in res.output
     res = CliRunner().invoke(main, ["eval", "--ckpt", str(tmp_path / "run"), "--split", "all", "--batches", "2"])
