@@ -223,12 +223,14 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
 @click.option("--resume", is_flag=True, help="Continue the tune in --out from its newest checkpoint.")
 @click.option("--report-prompts", default=16, show_default=True, type=click.IntRange(0),
               help="Held-out prompts decoded before and after to measure bytes per pass (0: evaluate only).")
+@click.option("--nproc", type=click.IntRange(1), default=None,
+              help="Launch this many processes on this machine with torchrun (one per GPU).")
 @device_option(None)
 @json_option()
 def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str | None, max_time: str | None,
                    teacher_weight: float | None, temperature: float | None, data_term: float | None,
-                   rollout_bytes: int | None, config_file: str | None, overrides: tuple[str, ...], resume: bool, report_prompts: int,
-                   device: str | None, json_path: str | None) -> None:
+                   rollout_bytes: int | None, config_file: str | None, overrides: tuple[str, ...], resume: bool,
+                   report_prompts: int, nproc: int | None, device: str | None, json_path: str | None) -> None:
     """Train heads 2..n of a run toward its next-byte head, which stays frozen with the trunk.
 
     Greedy self-speculative decoding keeps a drafted byte only when head 1 would have chosen it,
@@ -240,6 +242,8 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
     head 1 and the bytes per pass of greedy decoding (chain and tree of all heads) on held-out
     prompts before and after; the tuned run loads everywhere a run does and resumes like `train`.
     """
+    if nproc is not None:
+        _relaunch_with_torchrun(nproc)
     from bytemtp import runs
     from bytemtp import train as train_lib
 
