@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import click
 
@@ -206,7 +207,7 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
 @click.option("--steps", type=click.IntRange(1), help="Stop after this many optimizer steps (cosine schedule over them).")
 @click.option("--bytes", "max_bytes", help="Stop after this many training bytes (e.g. 5M).")
 @click.option("--time", "max_time", help="Stop after this much wall time (e.g. 3m).")
-@click.option("--teacher-weight", type=click.FloatRange(0, min_open=True), default=None,
+@click.option("--teacher-weight", type=click.FloatRange(0), default=None,
               help="Weight of the teacher term (loss.teacher_weight).  [default: 1]")
 @click.option("--temperature", type=click.FloatRange(0, min_open=True), default=None,
               help="Temperature of head 1's distribution as the teacher (loss.teacher_temperature).  [default: 1]")
@@ -268,20 +269,24 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
         raise click.ClickException("no stop condition: give --steps, --bytes or --time")
     if plan.done is not None:
         if main_rank:
-            click.echo(f"{plan.run_dir} is already done at step {plan.done.step}; raise --steps to tune on")
+            echo(f"{plan.run_dir} is already done at step {plan.done.step}; raise --steps to tune on")
         return
     report_args = dict(cfg=cfg, prompts=report_prompts) if main_rank else None
     before = _draft_report(cfg.train.init, **report_args) if report_args else None
     if main_rank:
-        click.echo(report.train_header(cfg, plan.run_dir, resume=plan.resume))
+        echo(report.train_header(cfg, plan.run_dir, resume=plan.resume))
+    def say(text: str) -> None:  # the run's notes, above its progress bar, where the report goes
+        from tqdm import tqdm
+        tqdm.write(text, file=sys.stderr if json_path == "-" else sys.stdout)
+
     try:
-        result = train_lib.train(cfg, plan.run_dir, resume=plan.resume)
+        result = train_lib.train(cfg, plan.run_dir, resume=plan.resume, say=say)
     except train_lib.TrainingError as e:
         raise click.ClickException(str(e)) from None
     if not main_rank:
         return
-    click.echo(f"stopped by {result.stopped_by} at step {result.step} ({result.bytes_seen:,} bytes)\n"
-               f"checkpoint {result.checkpoint}")
+    echo(f"stopped by {result.stopped_by} at step {result.step} ({result.bytes_seen:,} bytes)\n"
+         f"checkpoint {result.checkpoint}")
     after = _draft_report(result.checkpoint, **report_args)
     echo(report.tune_table(before, after))
     write_json(json_path, {"source": cfg.train.init, "tuned": str(result.checkpoint), "before": before,

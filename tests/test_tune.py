@@ -143,3 +143,11 @@ def test_rollouts_need_a_frozen_trunk():
     with pytest.raises(ValueError, match="trainable=draft-heads"):
         C.apply_overrides(C.tiny(), ["loss.rollout_bytes=16"])
     C.apply_overrides(C.tiny(), ["loss.rollout_bytes=16", "train.trainable=draft-heads"])
+
+
+def test_json_on_stdout_is_the_report_alone(source, tmp_path):
+    res = _tune(["--ckpt", str(source), "--out", str(tmp_path / "j"), "--steps", "2", "--report-prompts", "0",
+                 "--json", "-"])
+    data = json.loads(res.stdout)
+    assert data["source"].endswith("step-00000030") and data["tuned"].endswith("step-00000002")
+    assert data["before"]["bpb"][0] == data["after"]["bpb"][0]
