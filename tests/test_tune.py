@@ -151,3 +151,40 @@ def test_json_on_stdout_is_the_report_alone(source, tmp_path):
     data = json.loads(res.stdout)
     assert data["source"].endswith("step-00000030") and data["tuned"].endswith("step-00000002")
     assert data["before"]["bpb"][0] == data["after"]["bpb"][0]
+
+
+@pytest.fixture(scope="module")
+def prose_source(tmp_path_factory):
+    """A tiny 8-head run trained 150 steps on 80 files of this Python's standard library: varied
+    enough text that its greedy continuations are not the corpus's."""
+    import shutil
+    import sysconfig
+    from pathlib import Path
+
+    from bytemtp.prep import prepare
+
+    root = tmp_path_factory.mktemp("stdlib")
+    (root / "src").mkdir()
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:80]:
+        shutil.copy(path, root / "src" / path.name)
+    prepare([root / "src"], root / "corpus", val_fraction=0.2)
+    cfg = C.apply_overrides(C.tiny(), [f"data.path={root / 'corpus'}", "train.steps=150", "train.eval_batches=2",
+                                       "data.batch_size=4", "train.lr=3e-3", "train.warmup_steps=5"])
+    train(cfg, root / "run", show_progress=False, say=lambda m: None)
+    return root / "run"
+
+
+@pytest.mark.slow
+def test_self_generated_targets_raise_the_bytes_per_pass_decoded(prose_source, tmp_path):
+    """The whole tune, with and without self-generated targets, the same steps: decoded greedily
+    from held-out prompts, the heads tuned on the model's own text keep more of their drafts (the
+    outputs are the same: head 1 is frozen). Measured: 1.27 before, 1.27 on the corpus, 6.25."""
+    got = {}
+    for name, rollout in (("corpus", "0"), ("rollouts", "32")):
+        report = tmp_path / f"{name}.json"
+        _tune(["--ckpt", str(prose_source), "--out", str(tmp_path / name), "--steps", "40", "--report-prompts", "4",
+               "--rollout-bytes", rollout, "--set", "train.lr=1e-2", "--json", str(report)])
+        data = json.loads(report.read_text())
+        got[name] = data["after"]["decoded_bytes_per_forward"]["chain-all"]
+        got["before"] = data["before"]["decoded_bytes_per_forward"]["chain-all"]
+    assert got["rollouts"] > 1.5 * max(got["before"], got["corpus"]), got
