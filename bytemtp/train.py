@@ -360,7 +360,10 @@ class _Run:
     def _targets(self, batch: torch.Tensor) -> torch.Tensor:
         """The batch, or with loss.rollout_bytes its windows ending in the model's greedy continuation."""
         n = self.cfg.loss.rollout_bytes
-        return greedy_rollout(self.model, batch, n) if n else batch
+        if not n:
+            return batch
+        with self.autocast:  # bf16 on CUDA, as the step itself runs
+            return greedy_rollout(self.model, batch, n)
 
     def _progress_line(self, figures: StepFigures, step_s: float) -> str:
         """The next-byte head's loss (the figure a byte model is judged by; the sum over heads is
