@@ -202,12 +202,20 @@ def draft_report(model: ByteMTP, data: str, *, batches: int = 20, batch_size: in
                    progress=progress)
     report = {"split": split or "all", "bytes": res["bytes"], "bpb": res["bpb"], "agreement": res["agreement"],
               "agreed_bytes_per_forward": res["agreed_bytes_per_forward"], "decoded_bytes_per_forward": {}}
-    if prompts and model.config.n_future > 1:
-        held_out = val_prompts(data, n=prompts, prompt_bytes=prompt_bytes) if split else []
-        if held_out:
-            report["prompts"], report["max_bytes"] = len(held_out), max_bytes
-            report["decoded_bytes_per_forward"] = decoded_bytes_per_pass(model, held_out, max_bytes=max_bytes)
+    if prompts and model.config.n_future > 1 and split:
+        decoded = held_out_decoding(model, data, prompts=prompts, prompt_bytes=prompt_bytes, max_bytes=max_bytes)
+        report.update(prompts=decoded["prompts"], max_bytes=max_bytes,
+                      decoded_bytes_per_forward=decoded["bytes_per_forward"])
     return report
+
+
+def held_out_decoding(model: ByteMTP, data: str, *, prompts: int = 16, prompt_bytes: int = 128,
+                      max_bytes: int = 150) -> dict:
+    """`decoded_bytes_per_pass` on the first `prompts` val documents of a prepared corpus (their
+    first `prompt_bytes` bytes): {"prompts": how many, "max_bytes", "bytes_per_forward": per draft}."""
+    held_out = val_prompts(data, n=prompts, prompt_bytes=prompt_bytes)
+    return {"prompts": len(held_out), "max_bytes": max_bytes,
+            "bytes_per_forward": decoded_bytes_per_pass(model, held_out, max_bytes=max_bytes)}
 
 
 ANSWER_MAX_BYTES = 32  # how far task_accuracy decodes an answer that must end with EOS

@@ -31,8 +31,8 @@ import torch
 
 from bytemtp.config import LossConfig
 from bytemtp.devices import rng_state, set_rng_state
-from bytemtp.loss import (HeadLoss, LossOutput, Reference, Teacher, future_targets, head_loss, mtp_loss, reference,
-                          summarize, total_of)
+from bytemtp.loss import (HeadLoss, LossOutput, Teacher, future_targets, head_loss, mtp_loss, reference, summarize,
+                          total_of)
 from bytemtp.model import ByteMTP
 
 

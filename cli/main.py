@@ -380,7 +380,7 @@ def _decoded(ckpt: str, data: str, n: int, *, device: str, dtype: str | None) ->
     """Bytes per pass of greedy chain and tree drafts of all heads on n held-out prompts."""
     from bytemtp.checkpoint import load_model
     from bytemtp.devices import resolve_device
-    from bytemtp.evaluate import decoded_bytes_per_pass, has_splits, val_prompts
+    from bytemtp.evaluate import has_splits, held_out_decoding
 
     if not has_splits(data):
         raise click.ClickException(f"{data} is not a prepared corpus: it has no val split to take held-out "
@@ -388,9 +388,7 @@ def _decoded(ckpt: str, data: str, n: int, *, device: str, dtype: str | None) ->
     model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype)
     if model.config.n_future < 2:
         raise click.ClickException("--decode-prompts measures the draft heads; this model has only head 1")
-    prompts = val_prompts(data, n=n, prompt_bytes=128)
-    return {"prompts": len(prompts), "max_bytes": 150,
-            "bytes_per_forward": decoded_bytes_per_pass(model, prompts, max_bytes=150)}
+    return held_out_decoding(model, data, prompts=n)
 
 
 @main.command("plot")

@@ -8,6 +8,7 @@ from bytemtp import config as C
 from bytemtp.evaluate import evaluate
 from bytemtp.model import ByteMTP
 from bytemtp.step import forward_backward, plain_forward_backward
+from bytemtp.train import set_trainable
 from bytemtp.vocab import EOS
 
 
@@ -50,19 +51,12 @@ def test_memory_efficient_gradients_equal_plain(head_type, unembed, dropout, tea
     assert not efficient.total.requires_grad and not plain.total.requires_grad
 
 
-def freeze_all_but_draft_heads(model: ByteMTP) -> None:
-    """What tune-heads trains: heads 2..n and their unembeddings; the rest is frozen."""
-    model.requires_grad_(False)
-    for module in model.draft_heads():
-        module.requires_grad_(True)
-
-
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])
 def test_a_frozen_trunk_and_head_1_train_only_the_draft_heads_as_the_reference_does(head_type):
     cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=4, head_layers=1, n_layers=6)
     model = ByteMTP(cfg)
     model.init_weights(generator=torch.Generator().manual_seed(0))
-    freeze_all_but_draft_heads(model)
+    set_trainable(model, "draft-heads")  # what tune-heads trains: heads 2..n and their unembeddings
     ids = torch.randint(0, 256, (2, 20 + 4), generator=torch.Generator().manual_seed(1))
     loss_cfg = C.LossConfig(teacher_weight=1.0, draft_data_weight=0.0)
     plain = plain_forward_backward(model, ids, loss_cfg=loss_cfg)
