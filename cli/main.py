@@ -21,6 +21,7 @@ from . import report
 from .bench import bench
 from .eval_task import eval_task
 from .generate import generate_cmd
+from .harness import lm_eval_cmd
 from .options import (
     OneLineErrors, check_output_dir, device_option, dtype_option, json_option, one_target, parse_counts,
     parse_duration, parse_size, preset_option)
@@ -468,3 +469,4 @@ def inspect_cmd(path: str | None, ckpt: str | None, json_path: str | None) -> No
 main.add_command(generate_cmd)
 main.add_command(bench)
 main.add_command(eval_task)
+main.add_command(lm_eval_cmd)

@@ -1,0 +1,157 @@
+"""The lm-evaluation-harness model (bytemtp.harness), held against the model's own scores and plain
+greedy decoding, through lm-eval's simple_evaluate on local tasks, and through `bytemtp lm-eval`."""
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from bytemtp import config as C
+from bytemtp.checkpoint import save_checkpoint
+from bytemtp.decode import generate
+from bytemtp.likelihood import loglikelihoods
+from bytemtp.model import ByteMTP
+from bytemtp_cli.main import main
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # tasks read local JSON only
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def test_without_lm_eval_the_error_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    monkeypatch.delitem(sys.modules, "bytemtp.harness", raising=False)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'bytemtp\[harness\]'"):
+        import bytemtp.harness  # noqa: F401
+    result = CliRunner().invoke(main, ["lm-eval", "--model", "bytemtp", "--tasks", "x"])
+    assert result.exit_code == 1 and "bytemtp[harness]" in result.output and "Traceback" not in result.output
+
+
+
+lm_eval = pytest.importorskip("lm_eval")
+
+
+@pytest.fixture(scope="module")
+def harness_run(tmp_path_factory):
+    """A tiny 4-head checkpoint, and a task folder with a multiple-choice and a generate_until task
+    over one local JSON file."""
+    root = tmp_path_factory.mktemp("harness")
+    cfg = C.apply_overrides(C.tiny(), ["model.n_future=4"])
+    model = ByteMTP(cfg.model)
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    save_checkpoint(root / "run", step=0, model=model, config=cfg, train_state={})
+    docs = [{"q": f"{a} + {b} =", "choices": [str(a + b), str(a + b + 1), str(a * b + 2)], "gold": (a + b) % 3}
+            for a in range(4) for b in range(3)]
+    (root / "docs.json").write_text("\n".join(json.dumps(d) for d in docs))
+    tasks = root / "tasks"
+    tasks.mkdir()
+    common = (f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {root / 'docs.json'}\n"
+              f"  cache_dir: {root / 'hf-cache'}\ntest_split: test\ndoc_to_text: \"{{{{q}}}}\"\n")
+    (tasks / "tiny_mc.yaml").write_text(
+        "task: tiny_mc\n" + common + "output_type: multiple_choice\ndoc_to_choice: \"{{choices}}\"\n"
+        "doc_to_target: gold\nmetric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
+    (tasks / "tiny_gen.yaml").write_text(
+        "task: tiny_gen\n" + common + "output_type: generate_until\ndoc_to_target: \"{{choices[0]}}\"\n"
+        "generation_kwargs:\n  until: [\"\\n\", \"=\"]\n  max_gen_toks: 12\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n")
+    return root, model, docs
+
+
+def _evaluate(root, tasks, **kw):
+    from lm_eval.tasks import TaskManager
+
+    import bytemtp.harness  # noqa: F401  (registers the model)
+
+    manager = TaskManager(include_path=str(root / "tasks"), include_defaults=False)
+    return lm_eval.simple_evaluate(model="bytemtp", model_args=f"ckpt={root / 'run'},device=cpu,dtype=float32,batch_size=8",
+                                   tasks=tasks, task_manager=manager, log_samples=True, **kw)
+
+
+@pytest.mark.slow
+def test_multiple_choice_through_simple_evaluate_is_the_models_own_scores(harness_run):
+    root, model, docs = harness_run
+    first = _evaluate(root, ["tiny_mc"])
+    samples = first["samples"]["tiny_mc"]
+    assert len(samples) == len(docs)
+    right = 0
+    for s in samples:
+        pairs = [tuple(a) for a in s["arguments"]]  # (context, " " + choice) for each choice
+        want = loglikelihoods(model, [(c.encode(), x.encode()) for c, x in pairs])
+        got = [tuple(r[0]) for r in s["resps"]]
+        assert [lp for lp, _ in got] == pytest.approx([lp for lp, _ in want], rel=1e-5)
+        assert [g for _, g in got] == [g for _, g in want]
+        right += max(range(len(want)), key=lambda i: want[i][0]) == s["doc"]["gold"]
+    acc = first["results"]["tiny_mc"]["acc,none"]
+    assert acc == pytest.approx(right / len(docs))
+    assert _evaluate(root, ["tiny_mc"])["results"]["tiny_mc"]["acc,none"] == acc  # the same twice
+
+
+@pytest.mark.slow
+def test_generate_until_through_simple_evaluate_is_plain_greedy_decoding(harness_run):
+    root, model, docs = harness_run
+    res = _evaluate(root, ["tiny_gen"])
+    for s in res["samples"]["tiny_gen"]:
+        context, gen_kwargs = s["arguments"][0]
+        want = generate(model, context, max_bytes=12, stop=(b"\n", b"=")).output.decode("utf-8", "replace")
+        want = want.split("\n")[0].split("=")[0]
+        assert s["resps"][0][0] == want
+
+
+def _requests(*args):
+    from lm_eval.api.instance import Instance
+
+    return [Instance(request_type="generate_until", doc={}, arguments=a, idx=0) for a in args]
+
+
+def test_generation_settings_sampling_and_limits(harness_run):
+    from bytemtp.harness import ByteMTPLM
+
+    root, model, _ = harness_run
+    lm = ByteMTPLM.create_from_arg_string(f"ckpt={root / 'run'},device=cpu,batch_size=2,seed=7")
+    prompts = ["x = ", "def f(", "import "]
+    greedy = lm.generate_until(_requests(*[(p, {"until": [], "max_gen_toks": 5}) for p in prompts]), disable_tqdm=True)
+    assert greedy == [generate(model, p, max_bytes=5).output.decode("utf-8", "replace") for p in prompts]
+    sampled = [(p, {"do_sample": True, "temperature": 1.0, "max_gen_toks": 20}) for p in prompts]
+    a = lm.generate_until(_requests(*sampled), disable_tqdm=True)
+    again = ByteMTPLM.create_from_arg_string(f"ckpt={root / 'run'},device=cpu,batch_size=2,seed=7")
+    assert again.generate_until(_requests(*sampled), disable_tqdm=True) == a  # seeded
+    assert a != [generate(model, p, max_bytes=20).output.decode("utf-8", "replace") for p in prompts]
+    with pytest.raises(ValueError, match="num_beams"):
+        lm.generate_until(_requests(("x", {"num_beams": 2})), disable_tqdm=True)
+
+
+def test_model_args_win_over_lm_evals_defaults_and_errors_are_one_line(harness_run, tmp_path):
+    from bytemtp.harness import ByteMTPLM
+
+    root, _, _ = harness_run
+    lm = ByteMTPLM.create_from_arg_string(f"ckpt={root / 'run'},batch_size=8",
+                                          {"batch_size": 1, "device": "cpu", "max_batch_size": None})
+    assert lm.batch_size == 8 and lm.device.type == "cpu" and lm.max_length == 64
+    with pytest.raises(ValueError, match="unknown model_args colour"):
+        ByteMTPLM.create_from_arg_string(f"ckpt={root / 'run'},colour=red")
+    with pytest.raises(ValueError, match="needs ckpt"):
+        ByteMTPLM.create_from_arg_string("device=cpu")
+    with pytest.raises(ValueError, match="batch_size"):
+        ByteMTPLM.create_from_arg_string(f"ckpt={root / 'run'},batch_size=0")
+    result = CliRunner().invoke(main, ["lm-eval", "--model", "bytemtp", "--model_args", f"ckpt={tmp_path / 'none'}",
+                                       "--tasks", "tiny_mc", "--include_path", str(root / "tasks")])
+    assert result.exit_code == 1 and "does not exist" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_lm_eval_command_runs_a_local_task_end_to_end(harness_run, tmp_path):
+    """`bytemtp lm-eval`, as a user types it, in a new process; its results file holds the accuracy
+    that simple_evaluate reports."""
+    import subprocess
+
+    root, _, _ = harness_run
+    out = subprocess.run([sys.executable, "-m", "bytemtp_cli", "lm-eval", "--model", "bytemtp", "--model_args",
+                          f"ckpt={root / 'run'},device=cpu,batch_size=8", "--include_path", str(root / "tasks"),
+                          "--tasks", "tiny_mc", "--output_path", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "TQDM_DISABLE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "tiny_mc" in out.stdout and "acc" in out.stdout
+    results = json.loads(next((tmp_path / "out").rglob("results*.json")).read_text())
+    assert results["results"]["tiny_mc"]["acc,none"] == _evaluate(root, ["tiny_mc"])["results"]["tiny_mc"]["acc,none"]

@@ -1,0 +1,96 @@
+"""Byte log-likelihoods (bytemtp.likelihood), held against references: a full forward pass position
+by position, and `bytemtp eval`'s sums over the same bytes."""
+
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from bytemtp import config as C
+from bytemtp.checkpoint import save_checkpoint
+from bytemtp.decode import generate
+from bytemtp.evaluate import evaluate
+from bytemtp.likelihood import loglikelihoods, n_windows, rolling_loglikelihoods, windows
+from bytemtp.loss import LN2
+from bytemtp.model import ByteMTP
+from bytemtp.vocab import EOS
+
+def _model(seq_len=32, n_future=4, seed=0):
+    cfg = dataclasses.replace(C.tiny().model, n_future=n_future, seq_len=seq_len)
+    model = ByteMTP(cfg)
+    model.init_weights(generator=torch.Generator().manual_seed(seed))
+    return model.eval()
+
+
+def _reference(model, context: bytes, continuation: bytes) -> tuple[float, bool]:
+    """log p(continuation | EOS + context) from one full forward pass (the sequence fits the context)."""
+    ids = torch.tensor([[EOS, *context, *continuation]])
+    with torch.no_grad():
+        logits = model.logits(ids[:, :-1], heads=1)[0, :, 0].float()
+    start = len(context)  # position of the last context id: it predicts the continuation's first byte
+    logp = torch.log_softmax(logits, -1)[start:]
+    targets = ids[0, start + 1:]
+    return float(logp[torch.arange(len(targets)), targets].double().sum()), bool((logits[start:].argmax(-1) == targets).all())
+
+
+@pytest.mark.parametrize("n_context,n_cont", [(0, 1), (0, 40), (5, 3), (40, 5), (70, 70), (31, 33), (0, 64)])
+def test_windows_predict_every_byte_once_from_the_bytes_before_it(n_context, n_cont):
+    S = 32
+    context, cont = bytes(range(1, n_context + 1)), bytes(range(100, 100 + n_cont))
+    ids = (EOS, *context, *cont)
+    wins = windows(context, cont, seq_len=S)
+    pos = 1 + n_context  # the next byte to score
+    for w in wins:
+        end = pos + len(w.targets)
+        assert w.targets == ids[pos:end]  # in order, each once
+        assert 1 <= len(w.inputs) <= S and w.first + len(w.targets) == len(w.inputs)
+        assert w.inputs == ids[end - 1 - len(w.inputs):end - 1]  # the ids right before the last target
+        assert len(w.inputs) == min(S, end - 1)  # as much context as the window holds
+        pos = end
+    assert pos == len(ids)
+    assert n_windows([(context, cont)], seq_len=S) == len(wins) == -(-n_cont // S)
+
+
+@pytest.mark.parametrize("context,continuation", [(b"", b"x"), (b"def f(x):", b"\n    return x"),
+                                                  (b"\xff\x00abc", b"\xc3\xa9t\xc3\xa9")])
+def test_loglikelihoods_equal_a_full_forward_pass(context, continuation):
+    model = _model()
+    (got, greedy), = loglikelihoods(model, [(context, continuation)])
+    want, want_greedy = _reference(model, context, continuation)
+    assert got == pytest.approx(want, rel=1e-5) and greedy == want_greedy
+
+
+def test_batching_and_order_change_nothing():
+    model = _model()
+    pairs = [(b"a" * n, b"bc" * (n % 7 + 1)) for n in range(0, 90, 7)]
+    one = loglikelihoods(model, pairs, batch_size=1)
+    many = loglikelihoods(model, pairs, batch_size=5)
+    assert [g for _, g in one] == [g for _, g in many]
+    assert [lp for lp, _ in one] == pytest.approx([lp for lp, _ in many], rel=1e-5)
+
+
+def test_greedy_flag_is_true_exactly_for_the_greedy_continuation():
+    model = _model()
+    prompt = b"hello"
+    greedy = generate(model, prompt, max_bytes=6).output
+    assert len(greedy) == 6  # no EOS: all six bytes are the greedy choices
+    wrong = greedy[:3] + bytes([(greedy[3] + 1) % 256]) + greedy[4:]
+    (_, is_greedy), (_, not_greedy) = loglikelihoods(model, [(prompt, greedy), (prompt, wrong)])
+    assert is_greedy and not not_greedy
+
+
+def test_rolling_loglikelihood_equals_eval_sums_over_the_same_bytes(tmp_path):
+    """A text of 3 full windows, preceded by an empty document (so the stream starts with EOS as
+    a rolling sequence does): eval's head-1 nats are exactly the text's rolling log-likelihood."""
+    model = _model(seq_len=32)
+    S, n = 32, 3
+    text = "".join(chr(97 + (i * 7) % 26) for i in range(n * S))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["", text, "a later document"]))
+    res = evaluate(model, str(corpus), split=None, batches=n, batch_size=1)
+    assert res["bytes"] == n * S
+    nats = res["bpb"][0] * res["bytes"] * LN2
+    got, = rolling_loglikelihoods(model, [text.encode()], batch_size=2)
+    assert -got == pytest.approx(nats, rel=1e-5)
