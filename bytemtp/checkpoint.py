@@ -220,10 +220,17 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 # --- reading ----------------------------------------------------------------------------------
 
 
+def read_config_json(ckpt_dir: str | os.PathLike) -> dict:
+    """bytemtp's part of a checkpoint's config.json: the file's object, or in a Hugging Face export
+    (bytemtp.export) the one under its "bytemtp" key, so an exported folder loads as a checkpoint."""
+    data = _read_json(Path(ckpt_dir) / CONFIG_FILE)
+    return data["bytemtp"] if isinstance(data.get("bytemtp"), dict) else data
+
+
 def load_config(ckpt_dir: str | os.PathLike) -> Config:
     """The Config saved in a checkpoint's config.json (reads nothing else)."""
     path = Path(ckpt_dir) / CONFIG_FILE
-    data = _read_json(path)
+    data = read_config_json(ckpt_dir)
     version = data.get("format_version")
     if version != FORMAT_VERSION:
         fix = ("upgrade bytemtp to read it" if isinstance(version, int) and version > FORMAT_VERSION
@@ -390,7 +397,8 @@ def describe(path: str | os.PathLike) -> dict:
     header (names and shapes are checked against the config)."""
     ckpt = resolve_checkpoint(path)
     cfg = load_config(ckpt)
-    state = _read_json(ckpt / STATE_FILE)
+    exported = "bytemtp" in _read_json(ckpt / CONFIG_FILE)  # a Hugging Face export keeps no train state
+    state = {} if exported else _read_json(ckpt / STATE_FILE)
     weights = ckpt / MODEL_FILE
     _require_file(weights)
     try:

@@ -20,6 +20,7 @@ from bytemtp import config as config_lib
 from . import report
 from .bench import bench
 from .eval_task import eval_task
+from .export import export_cmd
 from .generate import generate_cmd
 from .harness import lm_eval_cmd
 from .options import (
@@ -470,3 +471,4 @@ main.add_command(generate_cmd)
 main.add_command(bench)
 main.add_command(eval_task)
 main.add_command(lm_eval_cmd)
+main.add_command(export_cmd)

@@ -13,9 +13,9 @@ LAYER = {
     "kvcache": 0.5, "devices": 0.5,
     "model": 1, "drafting": 1, "sampling": 1, "loss": 1, "corpus": 1, "prep": 1.5, "compiled": 1.5,
     "step": 2, "rollout": 2, "tasks": 2, "checkpoint": 2, "loader": 2, "decode": 2, "distributed": 2, "flops": 2,
-    "likelihood": 2, "evaluate": 2.5, "runs": 2.5, "speed": 2.5, "train": 3, "plot": 4, "harness": 4,
+    "likelihood": 2, "evaluate": 2.5, "runs": 2.5, "speed": 2.5, "train": 3, "plot": 4, "harness": 4, "export": 3,
     "bench": 4,
-    "execution": 0, "humaneval": 3,
+    "execution": 0, "humaneval": 3, "remote_code": 0,
 }
 NO_TORCH = {"config", "vocab", "execution"}
 
