@@ -106,10 +106,10 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, model: ByteMTP, co
             torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state,
                        tmp / OPTIMIZER_FILE)
         for path in tmp.iterdir():  # the writers have closed their files; make them durable
-            _fsync(path)
-        _fsync(tmp)
-        _replace_dir(tmp, final)
-        _fsync(root)
+            fsync(path)
+        fsync(tmp)
+        replace_dir(tmp, final)
+        fsync(root)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, (OSError, SafetensorError)):  # safetensors reports its write errors as its own
@@ -128,7 +128,7 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, model: ByteMTP, co
     return final
 
 
-def _fsync(path: Path) -> None:
+def fsync(path: Path) -> None:
     """Flush a closed file's data, or a directory's entries (renames), to the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -137,7 +137,7 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _replace_dir(tmp: Path, final: Path) -> None:
+def replace_dir(tmp: Path, final: Path) -> None:
     """Rename tmp to final; an existing final is moved aside first and restored if that fails."""
     if not final.exists():
         os.rename(tmp, final)

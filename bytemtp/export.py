@@ -32,7 +32,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from bytemtp import remote_code
-from bytemtp.checkpoint import (CONFIG_FILE, FORMAT_VERSION, MODEL_FILE, CheckpointError, _fsync, _replace_dir,
+from bytemtp.checkpoint import (CONFIG_FILE, FORMAT_VERSION, MODEL_FILE, CheckpointError, fsync, replace_dir,
                                 load_model, read_config_json, resolve_checkpoint)
 from bytemtp.config import ModelConfig, to_dict
 from bytemtp.vocab import BOS, EOS, N_BYTES, PAD, VOCAB_SIZE
@@ -95,18 +95,18 @@ def export_hf(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
                                                   source=meta), encoding="utf-8")
         done("README.md")
         for path in tmp.iterdir():
-            _fsync(path)
-        _fsync(tmp)
+            fsync(path)
+        fsync(tmp)
         if out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # an empty folder made for the export
-        _replace_dir(tmp, out)
+        replace_dir(tmp, out)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError):
             raise CheckpointError(f"writing the export {out} failed ({e.strerror or e}); nothing was written "
                                   "there") from e
         raise
-    _fsync(out.parent)
+    fsync(out.parent)
     return out
 
 
