@@ -15,9 +15,9 @@ LAYER = {
     "step": 2, "rollout": 2, "tasks": 2, "checkpoint": 2, "loader": 2, "decode": 2, "distributed": 2, "flops": 2,
     "likelihood": 2, "evaluate": 2.5, "runs": 2.5, "speed": 2.5, "train": 3, "plot": 4, "harness": 4, "export": 3,
     "bench": 4,
-    "execution": 0, "humaneval": 3, "remote_code": 0,
+    "guard": 0, "execution": 0.5, "humaneval": 3, "remote_code": 0,
 }
-NO_TORCH = {"config", "vocab", "execution"}
+NO_TORCH = {"config", "vocab", "execution", "guard"}
 
 
 def _imports(path: pathlib.Path) -> set[str]:
