@@ -1,11 +1,20 @@
-"""Corpora: finding and reading the files a corpus is made of, and the formats they are in.
+"""Corpora: finding the files a corpus is made of, and decompressing and parsing them.
 
-This module reads; `bytemtp.prep` writes prepared corpora, with the format constants defined here.
+The prepared-shard format (writer, reader, index, manifest, checks) lives in `bytemtp.shards`,
+and the policy of preparing a corpus (dedup, split, bad records) in `bytemtp.prep`. This module
+reads any corpus, and reads prepared shards through `shards.Shard`; `CorpusError` comes from
+`bytemtp.shards` (the lowest of the three) and is the same class here.
 
-Reading. `corpus_files` turns a spec (paths, directories, globs, prepared corpora, lists of them) into
-a sorted list of files. `*.jsonl`, `*.jsonl.zst` and `*.jsonl.gz` files hold one JSON object a line,
-the document in a text field; any other file is one raw document. The suffix decides the compression
-(`.zst`, `.gz`, else none). Bad JSONL lines are skipped and counted by reason, never dropped silently.
+Finding. `corpus_files` turns a spec (paths, directories, globs, prepared corpora, lists of them) into
+a sorted list of files. A prepared corpus is opened here, and only here: its split's files are
+checked against the manifest's record (`shards.check_split`: sizes and index digests, no
+decompression), so a replaced shard is refused before it is read, and a split that holds no
+document is named as empty (with the way to get one) rather than reported as a missing corpus.
+
+Reading. `*.jsonl`, `*.jsonl.zst` and `*.jsonl.gz` files hold one JSON object a line, the document
+in a text field; a prepared shard holds the documents its index lists; any other file is one raw
+document. The suffix decides the compression (`.zst`, `.gz`, else none). Bad JSONL lines are skipped
+and counted by reason, never dropped silently.
 
 Strict zstd. python-zstandard's streaming readers return what they have when a file ends mid-frame,
 so zstd files are decoded here frame by frame with `decompressobj`, whose `eof` marks a frame's end
@@ -19,28 +28,12 @@ frames of about 1 MiB, so at most that much precedes the error.
 Resume positions (`Pos`): (compressed offset of a zstd frame start, decompressed bytes to skip from
 there), or (0, byte offset) in plain and gzip files. Resuming costs at most one frame of decompression
 in a prepared shard, but the whole prefix in a single-frame external file or any gzip file.
-
-Prepared shards (format 2). A shard holds documents as raw bytes, back to back, cut into
-independent zstd frames of exactly `frame_bytes` of content (the last may be shorter; documents
-span frames freely, so nothing is too long or has the wrong bytes), followed by its index in one
-zstd skippable frame, which `zstd -dc` ignores: `zstd -dc shard-00000.zst` prints the documents
-themselves. The index is little-endian uint64s: the frame count m, the document count n, the
-compressed size of each frame, the content size of each frame, the length of each document, then
-the payload's length in bytes and the 8 bytes b"BMTPSHD2", so it is found from the file's end.
-Reading needs no parsing: the boundaries come from the index, and a frame is read with one pread
-and decompressed in one call. Format-1 corpora (JSONL shards) are still read, as JSONL.
-
-Prepared corpora. `manifest.json` holds the format version, counts, licence and the sha256 of each
-split's documents (each as its length in 8 little-endian bytes, then its bytes, in shard order);
-`read_manifest` reads it, `describe` summarises a corpus (prepared or not) and `verify` re-reads
-every shard and recomputes the manifest's figures.
 """
 from __future__ import annotations
 
 import fnmatch
 import glob
 import gzip
-import hashlib
 import json
 import os
 import pathlib
@@ -49,24 +42,17 @@ import threading
 import zlib
 from collections.abc import Iterator
 
-import numpy as np
 import simdjson
 import zstandard
 
-FORMAT_VERSION = 2
-READABLE_FORMATS = (1, 2)  # format 1: JSONL shards, read as JSONL
-MANIFEST = "manifest.json"
+from bytemtp.shards import MANIFEST, CorpusError, Shard, check_split, corpus_dir, has_index, read_manifest
+
 SKIP_REASONS = ("empty_line", "invalid_utf8", "invalid_json", "not_object", "missing_field", "not_string")
 CHUNK = 1 << 20  # bytes read from a file at a time
 MAX_WINDOW = 1 << 31  # the largest zstd window read: 2 GiB, what `zstd --long=31` writes
 _REDO = "re-download or re-create the file"
-_REPREP = "rebuild the corpus with bytemtp prep"
 
 Pos = tuple[int, int]
-
-
-class CorpusError(ValueError):
-    """A corpus cannot be read or written; the one-line message names the file, the offset and the fix."""
 
 
 # --- finding files --------------------------------------------------------------------------------
@@ -82,16 +68,30 @@ def _walk(directory: pathlib.Path) -> list[pathlib.Path]:
 
 
 def _expand(path: pathlib.Path, split: str | None) -> list[pathlib.Path]:
-    corpus = _corpus_dir(path)
+    corpus = corpus_dir(path)
     if not (corpus / MANIFEST).is_file():
         return [path] if path.is_file() else _walk(path)
-    known = list(read_manifest(corpus)["splits"])
-    splits = known if split is None else [split]
-    for name in splits:
-        if not (corpus / name).is_dir():
+    splits = read_manifest(corpus)["splits"]
+    files = []
+    for name in (list(splits) if split is None else [split]):
+        if name not in splits or not (corpus / name).is_dir():
             raise CorpusError(f"prepared corpus {corpus} has no split {name!r} (no directory {corpus / name}); "
-                              f"choose one of {', '.join(known)}")
-    return [f for name in splits for f in _walk(corpus / name)]
+                              f"choose one of {', '.join(splits)}")
+        found = _walk(corpus / name)
+        check_split(corpus, name, splits[name], found)
+        if split is not None and not found:
+            raise CorpusError(_empty_split(corpus, name, splits))
+        files += found
+    return files
+
+
+def _empty_split(corpus: pathlib.Path, name: str, splits: dict) -> str:
+    others = " or ".join(f"--split {s}" for s in [*(s for s in splits if s != name), "all"])
+    total = sum(s.get("documents", 0) for s in splits.values())
+    fraction = "a larger" if name == "val" else "a smaller"
+    return (f"the {name} split of the prepared corpus {corpus} is empty (prep put none of its {total:,} "
+            f"documents there); read another split ({others}), or prepare the corpus again with {fraction} "
+            f"--val-fraction or more documents")
 
 
 def spec_items(spec) -> list:
@@ -155,7 +155,7 @@ def file_kind(path) -> str:
     name = pathlib.Path(path).name.lower()
     if name.endswith((".jsonl", ".jsonl.zst", ".jsonl.gz")):
         return "jsonl"
-    return "shard" if name.endswith(".zst") and _has_index(path) else "raw"
+    return "shard" if name.endswith(".zst") and has_index(path) else "raw"
 
 
 # --- decompression --------------------------------------------------------------------------------
@@ -451,164 +451,18 @@ def iter_documents(path, *, field: str = "text", counts: dict[str, int] | None =
             counts[doc] = counts.get(doc, 0) + 1
 
 
-# --- prepared shards (format 2) -------------------------------------------------------------------
-
-SHARD_MAGIC = b"BMTPSHD2"
-SKIPPABLE_MAGIC = 0x184D2A5B  # one of zstd's skippable-frame magic numbers (0x184D2A50-5F)
-TRAILER_BYTES = 16  # the payload length (uint64) and SHARD_MAGIC end every shard
-_frame_decoders = threading.local()  # a ZstdDecompressor is not safe to share between threads
-
-
-def hash_document(sha, doc: bytes) -> None:
-    """Add one document to a split's sha256 as the manifest defines it: its length in 8
-    little-endian bytes, then its bytes (so the boundaries count, not just the content)."""
-    sha.update(len(doc).to_bytes(8, "little"))
-    sha.update(doc)
-
-
-def _has_index(path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size < 8 + TRAILER_BYTES:
-                return False
-            f.seek(-len(SHARD_MAGIC), os.SEEK_END)
-            return f.read() == SHARD_MAGIC
-    except OSError:
-        return False
-
-
-class Shard:
-    """One prepared (format 2) shard: its index, and its frames decoded on demand.
-
-    The index is checked against the file (the frame sizes must add up to where the index begins,
-    the content sizes to the documents' lengths), so a damaged or foreign file is refused, never
-    misread. `frames(indices)` reads and decompresses frames strictly (checksum and size), from any
-    thread.
-    """
-
-    def __init__(self, path):
-        self.path = pathlib.Path(path)
-        f = _open(self.path)
-        try:
-            size = os.fstat(f.fileno()).st_size
-            damaged = f"{self.path} is not a readable prepared shard"
-            if size < 8 + TRAILER_BYTES or os.pread(f.fileno(), len(SHARD_MAGIC), size - 8) != SHARD_MAGIC:
-                raise CorpusError(f"{damaged}: it does not end with a shard index; {_REPREP}")
-            payload = int.from_bytes(os.pread(f.fileno(), 8, size - TRAILER_BYTES), "little")
-            start = size - payload - 8
-            head = os.pread(f.fileno(), 8, start) if start >= 0 else b""
-            if (start < 0 or payload % 8 or head[:4] != SKIPPABLE_MAGIC.to_bytes(4, "little")
-                    or int.from_bytes(head[4:], "little") != payload):
-                raise CorpusError(f"{damaged}: its index frame is damaged; {_REPREP}")
-            words = np.frombuffer(os.pread(f.fileno(), payload - TRAILER_BYTES, start + 8), dtype="<u8")
-            m, n = (int(w) for w in words[:2]) if len(words) >= 2 else (-1, -1)
-            if m < 1 or n < 0 or len(words) != 2 + 2 * m + n:
-                raise CorpusError(f"{damaged}: its index does not describe {m} frames and {n} documents; "
-                                  f"{_REPREP}")
-            words = words.astype(np.int64)
-            self.compressed, self.content = words[2:2 + m], words[2 + m:2 + 2 * m]
-            self.lengths = words[2 + 2 * m:]
-            if int(self.compressed.sum()) != start or int(self.content.sum()) != int(self.lengths.sum()):
-                raise CorpusError(f"{damaged}: its frames do not add up to its index; {_REPREP}")
-        except BaseException:
-            f.close()
-            raise
-        self._file = f
-        self.frame_offsets = np.concatenate(([0], np.cumsum(self.compressed)))
-        self.frame_ends = np.cumsum(self.content)  # content offset where each frame ends
-        self.doc_ends = np.cumsum(self.lengths)  # content offset where each document ends
-        self.doc_starts = self.doc_ends - self.lengths
-        self.n_frames, self.n_docs = m, n
-
-    def frames(self, indices: list[int]) -> list[np.ndarray]:
-        """The content of each frame in `indices` (uint8 arrays), checked against its checksum and
-        the index; consecutive frames are read with one pread. Safe to call from any thread."""
-        starts, ends = self.frame_offsets[indices], self.frame_offsets[np.asarray(indices, dtype=np.int64) + 1]
-        fd, out = self._file.fileno(), []
-        if len(indices) and indices[-1] - indices[0] == len(indices) - 1:
-            data = memoryview(os.pread(fd, int(ends[-1] - starts[0]), int(starts[0])))
-            views = [data[a - starts[0]:b - starts[0]] for a, b in zip(starts.tolist(), ends.tolist())]
-        else:
-            views = [os.pread(fd, b - a, a) for a, b in zip(starts.tolist(), ends.tolist())]
-        dctx = getattr(_frame_decoders, "dctx", None) or _set_decoder()
-        for f, view, start, end in zip(indices, views, starts.tolist(), ends.tolist()):
-            try:
-                content = dctx.decompress(view) if len(view) == end - start else None
-            except zstandard.ZstdError as e:
-                raise CorpusError(f"{self.path} is corrupt: the zstd frame at byte {start} fails to decode "
-                                  f"({e}); {_REPREP}") from None
-            if content is None or len(content) != self.content[f]:
-                raise CorpusError(f"{self.path} is damaged: the zstd frame at byte {start} does not hold the "
-                                  f"{int(self.content[f])} bytes its index says; {_REPREP}")
-            out.append(np.frombuffer(content, dtype=np.uint8))
-        return out
-
-    def documents(self) -> Iterator[bytes]:
-        """Every document of the shard, in order."""
-        buf, pos, frame = b"", 0, 0
-        for length in self.lengths.tolist():
-            if pos + length > len(buf):
-                parts, have = [buf[pos:]], len(buf) - pos
-                while have < length:
-                    group = list(range(frame, min(frame + 8, self.n_frames)))
-                    parts += [a.tobytes() for a in self.frames(group)]
-                    frame, have = group[-1] + 1, have + int(self.content[group].sum())
-                buf, pos = b"".join(parts), 0
-            yield buf[pos:pos + length]
-            pos += length
-
-    def close(self) -> None:
-        self._file.close()
-
-    def __enter__(self) -> Shard:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _set_decoder() -> zstandard.ZstdDecompressor:
-    _frame_decoders.dctx = zstandard.ZstdDecompressor()
-    return _frame_decoders.dctx
-
-
-# --- prepared corpora: manifest, description, verification ----------------------------------------
-
-
-def _corpus_dir(path) -> pathlib.Path:
-    path = pathlib.Path(path)
-    return path.parent if path.name == MANIFEST else path
-
-
-def read_manifest(corpus_dir) -> dict:
-    """The manifest of a prepared corpus, given its directory or its manifest.json."""
-    path = _corpus_dir(corpus_dir) / MANIFEST
-    try:
-        manifest = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise CorpusError(f"{path} does not exist, so {path.parent} is not a prepared corpus; "
-                          f"build one with bytemtp prep") from None
-    except OSError as e:
-        raise CorpusError(f"cannot read {path}: {e.strerror}; check the path") from None
-    except ValueError as e:
-        raise CorpusError(f"{path} is not valid JSON ({e}); {_REPREP}") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
-        raise CorpusError(f"{path} is not a bytemtp corpus manifest (it has no splits); {_REPREP}")
-    if manifest.get("format_version") not in READABLE_FORMATS:
-        raise CorpusError(f"{path} has format_version {manifest.get('format_version')!r} but this bytemtp "
-                          f"reads {' and '.join(map(str, READABLE_FORMATS))}; {_REPREP}")
-    return manifest
+# --- description ----------------------------------------------------------------------------------
 
 
 def describe(path, *, field: str = "text") -> dict:
     """What `bytemtp corpus-info` shows: for a prepared corpus its manifest and per-split figures;
     for any other spec the documents, bytes, file bytes and skipped records found by reading it."""
     ratio = lambda n, c: round(n / c, 3) if c else None  # noqa: E731
-    if not isinstance(path, (list, tuple)) and (_corpus_dir(path) / MANIFEST).is_file():
+    if not isinstance(path, (list, tuple)) and (corpus_dir(path) / MANIFEST).is_file():
         manifest = read_manifest(path)
         splits = {name: {key: s[key] for key in ("documents", "bytes", "compressed_bytes")}
                   | {"ratio": ratio(s["bytes"], s["compressed_bytes"])} for name, s in manifest["splits"].items()}
-        return {"path": str(_corpus_dir(path)), "prepared": True, "manifest": manifest, "splits": splits}
+        return {"path": str(corpus_dir(path)), "prepared": True, "manifest": manifest, "splits": splits}
     files = corpus_files(path, split=None)
     counts, documents, nbytes = {}, 0, 0
     for file in files:
@@ -618,47 +472,3 @@ def describe(path, *, field: str = "text") -> dict:
     return {"path": ", ".join(os.fspath(i) for i in spec_items(path)), "prepared": False,
             "files": len(files), "documents": documents, "bytes": nbytes, "compressed_bytes": compressed,
             "ratio": ratio(nbytes, compressed), "skipped": {r: counts.get(r, 0) for r in SKIP_REASONS}}
-
-
-def verify(corpus_dir) -> None:
-    """Re-read every shard of a prepared corpus and check it against the manifest: the files, the
-    document and byte counts, the compressed sizes and the sha256 of the content."""
-    manifest, root = read_manifest(corpus_dir), _corpus_dir(corpus_dir)
-    damaged = f"the corpus is damaged; {_REPREP}"
-    for name, split in manifest["splits"].items():
-        found = [p.name for p in _walk(root / name)] if (root / name).is_dir() else []
-        if sorted(found) != sorted(split["shards"]):
-            raise CorpusError(f"{root / name} holds {found} but the manifest lists {split['shards']}; {damaged}")
-        sha, documents, nbytes, compressed = hashlib.sha256(), 0, 0, 0
-        for shard in split["shards"]:
-            path = root / name / shard
-            compressed += path.stat().st_size
-            if manifest["format_version"] == 1:
-                documents, nbytes = _verify_jsonl(path, sha, documents, nbytes, f"split {name}; {damaged}")
-                continue
-            for doc in iter_documents(path):
-                hash_document(sha, doc)
-                documents, nbytes = documents + 1, nbytes + len(doc)
-        got = {"documents": documents, "bytes": nbytes, "compressed_bytes": compressed, "sha256": sha.hexdigest()}
-        for key, value in got.items():
-            if split.get(key) != value:
-                raise CorpusError(f"split {name} of {root} has {key} {value} but its manifest says "
-                                  f"{split.get(key)}; {damaged}")
-
-
-def _verify_jsonl(path: pathlib.Path, sha, documents: int, nbytes: int, where: str) -> tuple[int, int]:
-    """A format-1 shard: its JSONL content hashed as it is, every line a good record."""
-    rest = b""
-    with _open(path) as f:
-        for _, _, data in _pieces(f, path, (0, 0)):
-            if data is None:
-                break
-            sha.update(data)
-            *lines, rest = (rest + data).split(b"\n")
-            for line in lines:
-                if type(doc := parse_record(line)) is not bytes:
-                    raise CorpusError(f"{path} holds a bad record ({doc}) after {documents} documents of {where}")
-                documents, nbytes = documents + 1, nbytes + len(doc)
-    if rest:
-        raise CorpusError(f"{path} does not end with a newline; {where}")
-    return documents, nbytes

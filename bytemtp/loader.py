@@ -50,7 +50,8 @@ import numpy as np
 import torch
 
 from bytemtp.config import DataConfig, ModelConfig
-from bytemtp.corpus import Shard, CorpusError, corpus_files, file_kind, iter_lines, parse_record, read_raw
+from bytemtp.corpus import CorpusError, corpus_files, file_kind, iter_lines, parse_record, read_raw
+from bytemtp.shards import Shard
 from bytemtp.vocab import EOS
 
 STATE_VERSION = 1

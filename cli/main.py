@@ -19,6 +19,7 @@ from bytemtp import config as config_lib
 
 from . import report
 from .bench import bench
+from .corpus import verify_cmd
 from .eval_task import eval_task
 from .export import export_cmd
 from .generate import generate_cmd
@@ -98,7 +99,8 @@ def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float
 
         manifest = prep.prepare(files, out, field=field, val_fraction=val_fraction, level=level,
                                 source_name=source_name or " ".join(sources), licence=licence,
-                                progress=progress, max_bad_fraction=max_bad_fraction)
+                                progress=progress, max_bad_fraction=max_bad_fraction,
+                                say=lambda text: tqdm.write(text, file=sys.stderr))
     click.echo(f"wrote {out}")
     click.echo(report.corpus_table(manifest))
 
@@ -109,14 +111,14 @@ def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float
 @json_option()
 def corpus_info_cmd(path: str, field: str, json_path: str | None) -> None:
     """Documents, bytes, compression ratio and splits of a corpus (prepared or not)."""
-    from bytemtp import corpus
+    from bytemtp import corpus, shards
 
     info = corpus.describe(path, field=field)
     if "manifest" in info:
         m = info["manifest"]
         echo(f"corpus   {path}\nsource   {m.get('source')}\nlicence  {m.get('licence')}\n"
              f"created  {m.get('created')}  by bytemtp {m.get('bytemtp_version')}\n"
-             f"format   {m.get('format_version')}" + ("" if m.get("format_version") == corpus.FORMAT_VERSION
+             f"format   {m.get('format_version')}" + ("" if m.get("format_version") == shards.FORMAT_VERSION
                                                      else " (JSONL shards: read, but `bytemtp prep` it again "
                                                           "for raw-byte shards and the faster loader)"))
         echo(report.corpus_table(m))
@@ -472,3 +474,4 @@ main.add_command(bench)
 main.add_command(eval_task)
 main.add_command(lm_eval_cmd)
 main.add_command(export_cmd)
+main.add_command(verify_cmd)

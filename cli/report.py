@@ -45,6 +45,12 @@ def corpus_table(manifest: dict) -> str:
     skipped = {k: v for k, v in manifest.get("skipped", {}).items() if v}
     lines.append(f"duplicates removed: {manifest.get('duplicates', 0):,}; skipped: "
                  + (", ".join(f"{k} {v:,}" for k, v in sorted(skipped.items())) or "none"))
+    if all("shard_files" in split for split in manifest["splits"].values()):
+        lines.append("integrity: each shard's size and index sha256 recorded (checked whenever the corpus is "
+                     "opened); bytemtp verify checks every document")
+    else:
+        lines.append("integrity: no per-shard record (prepared before it was kept), so opening the corpus checks "
+                     "nothing; bytemtp verify checks its splits' documents, and prep again records it")
     return "\n".join(lines)
 
 

@@ -6,20 +6,33 @@ import gzip
 import hashlib
 import io
 import json
+import os
+import pathlib
+import random
+import re
+import shutil
+import signal
 import struct
+import subprocess
+import sys
+import time
 
+import numpy as np
 import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bytemtp.corpus import (
-    Shard,
     SKIP_REASONS, CorpusError, corpus_files, decompressed_size, describe, file_kind,
-    iter_documents, iter_lines, parse_record, read_manifest, read_raw, select_files, verify,
+    iter_documents, iter_lines, parse_record, read_raw, select_files,
 )
+from bytemtp import loader as L
+from bytemtp import prep as prep_lib
+from bytemtp.config import DataConfig, ModelConfig
 from bytemtp.corpus import _parse_slowly
-from bytemtp.prep import ShardWriter, prepare
+from bytemtp.prep import prepare
+from bytemtp.shards import Shard, ShardWriter, read_manifest, verify
 
 CCTX = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=True)
 SKIPPABLE = struct.pack("<II", 0x184D2A50, 3) + b"abc"
@@ -424,25 +437,232 @@ def test_prepare_is_stable_and_the_split_ignores_file_order(tmp_path):
         assert (doc in val) == in_val
 
 
-def test_verify_catches_damage(tmp_path):
+def _without_records(root):
+    """The corpus's manifest as bytemtp wrote it before it recorded shard sizes and index digests."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    for split in manifest["splits"].values():
+        del split["shard_files"]
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_verify_names_the_shard_and_the_document(tmp_path):
     sources, _ = make_sources(tmp_path)
-    prepare(sources, tmp_path / "out", val_fraction=0.3, max_bad_fraction=0.1)
+    prepare(sources, tmp_path / "out", val_fraction=0.3, max_bad_fraction=0.1, frame_bytes=64)
     shard = tmp_path / "out" / "train" / "shard-00000.zst"
     original = shard.read_bytes()
-    with ShardWriter(tmp_path / "other") as w:  # a healthy shard, but not the one the manifest hashed
+    summary = verify(tmp_path / "out")
+    assert summary["per_shard"] and summary["shards"] == 2 and summary["documents"] == sum(
+        s["documents"] for s in read_manifest(tmp_path / "out")["splits"].values())
+    with ShardWriter(tmp_path / "other") as w:  # a healthy shard, but not the one the manifest recorded
         for doc in iter_documents(shard):
-            w.write(doc[::-1])
+            w.write(doc[::-1] + b"!")
     shard.write_bytes((tmp_path / "other" / "shard-00000.zst").read_bytes())
-    with pytest.raises(CorpusError, match="split train .* (sha256|compressed_bytes)"):
+    with pytest.raises(CorpusError, match="train/shard-00000.zst is .* bytes but the manifest recorded"):
         verify(tmp_path / "out")
-    shard.write_bytes(original[:100] + bytes([original[100] ^ 1]) + original[101:])
-    with pytest.raises(CorpusError, match="is corrupt"):
+    shard.write_bytes(original)
+    with Shard(shard) as s:
+        third = int(s.frame_offsets[2])  # a byte inside the third frame: its documents are named
+        first = int(np.searchsorted(s.doc_ends, int(s.frame_ends[1]), side="right"))
+    shard.write_bytes(original[:third + 6] + bytes([original[third + 6] ^ 1]) + original[third + 7:])
+    with pytest.raises(CorpusError, match=rf"is corrupt: the zstd frame at byte {third} .* holds documents? "
+                                          rf"{first}\b.* starts at byte \d+ of the shard's content"):
         verify(tmp_path / "out")
     shard.write_bytes(original)
     verify(tmp_path / "out")
     (tmp_path / "out" / "val" / "extra.jsonl").write_bytes(b"")
     with pytest.raises(CorpusError, match="manifest lists"):
         verify(tmp_path / "out")
+
+
+def _random_docs(seed: int, lengths) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(n) for n in lengths]
+
+
+def test_verify_finds_rewritten_documents_that_the_load_check_cannot(tmp_path):
+    """Random bytes compress to stored blocks: the same lengths give the same frame sizes, so a
+    shard of other random documents has the recorded size and index; only its content differs."""
+    lengths = [300, 5, 700, 0, 90]
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, doc in enumerate(_random_docs(0, lengths)):
+        (src / f"{i}.bin").write_bytes(doc)
+    prepare([src], tmp_path / "out", val_fraction=0.0, frame_bytes=256)
+    shard = tmp_path / "out" / "train" / "shard-00000.zst"
+    order = list(iter_documents(shard))
+    with ShardWriter(tmp_path / "other", frame_bytes=256) as w:
+        for doc in _random_docs(1, [len(d) for d in order]):
+            w.write(doc)
+    shard.write_bytes((tmp_path / "other" / "shard-00000.zst").read_bytes())
+    assert corpus_files(tmp_path / "out") == [shard]  # size and index as recorded: the cheap check passes
+    with pytest.raises(CorpusError, match="shard-00000.zst: its documents' sha256 is .* not the recorded"):
+        verify(tmp_path / "out")
+    _without_records(tmp_path / "out")  # an older manifest: the split's digest still catches it
+    with pytest.raises(CorpusError, match="split train of .* has sha256"):
+        verify(tmp_path / "out")
+
+
+def test_a_replaced_shard_is_refused_when_the_corpus_is_opened(tmp_path):
+    sources, _ = make_sources(tmp_path)
+    prepare(sources, tmp_path / "out", val_fraction=0.3, max_bad_fraction=0.1)
+    (tmp_path / "b").mkdir()
+    for i in range(20):
+        (tmp_path / "b" / f"{i}.txt").write_text(f"another corpus, document {i}\n" * (i + 1))
+    prepare([tmp_path / "b"], tmp_path / "theirs", val_fraction=0.3)
+    shard = tmp_path / "out" / "train" / "shard-00000.zst"
+    original = shard.read_bytes()
+    shard.write_bytes((tmp_path / "theirs" / "train" / "shard-00000.zst").read_bytes())  # well-formed, foreign
+    with pytest.raises(CorpusError, match=r"train/shard-00000.zst is [\d,]+ bytes but the manifest recorded "
+                                          r"[\d,]+, so the shard was replaced or cut after prep; re-run bytemtp "
+                                          rf"prep to rebuild the corpus, or see what else differs with bytemtp "
+                                          rf"verify {re.escape(str(tmp_path / 'out'))}$"):
+        corpus_files(tmp_path / "out")
+    with pytest.raises(CorpusError, match="shard-00000.zst is"):
+        L.ByteLoader(DataConfig(path=str(tmp_path / "out")), ModelConfig(n_layers=2, seq_len=16, n_future=1))
+    # the same bytes with two documents' lengths swapped in the index: Shard reads it, misaligned
+    with Shard(tmp_path / "out" / "val" / "shard-00000.zst") as s:
+        n, at = s.n_docs, -16 - 8 * s.n_docs  # the lengths end the index body, before the trailer
+    val = tmp_path / "out" / "val" / "shard-00000.zst"
+    data = bytearray(val.read_bytes())
+    a, b = data[at:at + 8], data[at + 8:at + 16]
+    assert n >= 2 and a != b
+    data[at:at + 16] = b + a
+    val.write_bytes(bytes(data))
+    shard.write_bytes(original)
+    assert corpus_files(tmp_path / "out") == [shard]  # train alone is intact
+    with pytest.raises(CorpusError, match=r"val/shard-00000.zst has an index whose sha256 is \w+\.\.\., not the "
+                                          r"recorded \w+\.\.\., so the shard was replaced after prep"):
+        corpus_files(tmp_path / "out", split="val")
+    val.write_bytes(val.read_bytes()[:-3])
+    with pytest.raises(CorpusError, match="val/shard-00000.zst is .* bytes but the manifest recorded"):
+        corpus_files(tmp_path / "out", split=None)
+    (tmp_path / "out" / "train" / "notes.txt").write_text("a stray file would be read as a document")
+    with pytest.raises(CorpusError, match=r"holds notes.txt, which its manifest does not list \(it would be read "
+                                          r"as documents\); remove it"):
+        corpus_files(tmp_path / "out")
+    (tmp_path / "out" / "train" / "notes.txt").unlink()
+    shard.unlink()
+    with pytest.raises(CorpusError, match="lacks shard-00000.zst, which its manifest lists"):
+        corpus_files(tmp_path / "out")
+
+
+def test_a_manifest_without_the_record_loads_unchecked(tmp_path):
+    """Corpora prepared before the record still load (no check is claimed: corpus-info and verify say so)."""
+    sources, _ = make_sources(tmp_path)
+    prepare(sources, tmp_path / "out", val_fraction=0.3, max_bad_fraction=0.1)
+    _without_records(tmp_path / "out")
+    (tmp_path / "out" / "train" / "shard-00000.zst").write_bytes(b"anything")
+    assert [p.name for p in corpus_files(tmp_path / "out")] == ["shard-00000.zst"]
+    (tmp_path / "out" / "train" / "shard-00000.zst").unlink()
+    shutil.copy(tmp_path / "out" / "val" / "shard-00000.zst", tmp_path / "out" / "train")
+    with pytest.raises(CorpusError, match="split train of .* has documents"):
+        verify(tmp_path / "out")
+
+
+def test_an_empty_split_is_named_with_the_fix(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(5):
+        (src / f"{i}.txt").write_text(f"document {i}")
+    notes = []
+    prepare([src], tmp_path / "out", val_fraction=0.001, say=notes.append)
+    assert len(notes) == 1 and "\n" not in notes[0]
+    assert notes[0].startswith(f"warning: the val split of {tmp_path / 'out'} is empty")
+    assert "--val-fraction 0.001 of 5 documents" in notes[0] and "larger --val-fraction (e.g. 0.5)" in notes[0]
+    with pytest.raises(CorpusError, match=rf"the val split of the prepared corpus {re.escape(str(tmp_path / 'out'))} "
+                                          r"is empty \(prep "
+                                          r"put none of its 5 documents there\); read another split \(--split train "
+                                          r"or --split all\), or prepare the corpus again with a larger "
+                                          r"--val-fraction or more documents"):
+        corpus_files(tmp_path / "out", split="val")
+    assert len(corpus_files(tmp_path / "out", split=None)) == 1  # the corpus itself is fine
+    assert verify(tmp_path / "out")["documents"] == 5
+    notes.clear()
+    prepare([src], tmp_path / "with-val", val_fraction=0.5, say=notes.append)
+    assert notes == []
+
+
+# --- no litter ------------------------------------------------------------------------------------
+
+
+def _litter(tmp_path):
+    return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))
+
+
+@pytest.mark.parametrize("error", [RuntimeError("midway"), KeyboardInterrupt()])
+def test_a_prep_that_fails_midway_leaves_nothing(tmp_path, monkeypatch, error):
+    sources, _ = make_sources(tmp_path)
+    real, seen = prep_lib.iter_documents, []
+
+    def failing(path, **kw):
+        for doc in real(path, **kw):
+            seen.append(doc)
+            if len(seen) == 40:
+                assert (tmp_path / f".out.tmp-{os.getpid()}" / "train").is_dir()  # it is midway
+                raise error
+            yield doc
+
+    monkeypatch.setattr(prep_lib, "iter_documents", failing)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    with pytest.raises(type(error)):
+        prepare(sources, tmp_path / "out", max_bad_fraction=0.1, frame_bytes=64, threads=2)
+    assert len(seen) == 40 and not (tmp_path / "out").exists() and _litter(tmp_path) == []
+    assert {s: signal.getsignal(s) for s in handlers} == handlers  # prep's own handlers are gone
+
+
+_SLOW_PREP = """
+import sys, time
+from bytemtp import prep
+real = prep.iter_documents
+def slow(path, **kw):
+    for doc in real(path, **kw):
+        time.sleep(0.02)
+        yield doc
+prep.iter_documents = slow
+prep.prepare([sys.argv[1]], sys.argv[2])
+"""
+
+
+def test_a_prep_stopped_by_sigterm_leaves_nothing(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(500):
+        (src / f"{i}.txt").write_text(f"document {i}\n" * 50)
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_PREP, str(src), str(tmp_path / "out")],
+                            env=dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parent.parent)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    tmp = tmp_path / f".out.tmp-{proc.pid}"
+    deadline = time.monotonic() + 30
+    while not (tmp / "train").is_dir() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert (tmp / "train").is_dir(), proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM, err.decode()  # the default SIGTERM, after the cleanup
+    assert _litter(tmp_path) == [] and not (tmp_path / "out").exists()
+
+
+def test_the_next_prep_removes_stale_temporary_folders_and_names_live_ones(tmp_path):
+    sources, _ = make_sources(tmp_path)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for pid in (int(gone.stdout), live.pid):
+            (tmp_path / f".out.tmp-{pid}" / "train").mkdir(parents=True)
+            (tmp_path / f".out.tmp-{pid}" / "train" / "shard-00000.zst.tmp").write_bytes(b"half a shard")
+        (tmp_path / ".out.tmp-1" / "train").mkdir(parents=True)  # a running pid (1 always runs) on another host
+        (tmp_path / ".out.tmp-1" / ".prep-host").write_text("elsewhere\n")
+        (tmp_path / ".other.tmp-99999999").mkdir()  # another output's: not this prep's business
+        notes = []
+        prepare(sources, tmp_path / "out", max_bad_fraction=0.1, val_fraction=0.3, say=notes.append)
+        assert _litter(tmp_path) == [".other.tmp-99999999", ".out.tmp-1", f".out.tmp-{live.pid}"]
+        assert len(notes) == 1 and "\n" not in notes[0]
+        assert f".out.tmp-{live.pid} (process {live.pid} is running)" in notes[0]
+        assert ".out.tmp-1 (made on host elsewhere)" in notes[0] and "remove them by hand" in notes[0]
+        assert not (tmp_path / "out" / ".prep-host").exists() and verify(tmp_path / "out")["per_shard"]
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_prepared_corpus_files_and_manifest_errors(tmp_path):
@@ -523,7 +743,8 @@ def test_a_format_1_corpus_is_still_read_as_jsonl(tmp_path):
                 "sha256": hashlib.sha256(jsonl(["four"])).hexdigest()}}}
     (root / "manifest.json").write_text(json.dumps(manifest))
     assert read_back(root, "train") == collections.Counter([b"one", b"two\nlines", b"three"])
-    verify(root)
+    with pytest.raises(CorpusError, match="format-1 corpus .* does not check; prepare its sources again"):
+        verify(root)
     (root / "manifest.json").write_text(json.dumps({**manifest, "format_version": 3}))
     with pytest.raises(CorpusError, match="format_version 3 but this bytemtp reads 1 and 2; rebuild"):
         corpus_files(root)

@@ -9,7 +9,7 @@ PACKAGE = pathlib.Path(bytemtp.__file__).parent
 
 # a module may import bytemtp modules of a strictly lower layer only
 LAYER = {
-    "config": 0, "vocab": 0, "generation": 0.5,
+    "config": 0, "vocab": 0, "generation": 0.5, "shards": 0.75,
     "kvcache": 0.5, "devices": 0.5,
     "model": 1, "drafting": 1, "sampling": 1, "loss": 1, "corpus": 1, "prep": 1.5, "compiled": 1.5,
     "step": 2, "rollout": 2, "tasks": 2, "checkpoint": 2, "loader": 2, "decode": 2, "distributed": 2, "flops": 2,

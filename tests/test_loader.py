@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from bytemtp import loader as L
 from bytemtp.config import DataConfig, ModelConfig
 from bytemtp.corpus import CorpusError, corpus_files
-from bytemtp.prep import ShardWriter, prepare
+from bytemtp.prep import prepare
+from bytemtp.shards import ShardWriter
 from bytemtp.vocab import EOS
 
 

@@ -1,0 +1,101 @@
+"""The corpus commands' user-facing lines: `bytemtp verify`, prep's note on an empty split, and
+eval, bench and plot on a corpus whose val split is empty (one line, exit status 1, no traceback)."""
+
+import dataclasses
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from bytemtp import config as C
+from bytemtp.checkpoint import save_checkpoint
+from bytemtp.model import ByteMTP
+from bytemtp.prep import prepare
+from bytemtp_cli.main import main
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _error_line(res) -> str:
+    """The one line a failed command leaves: stdout is empty, the error ends stderr, no traceback."""
+    assert res.exit_code == 1, res.output
+    assert res.stdout == "" and "Traceback" not in res.output
+    *_, line = res.stderr.strip().splitlines()
+    assert line.startswith("Error: ")
+    return line
+
+
+def _texts(root, n, word="document"):
+    root.mkdir(parents=True)
+    for i in range(n):
+        (root / f"{i}.txt").write_text(f"{word} {i}\n" * (i + 1))
+    return root
+
+
+def test_verify_says_ok_in_one_line_and_refuses_a_replaced_shard(tmp_path):
+    prepare([_texts(tmp_path / "src", 30)], tmp_path / "out", val_fraction=0.2)
+    res = run("verify", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.count("\n") == 1 and res.stdout.startswith(f"OK {tmp_path / 'out'}: 30 documents (")
+    assert "in 2 shard(s) of 2 split(s) match the manifest's sha256\n" == res.stdout.split(") ", 1)[1]
+    prepare([_texts(tmp_path / "theirs-src", 30, "other")], tmp_path / "theirs", val_fraction=0.2)
+    shard = tmp_path / "out" / "train" / "shard-00000.zst"
+    shard.write_bytes((tmp_path / "theirs" / "train" / "shard-00000.zst").read_bytes())
+    line = _error_line(run("verify", tmp_path / "out"))
+    assert str(shard) in line and "re-run bytemtp prep" in line
+    line = _error_line(run("verify", tmp_path / "nothing"))
+    assert "is not a prepared corpus" in line
+
+
+def test_verify_says_when_the_manifest_predates_the_record(tmp_path):
+    prepare([_texts(tmp_path / "src", 10)], tmp_path / "out", val_fraction=0.2)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    for split in manifest["splits"].values():
+        del split["shard_files"]
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(manifest))
+    res = run("verify", tmp_path / "out")
+    assert res.exit_code == 0 and res.stdout.count("\n") == 1
+    assert "predates per-shard records" in res.stdout and "prepare it again to record them" in res.stdout
+    info = run("corpus-info", tmp_path / "out")
+    assert "integrity: no per-shard record" in info.stdout
+
+
+def test_prep_warns_on_stderr_when_val_is_empty(tmp_path):
+    src = _texts(tmp_path / "src", 4)
+    res = run("prep", src, "--out", tmp_path / "out", "--val-fraction", "0.001")
+    assert res.exit_code == 0, res.output
+    warnings = [line for line in res.stderr.splitlines() if "warning:" in line]
+    assert len(warnings) == 1 and "the val split of" in warnings[0] and "--val-fraction" in warnings[0]
+    assert "warning" not in res.stdout and "integrity: each shard's size and index sha256 recorded" in res.stdout
+    res = run("prep", src, "--out", tmp_path / "with-val", "--val-fraction", "0.5")
+    assert res.exit_code == 0 and "warning" not in res.output
+
+
+@pytest.fixture
+def run_on_empty_val(tmp_path):
+    """A run (metrics and a checkpoint of a tiny model) whose corpus has an empty val split."""
+    corpus = tmp_path / "corpus"
+    prepare([_texts(tmp_path / "src", 6)], corpus, val_fraction=0.0)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0, "head_loss": [3.0, 3.0],
+                                                       "bpb": 4.0}) + "\n")
+    cfg = dataclasses.replace(C.tiny(), model=dataclasses.replace(C.tiny().model, n_future=2),
+                              data=dataclasses.replace(C.tiny().data, path=str(corpus)))
+    save_checkpoint(run_dir, step=1, model=ByteMTP(cfg.model), config=cfg, train_state={})
+    return run_dir, corpus
+
+
+@pytest.mark.parametrize("command", [
+    ["eval", "--ckpt", "{run}", "--device", "cpu"],
+    ["bench", "decode", "--ckpt", "{run}", "--n-prompts", "1", "--device", "cpu", "--compile", "off"],
+    ["plot", "{run}", "--eval-batches", "2", "--device", "cpu"],
+])
+def test_an_empty_split_is_one_line_that_names_it_and_the_fix(run_on_empty_val, command):
+    run_dir, corpus = run_on_empty_val
+    line = _error_line(run(*[c.format(run=run_dir) for c in command]))
+    assert f"the val split of the prepared corpus {corpus} is empty" in line
+    assert "--split train or --split all" in line and "larger --val-fraction" in line
+    assert "no files found" not in line
