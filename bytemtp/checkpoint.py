@@ -287,15 +287,21 @@ def load_train_state(ckpt_dir: str | os.PathLike, *, model: ByteMTP,
     if optimizer is not None:
         _require_optimizer_file(ckpt)
     state = _read_json(ckpt / STATE_FILE)
-    device = next(model.parameters()).device
-    weights = ckpt / MODEL_FILE
-    tensors = _read_weights(weights, device=device)
-    _check_weights(_shapes(tensors), _shapes(model.state_dict()), path=weights,
-                   against="the given model")
-    model.load_state_dict(tensors)
+    load_weights(ckpt, model)
     if optimizer is not None:
         load_optimizer_state(ckpt, optimizer)
     return state
+
+
+def load_weights(ckpt_dir: str | os.PathLike, model: torch.nn.Module, load=None) -> None:
+    """Load a checkpoint's weights into `model` (their names and shapes checked against its own),
+    through `load(model, weights)` when given (FSDP2 loads full weights into sharded parameters)."""
+    ckpt = resolve_checkpoint(ckpt_dir)
+    weights = ckpt / MODEL_FILE
+    tensors = _read_weights(weights, device=next(model.parameters()).device)
+    _check_weights(_shapes(tensors), _shapes(model.state_dict()), path=weights,
+                   against="the given model")
+    (load or (lambda m, w: m.load_state_dict(w)))(model, tensors)
 
 
 def _require_optimizer_file(ckpt: Path) -> None:

@@ -1,4 +1,5 @@
-"""Devices: which torch device a setting names, waiting for one, and its random number state.
+"""Devices: which torch device a setting names, waiting for one, its random number state, and
+whether an error says that its memory ran out.
 
 `resolve_device` turns a device setting (auto, cpu, cuda, cuda:N, mps) into a torch device, with
 one clear error where the machine has no such device; every command that runs a model goes
@@ -6,6 +7,8 @@ through it. `synchronize` waits for a device's queued work (timing a GPU needs i
 and `set_rng_state` capture and restore the torch random state a device draws from (the CPU
 generator, and the CUDA one on a GPU): the training step replays it to recompute a head with the
 same dropout, and checkpoints save it so that a resumed run draws what an uninterrupted one would.
+`out_of_memory` tells an allocation that failed (torch.OutOfMemoryError on CUDA, a RuntimeError
+from the CPU allocator) from other errors, so that training can say what to lower.
 """
 
 from __future__ import annotations
@@ -48,3 +51,14 @@ def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+_NO_MEMORY = ("can't allocate memory", "could not allocate", "out of memory", "cannot allocate memory")
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether an error is a failed allocation: torch.OutOfMemoryError (CUDA), or the RuntimeError
+    of the CPU allocator ("DefaultCPUAllocator: can't allocate memory") and of MPS ("out of memory")."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(words in str(error).lower() for words in _NO_MEMORY)

@@ -28,7 +28,9 @@ never reduce: the root unit is therefore left without parameters of its own. A s
 unembedding, used by every head, reduces once per head.)
 
 Metrics are reduced as sums and then divided; checkpoints are written by rank 0 from full
-(gathered) state dicts, so `model.safetensors` is the same file whatever the wrapper.
+(gathered) state dicts, so `model.safetensors` is the same file whatever the wrapper, and loaded
+into the wrapped model on every rank (`load_weights`, `load_optimizer`: FSDP2 keeps each rank's
+shard of the full state).
 """
 
 from __future__ import annotations
@@ -245,6 +247,20 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tup
              "param_groups": [{**g, "params": [index[name] for name in g["params"]]}
                               for g in by_name["param_groups"]]}
     return weights, optim
+
+
+def load_weights(model: nn.Module):
+    """How to load full (one-process) weights into this model: None (the model's own
+    load_state_dict) unless it is sharded by FSDP2, where each rank keeps its shard of them."""
+    if not _is_fsdp(model):
+        return None
+
+    def load(model: nn.Module, weights: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+
+    return load
 
 
 def load_optimizer(model: nn.Module):

@@ -1,6 +1,10 @@
-"""The training loop: `train(cfg, run_dir)` joins the ranks, then a `_Run` is built, restored
-from a checkpoint when resuming, and loops: stop condition, optimizer step, log, validate, save.
-Its counters are a `LoopState` with a state dict, like the loader's.
+"""The training loop: `run_plan(plan)` carries out a run that `bytemtp.runs` planned and checked
+(`train(cfg, run_dir)` plans and runs in one call). It joins the ranks, takes the run's lock,
+readies the run directory, builds a `_Run` (model, wrapper, optimizer, loader), restores it from
+the checkpoint when resuming, and loops: stop condition, optimizer step, log, validate, save.
+What a run resumes besides its weights and optimizer state is one `TrainState` (the loop's
+counters, every rank's loader position and RNG state) with a state dict, like the loader's; a
+checkpoint is restored in one place, `_Run.restore`.
 
 AdamW (fused on CUDA) with decoupled weight decay on matrices, linear warmup then cosine decay
 to a fraction of the peak, gradient clipping and accumulation, bf16 autocast on CUDA, optional
@@ -23,18 +27,25 @@ agreement with head 1 and, with the teacher term on, its KL to head 1.
 Faults: a step whose loss or gradient norm is not finite is skipped (no parameter or optimizer
 update, counted) and the run aborts after train.max_bad_steps in a row. A checkpoint that fails
 to save (a full disk) leaves the previous one intact and the run says so and goes on; only a
-failure of the final save ends the run with an error.
+failure of the final save ends the run with an error. A step or validation that runs out of
+memory ends the run with `OutOfMemory`, whose one line names the batch, the context, the
+accumulation and what to lower; nothing of that step is saved, so the newest checkpoint is the
+one before it.
 
 Run directory (`bytemtp.runs`, which also resolves a run before any work): `run-config.json`,
-`metrics.jsonl` (one JSON object per logged step or validation), `checkpoints/step-NNNNNNNN/`.
+`metrics.jsonl` (one JSON object per logged step or validation), `checkpoints/step-NNNNNNNN/`,
+and `.lock`, which the training holds from before it writes anything until it ends, so that a
+second training into the run stops at once (`runs.RunLocked`).
 
 Many processes: launched by torchrun, the same loop trains one model on every rank
 (`bytemtp.distributed`: DDP or FSDP2 after train.parallel). Each rank reads its own share of the
 corpus; loss and metrics are averaged over the ranks, the stop conditions (signal, time,
 non-finite loss) are agreed at every step boundary so that all ranks stop at the same step, and
-rank 0 alone logs and writes checkpoints, which hold every rank's loader position and RNG state.
-A run resumes only with the number of processes that saved it. Restarted by torchrun
-(--max-restarts), a run resumes from its newest checkpoint by itself.
+rank 0 alone holds the run's lock, logs and writes checkpoints, which hold every rank's loader
+position and RNG state. A run resumes only with the number of processes that saved it.
+Restarted by torchrun (--max-restarts), a run resumes from its newest checkpoint by itself. A
+rank that runs out of memory ends with its error while the others wait in a collective;
+torchrun then stops the job.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ import base64
 import contextlib
 import json
 import math
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -51,26 +63,28 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from bytemtp import corpus
+from bytemtp import corpus, runs
 from bytemtp import distributed as dist_lib
-from bytemtp.checkpoint import (CheckpointError, latest_checkpoint, load_model, load_optimizer_state,
-                                load_train_state, resolve_checkpoint, save_checkpoint)
-from bytemtp.config import Config, DataConfig, TrainConfig, to_json
-from bytemtp.devices import resolve_device, rng_state, set_rng_state
+from bytemtp.checkpoint import (CheckpointError, latest_checkpoint, load_model, load_optimizer_state, load_weights,
+                                read_train_state, resolve_checkpoint, save_checkpoint)
+from bytemtp.config import Config, DataConfig, TrainConfig
+from bytemtp.devices import out_of_memory, resolve_device, rng_state, set_rng_state
 from bytemtp.evaluate import evaluate
 from bytemtp.flops import peak_gpu_flops, step_flops
 from bytemtp.loader import ByteLoader, combine_stats
 from bytemtp.loss import LN2
 from bytemtp.model import Block, ByteMTP
 from bytemtp.rollout import greedy_rollout
-from bytemtp.runs import (METRICS, RUN_CONFIG, RunResult, absolute_corpus, already_done, keep_metrics_up_to,
-                          prepare_run_dir)
+from bytemtp.runs import METRICS, RunPlan, RunResult
 from bytemtp.step import forward_backward, plain_forward_backward
 
 
-
 class TrainingError(RuntimeError):
-    """The run cannot go on (too many non-finite steps, a failed final save)."""
+    """The run cannot go on (too many non-finite steps, a failed final save, out of memory)."""
+
+
+class OutOfMemory(TrainingError):
+    """A step or validation ran out of device memory; the message says what to lower."""
 
 
 def schedule_horizon(cfg: TrainConfig, bytes_per_step: int) -> int:
@@ -167,10 +181,14 @@ def stop_on_signals():
 
 
 @dataclass
-class LoopState:
-    """The training loop's own counters, saved in every checkpoint beside the weights, the
-    optimizer, the loader positions and the RNG states (which have their own state dicts)."""
+class TrainState:
+    """What a run resumes besides its weights and optimizer state (which the checkpoint keeps in
+    files of their own): the loop's counters, and every rank's loader position and RNG state.
+    `state_dict` gathers the ranks' parts, so every rank calls it; `load_state_dict` takes this
+    rank's part, and refuses the state of another number of processes."""
 
+    loader: ByteLoader
+    d: dist_lib.Dist
     step: int = 0
     bytes_seen: int = 0
     elapsed_s: float = 0.0  # training time over every session of the run
@@ -179,115 +197,133 @@ class LoopState:
     val_bpb: list[float] | None = None  # the last validation
 
     def state_dict(self) -> dict:
-        return {"bytes_seen": self.bytes_seen, "elapsed_s": self.elapsed_s, "skipped_steps": self.skipped_steps,
-                "bad_run": self.bad_run, "val_bpb": self.val_bpb}  # the checkpoint stores the step
+        d = self.d
+        return {"step": self.step, "bytes_seen": self.bytes_seen, "elapsed_s": self.elapsed_s,
+                "skipped_steps": self.skipped_steps, "bad_run": self.bad_run, "val_bpb": self.val_bpb,
+                "world_size": d.world_size, "loaders": dist_lib.gather(self.loader.state_dict(), d),
+                "loader_stats": combine_stats(dist_lib.gather(self.loader.stats(), d)),
+                "rngs": dist_lib.gather(_encoded_rng(d.device), d)}
 
     def load_state_dict(self, state: dict) -> None:
+        d = self.d
+        loaders = state.get("loaders", [state.get("loader")])  # (one-process runs once saved one)
+        if len(loaders) != d.world_size:
+            raise ValueError(f"it was saved by {len(loaders)} process(es) and this run has {d.world_size}: "
+                             f"each reads its own share of the corpus, so resume with {len(loaders)} "
+                             "(torchrun --nproc-per-node, --nnodes) or start a new run")
+        self.loader.load_state_dict(loaders[d.rank])
+        _restore_rng(state.get("rngs", [state.get("rng")])[d.rank], d.device)
         self.step, self.bytes_seen, self.elapsed_s = state["step"], state["bytes_seen"], state["elapsed_s"]
         self.skipped_steps, self.bad_run, self.val_bpb = state["skipped_steps"], state["bad_run"], state.get("val_bpb")
 
 
 def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, show_progress: bool = True,
           say=tqdm.write) -> RunResult:
-    """Train (or resume) the run in run_dir until a stop condition; return where it ended."""
-    run_dir = Path(run_dir)
-    cfg = absolute_corpus(cfg)
+    """Train (or resume) the run of `cfg` in run_dir until a stop condition; return where it
+    ended: `run_plan` of `runs.plan_config(cfg, run_dir, resume=resume)`."""
+    return run_plan(runs.plan_config(cfg, run_dir, resume=resume), show_progress=show_progress, say=say)
+
+
+def run_plan(plan: RunPlan, *, show_progress: bool = True, say=tqdm.write) -> RunResult:
+    """Carry out a planned run until a stop condition; return where it ended (a run that was
+    already done returns at once, having touched nothing).
+
+    Rank 0 takes the run's lock (`runs.RunLocked` on every rank when another training holds it)
+    and readies the run directory under it (`runs.start_run`); then every rank builds its `_Run`,
+    restores it from the checkpoint when resuming, and trains."""
+    if plan.done is not None:
+        return plan.done
+    cfg = plan.cfg
     tc = cfg.train
-    if not (tc.steps or tc.max_bytes or tc.max_time):
-        raise ValueError("no stop condition: set train.steps, train.max_bytes or train.max_time")
-    if dist_lib.restarted() and latest_checkpoint(run_dir) is not None:
-        resume = True  # torchrun restarted the job after a failure: go on from the newest checkpoint
-    if resume and (done := already_done(run_dir, tc)) is not None:
-        return done
-    with dist_lib.process_group(resolve_device(tc.device), timeout_s=tc.dist_timeout) as d:
-        ckpt = prepare_run_dir(run_dir, cfg, resume, mutate=d.is_main)
-        if d.is_main:
-            (run_dir / RUN_CONFIG).write_text(to_json(cfg) + "\n")
-        dist_lib.barrier(d)
+    with (dist_lib.process_group(resolve_device(tc.device), timeout_s=tc.dist_timeout) as d,
+          contextlib.ExitStack() as held):
+        _on_main(d, lambda: held.enter_context(runs.run_lock(plan.run_dir)))
+        ckpt = _on_main(d, lambda: runs.start_run(plan))
         with torch.random.fork_rng(devices=[d.device] if d.device.type == "cuda" else []):
             torch.manual_seed(tc.seed + d.rank)  # dropout differs between ranks
-            run = _Run(cfg, run_dir, d, say=say if d.is_main else (lambda *_: None))
-            if ckpt is not None:
-                run.restore(ckpt)
-            elif tc.init:
-                run.say(f"starting from the weights of {start_from(run.model, tc.init, d.device)}")
-            set_trainable(run.model, tc.trainable)
-            return run.loop(show_progress=show_progress and d.is_main)
+            session = _Run(cfg, plan.run_dir, d, checkpoint=ckpt, say=say if d.is_main else (lambda *_: None))
+            return session.loop(show_progress=show_progress and d.is_main)
+
+
+def _on_main(d: dist_lib.Dist, work):
+    """work() on rank 0, and its result on every rank; a ValueError or OSError it raises is raised
+    on every rank (which would otherwise wait for rank 0 in the next collective)."""
+    result = error = None
+    if d.is_main:
+        try:
+            result = work()
+        except (ValueError, OSError) as e:
+            error = e
+    result, error = dist_lib.gather((result, error), d)[0]
+    if error is not None:
+        raise error
+    return result
 
 
 class _Run:
-    """One session of a run on one rank: built, restored from a checkpoint, then `loop` takes
-    optimizer steps until a stop condition, validating, logging and saving as it goes."""
+    """One session of a run on one rank: built (the model, its wrapper and optimizer, the loader),
+    restored from a checkpoint, then `loop` takes optimizer steps until a stop condition,
+    validating, logging and saving as it goes."""
 
-    def __init__(self, cfg: Config, run_dir: Path, d: dist_lib.Dist, *, say):
+    def __init__(self, cfg: Config, run_dir: Path, d: dist_lib.Dist, *, checkpoint: Path | None, say):
         tc, mc = cfg.train, cfg.model
         self.cfg, self.run_dir, self.d, self.device, self.say = cfg, run_dir, d, d.device, say
         self.model = ByteMTP(mc).to(self.device)  # the same initial weights on every rank
         self.model.init_weights(generator=torch.Generator().manual_seed(tc.seed))
-        self.loader = ByteLoader(cfg.data, mc, rank=d.rank,
-                                 world_size=d.world_size)
+        self.loader = ByteLoader(cfg.data, mc, rank=d.rank, world_size=d.world_size)
         self.has_val = has_val_split(cfg.data)
         if not self.has_val:
             say(f"note: {cfg.data.path} has no val split (prepare it with `bytemtp prep`); "
                 "no validation in this run")
-        self.state = LoopState()
-        self.checkpoint: Path | None = None  # the one this session resumes from
-        self._saved: dict = {}  # its train_state
-        self.last_saved = self.last_val = -1
-        self.metrics, self.metrics_ok = None, True
-
-    def restore(self, ckpt: Path) -> None:
-        """Weights (before wrapping), then, in wrap's place, the optimizer, this rank's loader
-        position and RNG state, and the loop's counters."""
-        d = self.d
-        self.checkpoint = ckpt
-        self._saved = load_train_state(ckpt, model=self.model)
-        loaders = self._saved.get("loaders", [self._saved.get("loader")])
-        if len(loaders) != d.world_size:
-            raise ValueError(f"{ckpt} was saved by {len(loaders)} process(es) and this run has "
-                             f"{d.world_size}: each reads its own share of the corpus, so resume with "
-                             f"{len(loaders)} (torchrun --nproc-per-node, --nnodes) or start a new run")
-
-    def _build_step(self) -> None:
-        """Wrap the model for the ranks, make the optimizer and load what a checkpoint saved."""
-        tc, mc, d = self.cfg.train, self.cfg.model, self.d
+        self.state = TrainState(self.loader, d)
+        if checkpoint is None and tc.init:
+            say(f"starting from the weights of {start_from(self.model, tc.init, d.device)}")
+        set_trainable(self.model, tc.trainable)
         self.wrapped = dist_lib.wrap_model(self.model, d, tc.parallel)
         self.optimizer = build_optimizer(self.model, tc, self.device)
-        if self.checkpoint is not None:
-            saved, ckpt = self._saved, self.checkpoint
-            load_optimizer_state(ckpt, self.optimizer, load=dist_lib.load_optimizer(self.wrapped))
-            self.loader.load_state_dict(saved.get("loaders", [saved.get("loader")])[d.rank])
-            _restore_rng(saved.get("rngs", [saved.get("rng")])[d.rank], self.device)
-            self.state.load_state_dict(saved)
-            self.last_saved = self.last_val = self.state.step
-            if d.is_main:  # the one writer of metrics.jsonl: two ranks rewriting it race and lose lines
-                keep_metrics_up_to(self.run_dir / METRICS, self.state.step)
-            self.say(f"resumed {self.run_dir} from {ckpt.name}: step {self.state.step}, "
-                     f"{self.state.bytes_seen:,} bytes seen")
-        if d.is_main:
-            self.metrics = open(self.run_dir / METRICS, "a")
         if tc.compile:
             for module in self.model.modules():
                 if isinstance(module, Block):
                     module.compile()
         self.step_fn = forward_backward if tc.memory_efficient else plain_forward_backward
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda")
-        self.bytes_per_step = self.cfg.data.batch_size * mc.seq_len * tc.grad_accum * d.world_size
+        self.bytes_per_step = cfg.data.batch_size * mc.seq_len * tc.grad_accum * d.world_size
         self.flops_per_step = step_flops(self.model, self.bytes_per_step, mc.seq_len)  # the model's, all ranks
         self.peak_flops = peak_gpu_flops(self.device)
         self.horizon = schedule_horizon(tc, self.bytes_per_step)
+        self.last_saved = self.last_val = -1
+        if checkpoint is not None:
+            self.restore(checkpoint)
+        self.metrics = open(run_dir / METRICS, "a") if d.is_main else None  # one writer: two would race
+        self.metrics_ok = True
+
+    def restore(self, ckpt: Path) -> None:
+        """Everything a checkpoint saved, in one place: the train state first (the cheap check
+        that the run has as many processes as the one that saved it), then the weights and the
+        optimizer state through the wrapper. Nothing here draws random numbers, so the RNG state
+        restored is the one the next step draws from."""
+        try:
+            self.state.load_state_dict(read_train_state(ckpt))
+        except ValueError as e:
+            raise ValueError(f"{ckpt}: {e}") from None
+        load_weights(ckpt, self.model, load=dist_lib.load_weights(self.wrapped))
+        load_optimizer_state(ckpt, self.optimizer, load=dist_lib.load_optimizer(self.wrapped))
+        self.last_saved = self.last_val = self.state.step
+        self.say(f"resumed {self.run_dir} from {ckpt.name}: step {self.state.step}, "
+                 f"{self.state.bytes_seen:,} bytes seen")
 
     def loop(self, *, show_progress: bool) -> RunResult:
         """Optimizer steps until a stop condition; then a last validation and a final checkpoint."""
-        self._build_step()
         tc, st = self.cfg.train, self.state
         bar = tqdm(total=tc.steps or None, initial=st.step, desc="train", unit="step",
                    disable=not show_progress, dynamic_ncols=True)
         started, session_start = time.perf_counter() - st.elapsed_s, time.perf_counter()
         self.model.train()
-        with stop_on_signals() as flag:
+        metrics = contextlib.closing(self.metrics) if self.metrics is not None else contextlib.nullcontext()
+        with stop_on_signals() as flag, contextlib.closing(bar), metrics:
             while not (stopped_by := self._stop_condition(flag, session_start)):
-                step_s, figures, grad_norm, lr = self._optimizer_step()
+                with self._out_of_memory_stops(step=st.step + 1):
+                    step_s, figures, grad_norm, lr = self._optimizer_step()
                 st.elapsed_s = time.perf_counter() - started
                 bar.update()
                 bar.set_postfix_str(self._progress_line(figures, step_s), refresh=False)
@@ -308,10 +344,34 @@ class _Run:
             path = self.save(final=True) if self.last_saved != st.step else None
             dist_lib.barrier(self.d)
             path = path or latest_checkpoint(self.run_dir)
-        if self.metrics is not None:
-            self.metrics.close()
         return RunResult(step=st.step, bytes_seen=st.bytes_seen, stopped_by=stopped_by, checkpoint=path,
                          val_bpb=st.val_bpb)
+
+    @contextlib.contextmanager
+    def _out_of_memory_stops(self, *, step: int, what: str = "step"):
+        """An allocation that fails in the block (the work of `step`) ends the run with
+        `OutOfMemory`, before anything of that step is logged or saved, saying what to lower."""
+        try:
+            yield
+        except RuntimeError as e:
+            if not out_of_memory(e):
+                raise
+            raise OutOfMemory(self._memory_advice(e, step=step, what=what)) from e
+
+    def _memory_advice(self, error: RuntimeError, *, step: int, what: str) -> str:
+        cfg, tc = self.cfg, self.cfg.train
+        asked = re.search(r"allocate (\d+) bytes|allocate ([\d.]+ ?[KMGT]i?B)", str(error))
+        size = (asked[2] or f"{int(asked[1]) / 2**30:.2f} GiB") if asked else None
+        failed = f" (an allocation of {size} failed)" if size else ""
+        efficient = "" if tc.memory_efficient else (", or set train.memory_efficient=true (one head's "
+                                                    "activations at a time)")
+        ckpt = latest_checkpoint(self.run_dir)
+        kept = f"the newest checkpoint {ckpt} is intact" if ckpt is not None else "no checkpoint was saved before"
+        return (f"out of memory on {self.device} in {what} {step}{failed}: micro-batches of "
+                f"data.batch_size={cfg.data.batch_size} windows of model.seq_len={cfg.model.seq_len} bytes "
+                f"(train.grad_accum={tc.grad_accum} a step) do not fit; lower data.batch_size (raising "
+                f"train.grad_accum as much keeps the bytes a step) or model.seq_len, in a new run{efficient}; "
+                f"step {step} was not saved and {kept}")
 
     def _stop_condition(self, flag: dict, session_start: float) -> str | None:
         """steps, bytes, time or signal when the run must stop before the next step, else None."""
@@ -410,7 +470,7 @@ class _Run:
         st, tc = self.state, self.cfg.train
         if not self.has_val:
             return
-        with self.autocast:
+        with self.autocast, self._out_of_memory_stops(step=st.step, what="the validation of step"):
             res = evaluate(self.model, self.cfg.data.path, split="val", batches=tc.eval_batches,
                            batch_size=self.cfg.data.batch_size, device=self.device, d=self.d,
                            mask_after_eos=self.cfg.loss.mask_after_eos)
@@ -426,14 +486,10 @@ class _Run:
     def save(self, *, final: bool) -> Path | None:
         """Every rank takes part (gathering); rank 0 writes, and all agree on whether it worked."""
         d, st = self.d, self.state
-        loaders = dist_lib.gather(self.loader.state_dict(), d)
-        rngs = dist_lib.gather(_encoded_rng(self.device), d)
-        stats = dist_lib.gather(self.loader.stats(), d)
+        state = st.state_dict()
         weights, optim = dist_lib.full_state(self.wrapped, self.optimizer)
         path, error = None, None
         if d.is_main:
-            state = {**st.state_dict(), "world_size": d.world_size, "loaders": loaders,
-                     "loader_stats": combine_stats(stats), "rngs": rngs}
             try:
                 path = save_checkpoint(self.run_dir, step=st.step, model=self.model, config=self.cfg,
                                        train_state=state, keep=self.cfg.train.keep_checkpoints,

@@ -173,17 +173,12 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
     if resume is not None and out and resume and resume != out:
         raise click.UsageError(f"--resume {resume} and --out {out} name different runs")
     preset_given = click.get_current_context().get_parameter_source("preset") != click.core.ParameterSource.DEFAULT
-    if resume is not None and preset_given:
-        raise click.UsageError("--preset is for a new run; a resumed run keeps its checkpoint's settings "
-                               "(change train.* with --set or --config)")
     from bytemtp import runs
     from bytemtp import train as train_lib
 
-    plan = runs.plan_run(run_dir, resume=resume is not None, preset=None if resume is not None else preset,
-                              config_file=config_file, overrides=sets)
+    plan = runs.plan_run(run_dir, resume=resume is not None, preset=preset if preset_given else None,
+                         config_file=config_file, overrides=sets)
     cfg, main_rank = plan.cfg, os.environ.get("RANK", "0") == "0"
-    if not (cfg.train.steps or cfg.train.max_bytes or cfg.train.max_time):
-        raise click.ClickException("no stop condition: give --steps, --bytes or --time")
     if plan.done is not None:
         if main_rank:
             done = plan.done
@@ -195,7 +190,7 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
     if main_rank:
         click.echo(report.train_header(cfg, plan.run_dir, resume=plan.resume))
     try:
-        result = train_lib.train(cfg, plan.run_dir, resume=plan.resume)
+        result = train_lib.run_plan(plan)
     except train_lib.TrainingError as e:
         raise click.ClickException(str(e)) from None
     val = (" val bits/byte " + " ".join(f"{b:.3f}" for b in result.val_bpb)) if result.val_bpb else ""
@@ -269,8 +264,6 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
     if cfg.train.trainable != "draft-heads":
         raise click.ClickException(f"{out} is not a tune of draft heads (train.trainable={cfg.train.trainable}); "
                                    "resume it with bytemtp train")
-    if not (cfg.train.steps or cfg.train.max_bytes or cfg.train.max_time):
-        raise click.ClickException("no stop condition: give --steps, --bytes or --time")
     if plan.done is not None:
         if main_rank:
             echo(f"{plan.run_dir} is already done at step {plan.done.step}; raise --steps to tune on")
@@ -284,7 +277,7 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
         tqdm.write(text, file=sys.stderr if json_path == "-" else sys.stdout)
 
     try:
-        result = train_lib.train(cfg, plan.run_dir, resume=plan.resume, say=say)
+        result = train_lib.run_plan(plan, say=say)
     except train_lib.TrainingError as e:
         raise click.ClickException(str(e)) from None
     if not main_rank:

@@ -8,6 +8,7 @@
 3. SIGTERM to one rank: every rank stops at the same step, one checkpoint is saved, exit 0.
 4. A non-finite loss on one rank skips the step on both.
 5. Restarted by torchrun (--max-restarts), a run resumes from its newest checkpoint by itself.
+6. Rank 0 holds the run's lock; when another training holds it, every rank stops, writing nothing.
 """
 
 import json
@@ -197,3 +198,13 @@ def test_a_run_restarted_by_torchrun_resumes_by_itself(corpus, tmp_path):
     assert [s for s, _ in _losses(run)] == list(range(1, 7))
     fresh = _bytemtp(*_train_args(corpus, run, "--steps", "6"))  # without the restart: refused
     assert fresh.returncode != 0 and "already exists" in fresh.stderr
+
+
+def test_every_rank_stops_when_another_training_holds_the_run(corpus, tmp_path):
+    run, out = tmp_path / "run", tmp_path / "error"
+    proc = subprocess.run([*TORCHRUN, str(HERE / "dist_lock_worker.py"), str(corpus), str(run), str(out)],
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errors = [Path(f"{out}.{r}").read_text() for r in (0, 1)]
+    assert errors[0] == errors[1] and "is in use by a training that is running (pid " in errors[0], errors
+    assert [p.name for p in run.iterdir()] == [".lock"]  # no config, metrics or checkpoint

@@ -370,6 +370,95 @@ def test_a_full_disk_at_the_final_save_is_one_line(tmp_path, corpus_dir, short_r
     assert [p.name for p in (short_run / "checkpoints").iterdir()] == ["step-00000002"]
 
 
+# --- 4b. out of memory ---------------------------------------------------------------------------
+
+
+NO_MEMORY = {  # what the CPU allocator and CUDA raise
+    "cpu": lambda: RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
+                                "memory: you tried to allocate 2147483648 bytes. Error code 12 (Cannot allocate "
+                                "memory)"),
+    "cuda": lambda: torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                                           "capacity of 79.19 GiB of which 1.12 GiB is free."),
+    "other": lambda: RuntimeError("mat1 and mat2 shapes cannot be multiplied"),
+}
+
+
+def fail_at_call(monkeypatch, call: int, kind: str, *, name: str = "forward_backward") -> None:
+    """Make the `call`-th call (1-based) of train's `name` raise NO_MEMORY[kind]."""
+    real, calls = getattr(train_lib, name), []
+
+    def failing(*args, **kw):
+        calls.append(1)
+        if len(calls) == call:
+            raise NO_MEMORY[kind]()
+        return real(*args, **kw)
+
+    monkeypatch.setattr(train_lib, name, failing)
+
+
+@pytest.mark.parametrize("kind", ["cpu", "cuda"])
+def test_a_step_out_of_memory_stops_saying_what_to_lower_and_saves_nothing(tmp_path, corpus_dir, monkeypatch,
+                                                                           kind):
+    fail_at_call(monkeypatch, 6, kind)  # the 6th step
+    run = tmp_path / "run"
+    with pytest.raises(train_lib.OutOfMemory) as info:
+        train_lib.train(tiny_cfg(corpus_dir, "train.steps=10", "train.ckpt_every=4"), run, show_progress=False,
+                        say=lambda m: None)
+    message = str(info.value)
+    for words in ("out of memory on cpu in step 6 (an allocation of 2.00 GiB failed): ",
+                  f"data.batch_size={BATCH} windows of model.seq_len={SEQ_LEN}", "train.grad_accum=1",
+                  "lower data.batch_size", "or model.seq_len", "step 6 was not saved and the newest checkpoint",
+                  "step-00000004 is intact"):
+        assert words in message, (words, message)
+    assert "memory_efficient" not in message  # it is on already
+    assert "\n" not in message
+    assert [ckpt_step(p) for p in list_checkpoints(run)] == [4]
+    assert [r["step"] for r in loss_lines(read_metrics(run))] == [1, 2, 3, 4, 5]
+    runs.check_unlocked(run)  # released
+
+
+def test_out_of_memory_in_a_plain_accumulated_step_also_names_the_memory_efficient_step(tmp_path, corpus_dir,
+                                                                                          monkeypatch):
+    fail_at_call(monkeypatch, 3, "cpu", name="plain_forward_backward")  # step 2, its first micro-batch
+    run = tmp_path / "run"
+    cfg = tiny_cfg(corpus_dir, "train.steps=4", "train.grad_accum=2", "train.memory_efficient=false")
+    with pytest.raises(train_lib.OutOfMemory) as info:
+        train_lib.train(cfg, run, show_progress=False, say=lambda m: None)
+    message = str(info.value)
+    for words in ("in step 2 (an allocation of 2.00 GiB failed)", "train.grad_accum=2 a step",
+                  "set train.memory_efficient=true", "no checkpoint was saved before"):
+        assert words in message, (words, message)
+    assert list_checkpoints(run) == [] and [r["step"] for r in loss_lines(read_metrics(run))] == [1]
+
+
+def test_out_of_memory_in_a_validation_names_it(tmp_path, corpus_dir, monkeypatch):
+    fail_at_call(monkeypatch, 1, "cuda", name="evaluate")
+    run = tmp_path / "run"
+    cfg = tiny_cfg(corpus_dir, "train.steps=6", "train.ckpt_every=2", "train.eval_every=3")
+    with pytest.raises(train_lib.OutOfMemory, match="in the validation of step 3 .*step 3 was not saved"):
+        train_lib.train(cfg, run, show_progress=False, say=lambda m: None)
+    assert [ckpt_step(p) for p in list_checkpoints(run)] == [2]
+
+
+def test_other_errors_of_a_step_are_not_taken_for_out_of_memory(tmp_path, corpus_dir, monkeypatch):
+    fail_at_call(monkeypatch, 2, "other")
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as info:
+        train_lib.train(tiny_cfg(corpus_dir, "train.steps=4"), tmp_path / "run", show_progress=False,
+                        say=lambda m: None)
+    assert not isinstance(info.value, train_lib.TrainingError)
+
+
+def test_the_train_command_shows_out_of_memory_as_one_line(tmp_path, corpus_dir, short_run, monkeypatch):
+    fail_at_call(monkeypatch, 2, "cpu")
+    res = cli("--resume", short_run, "--steps", 5)
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    errors = [line for line in res.stderr.splitlines() if "Error" in line]  # the progress bar goes there too
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("Error: out of memory on cpu in step 4 (an allocation of 2.00 GiB failed): ")
+    assert "step-00000002 is intact" in errors[0]
+    assert [ckpt_step(p) for p in list_checkpoints(short_run)] == [2]
+
+
 # --- 5. the train command's errors ----------------------------------------------------------------
 
 
@@ -507,7 +596,9 @@ def test_resume_by_checkpoint_path_and_when_already_done(tmp_path, short_run):
     assert res.exit_code == 1 and "not the newest checkpoint" in res.stderr
     assert "step-00000004 is its newest" in res.stderr and "delete the newer checkpoints" in res.stderr
     res = cli("--resume", short_run, "--preset", "tiny", "--steps", 5)
-    assert res.exit_code != 0 and "--preset is for a new run" in res.output
+    assert res.exit_code == 1 and res.stderr.strip() == (
+        "Error: --preset tiny is for a new run; a resumed run keeps its checkpoint's settings "
+        "(change train.* with --set or --config)")
     assert ckpt_step(latest_checkpoint(short_run)) == 4
 
 
@@ -534,7 +625,7 @@ def test_plan_run_resolves_and_checks_before_any_work(tmp_path, corpus_dir, shor
     assert plan.run_dir == short_run and plan.checkpoint == latest_checkpoint(short_run)
     assert plan.done is not None and plan.done.step == 2  # already at its limit: nothing to do
     assert runs.plan_run(short_run, resume=True, overrides=["train.steps=5"]).done is None
-    with pytest.raises(ValueError, match="preset 'tiny' is for a new run"):
+    with pytest.raises(ValueError, match="--preset tiny is for a new run"):
         runs.plan_run(short_run, resume=True, preset="tiny")
     with pytest.raises(ValueError, match="already exists"):
         runs.plan_run(short_run, preset="tiny", overrides=[f"data.path={corpus_dir}", "train.steps=3"])
