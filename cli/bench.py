@@ -8,8 +8,8 @@ import click
 
 from . import report
 from .options import (
-    OneLineErrors, check_output_dir, compile_option, device_option, json_option, parse_batch_sizes, parse_modes,
-    preset_option)
+    OneLineErrors, check_output_dir, compile_option, device_option, empty_split_error, json_option, parse_batch_sizes,
+    parse_modes, preset_option)
 from .report import echo, table, write_json
 
 
@@ -114,6 +114,8 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
                                progress=bar.update)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
+        except ValueError as e:
+            raise empty_split_error(e, "give prompts of your own (--prompts FILE)") from None
     bpb = f"; model val bits/byte {res['val_bpb']:.3f}" if res["val_bpb"] is not None else ""
     echo(f"{res['prompts']} held-out prompts of up to {res['prompt_bytes']} bytes, {res['max_bytes']} output "
          f"bytes each, {res['rounds']} interleaved rounds, {res['device']} {res['dtype']}, compiled step "

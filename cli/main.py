@@ -25,7 +25,7 @@ from .export import export_cmd
 from .generate import generate_cmd
 from .harness import lm_eval_cmd
 from .options import (
-    OneLineErrors, check_output_dir, device_option, dtype_option, json_option, one_target, parse_counts,
+    OneLineErrors, check_output_dir, device_option, empty_split_error, dtype_option, json_option, one_target, parse_counts,
     parse_duration, parse_size, preset_option)
 from .report import echo, table, write_json
 
@@ -415,14 +415,19 @@ def plot_cmd(run: str | None, ckpt: str | None, out: str | None, eval_json: str 
         result = json.loads(open(eval_json).read())
     elif eval_batches:
         from bytemtp.checkpoint import load_model
+        from bytemtp.corpus import CorpusError
         from bytemtp.evaluate import evaluate, held_out_split
         from bytemtp.devices import resolve_device
 
         dev = resolve_device(device)
         model, cfg = load_model(model_from, device=dev, dtype=dtype)
         if model.config.n_future > 1:
-            result = evaluate(model, cfg.data.path, split=held_out_split(cfg.data.path), batches=eval_batches,
-                              device=dev)
+            try:
+                result = evaluate(model, cfg.data.path, split=held_out_split(cfg.data.path), batches=eval_batches,
+                                  device=dev)
+            except CorpusError as e:
+                raise empty_split_error(e, "plot without the acceptance profile (--eval-batches 0), or take "
+                                           "it from `bytemtp eval --split train --json F` (--eval F)") from None
     for path in plot.figures(run, out_dir, result):  # all figures or none
         click.echo(f"wrote {path}")
 

@@ -162,3 +162,13 @@ def json_option(default: str | None = None):
     return click.option("--json", "json_path", default=default, show_default=default is not None,
                         type=click.Path(allow_dash=True), callback=check_output_file,
                         help="Also write the results here as JSON ('-': stdout, and the table goes to stderr).")
+
+
+def empty_split_error(e: ValueError, instead: str) -> ValueError:
+    """An empty-split error (bytemtp.corpus) told for a command without --split: the split and the
+    corpus as the library names them, then what this command can do instead; other errors as they are."""
+    if "split of the prepared corpus" not in str(e) or "is empty" not in str(e):
+        return e
+    return ValueError(f"{str(e).split('; ')[0]}; {instead}, or prepare the corpus again with a larger "
+                      "--val-fraction or more documents")
+

@@ -88,14 +88,17 @@ def run_on_empty_val(tmp_path):
     return run_dir, corpus
 
 
-@pytest.mark.parametrize("command", [
-    ["eval", "--ckpt", "{run}", "--device", "cpu"],
-    ["bench", "decode", "--ckpt", "{run}", "--n-prompts", "1", "--device", "cpu", "--compile", "off"],
-    ["plot", "{run}", "--eval-batches", "2", "--device", "cpu"],
+@pytest.mark.parametrize("command,fix", [
+    (["eval", "--ckpt", "{run}", "--device", "cpu"], "--split train or --split all"),
+    (["bench", "decode", "--ckpt", "{run}", "--n-prompts", "1", "--device", "cpu", "--compile", "off"],
+     "--prompts FILE"),
+    (["plot", "{run}", "--eval-batches", "2", "--device", "cpu"], "--eval-batches 0"),
 ])
-def test_an_empty_split_is_one_line_that_names_it_and_the_fix(run_on_empty_val, command):
+def test_an_empty_split_is_one_line_that_names_it_and_the_fix(run_on_empty_val, command, fix):
+    """Each command names the empty split and a fix it has (only eval has --split)."""
     run_dir, corpus = run_on_empty_val
     line = _error_line(run(*[c.format(run=run_dir) for c in command]))
     assert f"the val split of the prepared corpus {corpus} is empty" in line
-    assert "--split train or --split all" in line and "larger --val-fraction" in line
+    assert fix in line and "larger --val-fraction" in line
     assert "no files found" not in line
+    assert ("read another split (--split" in line) == (command[0] == "eval")  # only eval has --split
