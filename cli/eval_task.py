@@ -1,6 +1,6 @@
 """`bytemtp eval-task TASK`: a model's score on a task. poly and induction are the paper's
 synthetic tasks (greedy exact match on a fixed test set); humaneval is its code benchmark
-(pass@k of sampled completions, each run with its tests in a guarded process)."""
+(pass@k of sampled completions, each run with its tests in an isolated process)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,13 @@ import click
 from . import report
 from .options import OneLineErrors, check_heads, compile_option, device_option, dtype_option, json_option, parse_counts
 from .report import echo, write_json
+
+
+# the summary's line on how the programs ran
+ISOLATION = {"bwrap": "isolation: bubblewrap (namespaces of their own: no home, no host files but the Python "
+                      "installation, read-only, no network), the guard inside",
+             "guard": "isolation: the guard alone, as you (allowed by --allow-unsandboxed-execution; not a "
+                      "security boundary)"}
 
 
 @click.group("eval-task", cls=OneLineErrors)
@@ -69,7 +76,7 @@ eval_task.add_command(synthetic_cmd, "poly")
 eval_task.add_command(synthetic_cmd, "induction")
 
 
-@eval_task.command("humaneval", short_help="pass@k on HumanEval or problems in its shape, run in guarded processes.")
+@eval_task.command("humaneval", short_help="pass@k on HumanEval or problems in its shape, run in isolated processes.")
 @click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
 @click.option("--problems", "problems_path", type=click.Path(dir_okay=False),
               help="Problems in HumanEval's JSONL shape (task_id, prompt, test, entry_point; .jsonl or "
@@ -98,30 +105,43 @@ eval_task.add_command(synthetic_cmd, "induction")
               help="Address space of a program's process, in MiB.")
 @click.option("--workers", type=click.IntRange(1), default=None,
               help="Programs run at once.  [default: the number of CPU cores]")
+@click.option("--sandbox", type=click.Choice(["auto", "bwrap", "guard"]), default="auto", show_default=True,
+              help="Where programs run. bwrap: under bubblewrap, in namespaces of their own (no home, no host "
+                   "files but the Python installation, read-only, no network), guarded inside. guard: the guard "
+                   "alone, as you (needs --allow-unsandboxed-execution). auto: bwrap when it works here.")
+@click.option("--allow-unsandboxed-execution", "allow_unsandboxed", is_flag=True,
+              help="Allow programs to run with the guard alone (--sandbox guard, or auto without bubblewrap). "
+                   "The guard stops honest mistakes, not code written to escape it.")
 @compile_option()
 @device_option()
 @dtype_option()
 @json_option()
 def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperature: float, top_p: float,
                   top_k: int, seed: int, max_bytes: int, batch_size: int, heads: int | None, compare: bool,
-                  timeout: float, memory_mb: int, workers: int | None, compile_mode: str, device: str, dtype: str,
-                  json_path: str | None) -> None:
+                  timeout: float, memory_mb: int, workers: int | None, sandbox: str, allow_unsandboxed: bool,
+                  compile_mode: str, device: str, dtype: str, json_path: str | None) -> None:
     """pass@k on HumanEval (Chen et al. 2021) or a file of problems in its shape.
 
     Each problem's prompt is continued by self-speculative decoding (greedy at temperature 0),
     cut at a stop string (\\ndef, \\nclass, \\nif, \\nprint, \\n#) or EOS, and run with the
-    problem's tests in its own process under a time and a memory limit, in a fresh temporary
-    directory. The guard against destructive calls is NOT a security boundary: run untrusted
-    models' code inside a container or virtual machine. Ctrl-C stops the run (nothing is written).
+    problem's tests in its own process under a time and a memory limit, in a fresh working
+    directory: under bubblewrap (install it with apt install bubblewrap or dnf install bubblewrap),
+    or, only when you allow it, with the guard alone, which is NOT a security boundary. The
+    report says which ran. Ctrl-C stops the run (nothing is written).
     """
     from bytemtp import humaneval as he
     from bytemtp.checkpoint import load_config, load_model, resolve_checkpoint
     from bytemtp.devices import resolve_device
+    from bytemtp.execution import Isolation, Sandbox
 
     ctx = click.get_current_context()
     if compare and temperature > 0:
         raise click.UsageError("--compare times greedy decoding (temperature 0), where plain and speculative "
                                "outputs are identical")
+    isolation = Isolation(Sandbox(sandbox), allow_unsandboxed=allow_unsandboxed).decided()  # one line if not
+    if isolation.sandbox is Sandbox.GUARD:
+        click.echo("note: programs run with the guard alone, as you (--allow-unsandboxed-execution): it stops "
+                   "honest mistakes, but code written to escape it can act with your rights", err=True)
     problems = he.load_problems(problems_path)  # a bad file stops here, before the model loads
     n_future = load_config(resolve_checkpoint(ckpt)).model.n_future
     check_heads(heads, n_future)
@@ -134,15 +154,16 @@ def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperatur
         try:
             res = he.run_humaneval(model, problems, samples=samples, temperature=temperature, top_p=top_p,
                                    top_k=top_k, seed=seed, batch_size=batch_size, max_bytes=max_bytes,
-                                   heads=heads, compare=compare, compile=compile_mode, timeout=timeout, memory_mb=memory_mb,
-                                   workers=workers, progress=bars.update)
+                                   heads=heads, compare=compare, compile=compile_mode, isolation=isolation,
+                                   timeout=timeout, memory_mb=memory_mb, workers=workers, progress=bars.update)
         except KeyboardInterrupt:
             bars.close()
             click.echo(f"interrupted during {bars.stage or 'loading'}; nothing written", err=True)
             ctx.exit(130)
     res = {"ckpt": str(ckpt), "problems_file": problems_path or he.humaneval_path(), "device": str(dev),
            "dtype": dtype, **res}
-    echo(report.humaneval_report(res, source=problems_path or "HumanEval"))
+    echo(report.humaneval_report(res, source=problems_path or "HumanEval") + "\n"
+         + ISOLATION[res["execution"]["sandbox"]])
     write_json(json_path, res)
     if compare and not res["comparison"]["identical"]:
         raise click.ClickException("speculative output differs from plain greedy output")

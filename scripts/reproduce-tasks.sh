@@ -17,7 +17,8 @@ CORPUS=$TASK; MAKE_CORPUS=corpus-$TASK
 case "$TASK" in
   poly) SEQ=${SEQ:-256}; EVAL_ARGS=(--per-count "${PER_COUNT:-200}" --counts 1-10) ;;
   induction) SEQ=${SEQ:-512}; EVAL_ARGS=(--stories "${STORIES:-200}") ;;
-  humaneval) SEQ=${SEQ:-512}; EVAL_ARGS=(--max-bytes "${MAX_BYTES:-256}"); HEADS=${HEADS:-"1 8"}
+  # the programs run under bubblewrap; without it, SANDBOX_ARGS=--allow-unsandboxed-execution opts in to the guard
+  humaneval) SEQ=${SEQ:-512}; EVAL_ARGS=(--max-bytes "${MAX_BYTES:-256}" ${SANDBOX_ARGS:-}); HEADS=${HEADS:-"1 8"}
              CORPUS=stdlib; MAKE_CORPUS=corpus ;;
   *) echo "unknown task $TASK: choose poly, induction or humaneval" >&2; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
 """The guard of a child process (bytemtp.guard) in the test process where that is safe, and
 bytemtp.execution's child end to end: its limits, what it disables, what its audit hook refuses
-and says, and what it imports."""
+and says, and what it imports. The escapes themselves, under both sandboxes, are in
+tests/test_sandbox.py."""
 
 import ast
 import os
@@ -9,10 +10,14 @@ import sys
 
 import pytest
 
-from bytemtp import guard
-from bytemtp.execution import DID_NOT_PARSE, FAILED, PASSED, run_program
+from bytemtp import execution, guard
+from bytemtp.execution import DID_NOT_PARSE, FAILED, PASSED, Isolation, Sandbox, run_program
 
 WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+GUARD = Isolation(Sandbox.GUARD, allow_unsandboxed=True)  # the guard alone: its messages name host paths
+BWRAP = pytest.param(Isolation(Sandbox.BWRAP), id="bwrap", marks=pytest.mark.skipif(
+    execution.bwrap_problem() is not None, reason=f"{execution.bwrap_problem()}"))
+BOTH = [BWRAP, pytest.param(GUARD, id="guard")]
 
 
 @pytest.fixture
@@ -24,56 +29,134 @@ def root(tmp_path):
     return os.path.realpath(tmp_path / "work")
 
 
+@pytest.fixture
+def decide(root):
+    """The audit hook's decision for `root`, with this interpreter's base prefix as the installation."""
+    return guard.audit_rules(root, [os.path.realpath(sys.base_prefix)])
+
+
 # --- the audit hook's decision, in this process (the hook is not installed here) ---------------
 
 
-def test_refusal_allows_reads_and_writes_inside_and_refuses_writes_outside(root):
-    victim = os.path.join(os.path.dirname(root), "victim.txt")
-    allowed = [("open", (victim, "r", os.O_RDONLY)), ("open", ("mine.txt", "w", WRITE)),
+def test_the_decision_allows_work_inside_and_reading_the_installation(root, decide):
+    os_py = os.path.realpath(os.__file__)  # the standard library: in the installation
+    allowed = [("open", ("mine.txt", "w", WRITE)), ("open", ("mine.txt", "r", os.O_RDONLY)),
                ("open", (os.path.join(root, "sub", "f"), "a", os.O_WRONLY | os.O_APPEND)),
                ("open", (b"mine.txt", "w", WRITE)), ("open", (pathlib.Path("mine.txt"), "w", WRITE)),
-               ("open", (3, "w", os.O_WRONLY)),  # a descriptor: checked when it was opened
+               ("open", (os_py, "r", os.O_RDONLY)), ("open", ("/dev/null", "r", os.O_RDONLY)),
+               ("open", ("/dev/urandom", "rb", os.O_RDONLY)), ("open", ("/proc/self/limits", "r", os.O_RDONLY)),
                ("open", (None, "r", os.O_RDONLY)), ("import", ("json", None, sys.path, None, None)),
-               ("os.listdir", ("/",)), ("os.remove", ("mine.txt", None)), ("os.mkdir", ("d", 0o777, None)),
+               ("import", ("_ext", os.path.realpath(sys.base_prefix) + "/lib/_ext.so", None, None, None)),
+               ("os.listdir", (".",)), ("os.listdir", (None,)), ("os.scandir", (os.path.dirname(os_py),)),
+               ("os.remove", ("mine.txt", None)), ("os.mkdir", ("d", 0o777, None)),
                ("os.symlink", ("/etc/passwd", "link", None)),  # a link inside; writing through it is refused
-               ("os.rename", ("a", "b", None, None))]
+               ("os.rename", ("a", "b", None, None)), ("sqlite3.connect", (":memory:",)),
+               ("sqlite3.connect", ("mine.db",)), ("object.__setattr__", (len, "__defaults__", ())),
+               ("socket.__new__", (None, 2, 1, 0)), ("compile", (b"x", "<program>")), ("builtins.id", (1,))]
     for event, args in allowed:
-        assert guard.refusal(event, args, root) is None, (event, args)
-    assert guard.refusal("open", (victim, "w", WRITE), root) == \
-        f"writing {victim!r} outside the working directory is refused"
-    assert guard.refusal("open", ("../victim.txt", "r+", os.O_RDWR), root) == \
+        assert decide(event, args) is None, (event, args)
+
+
+def test_the_decision_refuses_writes_outside_and_reads_outside_the_installation(root, decide):
+    victim = os.path.join(os.path.dirname(root), "victim.txt")
+    assert decide("open", (victim, "w", WRITE)) == f"writing {victim!r} outside the working directory is refused"
+    assert decide("open", ("../victim.txt", "r+", os.O_RDWR)) == \
         "writing '../victim.txt' outside the working directory is refused"
+    reading = " outside the working directory and the Python installation is refused"
+    assert decide("open", (victim, "r", os.O_RDONLY)) == f"reading {victim!r}" + reading
+    assert decide("open", (pathlib.Path(victim), "rb", os.O_RDONLY)) == f"reading {pathlib.Path(victim)!r}" + reading
+    assert decide("open", ("/proc/1/environ", "r", os.O_RDONLY)) == "reading '/proc/1/environ'" + reading
+    assert decide("os.listdir", (os.path.dirname(root),)) == f"listing {os.path.dirname(root)!r}" + reading
+    assert decide("os.scandir", ("/",)) == "listing '/'" + reading
 
 
-def test_refusal_follows_links_out_of_the_working_directory(root):
-    os.symlink(os.path.join(os.path.dirname(root), "outside"), os.path.join(root, "away"))
-    assert guard.refusal("open", ("away/f.txt", "w", WRITE), root) == \
-        "writing 'away/f.txt' outside the working directory is refused"
-    assert guard.refusal("open", ("away/f.txt", "r", os.O_RDONLY), root) is None
+def test_the_decision_follows_links_and_descriptors_out_of_the_working_directory(root, decide):
+    outside = os.path.join(os.path.dirname(root), "outside")
+    os.symlink(outside, os.path.join(root, "away"))
+    assert decide("open", ("away/f.txt", "w", WRITE)) == "writing 'away/f.txt' outside the working directory is refused"
+    assert decide("open", ("away/f.txt", "r", os.O_RDONLY)).startswith("reading 'away/f.txt' outside")
+    fd = os.open(os.path.join(os.path.dirname(root), "victim.txt"), os.O_RDONLY)
+    read_end, write_end = os.pipe()
+    try:  # a descriptor is the file it is open on; a pipe is no file
+        assert decide("os.chmod", (fd, 0o777, -1)) == f"os.chmod on {fd!r} outside the working directory is refused"
+        assert decide("os.truncate", (fd, 0)) is not None
+        assert decide("open", (write_end, "w", os.O_WRONLY)) is None
+    finally:
+        for d in (fd, read_end, write_end):
+            os.close(d)
 
 
-def test_refusal_names_the_event_and_the_path_outside(root):
+def test_the_decision_names_the_event_and_the_path_outside(root, decide):
     victim = os.path.join(os.path.dirname(root), "victim.txt")
     cases = {("os.remove", (victim, None)): f"os.remove on {victim!r}",
              ("os.rename", ("mine.txt", victim, None, None)): f"os.rename on {victim!r}",
              ("os.link", (victim, "here.txt", None, None, True)): f"os.link on {victim!r}",
              ("os.symlink", ("x", victim, None)): f"os.symlink on {victim!r}",
              ("shutil.rmtree", (os.path.dirname(root), None)): f"shutil.rmtree on {os.path.dirname(root)!r}",
-             ("os.chmod", (b"/etc/passwd", 0o777, None)): "os.chmod on b'/etc/passwd'"}
+             ("os.chmod", (b"/etc/passwd", 0o777, None)): "os.chmod on b'/etc/passwd'",
+             ("sqlite3.connect", (victim,)): f"sqlite3.connect on {victim!r}"}
     for (event, args), start in cases.items():
-        assert guard.refusal(event, args, root) == start + " outside the working directory is refused"
+        assert decide(event, args) == start + " outside the working directory is refused"
+    assert decide("sqlite3.connect", ("file:mine.db?mode=ro",)) == \
+        "sqlite3.connect to the URI 'file:mine.db?mode=ro' is refused"
 
 
-def test_refusal_refuses_processes_signals_directories_and_the_network_anywhere(root):
-    for event in ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.fork", "os.kill",
-                  "os.chdir", "socket.connect", "socket.bind", "socket.sendto"):
-        assert guard.refusal(event, ("anything",), root) == f"{event} is refused"
+def test_the_decision_refuses_processes_signals_the_network_and_native_code_anywhere(decide):
+    for event in ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.fork", "os.kill", "os.chdir",
+                  "socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo", "resource.setrlimit",
+                  "gc.get_objects", "gc.get_referrers", "sqlite3.load_extension",
+                  "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function"):
+        assert decide(event, ("anything",)) == f"{event} is refused"
 
 
-def test_is_inside_is_the_directory_or_below_it_not_a_sibling_with_its_prefix(root):
-    assert guard.is_inside(root, root) and guard.is_inside(".", root) and guard.is_inside("a/../b", root)
-    assert not guard.is_inside(root + "-other/f", root)
-    assert not guard.is_inside("..", root) and not guard.is_inside("/", root)
+def test_the_decision_refuses_native_code_outside_the_installation_and_fresh_imports_of_what_it_took(
+        root, decide, monkeypatch):
+    written = os.path.join(root, "evil.cpython-311-x86_64-linux-gnu.so")
+    assert decide("import", ("evil", written, None, None, None)) == \
+        f"loading native code from {written!r}, outside the Python installation, is refused"
+    for name in ("ctypes", "_ctypes", "_posixsubprocess", "_signal", "posix"):
+        monkeypatch.delitem(sys.modules, name, raising=False)  # as `del sys.modules[name]` in a program
+        assert decide("import", (name, None, sys.path, None, None)) == f"importing {name} is refused"
+    monkeypatch.setitem(sys.modules, "_ctypes", None)  # what the guard leaves: the import fails on its own
+    assert decide("import", ("_ctypes", None, sys.path, None, None)) is None
+    assert decide("import", ("_ctypes", os.path.realpath(sys.base_prefix) + "/_ctypes.so", None, None, None)) == \
+        "importing _ctypes is refused"
+
+
+def test_the_decision_reads_a_str_subclass_by_its_characters_and_keeps_its_own_functions(root, decide):
+    class Liar(str):
+        def startswith(self, *args):
+            return True
+
+        def split(self, *args):
+            return ["mine.txt"]
+
+    assert decide("open", (Liar("/etc/passwd"), "w", WRITE)) == \
+        "writing '/etc/passwd' outside the working directory is refused"
+    for attribute in ("__code__", "__defaults__", "__kwdefaults__"):
+        assert decide("object.__setattr__", (guard.resolve, attribute, None)) == \
+            f"changing the guard's {attribute} is refused"
+    assert decide("object.__delattr__", (guard.resolve, "__defaults__")) is not None
+
+
+def test_resolve_is_realpath(tmp_path):
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    os.symlink("d/e", tmp_path / "rel")
+    os.symlink(tmp_path / "d", tmp_path / "abs")
+    os.symlink("../..", tmp_path / "d" / "up")
+    os.symlink("loop", tmp_path / "loop")
+    for path in ("rel", "rel/..", "rel/../x", "abs/e/../../d", "d/up", "d/up/x/y", "missing/../d", "d/./e//",
+                 "abs/missing/..", "/", "/..", "/proc/self", "/proc/self/fd/0"):
+        full = path if path.startswith("/") else f"{tmp_path}/{path}"
+        assert guard.resolve(full) == os.path.realpath(full), path
+    assert guard.resolve(f"{tmp_path}/loop/x") == ""  # a loop of links is no path: never inside
+
+
+def test_is_inside_is_the_directory_or_below_it_not_a_sibling_with_its_prefix(root, decide):
+    for inside in (root, ".", "a/../b"):
+        assert decide("open", (inside, "w", WRITE)) is None, inside
+    for outside in (root + "-other/f", "..", "/"):
+        assert decide("open", (outside, "w", WRITE)) is not None, outside
 
 
 # --- the child's other parts, in this process --------------------------------------------------
@@ -109,6 +192,7 @@ def test_the_guard_imports_only_the_standard_library():
 
 def test_the_hook_says_what_it_refused(root):
     victim = os.path.join(os.path.dirname(root), "victim.txt")
+    reading = "outside the working directory and the Python installation is refused"
     programs = {  # os.remove and subprocess.Popen are None; restored, the hook stops them
         f"open({victim!r}, 'w').write('gone')": f"writing {victim!r} outside the working directory is refused",
         f"import posix\nposix.remove({victim!r})": f"os.remove on {victim!r} outside the working directory is refused",
@@ -118,40 +202,60 @@ def test_the_hook_says_what_it_refused(root):
             "subprocess.Popen is refused",
         "import os\nos.posix_spawn('/bin/true', ['true'], {})": "os.posix_spawn is refused",
         "import socket\nsocket.socket().connect(('127.0.0.1', 9))": "socket.connect is refused",
+        f"open({victim!r}).read()": f"reading {victim!r} {reading}",
+        f"import os\nos.listdir({os.path.dirname(root)!r})": f"listing {os.path.dirname(root)!r} {reading}",
+        "import sys\ndel sys.modules['ctypes']\nimport ctypes": "importing ctypes is refused",
+        "import sys\ndel sys.modules['_posixsubprocess']\nimport _posixsubprocess":
+            "importing _posixsubprocess is refused",
+        "import sqlite3\nsqlite3.connect('file:/etc/x.db', uri=True)":
+            "sqlite3.connect to the URI 'file:/etc/x.db' is refused",
+        "import gc\ngc.get_objects()": "gc.get_objects is refused",
+        "import sys\nsys._getframe().f_back.f_globals['resolve'].__defaults__ = ()":
+            "changing the guard's __defaults__ is refused",
     }
     for source, message in programs.items():
-        outcome = run_program(source)
+        outcome = run_program(source, isolation=GUARD)
         assert (outcome.verdict, outcome.detail) == (FAILED, "PermissionError: " + message), source
     assert pathlib.Path(victim).read_text() == "keep me"
+    outcome = run_program("import ctypes", isolation=GUARD)  # as where ctypes is not built: numpy imports
+    assert (outcome.verdict, outcome.detail) == \
+        (FAILED, "ModuleNotFoundError: import of ctypes halted; None in sys.modules")
 
 
-def test_the_destructive_functions_are_none_but_putenv():
+@pytest.mark.parametrize("isolation", BOTH)
+def test_the_destructive_functions_are_none_but_putenv(isolation):
     names = {"os": guard.DISABLED_OS, "shutil": guard.DISABLED_SHUTIL, "builtins": guard.DISABLED_BUILTINS}
-    source = "import builtins, os, shutil, subprocess, sys\n"
-    source += "".join(f"assert {module}.{name} is None, {module + '.' + name!r}\n"
+    names |= {module: functions for module, functions in guard.UNAUDITED.items() if module != "posix"}
+    source = "import builtins, os, shutil, signal, subprocess, sys, _posixsubprocess, _signal, posix\n"
+    source += "".join(f"assert getattr({module}, {name!r}, None) is None, {module + '.' + name!r}\n"
                       for module, ns in names.items() for name in ns)
+    source += "".join(f"assert getattr(posix, {name!r}, None) is None, {name!r}\n" for name in guard.UNAUDITED["posix"])
     source += "".join(f"assert sys.modules[{m!r}] is None, {m!r}\n" for m in guard.BLOCKED_MODULES)
     source += "assert subprocess.Popen is None and os.putenv is not None\n"
-    outcome = run_program(source)
+    outcome = run_program(source, isolation=isolation)
     assert (outcome.verdict, outcome.detail) == (PASSED, "")
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/limits"), reason="reads the limits from /proc")
-def test_the_child_runs_within_its_limits():
+@pytest.mark.parametrize("isolation", BOTH)
+def test_the_child_runs_within_its_limits(isolation):
     source = ("rows = {line[:26].strip(): line[26:].split()[:2] for line in open('/proc/self/limits')}\n"
               "raise ValueError([rows[k] for k in ('Max address space', 'Max cpu time', 'Max file size',"
               " 'Max core file size')])\n")
-    outcome = run_program(source, timeout=2.5, memory_mb=300, file_mb=5)
+    outcome = run_program(source, isolation=isolation, timeout=2.5, memory_mb=300, file_mb=5)
     assert outcome.verdict == FAILED
     want = [[str(300 << 20)] * 2, ["4", "5"], [str(5 << 20)] * 2, ["0", "0"]]
     assert outcome.detail == f"ValueError: {want}"
 
 
-def test_the_child_imports_neither_bytemtp_nor_torch_and_its_directory_is_off_sys_path():
+@pytest.mark.parametrize("isolation", BOTH)
+def test_the_child_imports_neither_bytemtp_nor_torch_and_its_directory_is_off_sys_path(isolation):
     here = os.path.dirname(guard.__file__)
     source = ("import sys\n"
               "assert not [m for m in sys.modules if m.split('.')[0] in ('bytemtp', 'torch', 'numpy')], sys.modules\n"
               f"assert {here!r} not in sys.path, sys.path\n"
-              "import json, numpy\n")  # the standard library and what is installed are importable
-    outcome = run_program(source)
+              "assert sys.modules['__main__'].__dict__ is globals(), 'the program is not __main__'\n"
+              "import json, math, hashlib, numpy, collections\n"  # the standard library and what is installed
+              "assert numpy.arange(3).sum() == 3\n")
+    outcome = run_program(source, isolation=isolation)
     assert (outcome.verdict, outcome.detail) == (PASSED, "")

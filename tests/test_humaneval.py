@@ -1,4 +1,4 @@
-"""HumanEval: problems, the pass@k estimator, guarded execution and sampling on tiny models."""
+"""HumanEval: problems, the pass@k estimator, isolated execution and sampling on tiny models."""
 
 import gzip
 import json
@@ -9,9 +9,16 @@ import pytest
 import torch
 
 from bytemtp import config as C
+from bytemtp import execution
 from bytemtp import humaneval as he
-from bytemtp.execution import DID_NOT_PARSE, FAILED, PASSED, TIMED_OUT, run_programs
+from bytemtp.execution import DID_NOT_PARSE, FAILED, PASSED, TIMED_OUT, Isolation, IsolationError, Sandbox, run_programs
 from bytemtp.model import ByteMTP
+
+# bubblewrap where it works, else the guard alone: what these tests check does not depend on it
+ANY = Isolation(allow_unsandboxed=True)
+BOTH = [pytest.param(Isolation(Sandbox.BWRAP), id="bwrap", marks=pytest.mark.skipif(
+            execution.bwrap_problem() is not None, reason=f"{execution.bwrap_problem()}")),
+        pytest.param(Isolation(Sandbox.GUARD, allow_unsandboxed=True), id="guard")]
 
 TOY = [he.Problem("toy/add", "def add(a, b):\n    return ", "def check(f):\n    assert f(2, 3) == 5\n", "add",
                   canonical_solution="a + b\n"),
@@ -99,12 +106,12 @@ def test_pass_at_k_refuses_impossible_counts(n, c, k):
 
 def test_scores_average_pass_at_k_over_problems_for_every_k_up_to_n():
     right, wrong = "a + b\n", "a - b\n"
-    got = he.check_completions(TOY, {"toy/add": [right] * 3 + [wrong] * 7, "toy/one": ["2\n"] * 10})
+    got = he.check_completions(TOY, {"toy/add": [right] * 3 + [wrong] * 7, "toy/one": ["2\n"] * 10}, isolation=ANY)
     assert got["pass_at_k"] == pytest.approx({"pass@1": (0.3 + 0) / 2, "pass@10": (1.0 + 0) / 2})
     assert got["shares"] == pytest.approx({PASSED: 0.15, FAILED: 0.85, TIMED_OUT: 0, DID_NOT_PARSE: 0})
     assert [(t["task_id"], t["n"], t["passed"]) for t in got["tasks"]] == [("toy/add", 10, 3), ("toy/one", 10, 0)]
     assert got["missing"] == []
-    only_one = he.check_completions(TOY, {"toy/one": ["1\n"]})
+    only_one = he.check_completions(TOY, {"toy/one": ["1\n"]}, isolation=ANY)
     assert only_one["pass_at_k"] == {"pass@1": 1.0} and only_one["missing"] == ["toy/add"]
     with pytest.raises(ValueError, match="not among the problems"):
         he.check_completions(TOY, {"toy/zzz": ["1"]})
@@ -114,16 +121,18 @@ def test_scores_average_pass_at_k_over_problems_for_every_k_up_to_n():
 
 
 @pytest.mark.slow
-def test_canonical_solutions_pass_all_164(humaneval):
-    got = he.check_completions(humaneval, {p.task_id: [p.canonical_solution] for p in humaneval})
-    assert [t["task_id"] for t in got["tasks"] if t["passed"] != 1] == []
+@pytest.mark.parametrize("isolation", BOTH)
+def test_canonical_solutions_pass_all_164(humaneval, isolation):
+    got = he.check_completions(humaneval, {p.task_id: [p.canonical_solution] for p in humaneval}, isolation=isolation)
+    assert [(t["task_id"], t["completions"][0]["detail"]) for t in got["tasks"] if t["passed"] != 1] == []
+    assert got["execution"]["sandbox"] == isolation.sandbox.value
     assert got["pass_at_k"] == {"pass@1": 1.0} and got["problems"] == 164
     assert got["shares"][PASSED] == 1.0
 
 
 @pytest.mark.slow
 def test_pass_scores_zero_on_all_164(humaneval):
-    got = he.check_completions(humaneval, {p.task_id: ["    pass\n"] for p in humaneval})
+    got = he.check_completions(humaneval, {p.task_id: ["    pass\n"] for p in humaneval}, isolation=ANY)
     assert got["pass_at_k"] == {"pass@1": 0.0}
     assert got["shares"][FAILED] == 1.0
 
@@ -132,13 +141,14 @@ def test_wrong_solutions_score_zero(humaneval):
     wrong = {"HumanEval/0": "    return True\n",  # has_close_elements: also False cases
              "HumanEval/2": "    return number\n",  # truncate_number: the decimal part
              "HumanEval/4": "    return sum(numbers) / len(numbers)\n"}  # the mean, not the deviation
-    got = he.check_completions(humaneval, {t: [c] for t, c in wrong.items()})
+    got = he.check_completions(humaneval, {t: [c] for t, c in wrong.items()}, isolation=ANY)
     assert got["pass_at_k"] == {"pass@1": 0.0} and got["problems"] == 3
     assert all(c["verdict"] == FAILED for t in got["tasks"] for c in t["completions"])
 
 
 @pytest.mark.slow
-def test_harmful_completions_fail_alone_and_change_nothing_outside(tmp_path):
+@pytest.mark.parametrize("isolation", BOTH)
+def test_harmful_completions_fail_alone_and_change_nothing_outside(tmp_path, isolation):
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
     tree = tmp_path / "tree"
@@ -164,7 +174,8 @@ def test_harmful_completions_fail_alone_and_change_nothing_outside(tmp_path):
         "right": "1\n",
     }
     problem = TOY[1]
-    got = he.check_completions([problem], {problem.task_id: list(completions.values())}, timeout=2.0, memory_mb=256)
+    got = he.check_completions([problem], {problem.task_id: list(completions.values())}, isolation=isolation,
+                               timeout=2.0, memory_mb=256)
     verdicts = {name: (c["verdict"], c["detail"]) for name, c in zip(completions, got["tasks"][0]["completions"])}
     assert verdicts["loops"][0] == TIMED_OUT
     assert verdicts["allocates"] == (FAILED, "MemoryError:")
@@ -176,14 +187,18 @@ def test_harmful_completions_fail_alone_and_change_nothing_outside(tmp_path):
     verdict, detail = verdicts["writes inside"]
     assert verdict == FAILED and detail.startswith("RuntimeError: ")
     own = pathlib.Path(detail.removeprefix("RuntimeError: "))
-    assert own.name.startswith("bytemtp-exec-") and not own.exists()
+    if isolation.sandbox is Sandbox.GUARD:  # a temporary directory, removed
+        assert own.name.startswith("bytemtp-exec-") and not own.exists()
+    else:  # the sandbox's own tmpfs: nothing of it on the host's /tmp
+        assert str(own) == execution.SANDBOX_DIR and not (own / "mine.txt").exists()
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     assert got["pass_at_k"]["pass@1"] == pytest.approx(1 / len(completions))
 
 
 def test_identical_programs_run_once_and_progress_counts_them():
     seen = []
-    outcomes = run_programs(["assert 1", "assert 0", "assert 1"], progress=lambda d, t: seen.append((d, t)))
+    outcomes = run_programs(["assert 1", "assert 0", "assert 1"], isolation=ANY,
+                            progress=lambda d, t: seen.append((d, t)))
     assert [o.verdict for o in outcomes] == [PASSED, FAILED, PASSED]
     assert seen == [(0, 2), (1, 2), (2, 2)]
 
@@ -201,15 +216,34 @@ def test_bytes_that_are_not_utf8_survive_json_and_do_not_parse():
     completion = b"'\xff'\n".decode("utf-8", "surrogateescape")
     assert TOY[1].program(completion).endswith(b"return '\xff'\n\ndef check(f):\n    assert f() == 1\n\ncheck(one)\n")
     assert json.loads(json.dumps(completion)) == completion
-    got = he.check_completions(TOY[1:], {"toy/one": [completion]})
+    got = he.check_completions(TOY[1:], {"toy/one": [completion]}, isolation=ANY)
     assert got["tasks"][0]["completions"][0]["verdict"] == DID_NOT_PARSE
 
 
 def test_limits_are_checked_at_the_boundary():
     with pytest.raises(ValueError, match="timeout"):
-        he.check_completions(TOY, {"toy/one": ["1"]}, timeout=0)
+        he.check_completions(TOY, {"toy/one": ["1"]}, isolation=ANY, timeout=0)
     with pytest.raises(ValueError, match="memory_mb"):
-        he.check_completions(TOY, {"toy/one": ["1"]}, memory_mb=8)
+        he.check_completions(TOY, {"toy/one": ["1"]}, isolation=ANY, memory_mb=8)
+
+
+def test_no_completion_runs_without_isolation_unless_allowed(monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("a program started")
+
+    monkeypatch.setattr(execution, "bwrap_problem", lambda: execution.NOT_INSTALLED)
+    monkeypatch.setattr(execution.subprocess, "Popen", never)
+    for isolation in (Isolation(), Isolation(Sandbox.BWRAP), Isolation(Sandbox.BWRAP, allow_unsandboxed=True),
+                      Isolation(Sandbox.GUARD)):
+        with pytest.raises(IsolationError) as e:
+            he.check_completions(TOY, {"toy/one": ["1\n"]}, isolation=isolation)
+        assert "\n" not in str(e.value)
+        with pytest.raises(IsolationError):  # before the model decodes anything
+            he.run_humaneval(None, TOY, isolation=isolation)
+    monkeypatch.undo()
+    monkeypatch.setattr(execution, "bwrap_problem", lambda: execution.NOT_INSTALLED)
+    got = he.check_completions(TOY, {"toy/one": ["1\n"]}, isolation=Isolation(allow_unsandboxed=True))
+    assert got["execution"]["sandbox"] == "guard" and got["pass_at_k"] == {"pass@1": 1.0}
 
 
 # --- sampling ----------------------------------------------------------------------------------
@@ -303,7 +337,7 @@ def test_run_humaneval_end_to_end_and_its_json_rescores(humaneval, one_thread, t
     problems = humaneval[:2] + TOY[1:]
     stages = []
     run = he.run_humaneval(_bigram_model(), problems, samples=2, temperature=0.0, batch_size=2, max_bytes=40,
-                           timeout=3.0, progress=lambda s, d, t: stages.append(s))
+                           isolation=ANY, timeout=3.0, progress=lambda s, d, t: stages.append(s))
     assert stages[0] == "decode" and stages[-1] == "execute" and set(stages) == {"decode", "execute"}
     # "return 1" passes toy/one; a comment "#1" after a docstring returns None: HumanEval fails
     assert run["pass_at_k"] == pytest.approx({"pass@1": 1 / 3})
@@ -317,7 +351,7 @@ def test_run_humaneval_end_to_end_and_its_json_rescores(humaneval, one_thread, t
             assert {"completion", "verdict", "detail", "stopped_by", "slid", "bytes"} <= set(c)
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
-    again = he.check_completions(problems, he.read_completions(path))
+    again = he.check_completions(problems, he.read_completions(path), isolation=ANY)
     assert again["pass_at_k"] == run["pass_at_k"]
     assert [[c["verdict"] for c in t["completions"]] for t in again["tasks"]] == \
            [[c["verdict"] for c in t["completions"]] for t in run["tasks"]]

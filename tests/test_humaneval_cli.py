@@ -15,8 +15,14 @@ from bytemtp.model import ByteMTP
 from bytemtp_cli.main import main
 
 
-def run(*args):
-    return CliRunner().invoke(main, ["eval-task", "humaneval", *map(str, args)])
+def run(*args, allow: bool = True):
+    """The command as a user types it; `allow` adds --allow-unsandboxed-execution (bubblewrap where
+    it works, else the guard alone), which the tests of the isolation itself leave out."""
+    flags = ["--allow-unsandboxed-execution"] if allow else []
+    return CliRunner().invoke(main, ["eval-task", "humaneval", *map(str, args), *flags])
+
+
+BWRAP_PROBLEM = execution.bwrap_problem()
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +126,52 @@ def test_bad_numbers_are_refused_by_name(runs):
         assert res.exit_code == 2 and name in res.output and "Traceback" not in res.output
 
 
+@pytest.mark.parametrize("args, message", [
+    ((), "install it with apt install bubblewrap, or dnf install bubblewrap"),
+    ((), "--allow-unsandboxed-execution"),
+    (("--sandbox", "bwrap"), "sandbox bwrap: bubblewrap (bwrap) is not installed; install it with apt"),
+    (("--sandbox", "bwrap", "--allow-unsandboxed-execution"), "sandbox bwrap: bubblewrap (bwrap) is not installed"),
+    (("--sandbox", "guard"), "sandbox guard runs programs with the guard alone, which is not a security boundary"),
+])
+def test_without_bubblewrap_nothing_runs_unless_the_command_allows_it(runs, monkeypatch, args, message):
+    import bytemtp.checkpoint
+
+    def never(*a, **kw):
+        raise AssertionError("the model was loaded before the isolation was settled")
+
+    monkeypatch.setattr(bytemtp.checkpoint, "load_model", never)
+    monkeypatch.setattr(execution, "bwrap_problem", lambda: execution.NOT_INSTALLED)
+    res = run("--ckpt", runs / "bigram", "--problems", runs / "toy.jsonl", *args, allow=False)
+    assert res.exit_code == 1 and "Traceback" not in res.output and message in res.output
+    assert [line for line in res.output.splitlines() if line.startswith("Error:")] == res.output.splitlines()
+
+
+def test_the_guard_alone_runs_when_the_command_allows_it_and_the_report_says_so(runs, one_thread, tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.setattr(execution, "bwrap_problem", lambda: execution.NOT_INSTALLED)
+    for args in (("--sandbox", "guard"), ()):  # asked for, or auto without bubblewrap
+        out = tmp_path / "g.json"
+        res = run("--ckpt", runs / "bigram", "--problems", runs / "toy.jsonl", "--device", "cpu", *args,
+                  "--json", out)
+        assert res.exit_code == 0, res.output
+        notes = [line for line in res.output.splitlines() if line.startswith("note: programs run with the guard alone")]
+        assert len(notes) == 1 and "isolation: the guard alone, as you" in res.output
+        data = json.loads(out.read_text())
+        assert data["execution"]["sandbox"] == "guard" and data["pass_at_k"] == {"pass@1": 0.5}
+
+
+@pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"{BWRAP_PROBLEM}")
+def test_programs_run_under_bubblewrap_by_default_and_the_report_says_so(runs, one_thread, tmp_path):
+    for args in ((), ("--sandbox", "bwrap")):
+        out = tmp_path / "b.json"
+        res = run("--ckpt", runs / "bigram", "--problems", runs / "toy.jsonl", "--device", "cpu", *args,
+                  "--json", out, allow=False)
+        assert res.exit_code == 0, res.output
+        assert "isolation: bubblewrap" in res.output and "guard alone" not in res.output
+        data = json.loads(out.read_text())
+        assert data["execution"]["sandbox"] == "bwrap" and data["pass_at_k"] == {"pass@1": 0.5}
+
+
 def test_ctrl_c_stops_with_status_130_and_writes_nothing(runs, tmp_path, monkeypatch):
     from bytemtp import humaneval
 
@@ -148,5 +200,6 @@ def test_an_interrupted_execution_drops_the_programs_not_started(monkeypatch):
 
     monkeypatch.setattr(execution, "run_program", slow)
     with pytest.raises(KeyboardInterrupt):
-        execution.run_programs([f"x = {i}" for i in range(8)], workers=1, progress=progress)
+        execution.run_programs([f"x = {i}" for i in range(8)], workers=1, progress=progress,
+                               isolation=execution.Isolation(execution.Sandbox.GUARD, allow_unsandboxed=True))
     assert len(started) <= 2

@@ -1,0 +1,374 @@
+"""Escapes, not intentions: programs written to leave their sandbox, run as a completion is run.
+
+Each program tries one way out: to create or change a file outside (ctypes, os.open, open, a
+rename, a link), to start a process or leave one behind, to reach the network, to signal a
+process of the user's, or to read a secret planted in a fake home (HOME points at it) or in
+another process. Each runs in three ways: under bubblewrap as bytemtp runs it (the guard inside),
+under bubblewrap without the guard (`bwrap_argv` and a bare interpreter: the OS layer alone), and
+under the guard alone. Every run must leave the test's folder as it was, show nothing of the
+secret, reach no listener and kill no process.
+
+What the guard alone cannot stop is GUARD_LIMITS: those tests are expected to fail under the guard
+(xfail, strict) and pass under bubblewrap. Neither stops a program from forging its own verdict
+(xfail in both). The bubblewrap runs skip, with the reason, where bubblewrap is missing or cannot
+make namespaces. Below them: what the sandbox holds, the kill at the time limit, and the choice
+of sandbox (`Isolation`).
+"""
+
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+
+from bytemtp import execution, guard
+from bytemtp.execution import Isolation, IsolationError, Sandbox, bwrap_argv, run_program
+
+SECRET = f"secret-{uuid.uuid4().hex}"
+BWRAP_PROBLEM = execution.bwrap_problem()
+needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"{BWRAP_PROBLEM}")
+MODES = {"bwrap": needs_bwrap, "bwrap-without-guard": needs_bwrap, "guard": None}
+
+# what the guard alone lets through; under bubblewrap the same programs find nothing
+GUARD_LIMITS = {
+    "metadata": "os.stat, os.path.exists and the like raise no audit event: a program learns which files "
+                "exist anywhere, their sizes and times (not their content)",
+    "C library": "what the C library reads by itself raises no audit event: pwd.getpwall() lists the "
+                 "machine's accounts from /etc/passwd",
+    "total size": "RLIMIT_FSIZE bounds each file, not their number: a program can fill the disk of its "
+                  "temporary directory until the run ends",
+}
+
+
+class World:
+    """A fake home with a secret, a file to keep, where a file must not appear, a process to keep
+    alive (standing for the parent) and two listeners on the loopback."""
+
+    def __init__(self, root: pathlib.Path):
+        self.root = root
+        self.home = root / "home"
+        self.home.mkdir()
+        self.secret = self.home / "secret.txt"
+        self.secret.write_text(SECRET)
+        (self.home / "secret_module.py").write_text(f"SECRET = {SECRET!r}\n")
+        self.victim = root / "victim.txt"
+        self.victim.write_text("keep me")
+        self.target = root / "created"
+        self.outside = root / "outside"
+        self.outside.mkdir()
+        self.process = subprocess.Popen(["sh", "-c", f"sleep 60; : {SECRET}"], start_new_session=True)
+        self.tcp = socket.create_server(("127.0.0.1", 0))
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("127.0.0.1", 0))
+        self.tcp.setblocking(False)  # what arrived waits in the queue; nothing arrived: an error at once
+        self.udp.setblocking(False)
+        self.before = self.snapshot()
+
+    def snapshot(self) -> dict:
+        return {str(p.relative_to(self.root)): (p.is_dir(), None if p.is_dir() else p.read_bytes(), p.stat().st_mode)
+                for p in self.root.rglob("*")}
+
+    def fill(self, source: str) -> str:
+        return source.format(target=str(self.target), victim=str(self.victim), secret=str(self.secret),
+                             home=str(self.home), outside=str(self.outside), pid=self.process.pid,
+                             tcp=self.tcp.getsockname()[1], udp=self.udp.getsockname()[1])
+
+    def heard(self) -> list[bytes]:
+        """What reached the listeners."""
+        got = []
+        try:
+            connection, _ = self.tcp.accept()
+            got.append(connection.recv(100) or b"(a connection)")
+        except OSError:
+            pass
+        try:
+            got.append(self.udp.recv(100))
+        except OSError:
+            pass
+        return got
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        self.tcp.close()
+        self.udp.close()
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("BYTEMTP_TEST_SECRET", SECRET)  # the parent's environment holds it too
+    w = World(tmp_path)
+    yield w
+    w.close()
+
+
+def run(mode: str, source: str, *, file_mb: int = 64) -> str:
+    """Run `source` in `mode`; what the program could show us: the verdict and its detail, or (the
+    OS layer alone) its output and its traceback."""
+    if mode == "bwrap-without-guard":
+        done = subprocess.run([*bwrap_argv(tmpfs_bytes=file_mb << 20), sys.executable, "-I", "-S", "-c", source],
+                              capture_output=True, text=True, timeout=60,
+                              env={"HOME": "/tmp", "TMPDIR": "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        return f"status {done.returncode}\n{done.stdout}\n{done.stderr}"
+    isolation = Isolation(Sandbox.BWRAP) if mode == "bwrap" else Isolation(Sandbox.GUARD, allow_unsandboxed=True)
+    outcome = run_program(source, isolation=isolation, timeout=5, file_mb=file_mb)
+    return f"{outcome.verdict}: {outcome.detail}"
+
+
+# the ways out; each program raises what it got, so that a read secret would show in the detail
+CTYPES = ("import sys\nfor name in ('ctypes', '_ctypes'):\n    sys.modules.pop(name, None)\n"
+          "import ctypes\nlibc = ctypes.CDLL(None)\n")
+ESCAPES = {
+    # create or change a file outside
+    "ctypes system()": CTYPES + "libc.system(b'touch {target}; echo gone > {victim}')",
+    "open creates": "open({target!r}, 'w').write('x')",
+    "open overwrites": "open({victim!r}, 'w').write('gone')",
+    "os.open creates": "import os\nos.write(os.open({target!r}, os.O_CREAT | os.O_WRONLY), b'x')",
+    "os.open truncates": "import os\nos.open({victim!r}, os.O_WRONLY | os.O_TRUNC)",
+    "rename in": "import posix\nopen('mine', 'w').write('x')\nposix.rename('mine', {target!r})",
+    "rename over": "import posix\nopen('mine', 'w').write('gone')\nposix.rename('mine', {victim!r})",
+    "rename away": "import posix\nposix.rename({victim!r}, 'mine')",
+    "link and write": "import posix\nposix.link({victim!r}, 'here')\nopen('here', 'w').write('gone')",
+    "symlink and write": "import posix\nposix.symlink({outside!r}, 'away')\nopen('away/x', 'w').write('x')",
+    "chmod": "import posix\nposix.chmod({victim!r}, 0o777)",
+    "chmod a descriptor": "import posix\nposix.fchmod(posix.open({victim!r}, posix.O_RDONLY), 0o777)",
+    "sqlite3": "import sqlite3\nsqlite3.connect({target!r}).execute('create table t (x)')",
+    # start a process, or leave one behind
+    "posix_spawn": "import posix\nposix.waitpid(posix.posix_spawn('/bin/sh', ['sh', '-c', 'touch {target}'], {{}}), 0)",
+    "fork": "import posix\npid = posix.fork()\nif pid == 0:\n    open({target!r}, 'w')\n    posix._exit(0)\n"
+            "posix.waitpid(pid, 0)",
+    "subprocess reloaded": "import importlib, subprocess\nimportlib.reload(subprocess)\n"
+                           "subprocess.run(['touch', {target!r}])",
+    "fork_exec": "import sys\nsys.modules.pop('_posixsubprocess', None)\nimport _posixsubprocess, posix\n"
+                 "r, w = posix.pipe()\npid = _posixsubprocess.fork_exec([b'/bin/sh', b'-c', b'touch {target}'], "
+                 "[b'/bin/sh'], True, (w,), None, None, -1, -1, -1, -1, -1, -1, r, w, True, False, -1, None, None, "
+                 "None, -1, None, False)\nposix.waitpid(pid, 0)",
+    "a process left behind": "import posix\n"
+                             "posix.posix_spawn('/bin/sh', ['sh', '-c', 'sleep 0.5; touch {target}'], {{}})",
+    # the network
+    "tcp": "import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('127.0.0.1', {tcp}))\ns.sendall(b'leak')",
+    "udp": "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'leak', ('127.0.0.1', {udp}))",
+    # signals
+    "kill": "import posix\nposix.kill({pid}, 9)",
+    "killpg": "import posix\nposix.killpg(posix.getpgid({pid}), 9)",
+    "pidfd": "import sys\nsys.modules.pop('_signal')\nimport _signal, posix\n"
+             "_signal.pidfd_send_signal(posix.pidfd_open({pid}), 9)",
+    # reading the user's files and processes
+    "read by open": "raise ValueError(open({secret!r}).read())",
+    "read by os.open": "import os\nraise ValueError(os.read(os.open({secret!r}, os.O_RDONLY), 100))",
+    "read by ctypes": CTYPES + "libc.system(b'cat {secret} > leak')\nraise ValueError(open('leak').read())",
+    "read by import": "import sys\nsys.path.insert(0, {home!r})\nimport secret_module\n"
+                      "raise ValueError(secret_module.SECRET)",
+    "read by HOME": "import os\nraise ValueError(open(os.path.expanduser('~/secret.txt')).read())",
+    "list the home": "import os\nraise ValueError(os.listdir({home!r}))",
+    "another process": "raise ValueError(open('/proc/{pid}/cmdline').read())",
+    "the environment": "import os\nraise ValueError(dict(os.environ))",
+}
+LIMITS = {
+    "metadata": "import os\nraise ValueError('found' if os.path.exists({secret!r}) else 'absent')",
+    "C library": "import pwd\nnames = [p.pw_name for p in pwd.getpwall()]\n"
+                 "raise ValueError('accounts' if names else 'none')",
+    "total size": "n = 0\ntry:\n    for i in range(8):\n        open(f'f{{i}}', 'wb').write(bytes(512 << 10))\n"
+                  "        n += 1\nexcept OSError:\n    pass\nraise ValueError(f'{{n}} half-MiB files')",
+}
+
+
+def _params(cases: dict, limits: dict) -> list:
+    params = []
+    for mode, needs in MODES.items():
+        for name in cases:
+            marks = [needs] if needs else []
+            if mode == "guard" and name in limits:
+                marks.append(pytest.mark.xfail(strict=True, reason=f"a known limit of the guard: {limits[name]}"))
+            params.append(pytest.param(mode, name, id=f"{mode}-{name}", marks=marks))
+    return params
+
+
+def _untouched(world: World, text: str) -> None:
+    assert SECRET not in text, text
+    assert world.snapshot() == world.before, text
+    assert world.process.poll() is None, f"the user's process was killed: {text}"
+    assert world.heard() == [], text
+
+
+@pytest.mark.parametrize("mode, name", _params(ESCAPES, {}))
+def test_an_escape_leaves_no_trace_and_reads_nothing(world, mode, name):
+    text = run(mode, world.fill(ESCAPES[name]))
+    if name == "a process left behind":  # give what it left time to act
+        threading.Event().wait(1.0)
+    _untouched(world, text)
+    if mode != "bwrap-without-guard":
+        assert not text.startswith("passed"), text
+    if name == "list the home":  # a refusal names the folder, a listing its files
+        assert "secret_module" not in text, text
+    if mode == "guard" and name.startswith("ctypes"):
+        assert "PermissionError: importing ctypes is refused" in text
+
+
+@pytest.mark.parametrize("mode, name", _params(LIMITS, GUARD_LIMITS))
+def test_what_the_guard_alone_lets_through(world, mode, name):
+    if name == "total size" and mode != "guard" and "--size" not in execution._bwrap_usage():
+        pytest.skip("this bubblewrap cannot bound a tmpfs (--size)")
+    text = run(mode, world.fill(LIMITS[name]), file_mb=1)
+    _untouched(world, text)
+    assert {"metadata": "absent", "C library": "none"}.get(name, "") in text
+    if name == "total size":  # at most 1 MiB in all
+        assert any(f"{n} half-MiB files" in text for n in (0, 1, 2)), text
+
+
+# --- the OS layer ------------------------------------------------------------------------------
+
+
+@needs_bwrap
+def test_the_sandbox_holds_the_installation_read_only_and_nothing_of_the_user(tmp_path):
+    repo = pathlib.Path(guard.__file__).parent.parent
+    home = pathlib.Path.home()  # what of it is not the Python installation (pyenv may live there)
+    mine = next((p for p in sorted(home.iterdir()) if not sys.prefix.startswith(str(p))), home / "none")
+    probe = f"""
+import os, socket, sys
+def writable(path):
+    try:
+        open(os.path.join(path, 'probe'), 'w').close()
+        return True
+    except OSError:
+        return False
+seen = {{'repository': os.path.exists({str(repo / 'README.md')!r}), 'home': os.path.exists({str(mine)!r}),
+        'tmp_path': os.path.exists({str(tmp_path)!r}), 'passwd': os.path.exists('/etc/passwd'),
+        'guard': os.path.exists({guard.__file__!r}), 'stdlib': os.path.exists(os.__file__),
+        'writable': [p for p in ('/', '/usr', '/etc', '/dev', '/proc/sys', sys.prefix, '/tmp') if writable(p)],
+        'interfaces': [name for _, name in socket.if_nameindex()],
+        'capabilities': [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')],
+        'processes': sorted(int(p) for p in os.listdir('/proc') if p.isdigit())}}
+print(seen)
+"""
+    text = run("bwrap-without-guard", probe)
+    seen = eval(text.splitlines()[1])
+    assert seen == {"repository": False, "home": False, "tmp_path": False, "passwd": False, "guard": True,
+                    "stdlib": True, "writable": ["/tmp"], "interfaces": ["lo"], "capabilities": ["0000000000000000"],
+                    "processes": seen["processes"]}, text
+    assert len(seen["processes"]) <= 2  # bubblewrap's init and the program: a PID namespace of its own
+
+
+@pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "guard"])
+def test_a_program_past_its_time_is_killed_with_everything_it_started(mode):
+    marker = str(333 << 20)  # its memory limit, in the guard's command line
+    isolation = Isolation(Sandbox.BWRAP) if mode == "bwrap" else Isolation(Sandbox.GUARD, allow_unsandboxed=True)
+    outcome = run_program("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass\n",
+                          isolation=isolation, timeout=1.0, memory_mb=333)
+    assert outcome.verdict == execution.TIMED_OUT
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0"):
+                left.append(pid)
+        except OSError:
+            pass
+    assert left == []
+
+
+# --- the choice --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("problem", [None, execution.NOT_INSTALLED])
+def test_isolation_runs_the_guard_alone_only_when_allowed(monkeypatch, problem):
+    monkeypatch.setattr(execution, "bwrap_problem", lambda: problem)
+    expect = {  # (sandbox asked for, allowed) -> what runs, or the start of the error
+        (Sandbox.AUTO, False): Sandbox.BWRAP if problem is None else "bubblewrap (bwrap) is not installed; install",
+        (Sandbox.AUTO, True): Sandbox.BWRAP if problem is None else Sandbox.GUARD,
+        (Sandbox.BWRAP, False): Sandbox.BWRAP if problem is None else "sandbox bwrap:",
+        (Sandbox.BWRAP, True): Sandbox.BWRAP if problem is None else "sandbox bwrap:",
+        (Sandbox.GUARD, False): "sandbox guard runs programs with the guard alone",
+        (Sandbox.GUARD, True): Sandbox.GUARD,
+    }
+    for (sandbox, allowed), want in expect.items():
+        isolation = Isolation(sandbox, allow_unsandboxed=allowed)
+        if isinstance(want, Sandbox):
+            assert isolation.resolve() is want and isolation.decided() == Isolation(want, allow_unsandboxed=allowed)
+        else:
+            with pytest.raises(IsolationError) as e:
+                isolation.resolve()
+            assert str(e.value).startswith(want) and "\n" not in str(e.value), (sandbox, allowed)
+    if problem is not None:  # the error says how to install bubblewrap, or how to opt in
+        with pytest.raises(IsolationError) as e:
+            Isolation().resolve()
+        for fix in ("apt install bubblewrap", "dnf install bubblewrap", "--allow-unsandboxed-execution"):
+            assert fix in str(e.value)
+
+
+def test_run_program_refuses_before_it_starts_anything(monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("a process started")
+
+    monkeypatch.setattr(execution, "bwrap_problem", lambda: execution.NOT_INSTALLED)
+    monkeypatch.setattr(execution.subprocess, "Popen", never)
+    for isolation in (Isolation(), Isolation(Sandbox.GUARD), Isolation(Sandbox.BWRAP, allow_unsandboxed=True)):
+        with pytest.raises(IsolationError):
+            run_program("print(1)", isolation=isolation)
+        with pytest.raises(IsolationError):
+            execution.run_programs(["print(1)"], isolation=isolation)
+
+
+def test_the_probe_runs_once_a_process(monkeypatch):
+    probes = []
+    real_run = subprocess.run
+
+    def counting(args, *a, **kw):
+        if args[-2:] == ["-c", ""]:
+            probes.append(args)
+        return real_run(args, *a, **kw)
+
+    monkeypatch.setattr(execution.subprocess, "run", counting)
+    monkeypatch.setattr(execution.shutil, "which", lambda name, *a: None)  # no bubblewrap: no probe
+    execution.bwrap_problem.cache_clear()
+    try:
+        assert execution.bwrap_problem() == execution.NOT_INSTALLED and probes == []
+        monkeypatch.undo()
+        monkeypatch.setattr(execution.subprocess, "run", counting)
+        execution.bwrap_problem.cache_clear()
+        answers = {execution.bwrap_problem() for _ in range(3)}
+        assert answers == {BWRAP_PROBLEM} and len(probes) == (1 if execution.shutil.which("bwrap") else 0)
+    finally:
+        execution.bwrap_problem.cache_clear()
+
+
+def test_a_bubblewrap_that_cannot_make_its_sandbox_is_named_with_its_reason(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "bwrap"  # as where unprivileged user namespaces are off
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    execution.bwrap_problem.cache_clear()
+    try:
+        problem = execution.bwrap_problem()
+        assert problem == ("bubblewrap cannot make its sandbox on this machine (bwrap: setting up uid map: "
+                           f"Permission denied); {execution.NO_NAMESPACES}")
+        with pytest.raises(IsolationError, match="^bubblewrap cannot make its sandbox .*user namespaces may be off.*"
+                                                 "--allow-unsandboxed-execution"):
+            Isolation().resolve()
+        assert Isolation(allow_unsandboxed=True).resolve() is Sandbox.GUARD
+    finally:
+        monkeypatch.undo()
+        execution.bwrap_problem.cache_clear()
+
+
+@needs_bwrap
+def test_a_sandbox_that_fails_to_start_says_why(monkeypatch):
+    argv = execution.bwrap_argv
+    monkeypatch.setattr(execution, "bwrap_problem", lambda: None)  # it worked when probed
+    monkeypatch.setattr(execution, "bwrap_argv", lambda **kw: [*argv(**kw)[:1], "--no-such-option", *argv(**kw)[1:]])
+    outcome = run_program("pass", isolation=Isolation(Sandbox.BWRAP))
+    assert (outcome.verdict, outcome.detail) == \
+        (execution.FAILED, "exited with status 1 before it finished (bwrap: Unknown option --no-such-option)")
+
+
+@pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "guard"])
+@pytest.mark.xfail(strict=True, reason="a known limit of both: the verdict comes from the program's own process, "
+                                       "which can write a report of its own to the descriptor the guard reports on")
+def test_a_program_cannot_forge_its_verdict(mode):
+    forged = "import os\nos.write(3, b'passed\\n')\nos._exit(0)\nassert False, 'the tests fail'\n"
+    assert not run(mode, forged).startswith("passed")
