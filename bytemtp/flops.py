@@ -11,11 +11,14 @@ PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e1
 
 
 def step_flops(model: ByteMTP, tokens: int, seq_len: int) -> float:
-    """FLOPs of forward + backward: 6 per matmul parameter per token, plus causal attention."""
+    """FLOPs of forward + backward: 6 per matmul weight per token, plus causal attention. The
+    matmul weights are the 2-D parameters but the embedding (a lookup); a shared unembedding
+    counts once per head, since every head multiplies by it, and the norms' weights not at all."""
     cfg = model.config
-    matmul_params = model.num_params() - model.num_params("embed")
+    weights = sum(p.numel() for p in model.parameters() if p.dim() == 2) - model.embed.weight.numel()
+    weights += (cfg.n_future - len(model.unembed)) * model.unembed[0].weight.numel()  # shared: K uses
     attention = 6 * cfg.total_layers * seq_len * cfg.d_model  # QK^T and AV, causal half, fwd + bwd
-    return tokens * (6 * matmul_params + attention)
+    return tokens * (6 * weights + attention)
 
 
 def peak_gpu_flops(device: torch.device) -> float | None:

@@ -9,8 +9,18 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# Hypothesis draws the same examples on every run by default (profile "ci": derandomized, no
+# example database), so a run fails only where the code changed and a failure in CI reproduces
+# anywhere. HYPOTHESIS_PROFILE=dev explores instead: new random examples each run, failures kept in
+# .hypothesis/ and tried first next time (a failure prints a @reproduce_failure line to pin it).
+# Tests that set max_examples keep theirs; deadline=None: a slow machine is not a failure.
+settings.register_profile("ci", derandomize=True, database=None, max_examples=50, deadline=None, print_blob=True)
+settings.register_profile("dev", max_examples=50, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_collection_modifyitems(config, items):

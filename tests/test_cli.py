@@ -3,6 +3,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import types
 
 import pytest
 from click.testing import CliRunner
@@ -176,16 +177,28 @@ def test_corrupt_shard_is_one_line(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("zstd") is None, reason="the loader benchmark compares against the zstd command")
-def test_bench_loader(tmp_path):
+def test_bench_loader(tmp_path, monkeypatch):
+    import bytemtp.bench
+
     src = _source_tree(tmp_path)
     out = tmp_path / "corpus"
     assert run("prep", str(src), "--out", str(out), "--val-fraction", "0").exit_code == 0
+    # the timed runs take the seconds given here, in turn: zstd 0.5 s, then the loader's epoch 2 s
+    reads = iter([0.0, 0.5, 0.5, 2.5])
+    monkeypatch.setattr(bytemtp.bench, "time", types.SimpleNamespace(perf_counter=lambda: next(reads)))
     path = tmp_path / "loader.json"
     res = run("bench", "loader", "--data", str(out), "--seq-len", "64", "--repeats", "1", "--json", str(path))
     assert res.exit_code == 0, res.output
     data = json.loads(path.read_text())
-    assert data["loader_mb_s"] > 0 and data["zstd_mb_s"] > 0
-    assert data["ratio"] == pytest.approx(data["loader_mb_s"] / data["zstd_mb_s"])
+    shard = out / "train" / "shard-00000.zst"
+    # the shard's documents, all of the source files but the duplicate, as `zstd -dc` prints them
+    size = len(subprocess.run(["zstd", "-dcq", str(shard)], capture_output=True, check=True).stdout)
+    assert size == sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and p.name != "dup.py")
+    assert data["shard"] == str(shard) and data["decompressed_bytes"] == size
+    assert data["compressed_bytes"] == shard.stat().st_size
+    assert (data["zstd_s"], data["loader_s"]) == (0.5, 2.0)
+    assert data["zstd_mb_s"] == pytest.approx(size / 0.5 / 1e6) and data["loader_mb_s"] == pytest.approx(size / 2e6)
+    assert data["ratio"] == pytest.approx(0.25) and data["pair_ratios"] == [pytest.approx(0.25)]
 
 
 def test_bench_quality_takes_a_device(code_corpus, tmp_path):

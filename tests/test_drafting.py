@@ -141,7 +141,7 @@ def test_trees_accept_more_bytes_per_pass_than_chains_on_a_fitted_model():
     tree = decode.generate_batch(model, prompts, max_bytes=40, draft=Draft(4, "tree"), costs=FLAT)
     assert [g.output for g in chain] == [g.output for g in tree]
     rate = lambda gens: sum(g.stats.bytes_out for g in gens) / sum(g.stats.forward_passes for g in gens)  # noqa: E731
-    assert rate(tree) >= rate(chain)
+    assert rate(tree) > rate(chain)  # here 160 bytes in 58 passes against 70: second guesses were right
     assert any(shape.startswith("tree") for g in tree for shape in g.stats.shapes)
 
 

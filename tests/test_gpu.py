@@ -1,5 +1,8 @@
-"""The fast paths on CUDA in bf16, where a GPU is present (marked gpu; skipped elsewhere)."""
+"""The fast paths on CUDA in bf16, where a GPU is present (marked gpu; skipped elsewhere).
 
+Every model and input is drawn from a seeded generator, so a failure reproduces."""
+
+import copy
 import dataclasses
 
 import pytest
@@ -8,28 +11,53 @@ import torch
 from bytemtp import config as C
 from bytemtp.model import ByteMTP, KVCache
 from bytemtp.step import forward_backward, plain_forward_backward
+from test_speculative import _SONGS, FITTED, _fitted_model
 
 pytestmark = pytest.mark.gpu
+
+# bf16 autocast leaves each parameter's gradient about 1% from the float64 one (0.7-0.9% in a CPU
+# bf16 autocast analogue of this test); one whose gradient is 10% off exceeds this by far
+BF16_GRAD_ERROR = 0.05
+
+
+def _model(cfg, seed: int = 0) -> ByteMTP:
+    model = ByteMTP(cfg)
+    model.init_weights(generator=torch.Generator().manual_seed(seed))
+    return model.cuda()
+
+
+def _ids(*shape: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(seed)).cuda()
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    grads = {n: p.grad.double() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads
 
 
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])
 def test_memory_efficient_gradients_equal_plain_in_bf16(head_type):
+    """Both steps in bf16 against the plain step in float64, parameter by parameter, by the
+    relative norm of the difference: an error confined to one head is not lost among the others."""
     cfg = dataclasses.replace(C.tiny().model, head_type=head_type)
-    model = ByteMTP(cfg).cuda()
-    ids = torch.randint(0, 256, (4, cfg.seq_len + cfg.n_future), device="cuda")
-    grads = []
+    model = _model(cfg)
+    ids = _ids(4, cfg.seq_len + cfg.n_future)
+    reference = copy.deepcopy(model).double()
+    plain_forward_backward(reference, ids, loss_cfg=C.LossConfig())
+    want = _grads(reference)
     for fn in (plain_forward_backward, forward_backward):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             fn(model, ids, loss_cfg=C.LossConfig())
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
-        model.zero_grad(set_to_none=True)
-    for name, g in grads[0].items():
-        torch.testing.assert_close(grads[1][name], g, atol=2e-3, rtol=2e-2, msg=name)
+        got = _grads(model)
+        for name, g in want.items():
+            error = float((got[name] - g).norm() / g.norm())
+            assert error < BF16_GRAD_ERROR, (fn.__name__, name, error)
 
 
 def test_cached_logits_equal_full_sequence_on_cuda():
-    model = ByteMTP(C.tiny().model).cuda().eval()
-    ids = torch.randint(0, 256, (2, 40), device="cuda")
+    model = _model(C.tiny().model).eval()
+    ids = _ids(2, 40)
     full = model.logits(ids)
     cache = KVCache.for_model(model, batch_size=2)
     got = torch.cat([model.logits(ids[:, :17], cache), model.logits(ids[:, 17:18], cache),
@@ -46,8 +74,8 @@ def test_peak_memory_efficient_below_plain_on_cuda():
 
 
 def test_stacked_heads_and_per_row_cache_on_cuda():
-    model = ByteMTP(dataclasses.replace(C.tiny().model, n_future=4)).cuda().eval()
-    ids = torch.randint(0, 256, (3, 30), device="cuda")
+    model = _model(dataclasses.replace(C.tiny().model, n_future=4)).eval()
+    ids = _ids(3, 30)
     full = model.logits(ids)
     cache = KVCache.for_model(model, batch_size=3)
     model.logits(ids[:, :10], cache)
@@ -61,7 +89,7 @@ def test_stacked_heads_and_per_row_cache_on_cuda():
 def test_batched_decoding_on_cuda_with_a_cuda_generator():
     from bytemtp import decode
 
-    model = ByteMTP(C.tiny().model).cuda().eval()
+    model = _model(C.tiny().model).eval()
     prompts = [b"", b"def ", b"x" * 20]
     plain = [decode.generate(model, p, max_bytes=16).output for p in prompts]
     assert [g.output for g in decode.generate_batch(model, prompts, max_bytes=16)] == plain
@@ -71,14 +99,20 @@ def test_batched_decoding_on_cuda_with_a_cuda_generator():
     assert all(len(g.output) <= 16 for g in sampled)
 
 
+@FITTED
 def test_tree_and_automatic_drafts_equal_plain_greedy_on_cuda():
+    """On a model fitted to songs, whose drafts are often right (an untrained model's never are),
+    so that trees, chains and the automatic choice accept drafts, eager and compiled."""
     from bytemtp import decode
 
-    model = ByteMTP(C.tiny().model).cuda().double().eval()
-    prompts = [b"", b"def ", b"x" * 80]  # the last one slides the window (context 64)
+    model = copy.deepcopy(_fitted_model(0, "transformer")).cuda()  # float64; the shared one stays on the CPU
+    prompts = [b"", b"one t", (b"".join(_SONGS) * 2)[:80]]  # the last one slides the window (context 64)
     plain = [decode.generate(model, p, max_bytes=100).output for p in prompts]
     for compile in ("off", "on"):  # eager, and the static step with CUDA graphs
         decoder = decode.Decoder(model, compile=compile)
         for draft in ("auto", "tree-4", "chain-8", "plain"):
             got = decoder.generate(prompts, max_bytes=100, draft=draft)
             assert [g.output for g in got] == plain, (compile, draft)
+            if draft != "plain":  # the drafts were right often enough to matter
+                per_pass = sum(g.stats.bytes_out for g in got) / sum(g.stats.forward_passes for g in got)
+                assert per_pass > 1.5, (compile, draft, per_pass)

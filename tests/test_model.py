@@ -95,13 +95,14 @@ def test_cached_logits_equal_full_sequence(head_type):
     assert cache.length == 48
 
 
-@pytest.mark.parametrize("head_type", ["transformer", "linear"])
+@pytest.mark.parametrize("head_type,mlp", [("transformer", "swiglu"), ("transformer", "gelu"), ("linear", "swiglu")])
 @pytest.mark.parametrize("unembed", ["shared", "replicated"])
 @pytest.mark.parametrize("head_layers", [1, 2])
-def test_stacked_heads_equal_heads_one_by_one(head_type, unembed, head_layers):
+def test_stacked_heads_equal_heads_one_by_one(head_type, mlp, unembed, head_layers):
     """The decoding fast path (k heads as one batched layer) against the per-head modules, in
-    full and through a cache with rewinds, for k = all and fewer heads."""
-    model = tiny_model(head_type=head_type, unembed=unembed, head_layers=head_layers, n_future=4,
+    full and through a cache with rewinds, for k = all and fewer heads, with either feed-forward
+    (linear heads have none)."""
+    model = tiny_model(head_type=head_type, mlp=mlp, unembed=unembed, head_layers=head_layers, n_future=4,
                        n_layers=10).double().eval()
     ids = torch.randint(0, 258, (2, 30))
     stacked = model.stack_heads()

@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from bytemtp import config as C
 from bytemtp.evaluate import evaluate
@@ -18,12 +19,13 @@ def _grads(model):
     return grads
 
 
-@pytest.mark.parametrize("head_type", ["transformer", "linear", "causal"])
+@pytest.mark.parametrize("head_type,mlp", [("transformer", "swiglu"), ("transformer", "gelu"), ("linear", "swiglu"),
+                                          ("causal", "swiglu"), ("causal", "gelu")])  # linear heads have no MLP
 @pytest.mark.parametrize("unembed", ["shared", "replicated"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 @pytest.mark.parametrize("teacher", [False, True])
-def test_memory_efficient_gradients_equal_plain(head_type, unembed, dropout, teacher):
-    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, unembed=unembed, dropout=dropout,
+def test_memory_efficient_gradients_equal_plain(head_type, mlp, unembed, dropout, teacher):
+    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, mlp=mlp, unembed=unembed, dropout=dropout,
                               n_future=4, head_layers=2, n_layers=10)
     model = ByteMTP(cfg)
     model.init_weights(generator=torch.Generator().manual_seed(0))
@@ -84,13 +86,46 @@ def test_gradients_accumulate_across_calls():
         torch.testing.assert_close(g, once[name], msg=name)
 
 
+def _predicted_ids(model, rows: int, length: int, generator) -> torch.Tensor:
+    """Windows whose byte n is what head j (1-based, j = 1 + n % 4) predicted j positions before,
+    every fifth one a random byte instead: each of the first four heads is right at some positions
+    and wrong at others."""
+    out = []
+    with torch.no_grad():
+        for _ in range(rows):
+            ids = [int(torch.randint(0, 256, (1,), generator=generator))]
+            while len(ids) < length:
+                n = len(ids)
+                j = min(1 + n % 4, n)
+                predicted = int(model.logits(torch.tensor([ids[:n - j + 1]]), heads=j)[0, -1, j - 1, :256].argmax())
+                ids.append(predicted if n % 5 else int(torch.randint(0, 256, (1,), generator=generator)))
+            out.append(ids)
+    return torch.tensor(out)
+
+
 def test_step_reports_per_head_figures():
+    """Each head's loss, nats, accuracy, count and agreement with head 1, recomputed from the
+    logits: head k (0-based) at position t predicts ids[t + k + 1], and agrees with head 1 when
+    its greedy byte is head 1's at t + k."""
     model = ByteMTP(C.tiny().model)
-    ids = torch.randint(0, 256, (2, 16 + 8))
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    B, T, K = 2, 16, model.config.n_future
+    ids = _predicted_ids(model, B, T + K, torch.Generator().manual_seed(1))
     out = forward_backward(model, ids, loss_cfg=C.LossConfig())
-    assert out.head_loss.shape == out.head_accuracy.shape == (8,)
-    assert torch.all((out.head_accuracy >= 0) & (out.head_accuracy <= 1))
-    assert out.head_count.tolist() == [32] * 8
+    with torch.no_grad():
+        logits = model.logits(ids[:, :T])  # (B, T, K, V)
+    greedy = logits.argmax(-1)  # (B, T, K)
+    for k in range(K):
+        target = ids[:, k + 1:k + 1 + T]
+        nats = F.cross_entropy(logits[:, :, k].flatten(0, 1), target.flatten(), reduction="sum")
+        torch.testing.assert_close(out.head_nats[k], nats)
+        torch.testing.assert_close(out.head_loss[k], nats / (B * T))
+        assert out.head_count[k] == B * T
+        assert out.head_accuracy[k] == (greedy[:, :, k] == target).float().mean(), k
+        agree = (greedy[:, :T - k, k] == greedy[:, k:, 0]).float().mean()
+        assert out.head_agreement[k] == agree, k
+    torch.testing.assert_close(out.total, out.head_loss.sum())  # uniform weights: the plain sum
+    assert all(0 < a < 1 for a in out.head_accuracy[:4]) and out.head_agreement[0] == 1
 
 
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,21 @@ def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, log: Path, t
     pytest.fail(f"no step {step} in {metrics} after {timeout} s")
 
 
+def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, log: Path, timeout: float = 120) -> int:
+    """Poll the run's checkpoints until a complete one appears; return its step."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ckpt = latest_checkpoint(run_dir)  # complete ones only: a checkpoint is renamed into place whole
+        if ckpt is not None:
+            return ckpt_step(ckpt)
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (status {proc.returncode}) before its first checkpoint:\n"
+                        f"{log.read_text()[-3000:]}")
+        time.sleep(0.005)
+    proc.kill()
+    pytest.fail(f"no checkpoint in {run_dir} after {timeout} s")
+
+
 def cli(*args: str):
     return CliRunner().invoke(main, ["train", *map(str, args)])
 
@@ -146,17 +162,29 @@ def cli(*args: str):
 
 @pytest.mark.slow
 def test_resume_after_sigkill_equals_uninterrupted_run_bit_for_bit(tmp_path, corpus_dir):
-    steps = 80  # at ~20-30 steps/s the kill at step >= 23 lands well before the end
+    steps = 80
     run_a, run_b = tmp_path / "a", tmp_path / "b"
     sets = ("train.ckpt_every=10", "model.dropout=0.1")  # dropout: the RNG state must resume too
     run_cli(new_run_args(corpus_dir, run_a, steps, *sets), tmp_path / "a.log")
 
-    proc = start_cli(new_run_args(corpus_dir, run_b, steps, *sets), tmp_path / "b.log")
-    signal_at_step(proc, run_b, 23, tmp_path / "b.log", signal.SIGKILL)
-    assert proc.returncode == -signal.SIGKILL
+    # killed once its first checkpoint is saved and a step after it is logged (a step that the
+    # resumed run takes again): the kill waits for what it needs, whatever the machine's speed,
+    # and lands some 70 steps before the end
+    log = tmp_path / "b.log"
+    proc = start_cli(new_run_args(corpus_dir, run_b, steps, *sets), log)
+    try:
+        saved = wait_for_checkpoint(proc, run_b, log)
+        wait_for_step(proc, run_b, saved + 1, log)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL, log.read_text()[-3000:]
     killed_at = max(r["step"] for r in loss_lines(read_metrics(run_b)))
     ckpt = latest_checkpoint(run_b)
-    assert ckpt is not None and 20 <= ckpt_step(ckpt) <= killed_at < steps
+    assert ckpt is not None and saved <= ckpt_step(ckpt) <= killed_at < steps
     assert not (run_b / "checkpoints" / f"step-{steps:08d}").exists()
 
     out = run_cli(["--resume", str(run_b)], tmp_path / "b-resume.log")
@@ -716,15 +744,29 @@ def test_bytes_budget_keeps_two_checkpoints_and_logs_every_metric(tmp_path, corp
     assert state["bytes_seen"] == final * BYTES_PER_STEP and state["val_bpb"] == vals[-1]["val_bpb"]
 
 
-def test_time_limit_stops_and_saves(tmp_path, corpus_dir):
+def test_time_limit_stops_and_saves(tmp_path, corpus_dir, monkeypatch):
+    # a clock that moves only when a step does its work, by 0.125 s (exact in binary): the 1 s
+    # limit then stops the run after exactly 8 steps, whatever the machine's speed
+    now = [0.0]
+    real = train_lib.accumulate_gradients
+
+    def step_work(*args, **kwargs):
+        figures = real(*args, **kwargs)
+        now[0] += 0.125
+        return figures
+
+    monkeypatch.setattr(train_lib, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(train_lib, "accumulate_gradients", step_work)
     run = tmp_path / "run"
     res = cli("--preset", "tiny", "--data", corpus_dir, "--out", run, "--time", "1s",
               "--set", f"data.batch_size={BATCH}", "--set", "train.log_every=1",
               "--set", "train.ckpt_every=100000")
     assert res.exit_code == 0, res.output
-    assert "stopped by time" in res.output
-    last = loss_lines(read_metrics(run))[-1]["step"]
-    assert last >= 1 and ckpt_step(latest_checkpoint(run)) == last
+    assert "stopped by time at step 8" in res.output
+    lines = loss_lines(read_metrics(run))
+    assert [r["elapsed_s"] for r in lines] == [0.125 * step for step in range(1, 9)]
+    assert all(r["bytes_per_s"] == BYTES_PER_STEP / 0.125 for r in lines)
+    assert ckpt_step(latest_checkpoint(run)) == 8
 
 
 def test_resume_survives_a_torn_last_metrics_line(tmp_path, corpus_dir):
