@@ -1,0 +1,266 @@
+"""Speculative sampling keeps the model's distribution: one verify step enumerated exactly, and
+whole decodings (rows of different lengths, EOS, a max_bytes cut inside a draft, a window
+slide) against the exact distribution of plain sampling.
+
+The exact test calls `sampling.verify_sampled` with controlled randomness. It draws one uniform
+a draft (`torch.rand(n)` from the generator, before anything else) and accepts draft j while
+u_j < min(1, p/q); with p and q chosen so that every ratio is a multiple of 1/G, the outcome
+depends only on which of G cells each u_j falls in, so one seed a cell (found by drawing the
+same uniforms here) enumerates them all, each with probability G^-n. The byte it then samples
+is replaced by the distribution it samples from. Every byte after the step comes from the target
+itself, so the step is right when the completed sequences have exactly the product of the target
+rows p[0], p[1], ...: whatever the drafts were and however many were accepted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+
+import pytest
+import torch
+
+from bytemtp import decode, sampling
+from bytemtp.config import ModelConfig
+from bytemtp.drafting import Draft
+from bytemtp.kvcache import window_start
+from bytemtp.vocab import EOS, VOCAB_SIZE
+from test_speculative import _chi2_critical, _sampling
+
+
+# --- one verify step, enumerated exactly --------------------------------------------------------
+
+def _cells(n: int, G: int) -> dict[tuple[int, ...], int]:
+    """A seed for each of the G^n cells that n uniforms from a fresh generator may fall in."""
+    cells: dict[tuple[int, ...], int] = {}
+    seed = 0
+    while len(cells) < G ** n:
+        u = torch.rand(n, generator=torch.Generator().manual_seed(seed))
+        cells.setdefault(tuple((u * G).floor().long().tolist()), seed)
+        seed += 1
+    return cells
+
+
+def _step_distribution(p_TV: torch.Tensor, q_DV: torch.Tensor, monkeypatch, G: int) -> dict[tuple[int, ...], float]:
+    """Exact probability of every completed sequence (n + 1 ids) after one `verify_sampled`
+    step: the drafts drawn from q, the uniforms by cell, the byte it samples by the distribution
+    it samples from, and the ids after the step from p."""
+    n, V = q_DV.shape
+    ratios = (p_TV[:n] / q_DV).clamp(max=1.0)[q_DV > 0].double()
+    assert torch.equal(ratios * G, (ratios * G).round()), "every ratio must be a multiple of 1/G"
+    drawn: list[torch.Tensor] = []
+
+    def sample(probs_NV, generator):  # the distribution sampled from, in place of a sample
+        drawn.append(probs_NV[0].double())
+        return [-1]
+
+    monkeypatch.setattr(sampling, "_sample", sample)
+    q_hat = (q_DV / q_DV.sum(-1, keepdim=True)).double()
+    p = p_TV.double()
+    cells = _cells(n, G)
+    completed: dict[tuple[int, ...], float] = defaultdict(float)
+    for drafts in itertools.product(range(V), repeat=n):
+        w_drafts = math.prod(float(q_hat[j, d]) for j, d in enumerate(drafts))
+        if w_drafts == 0:
+            continue
+        for seed in cells.values():
+            drawn.clear()
+            n_ok, nxt = sampling.verify_sampled(p_TV, q_DV, list(drafts), torch.Generator().manual_seed(seed))
+            assert nxt == -1 and len(drawn) == 1 and 0 <= n_ok <= n
+            probs = drawn[0]
+            assert torch.isfinite(probs).all() and float(probs.sum()) == pytest.approx(1.0, abs=1e-6)
+            w = w_drafts / G ** n
+            for x in range(V):
+                if float(probs[x]) == 0.0:
+                    continue
+                head = (*drafts[:n_ok], x)
+                for tail in itertools.product(range(V), repeat=n - n_ok):
+                    w_tail = math.prod(float(p[n_ok + 1 + i, y]) for i, y in enumerate(tail))
+                    completed[head + tail] += w * float(probs[x]) * w_tail
+    return completed
+
+
+def _target(p_TV: torch.Tensor) -> dict[tuple[int, ...], float]:
+    """The product of the target rows (each normalized)."""
+    p = (p_TV / p_TV.sum(-1, keepdim=True)).double()
+    T, V = p.shape
+    return {seq: math.prod(float(p[t, y]) for t, y in enumerate(seq)) for seq in itertools.product(range(V), repeat=T)}
+
+
+def _t(*rows) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+# four ids; every probability a multiple of 1/8, every ratio min(1, p/q) a multiple of 1/G
+STEPS = {
+    "no-drafts": (_t((.5, .25, .125, .125)), _t(), 1),
+    "p-equals-q": (_t((.5, .25, .125, .125), (.125, .125, .25, .5), (.25, .25, .25, .25)),
+                   _t((.5, .25, .125, .125), (.125, .125, .25, .5)), 1),
+    "p-zero-where-q-is-not": (_t((.5, .5, 0, 0), (0, .25, .25, .5), (.25, .5, .25, 0)),
+                              _t((.25, .25, .25, .25), (.5, .25, .125, .125)), 2),
+    "ratios-of-quarters": (_t((.375, .125, .25, .25), (.125, .25, .5, .125), (0, .5, .25, .25)),
+                           _t((.5, .25, .125, .125), (.5, .25, .125, .125)), 4),
+    "three-drafts": (_t((.25, .25, .5, 0), (.5, .25, .125, .125), (.125, .125, .25, .5), (.125, .375, .25, .25)),
+                     _t((.5, .25, .125, .125), (.25, .5, .125, .125), (.25, .25, .25, .25)), 2),
+    # p's mass short of 1 (rounding, exaggerated so that a rejection can be drawn): p <= q everywhere,
+    # so the residual is nowhere positive and the byte after a rejection comes from p itself
+    "residual-nowhere-positive": (_t((.25, .25, .125, .125), (.125, .125, .25, .5), (.25, .25, .25, .25)),
+                                  _t((.5, .25, .125, .125), (.25, .25, .25, .25)), 2),
+}
+
+
+@pytest.mark.parametrize("name", STEPS)
+def test_one_verify_step_keeps_the_target_distribution_exactly(name, monkeypatch):
+    p_TV, q_DV, G = STEPS[name]
+    q_DV = q_DV.reshape(len(p_TV) - 1, p_TV.shape[1])
+    got, want = _step_distribution(p_TV, q_DV, monkeypatch, G), _target(p_TV)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-6)
+    assert set(got) <= set(want)
+    for seq, prob in want.items():
+        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-7), (seq, got.get(seq, 0.0), prob)
+
+
+def test_a_rejection_where_no_residual_is_left_draws_from_p(monkeypatch):
+    """The residual-nowhere-positive case reaches that branch: its first draft is rejected now
+    and then, and the byte after it is drawn from p."""
+    p_TV, q_DV, _ = STEPS["residual-nowhere-positive"]
+    assert float((p_TV[0] - q_DV[0]).clamp(min=0).sum()) == 0.0
+    drawn = []
+    monkeypatch.setattr(sampling, "_sample", lambda probs, generator: drawn.append(probs[0]) or [-1])
+    rejected = 0
+    for seed in range(20):
+        drawn.clear()
+        if sampling.verify_sampled(p_TV, q_DV, [0, 0], torch.Generator().manual_seed(seed))[0] == 0:
+            rejected += 1
+            assert torch.equal(drawn[0], p_TV[0] / p_TV[0].sum())  # from p, not from the empty residual
+    assert 0 < rejected < 20
+
+
+# --- whole decodings: the distribution of the first bytes ---------------------------------------
+
+_IDS = [*b"abc", EOS]
+_HEAD1 = [  # head 1's distribution over a, b, c, EOS by the previous id, at slots 0, 1, 2 mod 3
+    {EOS: (.5, .3, .15, .05), 97: (.5, .2, .1, .2), 98: (.2, .2, .5, .1), 99: (.3, .4, .2, .1)},
+    {EOS: (.4, .3, .2, .1), 97: (.15, .5, .3, .05), 98: (.6, .1, .15, .15), 99: (.2, .25, .45, .1)},
+    {EOS: (.2, .2, .5, .1), 97: (.1, .2, .6, .1), 98: (.3, .5, .1, .1), 99: (.6, .1, .1, .2)},
+]
+_DRAFTS = {EOS: (.1, .3, .5, .1), 97: (.2, .5, .1, .2), 98: (.4, .4, .1, .1), 99: (.5, .2, .2, .1)}
+
+
+class EosMarkovModel:
+    """A stub like test_speculative's MarkovModel, with EOS among its ids: head 1 draws a, b, c
+    or EOS from a table indexed by the previous id and its cache slot mod 3; the draft heads
+    from other tables (head 3 reversed). Vectorized over the batch.
+
+    Its window is 8 ids and a slide keeps 4, so a decoder that keeps a stale cache length after
+    a slide (slot 8 where 4 is right) or drafts past the window's end (slot 8 where a slide
+    would give 3) draws from another table: slots mod 3 tell them apart."""
+
+    def __init__(self, n_future: int = 4, seq_len: int = 8):
+        self.config = ModelConfig(n_layers=1, d_model=2, n_attn_heads=1, n_future=n_future, head_type="linear",
+                                  seq_len=seq_len)
+        self.embed = torch.nn.Embedding(1, 1)
+        self.rope_cos = self.rope_sin = torch.zeros(seq_len, 1)
+        table = torch.full((3, VOCAB_SIZE, n_future, VOCAB_SIZE), float("-inf"))
+        table[..., _IDS] = 0.0  # ids that never occur: uniform
+        for phase in range(3):
+            for prev in (EOS, *b"abc"):
+                table[phase, prev, 0, _IDS] = torch.tensor(_HEAD1[phase][prev]).log()
+                for j in range(1, n_future):
+                    q = _DRAFTS[prev] if j % 2 else _DRAFTS[prev][::-1]
+                    table[phase, prev, j, _IDS] = torch.tensor(q).log()
+        self.table = table
+
+    def stack_heads(self):
+        return None
+
+    def logits(self, ids, cache, heads=None, stacked=None, *, layout=None, last=None):
+        assert layout is None or layout.chain
+        B, T = ids.shape
+        slot_BT = torch.tensor(cache.lengths)[:, None] + torch.arange(T)
+        out = self.table[slot_BT % 3, ids.cpu()][:, :, :heads or self.config.n_future]
+        cache.advance(T)
+        return out if last is None else out[torch.arange(B), last][:, None]
+
+
+def _plain_probs(model: EosMarkovModel, prompt: bytes, sampling: decode.Sampling,
+                 max_bytes: int) -> dict[bytes, float]:
+    """Exact probability of every output of plain sampling: each id drawn by head 1 at the slot
+    that the window rule (`window_start`) gives the context's last id."""
+    seq_len, probs = model.config.seq_len, defaultdict(float)
+
+    def walk(tokens: list[int], start: int, pr: float) -> None:
+        start = window_start(len(tokens), start, seq_len)
+        dist = decode.distribution(model.table[(len(tokens) - 1 - start) % 3, tokens[-1], 0], sampling)
+        out = bytes(tokens[1 + len(prompt):])
+        for x in _IDS:
+            px = pr * float(dist[x])
+            if px == 0.0:
+                continue
+            if x == EOS:
+                probs[out] += px
+            elif len(out) + 1 == max_bytes:
+                probs[out + bytes([x])] += px
+            else:
+                walk(tokens + [x], start, px)
+
+    walk([EOS, *prompt], 0, 1.0)
+    return dict(probs)
+
+
+def _chi_square(outputs: list[bytes], expected: dict[bytes, float]) -> tuple[float, int]:
+    """Pearson's statistic over the outputs with an expected count of at least 5 (the rest pooled
+    into one bin), and its degrees of freedom."""
+    n = len(outputs)
+    assert set(outputs) <= set(expected), set(outputs) - set(expected)
+    big = {x for x, p in expected.items() if n * p >= 5}
+    counts = defaultdict(int)
+    for out in outputs:
+        counts[out if out in big else None] += 1
+    chi2 = sum((counts[x] - n * expected[x]) ** 2 / (n * expected[x]) for x in big)
+    rest = 1.0 - sum(expected[x] for x in big)
+    bins = len(big)
+    if n * rest >= 5:
+        chi2 += (counts[None] - n * rest) ** 2 / (n * rest)
+        bins += 1
+    return chi2, bins - 1
+
+
+# prompts of different lengths in one batch; the window of 8 slides in the last two (before
+# their third and second byte), and their drafts are cut where the window ends
+PROMPTS = [b"", b"a", b"cab", b"bcabca", b"abcabca"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("heads,max_bytes,kw", [
+    (1, 3, {}),                                     # plain batch sampling: the exact reference itself
+    (2, 3, {}),
+    (4, 3, {}),                                     # three drafts, cut to two by max_bytes after the first byte
+    (4, 4, {"temperature": 0.8, "top_k": 3}),
+])
+def test_speculative_sampling_has_plain_samplings_distribution_per_row(heads, max_bytes, kw):
+    n_per_prompt, batch = 3000, 2500
+    model = EosMarkovModel()
+    sampling_ = _sampling(100 + heads + max_bytes, **kw)
+    expected = {p: _plain_probs(model, p, sampling_, max_bytes) for p in PROMPTS}
+    assert all(sum(e.values()) == pytest.approx(1.0) for e in expected.values())
+    prompts = PROMPTS * (batch // len(PROMPTS))
+    outputs, stats = defaultdict(list), []
+    decoder = decode.Decoder(model, compile="off")
+    for _ in range(n_per_prompt * len(PROMPTS) // batch):
+        got = decoder.generate(prompts, max_bytes=max_bytes, draft="plain" if heads == 1 else Draft(heads),
+                               sampling=sampling_)
+        for p, g in zip(prompts, got):
+            outputs[p].append(g.output)
+        stats += [g.stats for g in got]
+    for p in PROMPTS:
+        chi2, df = _chi_square(outputs[p], expected[p])
+        assert chi2 < _chi2_critical(df), (p, chi2, df)
+    assert any(s.stopped_by == "eos" for s in stats) and any(s.slides for s in stats)
+    if heads > 1:  # drafts were accepted and rejected at every depth that max_bytes leaves, none deeper
+        drafted = [sum(s.drafted[j] for s in stats) for j in range(heads - 1)]
+        accepted = [sum(s.accepted[j] for s in stats) for j in range(heads - 1)]
+        usable = min(heads, max_bytes) - 1
+        assert all(0 < a < d for a, d in zip(accepted[:usable], drafted[:usable]))
+        assert drafted[usable:] == [0] * (heads - 1 - usable)
