@@ -127,6 +127,8 @@ class Decoder:
         self.static: StaticStep | None = None  # made the first time a call compiles
 
     def _worth_compiling(self, batch_size: int, work_bytes: int) -> bool:
+        if self.compile is not Compile.AUTO:  # settled: no need to look for a compiled step (an inductor import)
+            return self.compile is Compile.ON
         device = self.model.embed.weight.device
         ready = (self.static.ready(batch_size) if self.static is not None else
                  cached_costs(self.model, stacked=self.stacked is not None, batch_size=batch_size) is not None)

@@ -30,13 +30,12 @@ def test_without_lm_eval_the_error_says_how_to_install(monkeypatch):
 
 
 
-lm_eval = pytest.importorskip("lm_eval")
-
-
 @pytest.fixture(scope="module")
 def harness_run(tmp_path_factory):
     """A tiny 4-head checkpoint, and a task folder with a multiple-choice and a generate_until task
-    over one local JSON file."""
+    over one local JSON file. (lm-eval is imported here, not at collection: it takes seconds, and
+    the tests that need it are slow ones.)"""
+    pytest.importorskip("lm_eval")
     root = tmp_path_factory.mktemp("harness")
     cfg = C.apply_overrides(C.tiny(), ["model.n_future=4"])
     model = ByteMTP(cfg.model)
@@ -60,6 +59,7 @@ def harness_run(tmp_path_factory):
 
 
 def _evaluate(root, tasks, **kw):
+    import lm_eval
     from lm_eval.tasks import TaskManager
 
     import bytemtp.harness  # noqa: F401  (registers the model)
@@ -105,6 +105,7 @@ def _requests(*args):
     return [Instance(request_type="generate_until", doc={}, arguments=a, idx=0) for a in args]
 
 
+@pytest.mark.slow
 def test_generation_settings_sampling_and_limits(harness_run):
     from bytemtp.harness import ByteMTPLM
 
@@ -122,6 +123,7 @@ def test_generation_settings_sampling_and_limits(harness_run):
         lm.generate_until(_requests(("x", {"num_beams": 2})), disable_tqdm=True)
 
 
+@pytest.mark.slow
 def test_model_args_win_over_lm_evals_defaults_and_errors_are_one_line(harness_run, tmp_path):
     from bytemtp.harness import ByteMTPLM
 
