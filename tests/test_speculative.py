@@ -431,23 +431,26 @@ _CHI2_26_P001 = 54.052
 
 
 class MarkovModel:
-    """A stub whose head 1 samples a, b or c from a table indexed by the previous id and the
-    position's parity (every other id at -inf, EOS excluded); heads 2..K draft from other tables.
-    Vectorized over the batch, so thousands of rows decode in seconds."""
+    """A stub whose head 1 samples from a table indexed by the previous id and the cache slot mod
+    the number of tables (`head1`, one {previous id: probabilities over `ids`} per phase; every
+    other id at -inf); heads 2..K draft from `drafts` (head 3 and every other one reversed). The
+    default: a, b or c (EOS excluded) by the position's parity. Vectorized over the batch, so
+    thousands of rows decode in seconds."""
 
-    def __init__(self, n_future: int = 3):
+    def __init__(self, n_future: int = 3, *, head1=(_TARGET[0], _TARGET[1]), drafts=_DRAFT, ids=_SYMBOLS,
+                 seq_len: int = 8):
         self.config = dataclasses.replace(C.tiny().model, head_type="linear", n_layers=1, d_model=2,
-                                          n_attn_heads=1, n_future=n_future, seq_len=8)
+                                          n_attn_heads=1, n_future=n_future, seq_len=seq_len)
         self.embed = torch.nn.Embedding(1, 1)
         self.rope_cos = self.rope_sin = torch.zeros(self.config.seq_len, 1)
-        table = torch.full((2, VOCAB_SIZE, n_future, VOCAB_SIZE), float("-inf"))
-        table[..., _SYMBOLS] = 0.0  # ids that never occur: uniform over the symbols
-        for parity in (0, 1):
-            for prev in (EOS, *_SYMBOLS):
-                table[parity, prev, 0, _SYMBOLS] = torch.tensor(_TARGET[parity][prev]).log()
+        table = torch.full((len(head1), VOCAB_SIZE, n_future, VOCAB_SIZE), float("-inf"))
+        table[..., ids] = 0.0  # ids that never occur: uniform over the ids
+        for phase, rows in enumerate(head1):
+            for prev, probs in rows.items():
+                table[phase, prev, 0, ids] = torch.tensor(probs).log()
                 for j in range(1, n_future):
-                    q = _DRAFT[prev] if j % 2 else _DRAFT[prev][::-1]
-                    table[parity, prev, j, _SYMBOLS] = torch.tensor(q).log()
+                    q = drafts[prev] if j % 2 else drafts[prev][::-1]
+                    table[phase, prev, j, ids] = torch.tensor(q).log()
         self.table = table
 
     def stack_heads(self):
@@ -456,8 +459,8 @@ class MarkovModel:
     def logits(self, ids, cache, heads=None, stacked=None, *, layout=None, last=None):
         assert layout is None or layout.chain
         B, T = ids.shape
-        pos_BT = torch.tensor(cache.lengths)[:, None] + torch.arange(T)
-        out = self.table[pos_BT % 2, ids.cpu()][:, :, :heads or self.config.n_future]
+        slot_BT = torch.tensor(cache.lengths)[:, None] + torch.arange(T)
+        out = self.table[slot_BT % len(self.table), ids.cpu()][:, :, :heads or self.config.n_future]
         cache.advance(T)
         return out if last is None else out[torch.arange(B), last][:, None]
 

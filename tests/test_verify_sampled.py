@@ -22,11 +22,10 @@ import pytest
 import torch
 
 from bytemtp import decode, sampling
-from bytemtp.config import ModelConfig
 from bytemtp.drafting import Draft
 from bytemtp.kvcache import window_start
-from bytemtp.vocab import EOS, VOCAB_SIZE
-from test_speculative import _chi2_critical, _sampling
+from bytemtp.vocab import EOS
+from test_speculative import MarkovModel, _chi2_critical, _sampling
 
 
 # --- one verify step, enumerated exactly --------------------------------------------------------
@@ -148,7 +147,7 @@ _HEAD1 = [  # head 1's distribution over a, b, c, EOS by the previous id, at slo
 _DRAFTS = {EOS: (.1, .3, .5, .1), 97: (.2, .5, .1, .2), 98: (.4, .4, .1, .1), 99: (.5, .2, .2, .1)}
 
 
-class EosMarkovModel:
+class EosMarkovModel(MarkovModel):
     """A stub like test_speculative's MarkovModel, with EOS among its ids: head 1 draws a, b, c
     or EOS from a table indexed by the previous id and its cache slot mod 3; the draft heads
     from other tables (head 3 reversed). Vectorized over the batch.
@@ -158,30 +157,7 @@ class EosMarkovModel:
     would give 3) draws from another table: slots mod 3 tell them apart."""
 
     def __init__(self, n_future: int = 4, seq_len: int = 8):
-        self.config = ModelConfig(n_layers=1, d_model=2, n_attn_heads=1, n_future=n_future, head_type="linear",
-                                  seq_len=seq_len)
-        self.embed = torch.nn.Embedding(1, 1)
-        self.rope_cos = self.rope_sin = torch.zeros(seq_len, 1)
-        table = torch.full((3, VOCAB_SIZE, n_future, VOCAB_SIZE), float("-inf"))
-        table[..., _IDS] = 0.0  # ids that never occur: uniform
-        for phase in range(3):
-            for prev in (EOS, *b"abc"):
-                table[phase, prev, 0, _IDS] = torch.tensor(_HEAD1[phase][prev]).log()
-                for j in range(1, n_future):
-                    q = _DRAFTS[prev] if j % 2 else _DRAFTS[prev][::-1]
-                    table[phase, prev, j, _IDS] = torch.tensor(q).log()
-        self.table = table
-
-    def stack_heads(self):
-        return None
-
-    def logits(self, ids, cache, heads=None, stacked=None, *, layout=None, last=None):
-        assert layout is None or layout.chain
-        B, T = ids.shape
-        slot_BT = torch.tensor(cache.lengths)[:, None] + torch.arange(T)
-        out = self.table[slot_BT % 3, ids.cpu()][:, :, :heads or self.config.n_future]
-        cache.advance(T)
-        return out if last is None else out[torch.arange(B), last][:, None]
+        super().__init__(n_future, head1=_HEAD1, drafts=_DRAFTS, ids=_IDS, seq_len=seq_len)
 
 
 def _plain_probs(model: EosMarkovModel, prompt: bytes, sampling: decode.Sampling,
