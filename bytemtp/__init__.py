@@ -1,7 +1,18 @@
 """bytemtp: byte-level language models trained with multi-token prediction.
 
-The library is importable without side effects. Modules, lowest layer first:
-`config` and `vocab` (no torch), `model`, `loss`, `step`, `checkpoint`, `bench`.
+The library is importable without side effects. Its floors, lowest first; a module imports only
+from its own floor's package or from lower floors (tests/test_layering.py keeps it so):
+
+    0  config, vocab     frozen configuration and presets; byte ids and UTF-8 output (no torch)
+    1  data/             corpus files, prepared shards, prep, the streaming loader
+    2  model/            the byte transformer and its heads, KV cache and layout, loss, flops
+    3  runtime/          devices, checkpoints, torchrun processes (DDP, FSDP2)
+    4  decoding/         sampling, drafting, the compiled step, speculative decoding, speed
+    5  evaluation/       bits per byte, likelihoods, synthetic tasks, HumanEval, sandboxed execution
+    6  training/         the step, rollouts, run directories, the training loop, plots
+    7  interop/          lm-evaluation-harness model, Hugging Face export and its remote code
+    8  bench             every benchmark
+
 The command line lives in the separate package `bytemtp_cli`.
 """
 

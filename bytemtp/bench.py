@@ -38,17 +38,20 @@ import torch
 from tqdm import tqdm
 
 from bytemtp.config import DataConfig, ModelConfig, preset
-from bytemtp import decode
-from bytemtp.speed import DECODE_MODES, interleaved_decodes, speed_figures
-from bytemtp.checkpoint import load_model
-from bytemtp.corpus import CorpusError, corpus_files, decompressed_size
-from bytemtp.evaluate import evaluate, held_out_split, val_prompts
-from bytemtp.flops import peak_gpu_flops, step_flops
-from bytemtp.loader import ByteLoader
-from bytemtp.model import ByteMTP
-from bytemtp.step import forward_backward, plain_forward_backward
-from bytemtp.devices import resolve_device, synchronize
-from bytemtp.train import build_optimizer
+from bytemtp.data.corpus import corpus_files, decompressed_size
+from bytemtp.data.loader import ByteLoader
+from bytemtp.data.shards import CorpusError
+from bytemtp.decoding import decode
+from bytemtp.decoding.drafting import Draft
+from bytemtp.decoding.generation import load_prompts
+from bytemtp.decoding.speed import DECODE_MODES, interleaved_decodes, speed_figures
+from bytemtp.evaluation.evaluate import evaluate, held_out_split, val_prompts
+from bytemtp.model.flops import peak_gpu_flops, step_flops
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.checkpoint import load_model
+from bytemtp.runtime.devices import resolve_device, synchronize
+from bytemtp.training.step import forward_backward, plain_forward_backward
+from bytemtp.training.train import build_optimizer
 from bytemtp.vocab import EOS
 
 TRAIN_STEP_VARIANTS = {  # name: (n_future, memory-efficient step)
@@ -260,8 +263,8 @@ def quality(preset_name: str = "small", *, data: str = "data/corpus/stdlib", ste
     the teacher term (`loss.teacher_weight`) on the same bytes. The 8-head arms also report what
     their heads give decoding (`evaluate.draft_report`: agreement with head 1 and the bytes per
     pass of greedy chain and tree drafts over `prompts` held-out prompts)."""
-    from bytemtp.evaluate import draft_report
-    from bytemtp.train import has_val_split, train
+    from bytemtp.evaluation.evaluate import draft_report
+    from bytemtp.training.train import has_val_split, train
 
     base = preset(preset_name)
     if not has_val_split(dataclasses.replace(base.data, path=data)):
@@ -300,10 +303,10 @@ def quality(preset_name: str = "small", *, data: str = "data/corpus/stdlib", ste
     return out
 
 
-def _draft(mode: str, n_future: int) -> decode.Draft:
+def _draft(mode: str, n_future: int) -> Draft:
     """The draft a mode names, with its heads capped at the model's."""
-    draft = decode.Draft.parse(mode)
-    return decode.Draft("all", draft.shape) if isinstance(draft.heads, int) and draft.heads > n_future else draft
+    draft = Draft.parse(mode)
+    return Draft("all", draft.shape) if isinstance(draft.heads, int) and draft.heads > n_future else draft
 
 
 def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128,
@@ -326,7 +329,7 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     model, cfg = load_model(ckpt, device=dev)
     model = model.to(getattr(torch, dtype))
     if prompts_path is not None:
-        prompts = decode.load_prompts(prompts_path)[:n_prompts]
+        prompts = load_prompts(prompts_path)[:n_prompts]
     else:
         prompts = val_prompts(cfg.data.path, n=n_prompts, prompt_bytes=prompt_bytes)
     n_future = model.config.n_future
@@ -336,7 +339,7 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
                                       work_bytes=len(prompts) * max_bytes * len(modes) * rounds * len(batch_sizes))
     runs = {m: (decoder, {"draft": _draft(m, n_future)}) for m in modes}
     if compiled:
-        runs["eager plain"] = (decode.Decoder(model, compile="off"), {"draft": decode.Draft.plain()})
+        runs["eager plain"] = (decode.Decoder(model, compile="off"), {"draft": Draft.plain()})
     cases = []
     for B in batch_sizes:
         batches = [prompts[i:i + B] for i in range(0, len(prompts), B)]

@@ -7,9 +7,8 @@ import os
 import click
 
 from . import report
-from .options import (
-    OneLineErrors, check_output_dir, compile_option, device_option, empty_split_error, json_option, parse_batch_sizes,
-    parse_modes, preset_option)
+from .options import (OneLineErrors, check_output_dir, compile_option, device_option, empty_split_error, json_option,
+                      parse_batch_sizes, parse_modes, preset_option)
 from .report import echo, table, write_json
 
 
@@ -38,7 +37,7 @@ def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, min_
     from tqdm import tqdm
 
     from bytemtp.bench import TRAIN_STEP_VARIANTS, train_step
-    from bytemtp.devices import resolve_device
+    from bytemtp.runtime.devices import resolve_device
 
     with tqdm(total=warmup + steps + len(TRAIN_STEP_VARIANTS), desc="train-step", unit="round") as bar:
         def progress(stage: str) -> None:
@@ -103,7 +102,7 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
     from tqdm import tqdm
 
     from bytemtp.bench import decode_speed
-    from bytemtp.devices import resolve_device
+    from bytemtp.runtime.devices import resolve_device
 
     sizes, mode_list = parse_batch_sizes(batch_sizes), parse_modes(modes)
     with tqdm(total=sum(-(-n_prompts // b) * rounds for b in sizes), desc="decode", unit="batch") as bar:
@@ -138,8 +137,8 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
 def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) -> None:
     """Train step, loader, decode and eval in one run: one table, one JSON."""
     from bytemtp.bench import all_benchmarks
-    from bytemtp.checkpoint import latest_checkpoint
-    from bytemtp.devices import resolve_device
+    from bytemtp.runtime.checkpoint import latest_checkpoint
+    from bytemtp.runtime.devices import resolve_device
 
     if latest_checkpoint(ckpt) is None and not os.path.isfile(os.path.join(ckpt, "config.json")):
         raise click.ClickException(f"no checkpoint in {ckpt}: run `make demo` first, or give --ckpt RUN")
@@ -170,7 +169,7 @@ def bench_quality(preset: str, data: str, steps: int, eval_batches: int, teacher
     """Validation bits per byte: 8-head model vs the next-byte baseline, same bytes; and what the
     teacher term gives the draft heads (bits/byte per head, bytes per pass) on the same bytes."""
     from bytemtp.bench import quality
-    from bytemtp.devices import resolve_device
+    from bytemtp.runtime.devices import resolve_device
 
     res = quality(preset, data=data, steps=steps, eval_batches=eval_batches, out_dir=out,
                   device=str(resolve_device(device)), teacher_weight=teacher_weight, prompts=prompts)

@@ -16,7 +16,7 @@ def verify_cmd(corpus: str) -> None:
     """
     from tqdm import tqdm
 
-    from bytemtp import shards
+    from bytemtp.data import shards
 
     try:
         total = sum(split.get("bytes", 0) for split in shards.read_manifest(corpus)["splits"].values())

@@ -10,7 +10,6 @@ from . import report
 from .options import OneLineErrors, check_heads, compile_option, device_option, dtype_option, json_option, parse_counts
 from .report import echo, write_json
 
-
 # the summary's line on how the programs ran
 ISOLATION = {"bwrap": "isolation: bubblewrap (namespaces of their own: no home, no host files but the Python "
                       "installation, read-only, no network), the guard inside",
@@ -42,11 +41,11 @@ def synthetic_cmd(ckpt: str, per_count: int | None, counts: str | None, stories:
     head on the answer's bytes given the true prefix): a finer signal for weak models."""
     from tqdm import tqdm
 
-    from bytemtp import tasks
-    from bytemtp.checkpoint import load_model
-    from bytemtp.decode import context_left
-    from bytemtp.evaluate import task_accuracy, task_answer_scores, task_context
-    from bytemtp.devices import resolve_device
+    from bytemtp.evaluation import tasks
+    from bytemtp.evaluation.evaluate import task_accuracy, task_answer_scores, task_context
+    from bytemtp.model.kvcache import context_left
+    from bytemtp.runtime.checkpoint import load_model
+    from bytemtp.runtime.devices import resolve_device
 
     task = click.get_current_context().info_name  # the same command serves poly and induction
     if task == "poly" and stories is not None:
@@ -129,10 +128,10 @@ def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperatur
     or, only when you allow it, with the guard alone, which is NOT a security boundary. The
     report says which ran. Ctrl-C stops the run (nothing is written).
     """
-    from bytemtp import humaneval as he
-    from bytemtp.checkpoint import load_config, load_model, resolve_checkpoint
-    from bytemtp.devices import resolve_device
-    from bytemtp.execution import Isolation, Sandbox
+    from bytemtp.evaluation import humaneval as he
+    from bytemtp.evaluation.execution import Isolation, Sandbox
+    from bytemtp.runtime.checkpoint import load_config, load_model, resolve_checkpoint
+    from bytemtp.runtime.devices import resolve_device
 
     ctx = click.get_current_context()
     if compare and temperature > 0:

@@ -21,8 +21,8 @@ def export_cmd(fmt: str, ckpt: str, out: str, dtype: str | None, force: bool) ->
     future_logits all heads'); bytemtp loads it back as a checkpoint (--ckpt FOLDER), for
     self-speculative decoding. Writing needs no transformers.
     """
-    from bytemtp.checkpoint import describe
-    from bytemtp.export import export_hf
+    from bytemtp.interop.export import export_hf
+    from bytemtp.runtime.checkpoint import describe
 
     try:
         folder = export_hf(ckpt, out, dtype=dtype, overwrite=force)

@@ -70,9 +70,12 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
 
     import torch
 
-    from bytemtp import decode
-    from bytemtp.checkpoint import load_model
-    from bytemtp.devices import resolve_device
+    from bytemtp.decoding import decode
+    from bytemtp.decoding.drafting import Draft
+    from bytemtp.decoding.generation import load_prompts
+    from bytemtp.decoding.sampling import Sampling
+    from bytemtp.runtime.checkpoint import load_model
+    from bytemtp.runtime.devices import resolve_device
     from bytemtp.vocab import TextStream
 
     if sum(x is not None for x in (prompt, prompt_file, prompts_file)) != 1:
@@ -84,7 +87,7 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
     if json_path == "-":
         raise click.UsageError("--json - would mix the statistics into the output on stdout; name a file")
     if prompts_file is not None:
-        prompts = decode.load_prompts(prompts_file)
+        prompts = load_prompts(prompts_file)
     elif prompt is not None:
         prompts = [prompt.encode("utf-8", "surrogateescape")]
     else:
@@ -98,10 +101,10 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         seed = secrets.randbelow(2**31)
         click.echo(f"seed {seed} (sampling again with --seed {seed} and a fixed draft repeats this output)", err=True)
     generator = torch.Generator(device=dev).manual_seed(seed or 0)
-    sampling = decode.Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     stops = tuple(s.encode() for s in stop)
     speculative = not no_speculative and model.config.n_future > 1
-    policy = decode.Draft(heads=heads if speculative else 1, shape=draft)
+    policy = Draft(heads=heads if speculative else 1, shape=draft)
     decoder = decode.Decoder(model, compile=compile_mode)
     decoder.settle_compile(batch_size=min(batch_size, len(prompts)), work_bytes=len(prompts) * max_bytes
                            * (4 if compare else 1))  # --compare decodes every mode after a warm-up
@@ -140,7 +143,7 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         out.write(text.finish() + "\n")
     out.flush()
     if compare and not interrupted.is_set():
-        from bytemtp.speed import compare_decoding
+        from bytemtp.decoding.speed import compare_decoding
 
         try:
             res = compare_decoding(decoder, prompts[0], max_bytes=max_bytes, draft=policy, stop=stops)

@@ -1,7 +1,7 @@
 """`bytemtp lm-eval`: lm-evaluation-harness's own command line, with the bytemtp model registered.
 
 lm_eval finds models only inside its own package, so its `lm_eval` command cannot see a model
-that another package provides; this command imports `bytemtp.harness` (which registers the model
+that another package provides; this command imports `bytemtp.interop.harness` (which registers the model
 as `bytemtp`) and hands every argument to lm_eval's command line unchanged.
 """
 
@@ -23,7 +23,7 @@ def lm_eval_cmd(args: tuple[str, ...]) -> None:
     pip install 'bytemtp[harness]'.
     """
     try:
-        import bytemtp.harness  # noqa: F401  (registers --model bytemtp)
+        import bytemtp.interop.harness  # noqa: F401  # isort: skip  (registers the model; names the extra)
         from lm_eval.__main__ import cli_evaluate
     except ModuleNotFoundError as e:
         raise click.ClickException(str(e)) from None

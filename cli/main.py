@@ -24,9 +24,8 @@ from .eval_task import eval_task
 from .export import export_cmd
 from .generate import generate_cmd
 from .harness import lm_eval_cmd
-from .options import (
-    OneLineErrors, check_output_dir, device_option, empty_split_error, dtype_option, json_option, one_target, parse_counts,
-    parse_duration, parse_size, preset_option)
+from .options import (OneLineErrors, check_output_dir, device_option, dtype_option, empty_split_error, json_option,
+                      one_target, parse_counts, parse_duration, parse_size, preset_option)
 from .report import echo, table, write_json
 
 
@@ -52,7 +51,7 @@ def config_cmd(preset: str, config_file: str | None, overrides: tuple[str, ...],
         return
     import torch
 
-    from bytemtp.model import ByteMTP
+    from bytemtp.model.model import ByteMTP
 
     with torch.device("meta"):
         model = ByteMTP(cfg.model)
@@ -87,7 +86,7 @@ def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float
     (any bytes: raw files are documents as they are) in 1 MiB zstd frames with an index."""
     from tqdm import tqdm
 
-    from bytemtp import corpus, prep
+    from bytemtp.data import corpus, prep
 
     files = corpus.select_files(corpus.corpus_files(list(sources), split=None), include=include,
                                 exclude=exclude)
@@ -111,7 +110,7 @@ def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float
 @json_option()
 def corpus_info_cmd(path: str, field: str, json_path: str | None) -> None:
     """Documents, bytes, compression ratio and splits of a corpus (prepared or not)."""
-    from bytemtp import corpus, shards
+    from bytemtp.data import corpus, shards
 
     info = corpus.describe(path, field=field)
     if "manifest" in info:
@@ -173,8 +172,8 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
     if resume is not None and out and resume and resume != out:
         raise click.UsageError(f"--resume {resume} and --out {out} name different runs")
     preset_given = click.get_current_context().get_parameter_source("preset") != click.core.ParameterSource.DEFAULT
-    from bytemtp import runs
-    from bytemtp import train as train_lib
+    from bytemtp.training import runs
+    from bytemtp.training import train as train_lib
 
     plan = runs.plan_run(run_dir, resume=resume is not None, preset=preset if preset_given else None,
                          config_file=config_file, overrides=sets)
@@ -244,8 +243,8 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
     """
     if nproc is not None:
         _relaunch_with_torchrun(nproc)
-    from bytemtp import runs
-    from bytemtp import train as train_lib
+    from bytemtp.training import runs
+    from bytemtp.training import train as train_lib
 
     flags = {"train.device": device, "train.steps": steps, "train.max_bytes": max_bytes and parse_size(max_bytes),
              "train.max_time": max_time and parse_duration(max_time), "loss.teacher_weight": teacher_weight,
@@ -295,9 +294,9 @@ def _draft_report(ckpt: str, *, cfg, prompts: int) -> dict | None:
     when the checkpoint is gone (a resumed tune whose source was removed)."""
     from tqdm import tqdm
 
-    from bytemtp.checkpoint import load_model
-    from bytemtp.devices import resolve_device
-    from bytemtp.evaluate import draft_report
+    from bytemtp.evaluation.evaluate import draft_report
+    from bytemtp.runtime.checkpoint import load_model
+    from bytemtp.runtime.devices import resolve_device
 
     if not os.path.exists(ckpt):
         return None
@@ -351,8 +350,8 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, 
     """
     from tqdm import tqdm
 
-    from bytemtp.checkpoint import load_config, resolve_checkpoint
-    from bytemtp.evaluate import evaluate_checkpoint, has_splits
+    from bytemtp.evaluation.evaluate import evaluate_checkpoint, has_splits
+    from bytemtp.runtime.checkpoint import load_config, resolve_checkpoint
 
     data = data_path or load_config(resolve_checkpoint(ckpt)).data.path
     if split is None:
@@ -375,9 +374,9 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, 
 
 def _decoded(ckpt: str, data: str, n: int, *, device: str, dtype: str | None) -> dict:
     """Bytes per pass of greedy chain and tree drafts of all heads on n held-out prompts."""
-    from bytemtp.checkpoint import load_model
-    from bytemtp.devices import resolve_device
-    from bytemtp.evaluate import has_splits, held_out_decoding
+    from bytemtp.evaluation.evaluate import has_splits, held_out_decoding
+    from bytemtp.runtime.checkpoint import load_model
+    from bytemtp.runtime.devices import resolve_device
 
     if not has_splits(data):
         raise click.ClickException(f"{data} is not a prepared corpus: it has no val split to take held-out "
@@ -402,8 +401,8 @@ def _decoded(ckpt: str, data: str, n: int, *, device: str, dtype: str | None) ->
 def plot_cmd(run: str | None, ckpt: str | None, out: str | None, eval_json: str | None, eval_batches: int,
              device: str, dtype: str) -> None:
     """PNG figures of a run: loss and validation bits per byte per head, and the acceptance profile."""
-    from bytemtp import plot
-    from bytemtp.checkpoint import is_checkpoint_dir
+    from bytemtp.runtime.checkpoint import is_checkpoint_dir
+    from bytemtp.training import plot
 
     model_from = run = one_target(run, ckpt, "run")
     if is_checkpoint_dir(run) and os.path.basename(os.path.dirname(os.path.abspath(run))) == "checkpoints":
@@ -414,10 +413,10 @@ def plot_cmd(run: str | None, ckpt: str | None, out: str | None, eval_json: str 
     if eval_json:
         result = json.loads(open(eval_json).read())
     elif eval_batches:
-        from bytemtp.checkpoint import load_model
-        from bytemtp.corpus import CorpusError
-        from bytemtp.evaluate import evaluate, held_out_split
-        from bytemtp.devices import resolve_device
+        from bytemtp.data.shards import CorpusError
+        from bytemtp.evaluation.evaluate import evaluate, held_out_split
+        from bytemtp.runtime.checkpoint import load_model
+        from bytemtp.runtime.devices import resolve_device
 
         dev = resolve_device(device)
         model, cfg = load_model(model_from, device=dev, dtype=dtype)
@@ -442,7 +441,7 @@ def plot_cmd(run: str | None, ckpt: str | None, out: str | None, eval_json: str 
 def task_corpus_cmd(task: str, out: str, documents: int | None, counts: str | None, seed: int) -> None:
     """Write a synthetic task's training documents as a prepared corpus: poly (paper section 4.2),
     induction (section 4.1)."""
-    from bytemtp import tasks
+    from bytemtp.evaluation import tasks
 
     if task == "induction" and counts is not None:
         raise click.UsageError("--counts is for poly; induction stories have no operations")
@@ -460,7 +459,7 @@ def task_corpus_cmd(task: str, out: str, documents: int | None, counts: str | No
 @json_option()
 def inspect_cmd(path: str | None, ckpt: str | None, json_path: str | None) -> None:
     """Show what a checkpoint (or a run's newest checkpoint) holds, without loading its weights."""
-    from bytemtp.checkpoint import describe
+    from bytemtp.runtime.checkpoint import describe
 
     info = describe(one_target(path, ckpt, "checkpoint"))
     echo(report.checkpoint_report(info))

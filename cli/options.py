@@ -14,6 +14,7 @@ import click
 
 from bytemtp import config as config_lib
 
+
 class OneLineErrors(click.Group):
     """A command group whose commands' ValueErrors (user errors) leave as one line, exit status 1."""
 
@@ -68,7 +69,7 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
 
 def parse_modes(text: str) -> tuple[str, ...]:
     """Drafting modes in 'auto,chain-2,tree-all'."""
-    from bytemtp.drafting import Draft
+    from bytemtp.decoding.drafting import Draft
 
     modes = tuple(m.strip() for m in text.split(",") if m.strip())
     for m in modes:
@@ -105,7 +106,7 @@ def device_option(default: str | None = "auto"):
 
 def check_heads(heads: int | None, n_future: int) -> None:
     """--heads against the model's heads (the check is `Draft.for_model`'s), as one line naming the option."""
-    from bytemtp.drafting import Draft
+    from bytemtp.decoding.drafting import Draft
 
     try:
         Draft(heads=heads).for_model(n_future)
@@ -165,7 +166,7 @@ def json_option(default: str | None = None):
 
 
 def empty_split_error(e: ValueError, instead: str) -> ValueError:
-    """An empty-split error (bytemtp.corpus) told for a command without --split: the split and the
+    """An empty-split error (bytemtp.data.corpus) told for a command without --split: the split and the
     corpus as the library names them, then what this command can do instead; other errors as they are."""
     if "split of the prepared corpus" not in str(e) or "is empty" not in str(e):
         return e

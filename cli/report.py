@@ -64,9 +64,9 @@ def train_header(cfg, run_dir, *, resume: bool) -> str:
     """Device, parameters, corpus and run directory; the full config goes to RUN/run-config.json."""
     import torch
 
-    from bytemtp.model import ByteMTP
-    from bytemtp.devices import resolve_device
-    from bytemtp.runs import RUN_CONFIG
+    from bytemtp.model.model import ByteMTP
+    from bytemtp.runtime.devices import resolve_device
+    from bytemtp.training.runs import RUN_CONFIG
 
     with torch.device("meta"):
         model = ByteMTP(cfg.model)

@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def code_corpus(tmp_path_factory):
     """A small prepared corpus of generated Python files, with a val split."""
-    from bytemtp.prep import prepare
+    from bytemtp.data.prep import prepare
 
     root = tmp_path_factory.mktemp("code")
     src = root / "src"

@@ -10,9 +10,9 @@ import sys
 import torch
 
 from bytemtp import config as C
-from bytemtp import distributed as dist_lib
-from bytemtp import runs
-from bytemtp import train as train_lib
+from bytemtp.runtime import distributed as dist_lib
+from bytemtp.training import runs
+from bytemtp.training import train as train_lib
 
 
 def main() -> None:

@@ -10,10 +10,10 @@ import sys
 import torch
 
 from bytemtp import config as C
-from bytemtp import distributed as dist_lib
-from bytemtp.model import ByteMTP
-from bytemtp.step import forward_backward, plain_forward_backward
-from bytemtp.train import accumulate_gradients, build_optimizer
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime import distributed as dist_lib
+from bytemtp.training.step import forward_backward, plain_forward_backward
+from bytemtp.training.train import accumulate_gradients, build_optimizer
 
 CASES = [  # parallel, head_type, unembed, memory_efficient, grad_accum
     ("ddp", "transformer", "replicated", True, 2),

@@ -10,7 +10,7 @@ import sys
 import torch
 
 from bytemtp import config as C
-from bytemtp import train as train_lib
+from bytemtp.training import train as train_lib
 
 
 def main() -> None:

@@ -10,19 +10,11 @@ import pytest
 import torch
 from safetensors import SafetensorError, safe_open
 
-from bytemtp import checkpoint
-from bytemtp.checkpoint import (
-    CheckpointError,
-    latest_checkpoint,
-    list_checkpoints,
-    load_config,
-    load_model,
-    load_train_state,
-    resolve_checkpoint,
-    save_checkpoint,
-)
 from bytemtp.config import ModelConfig, tiny
-from bytemtp.model import ByteMTP
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime import checkpoint
+from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_config, load_model,
+                                        load_train_state, resolve_checkpoint, save_checkpoint)
 
 
 def make_model(cfg, seed=0):

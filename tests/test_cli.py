@@ -107,9 +107,9 @@ def test_train_step_time_ratio_spread_says_when_it_is_noise():
 def test_inspect_reports_a_checkpoint_and_damage(tmp_path):
     import torch
 
-    from bytemtp.checkpoint import save_checkpoint
     from bytemtp.config import tiny
-    from bytemtp.model import ByteMTP
+    from bytemtp.model.model import ByteMTP
+    from bytemtp.runtime.checkpoint import save_checkpoint
 
     cfg = tiny()
     model = ByteMTP(cfg.model)

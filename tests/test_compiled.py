@@ -1,4 +1,4 @@
-"""The static decode step (bytemtp.compiled) against its references: the eager `ByteMTP.logits`
+"""The static decode step (bytemtp.decoding.compiled) against its references: the eager `ByteMTP.logits`
 pass, and plain greedy decoding; compiled and uncompiled."""
 
 import dataclasses
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from bytemtp import config as C
-from bytemtp import decode
-from bytemtp.compiled import Compile, StaticStep, head_bucket, head_buckets, node_bucket, worth_compiling
-from bytemtp.drafting import Draft, DraftTree, PassCosts
-from bytemtp.kvcache import KVCache, Layout
-from bytemtp.model import ByteMTP
+from bytemtp.decoding import decode
+from bytemtp.decoding.compiled import Compile, StaticStep, head_bucket, head_buckets, node_bucket, worth_compiling
+from bytemtp.decoding.drafting import Draft, DraftTree, PassCosts
+from bytemtp.model.kvcache import KVCache, Layout
+from bytemtp.model.model import ByteMTP
 
 COMPILED = pytest.mark.xdist_group("processes")  # not beside the torchrun tests (see test_distributed)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bytemtp import config as C
-from bytemtp.model import ByteMTP
+from bytemtp.model.model import ByteMTP
 
 
 def test_defaults_and_presets_are_valid():

@@ -23,16 +23,13 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bytemtp.corpus import (
-    SKIP_REASONS, CorpusError, corpus_files, decompressed_size, describe, file_kind,
-    iter_documents, iter_lines, parse_record, read_raw, select_files,
-)
-from bytemtp import loader as L
-from bytemtp import prep as prep_lib
 from bytemtp.config import DataConfig, ModelConfig
-from bytemtp.corpus import _parse_slowly
-from bytemtp.prep import prepare
-from bytemtp.shards import Shard, ShardWriter, read_manifest, verify
+from bytemtp.data import loader as L
+from bytemtp.data import prep as prep_lib
+from bytemtp.data.corpus import (SKIP_REASONS, _parse_slowly, corpus_files, decompressed_size, describe, file_kind,
+                                 iter_documents, iter_lines, parse_record, read_raw, select_files)
+from bytemtp.data.prep import prepare
+from bytemtp.data.shards import CorpusError, Shard, ShardWriter, read_manifest, verify
 
 CCTX = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=True)
 SKIPPABLE = struct.pack("<II", 0x184D2A50, 3) + b"abc"
@@ -54,7 +51,7 @@ def cut(data: bytes, at) -> list[bytes]:
 
 
 def frames_of(blob: bytes) -> list[bytes]:
-    """Decompressed content of each frame, walked independently of bytemtp.corpus."""
+    """Decompressed content of each frame, walked independently of bytemtp.data.corpus."""
     out = []
     while blob:
         dobj = zstandard.ZstdDecompressor().decompressobj()
@@ -612,7 +609,7 @@ def test_a_prep_that_fails_midway_leaves_nothing(tmp_path, monkeypatch, error):
 
 _SLOW_PREP = """
 import sys, time
-from bytemtp import prep
+from bytemtp.data import prep
 real = prep.iter_documents
 def slow(path, **kw):
     for doc in real(path, **kw):

@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from bytemtp import config as C
-from bytemtp.checkpoint import save_checkpoint
-from bytemtp.model import ByteMTP
-from bytemtp.prep import prepare
+from bytemtp.data.prep import prepare
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.checkpoint import save_checkpoint
 from bytemtp_cli.main import main
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from bytemtp import config as C
-from bytemtp import decode
-from bytemtp.drafting import Draft
-from bytemtp.model import ByteMTP
+from bytemtp.decoding import decode
+from bytemtp.decoding.drafting import Draft
+from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import EOS, PAD, TextStream
 
 
@@ -136,7 +136,7 @@ def _clock(seconds):
 
 
 def test_compare_decoding_measures_plain_against_speculative(monkeypatch):
-    from bytemtp import speed
+    from bytemtp.decoding import speed
 
     # the modes take turns, plain first, once a round: plain takes 0.2 s then 0.6 s, speculative
     # 0.25 s then 0.4 s, so the speedup is 0.8 / 0.65 (total over total; the mean of the ratios

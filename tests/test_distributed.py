@@ -23,8 +23,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bytemtp import distributed as dist_lib
-from bytemtp.checkpoint import latest_checkpoint
+from bytemtp.runtime import distributed as dist_lib
+from bytemtp.runtime.checkpoint import latest_checkpoint
 
 # the torchrun tests and the compiling test share one test process, so that they never run at once
 # on a 2-core machine (ranks starved by a compile beside them have failed at exit)

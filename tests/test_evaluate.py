@@ -11,14 +11,14 @@ import torch
 from click.testing import CliRunner
 
 from bytemtp import config as C
-from bytemtp.checkpoint import load_model, save_checkpoint
 from bytemtp.config import DataConfig
-from bytemtp.corpus import CorpusError
-from bytemtp.evaluate import evaluate
-from bytemtp.loader import ByteLoader
-from bytemtp.loss import IGNORE, future_targets
-from bytemtp.model import ByteMTP
-from bytemtp.train import train
+from bytemtp.data.loader import ByteLoader
+from bytemtp.data.shards import CorpusError
+from bytemtp.evaluation.evaluate import evaluate
+from bytemtp.model.loss import IGNORE, future_targets
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.checkpoint import load_model, save_checkpoint
+from bytemtp.training.train import train
 from bytemtp_cli.main import main
 
 
@@ -87,7 +87,7 @@ def test_acceptance_profile_equals_a_position_by_position_count(code_corpus):
 def test_a_model_trained_to_copy_gets_drafts_right(code_corpus):
     """A trained model's heads must be right more often than an untrained one's: the profile
     measures the model, not the data alone."""
-    from bytemtp.step import forward_backward
+    from bytemtp.training.step import forward_backward
 
     model = _model(seed=5).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

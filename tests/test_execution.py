@@ -1,5 +1,5 @@
-"""The guard of a child process (bytemtp.guard) in the test process where that is safe, and
-bytemtp.execution's child end to end: its limits, what it disables, what its audit hook refuses
+"""The guard of a child process (bytemtp.evaluation.guard) in the test process where that is safe, and
+bytemtp.evaluation.execution's child end to end: its limits, what it disables, what its audit hook refuses
 and says, and what it imports. The escapes themselves, under both sandboxes, are in
 tests/test_sandbox.py."""
 
@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from bytemtp import execution, guard
-from bytemtp.execution import DID_NOT_PARSE, FAILED, PASSED, Isolation, Sandbox, run_program
+from bytemtp.evaluation import execution, guard
+from bytemtp.evaluation.execution import Isolation, Sandbox, run_program
+from bytemtp.evaluation.guard import DID_NOT_PARSE, FAILED, PASSED
 
 WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
 GUARD = Isolation(Sandbox.GUARD, allow_unsandboxed=True)  # the guard alone: its messages name host paths

@@ -19,11 +19,11 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from bytemtp import config as C
-from bytemtp import remote_code
-from bytemtp.checkpoint import CheckpointError, load_model, save_checkpoint
-from bytemtp.decode import generate
-from bytemtp.export import export_hf
-from bytemtp.model import ByteMTP
+from bytemtp.decoding.decode import generate
+from bytemtp.interop import remote_code
+from bytemtp.interop.export import export_hf
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.checkpoint import CheckpointError, load_model, save_checkpoint
 from bytemtp.vocab import BOS, EOS, PAD, VOCAB_SIZE
 from bytemtp_cli.export import export_cmd
 
@@ -125,7 +125,7 @@ def test_remote_code_never_imports_bytemtp():
 @pytest.mark.slow  # a fresh interpreter imports torch
 def test_export_needs_no_transformers(tmp_path):
     save_run(tmp_path / "run", make_config())
-    code = ("import sys; from bytemtp.export import export_hf; "
+    code = ("import sys; from bytemtp.interop.export import export_hf; "
             f"export_hf({str(tmp_path / 'run')!r}, {str(tmp_path / 'hf')!r}); print('transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -147,7 +147,7 @@ def test_bytemtp_loads_the_export_back(exports, tmp_path):
 
 
 def test_a_failed_export_leaves_nothing(exports, tmp_path, monkeypatch):
-    from bytemtp import export
+    from bytemtp.interop import export
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from bytemtp import config as C
-from bytemtp.flops import step_flops
-from bytemtp.model import ByteMTP
+from bytemtp.model.flops import step_flops
+from bytemtp.model.model import ByteMTP
 
 
 @pytest.mark.parametrize("unembed", ["replicated", "shared"])

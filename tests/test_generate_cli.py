@@ -9,13 +9,13 @@ import re
 import pytest
 import torch
 from click.testing import CliRunner
-
-from bytemtp import decode
-from bytemtp.checkpoint import load_model, save_checkpoint
-from bytemtp.config import tiny
-from bytemtp.model import ByteMTP
-from bytemtp_cli.main import main
 from test_speculative import FITTED, _fitted_model
+
+from bytemtp.config import tiny
+from bytemtp.decoding import decode
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.checkpoint import load_model, save_checkpoint
+from bytemtp_cli.main import main
 
 
 def run(*args):
@@ -175,7 +175,7 @@ def test_prompts_carry_any_bytes_in_base64_and_any_length(ckpt, tmp_path):
 @pytest.mark.slow
 def test_bench_decode_checks_identity_and_writes_keys(ckpt, tmp_path, monkeypatch):
     import bytemtp.bench
-    from bytemtp import speed
+    from bytemtp.decoding import speed
 
     # every timed call decodes for real but takes the seconds given here: 1 to 5 ms in turn, so
     # that the runs of a mode differ (5 is prime to the 7 modes of a round); one list per batch size
@@ -224,7 +224,7 @@ def test_bench_decode_checks_identity_and_writes_keys(ckpt, tmp_path, monkeypatc
 
 @pytest.mark.slow
 def test_bench_all_writes_one_json(ckpt, code_corpus, tmp_path, monkeypatch):
-    from bytemtp import speed
+    from bytemtp.decoding import speed
 
     # every timed decode takes 1 ms: an untrained model's speedup, measured on a busy machine,
     # could pass for impossible (above its bytes per pass) and stop the benchmark
@@ -254,12 +254,12 @@ def test_a_bad_device_is_the_line_train_gives(ckpt, command):
 
 @pytest.mark.parametrize("command", [("eval",), ("eval-task", "poly"), ("bench", "decode")])
 def test_an_unwritable_json_path_stops_before_the_work(ckpt, tmp_path, monkeypatch, command):
-    import bytemtp.checkpoint
+    import bytemtp.runtime.checkpoint
 
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded before the output path was checked")
 
-    monkeypatch.setattr(bytemtp.checkpoint, "load_model", never)
+    monkeypatch.setattr(bytemtp.runtime.checkpoint, "load_model", never)
     res = run(*command, "--ckpt", ckpt, "--json", tmp_path / "missing-folder" / "e.json")
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert "missing-folder does not exist" in res.output and len(res.output.strip().splitlines()) == 1

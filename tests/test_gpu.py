@@ -7,11 +7,12 @@ import dataclasses
 
 import pytest
 import torch
+from test_speculative import _SONGS, FITTED, _fitted_model
 
 from bytemtp import config as C
-from bytemtp.model import ByteMTP, KVCache
-from bytemtp.step import forward_backward, plain_forward_backward
-from test_speculative import _SONGS, FITTED, _fitted_model
+from bytemtp.model.kvcache import KVCache
+from bytemtp.model.model import ByteMTP
+from bytemtp.training.step import forward_backward, plain_forward_backward
 
 pytestmark = pytest.mark.gpu
 
@@ -87,7 +88,7 @@ def test_stacked_heads_and_per_row_cache_on_cuda():
 
 
 def test_batched_decoding_on_cuda_with_a_cuda_generator():
-    from bytemtp import decode
+    from bytemtp.decoding import decode
 
     model = _model(C.tiny().model).eval()
     prompts = [b"", b"def ", b"x" * 20]
@@ -103,7 +104,7 @@ def test_batched_decoding_on_cuda_with_a_cuda_generator():
 def test_tree_and_automatic_drafts_equal_plain_greedy_on_cuda():
     """On a model fitted to songs, whose drafts are often right (an untrained model's never are),
     so that trees, chains and the automatic choice accept drafts, eager and compiled."""
-    from bytemtp import decode
+    from bytemtp.decoding import decode
 
     model = copy.deepcopy(_fitted_model(0, "transformer")).cuda()  # float64; the shared one stays on the CPU
     prompts = [b"", b"one t", (b"".join(_SONGS) * 2)[:80]]  # the last one slides the window (context 64)

@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness model (bytemtp.harness), held against the model's own scores and plain
+"""The lm-evaluation-harness model (bytemtp.interop.harness), held against the model's own scores and plain
 greedy decoding, through lm-eval's simple_evaluate on local tasks, and through `bytemtp lm-eval`."""
 
 import json
@@ -10,10 +10,10 @@ import torch
 from click.testing import CliRunner
 
 from bytemtp import config as C
-from bytemtp.checkpoint import save_checkpoint
-from bytemtp.decode import generate
-from bytemtp.likelihood import loglikelihoods
-from bytemtp.model import ByteMTP
+from bytemtp.decoding.decode import generate
+from bytemtp.evaluation.likelihood import loglikelihoods
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.checkpoint import save_checkpoint
 from bytemtp_cli.main import main
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # tasks read local JSON only
@@ -22,9 +22,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def test_without_lm_eval_the_error_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "lm_eval", None)
-    monkeypatch.delitem(sys.modules, "bytemtp.harness", raising=False)
+    monkeypatch.delitem(sys.modules, "bytemtp.interop.harness", raising=False)
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'bytemtp\[harness\]'"):
-        import bytemtp.harness  # noqa: F401
+        import bytemtp.interop.harness  # noqa: F401
     result = CliRunner().invoke(main, ["lm-eval", "--model", "bytemtp", "--tasks", "x"])
     assert result.exit_code == 1 and "bytemtp[harness]" in result.output and "Traceback" not in result.output
 
@@ -62,7 +62,7 @@ def _evaluate(root, tasks, **kw):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    import bytemtp.harness  # noqa: F401  (registers the model)
+    import bytemtp.interop.harness  # noqa: F401  (registers the model)
 
     manager = TaskManager(include_path=str(root / "tasks"), include_defaults=False)
     return lm_eval.simple_evaluate(model="bytemtp", model_args=f"ckpt={root / 'run'},device=cpu,dtype=float32,batch_size=8",
@@ -107,7 +107,7 @@ def _requests(*args):
 
 @pytest.mark.slow
 def test_generation_settings_sampling_and_limits(harness_run):
-    from bytemtp.harness import ByteMTPLM
+    from bytemtp.interop.harness import ByteMTPLM
 
     root, model, _ = harness_run
     lm = ByteMTPLM.create_from_arg_string(f"ckpt={root / 'run'},device=cpu,batch_size=2,seed=7")
@@ -125,7 +125,7 @@ def test_generation_settings_sampling_and_limits(harness_run):
 
 @pytest.mark.slow
 def test_model_args_win_over_lm_evals_defaults_and_errors_are_one_line(harness_run, tmp_path):
-    from bytemtp.harness import ByteMTPLM
+    from bytemtp.interop.harness import ByteMTPLM
 
     root, _, _ = harness_run
     lm = ByteMTPLM.create_from_arg_string(f"ckpt={root / 'run'},batch_size=8",

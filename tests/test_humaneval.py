@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from bytemtp import config as C
-from bytemtp import execution
-from bytemtp import humaneval as he
-from bytemtp.execution import DID_NOT_PARSE, FAILED, PASSED, TIMED_OUT, Isolation, IsolationError, Sandbox, run_programs
-from bytemtp.model import ByteMTP
+from bytemtp.evaluation import execution
+from bytemtp.evaluation import humaneval as he
+from bytemtp.evaluation.execution import TIMED_OUT, Isolation, IsolationError, Sandbox, run_programs
+from bytemtp.evaluation.guard import DID_NOT_PARSE, FAILED, PASSED
+from bytemtp.model.model import ByteMTP
 
 # bubblewrap where it works, else the guard alone: what these tests check does not depend on it
 ANY = Isolation(allow_unsandboxed=True)

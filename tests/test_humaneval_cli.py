@@ -8,10 +8,10 @@ import torch
 from click.testing import CliRunner
 from test_humaneval import TOY, _bigram_model
 
-from bytemtp import execution
-from bytemtp.checkpoint import save_checkpoint
 from bytemtp.config import tiny
-from bytemtp.model import ByteMTP
+from bytemtp.evaluation import execution
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.checkpoint import save_checkpoint
 from bytemtp_cli.main import main
 
 
@@ -106,12 +106,12 @@ def test_the_bundled_problems_with_a_few_bytes_each(runs, one_thread, tmp_path):
     (("--compare", "--temperature", 0.5), "--compare times greedy decoding"),
 ])
 def test_user_errors_are_one_line_before_the_model_loads(runs, tmp_path, monkeypatch, args, message):
-    import bytemtp.checkpoint
+    import bytemtp.runtime.checkpoint
 
     def never(*a, **kw):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(bytemtp.checkpoint, "load_model", never)
+    monkeypatch.setattr(bytemtp.runtime.checkpoint, "load_model", never)
     (tmp_path / "bad.jsonl").write_text(json.dumps({"task_id": "a", "prompt": "", "entry_point": "f"}) + "\n")
     res = run("--ckpt", runs / "bigram", *[str(a).format(tmp=tmp_path) for a in args])
     assert res.exit_code in (1, 2) and "Traceback" not in res.output and message in res.output
@@ -134,12 +134,12 @@ def test_bad_numbers_are_refused_by_name(runs):
     (("--sandbox", "guard"), "sandbox guard runs programs with the guard alone, which is not a security boundary"),
 ])
 def test_without_bubblewrap_nothing_runs_unless_the_command_allows_it(runs, monkeypatch, args, message):
-    import bytemtp.checkpoint
+    import bytemtp.runtime.checkpoint
 
     def never(*a, **kw):
         raise AssertionError("the model was loaded before the isolation was settled")
 
-    monkeypatch.setattr(bytemtp.checkpoint, "load_model", never)
+    monkeypatch.setattr(bytemtp.runtime.checkpoint, "load_model", never)
     monkeypatch.setattr(execution, "bwrap_problem", lambda: execution.NOT_INSTALLED)
     res = run("--ckpt", runs / "bigram", "--problems", runs / "toy.jsonl", *args, allow=False)
     assert res.exit_code == 1 and "Traceback" not in res.output and message in res.output
@@ -173,7 +173,7 @@ def test_programs_run_under_bubblewrap_by_default_and_the_report_says_so(runs, o
 
 
 def test_ctrl_c_stops_with_status_130_and_writes_nothing(runs, tmp_path, monkeypatch):
-    from bytemtp import humaneval
+    from bytemtp.evaluation import humaneval
 
     def interrupted(*a, progress, **kw):
         progress("decode", 0, 2)

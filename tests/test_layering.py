@@ -1,4 +1,8 @@
-"""Keeps the layering of DESIGN.md: lower layers never import higher ones, nothing imports the CLI."""
+"""Keeps the layering of DESIGN.md: a module imports only its own floor or lower ones, nothing
+imports the CLI, and a name is imported from the module that defines it (no re-export facades).
+
+A floor is a subpackage of bytemtp or a module at its root; the floors' order is the folder's
+(bytemtp/__init__.py draws it)."""
 
 import ast
 import pathlib
@@ -6,54 +10,102 @@ import pathlib
 import bytemtp
 
 PACKAGE = pathlib.Path(bytemtp.__file__).parent
+ROOT = PACKAGE.parent
 
-# a module may import bytemtp modules of a strictly lower layer only
-LAYER = {
-    "config": 0, "vocab": 0, "generation": 0.5, "shards": 0.75,
-    "kvcache": 0.5, "devices": 0.5,
-    "model": 1, "drafting": 1, "sampling": 1, "loss": 1, "corpus": 1, "prep": 1.5, "compiled": 1.5,
-    "step": 2, "rollout": 2, "tasks": 2, "checkpoint": 2, "loader": 2, "decode": 2, "distributed": 2, "flops": 2,
-    "likelihood": 2, "evaluate": 2.5, "runs": 2.5, "speed": 2.5, "train": 3, "plot": 4, "harness": 4, "export": 3,
-    "bench": 4,
-    "guard": 0, "execution": 0.5, "humaneval": 3, "remote_code": 0,
+FLOOR = {
+    "config": 0, "vocab": 0,
+    "data": 1,
+    "model": 2,
+    "runtime": 3,
+    "decoding": 4,
+    "evaluation": 5,
+    "training": 6,
+    "interop": 7,
+    "bench": 8,
 }
-NO_TORCH = {"config", "vocab", "execution", "guard"}
+# run or shipped on their own: they import nothing from bytemtp
+STANDALONE = {"evaluation.guard", "interop.remote_code"}
+NO_TORCH = {"config", "vocab", "evaluation.execution", "evaluation.guard"}
 
 
-def _imports(path: pathlib.Path) -> set[str]:
+def _imports(path: pathlib.Path, package: pathlib.Path = PACKAGE) -> set[str]:
+    """Dotted names a module imports (a `from X import name` gives X.name as well as X)."""
     names = set()
+    # the dotted package the module lives in, for relative imports: bytemtp/data/loader.py -> bytemtp.data
+    here = [package.name, *path.parent.relative_to(package).parts]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative import inside the package
-                base = f"bytemtp.{node.module}" if node.module else "bytemtp"
-                names |= {base} if node.module else {f"bytemtp.{a.name}" for a in node.names}
-            elif node.module == "bytemtp":
-                names |= {f"bytemtp.{a.name}" for a in node.names}
-            else:
-                names.add(node.module)
+            module = node.module or ""
+            if node.level:
+                module = ".".join(here[: len(here) - node.level + 1] + ([module] if module else []))
+            names.add(module)
+            names |= {f"{module}.{a.name}" for a in node.names}
     return names
 
 
-def _modules():
-    return {p.stem: p for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+def _modules(package: pathlib.Path = PACKAGE) -> dict[str, pathlib.Path]:
+    """Every module of the package by dotted name below it ("decoding.decode", "config")."""
+    return {".".join(p.relative_to(package).with_suffix("").parts): p for p in package.rglob("*.py")
+            if p.name != "__init__.py" or p.parent != package}
 
 
-def test_every_module_has_a_layer():
-    missing = set(_modules()) - set(LAYER)
-    assert not missing, f"give these modules a layer in tests/test_layering.py: {sorted(missing)}"
+def _floor_of(name: str) -> str:
+    return name.split(".")[0]
 
 
-def test_lower_layers_never_import_higher_ones():
-    for name, path in _modules().items():
-        for imp in _imports(path):
-            if not imp.startswith("bytemtp."):
+def layering_faults(package: pathlib.Path = PACKAGE, floors: dict[str, int] = FLOOR) -> list[str]:
+    """What breaks the floors in `package`: a module that imports a higher floor, a floor that is
+    not placed, or a standalone module that imports the package."""
+    faults = []
+    top = package.name
+    for name, path in _modules(package).items():
+        floor = _floor_of(name)
+        if floor not in floors:
+            faults.append(f"{top}.{name} is on no floor: give `{floor}` one in tests/test_layering.py")
+            continue
+        standalone = next((s for s in STANDALONE if name == s or name.startswith(s + ".")), None)
+        for imp in sorted(_imports(path, package)):
+            parts = imp.split(".")
+            if parts[0] != top or len(parts) < 2 or parts[1] not in floors:
                 continue
-            dep = imp.split(".")[1]
-            assert dep in LAYER, f"{name} imports unknown module {imp}"
-            assert LAYER[dep] < LAYER[name] or (dep == name), (
-                f"bytemtp.{name} (layer {LAYER[name]}) imports bytemtp.{dep} (layer {LAYER[dep]})")
+            if standalone and not imp.startswith(f"{top}.{standalone}"):
+                faults.append(f"{top}.{name} runs on its own but imports {imp}")
+            elif parts[1] != floor and floors[parts[1]] >= floors[floor]:
+                faults.append(f"{top}.{name} (floor {floors[floor]}) imports {top}.{parts[1]} (floor {floors[parts[1]]})")
+    return sorted(set(faults))
+
+
+def test_every_floor_is_a_whole_number_in_the_folders_order():
+    assert all(isinstance(f, int) for f in FLOOR.values())
+    on_disk = {p.stem for p in PACKAGE.iterdir() if (p.suffix == ".py" and p.stem != "__init__")
+               or (p.is_dir() and (p / "__init__.py").exists())}
+    assert on_disk == set(FLOOR), f"floors and folders differ: {sorted(on_disk ^ set(FLOOR))}"
+
+
+def test_lower_floors_never_import_higher_ones():
+    assert layering_faults() == []
+
+
+def test_the_check_fails_when_a_lower_floor_imports_a_higher_one(tmp_path):
+    pkg = tmp_path / "bytemtp"
+    for sub in ("data", "training"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "config.py").write_text("")
+    (pkg / "training" / "train.py").write_text("from bytemtp.data.loader import ByteLoader\nfrom bytemtp import config\n")
+    (pkg / "data" / "loader.py").write_text("from bytemtp.config import Config\n")
+    floors = {"config": 0, "data": 1, "training": 6}
+    assert layering_faults(pkg, floors) == []
+    (pkg / "data" / "loader.py").write_text("from bytemtp.config import Config\nfrom bytemtp.training import train\n")
+    assert layering_faults(pkg, floors) == ["bytemtp.data.loader (floor 1) imports bytemtp.training (floor 6)"]
+    (pkg / "data" / "loader.py").write_text("from ..training.train import run\n")
+    assert layering_faults(pkg, floors) == ["bytemtp.data.loader (floor 1) imports bytemtp.training (floor 6)"]
+    (pkg / "extra").mkdir()
+    (pkg / "extra" / "x.py").write_text("")
+    assert "bytemtp.extra.x is on no floor: give `extra` one in tests/test_layering.py" in layering_faults(pkg, floors)
 
 
 def test_nothing_imports_the_cli_and_config_needs_no_torch():
@@ -62,6 +114,78 @@ def test_nothing_imports_the_cli_and_config_needs_no_torch():
         assert not any(i.split(".")[0] in ("cli", "bytemtp_cli") for i in imports), name
         if name in NO_TORCH | {"__init__"}:
             assert not any(i.split(".")[0] in ("torch", "numpy") for i in imports), name
+
+
+def _defined(path: pathlib.Path) -> set[str]:
+    """Names a module defines at its top level (not the ones it imports)."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.If, ast.Try)):
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.FunctionDef, ast.ClassDef)):
+                    names.add(sub.name)
+                elif isinstance(sub, ast.Assign):
+                    names |= {n.id for t in sub.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def _module_file(dotted: str) -> pathlib.Path | None:
+    parts = dotted.split(".")
+    path = ROOT.joinpath("cli" if parts[0] == "bytemtp_cli" else parts[0], *parts[1:])
+    if path.is_dir():  # a package: its __init__ defines what it has besides its modules
+        path = path / "__init__"
+    return path.with_suffix(".py") if path.with_suffix(".py").exists() else None
+
+
+def facade_imports(files, *, attributes: bool = True) -> list[str]:
+    """Names taken from a bytemtp module that does not define them (it imports them itself):
+    `from bytemtp.X import name`, and (with `attributes`) `mod.name` where `mod` is a bytemtp
+    module imported whole. Tests read or patch names where they are used, so theirs are not
+    checked for attributes."""
+    faults = []
+    for path in files:
+        tree = ast.parse(path.read_text())
+        whole = {}  # local name -> dotted module, for modules imported whole
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                whole |= {a.asname: a.name for a in node.names if a.asname and a.name.startswith("bytemtp.")}
+            if not (isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("bytemtp")):
+                continue
+            for a in node.names:
+                dotted = f"{node.module}.{a.name}"
+                if _module_file(dotted):
+                    whole[a.asname or a.name] = dotted
+                elif (source := _module_file(node.module)) is None or a.name not in _defined(source):
+                    faults.append(f"{path.name}:{node.lineno} imports {a.name} from {node.module}, which does not "
+                                  "define it")
+        defined = {local: _defined(f) for local, dotted in whole.items() if attributes and (f := _module_file(dotted))}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in defined
+                    and node.attr not in defined[node.value.id] and not node.attr.startswith("__")):
+                faults.append(f"{path.name}:{node.lineno} uses {node.value.id}.{node.attr}, which "
+                              f"{whole[node.value.id]} does not define")
+    return faults
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it():
+    assert facade_imports([*PACKAGE.rglob("*.py"), *(ROOT / "cli").rglob("*.py")]) == []
+    assert facade_imports((ROOT / "tests").rglob("*.py"), attributes=False) == []
+
+
+def test_the_facade_check_fails_on_a_re_exported_name(tmp_path):
+    user = tmp_path / "user.py"
+    user.write_text("from bytemtp.model.model import ByteMTP\nfrom bytemtp.data import loader\n")
+    assert facade_imports([user]) == []
+    user.write_text("from bytemtp.training.train import ByteMTP\n")  # train imports it from model.model
+    assert facade_imports([user]) == ["user.py:1 imports ByteMTP from bytemtp.training.train, which does not define it"]
+    user.write_text("from bytemtp.training import train\ntrain.ByteMTP\ntrain.train\n")
+    assert facade_imports([user]) == ["user.py:2 uses train.ByteMTP, which bytemtp.training.train does not define"]
 
 
 def test_import_of_the_package_has_no_torch_side_effect():

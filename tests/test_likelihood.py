@@ -1,4 +1,4 @@
-"""Byte log-likelihoods (bytemtp.likelihood), held against references: a full forward pass position
+"""Byte log-likelihoods (bytemtp.evaluation.likelihood), held against references: a full forward pass position
 by position, and `bytemtp eval`'s sums over the same bytes."""
 
 
@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from bytemtp import config as C
-from bytemtp.checkpoint import save_checkpoint
-from bytemtp.decode import generate
-from bytemtp.evaluate import evaluate
-from bytemtp.likelihood import loglikelihoods, n_windows, rolling_loglikelihoods, windows
-from bytemtp.loss import LN2
-from bytemtp.model import ByteMTP
+from bytemtp.decoding.decode import generate
+from bytemtp.evaluation.evaluate import evaluate
+from bytemtp.evaluation.likelihood import loglikelihoods, n_windows, rolling_loglikelihoods, windows
+from bytemtp.model.loss import LN2
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.checkpoint import save_checkpoint
 from bytemtp.vocab import EOS
+
 
 def _model(seq_len=32, n_future=4, seed=0):
     cfg = dataclasses.replace(C.tiny().model, n_future=n_future, seq_len=seq_len)

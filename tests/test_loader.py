@@ -9,11 +9,11 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bytemtp import loader as L
 from bytemtp.config import DataConfig, ModelConfig
-from bytemtp.corpus import CorpusError, corpus_files
-from bytemtp.prep import prepare
-from bytemtp.shards import ShardWriter
+from bytemtp.data import loader as L
+from bytemtp.data.corpus import corpus_files
+from bytemtp.data.prep import prepare
+from bytemtp.data.shards import CorpusError, ShardWriter
 from bytemtp.vocab import EOS
 
 

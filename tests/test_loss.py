@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from bytemtp.loss import IGNORE, Teacher, future_targets, head_loss, mtp_loss
+from bytemtp.model.loss import IGNORE, Teacher, future_targets, head_loss, mtp_loss
 from bytemtp.vocab import EOS, PAD
 
 X = IGNORE

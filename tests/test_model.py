@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from bytemtp import config as C
-from bytemtp.model import ByteMTP, KVCache
+from bytemtp.model.kvcache import KVCache
+from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import VOCAB_SIZE
 
 HEAD_TYPES = ["transformer", "linear", "causal"]
@@ -199,7 +200,7 @@ def test_a_tree_pass_equals_each_branch_as_a_chain(head_type, rows):
     """A tree of candidates in one pass (tree mask, per-node rotary positions) gives each node
     the logits of its branch fed as a plain chain; after compacting the accepted path the cache
     equals the cache of that path, and decoding goes on from it exactly."""
-    from bytemtp.kvcache import Layout
+    from bytemtp.model.kvcache import Layout
 
     model = tiny_model(head_type=head_type, n_future=3).double().eval()
     stacked = model.stack_heads()

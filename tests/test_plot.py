@@ -12,9 +12,9 @@ import torch
 from click.testing import CliRunner
 
 from bytemtp import config as C
-from bytemtp import plot
-from bytemtp.checkpoint import save_checkpoint
-from bytemtp.model import ByteMTP
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.checkpoint import save_checkpoint
+from bytemtp.training import plot
 from bytemtp_cli.main import main
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -90,8 +90,8 @@ def _assert_profile(axes, result):
 
 def _evaluated(run, batches):
     """What plot's evaluation finds: `bytemtp eval` of the run's model on its held-out split."""
-    from bytemtp.checkpoint import load_model
-    from bytemtp.evaluate import evaluate
+    from bytemtp.evaluation.evaluate import evaluate
+    from bytemtp.runtime.checkpoint import load_model
 
     model, cfg = load_model(run)
     result = evaluate(model, cfg.data.path, split="val", batches=batches)

@@ -22,12 +22,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import bytemtp.train as train_lib
+import bytemtp.training.train as train_lib
 from bytemtp import config as config_lib
-from bytemtp import distributed as dist_lib
-from bytemtp import runs
-from bytemtp.checkpoint import latest_checkpoint
-from bytemtp.loader import ByteLoader
+from bytemtp.data.loader import ByteLoader
+from bytemtp.runtime import distributed as dist_lib
+from bytemtp.runtime.checkpoint import latest_checkpoint
+from bytemtp.training import runs
 from bytemtp_cli.main import main
 
 

@@ -25,8 +25,8 @@ import uuid
 
 import pytest
 
-from bytemtp import execution, guard
-from bytemtp.execution import Isolation, IsolationError, Sandbox, bwrap_argv, run_program
+from bytemtp.evaluation import execution, guard
+from bytemtp.evaluation.execution import Isolation, IsolationError, Sandbox, bwrap_argv, run_program
 
 SECRET = f"secret-{uuid.uuid4().hex}"
 BWRAP_PROBLEM = execution.bwrap_problem()

@@ -21,14 +21,14 @@ from typing import Callable
 
 import pytest
 import torch
-
-from bytemtp import decode
-from bytemtp.config import ModelConfig
-from bytemtp.drafting import TREE_RANKS, Draft, PassCosts
-from bytemtp.kvcache import attend
-from bytemtp.model import ByteMTP
-from bytemtp.vocab import EOS, VOCAB_SIZE
 from test_speculative import _SONGS, FITTED, _fitted_model
+
+from bytemtp.config import ModelConfig
+from bytemtp.decoding import decode
+from bytemtp.decoding.drafting import TREE_RANKS, Draft, PassCosts
+from bytemtp.model.kvcache import attend
+from bytemtp.model.model import ByteMTP
+from bytemtp.vocab import EOS, VOCAB_SIZE
 
 CONTEXT = 8  # tokens of context that say where in which document a node stands
 UNKNOWN = ord("?")  # what a node predicts from a context no document holds

@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bytemtp import config as C
-from bytemtp import decode
-from bytemtp.drafting import Draft, PassCosts
-from bytemtp.model import ByteMTP
+from bytemtp.decoding import decode
+from bytemtp.decoding.drafting import Draft, PassCosts
+from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import EOS, VOCAB_SIZE
 
 # Tests that share the fitted models (made once a process) run on one test worker.
@@ -125,7 +125,7 @@ def _fitted_model(seed: int, head_type: str) -> ByteMTP:
     often, but not always, accepted (an untrained model's drafts never are)."""
     key = (seed, head_type)
     if key not in _MODELS:
-        from bytemtp.step import forward_backward
+        from bytemtp.training.step import forward_backward
 
         cfg = dataclasses.replace(C.tiny().model, head_type=head_type)
         model = ByteMTP(cfg)

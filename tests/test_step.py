@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from bytemtp import config as C
-from bytemtp.evaluate import evaluate
-from bytemtp.model import ByteMTP
-from bytemtp.step import forward_backward, plain_forward_backward
-from bytemtp.train import set_trainable
+from bytemtp.evaluation.evaluate import evaluate
+from bytemtp.model.model import ByteMTP
+from bytemtp.training.step import forward_backward, plain_forward_backward
+from bytemtp.training.train import set_trainable
 from bytemtp.vocab import EOS
 
 

@@ -11,13 +11,12 @@ import torch
 from click.testing import CliRunner
 
 from bytemtp import config as C
-from bytemtp import tasks as T
-from bytemtp.checkpoint import save_checkpoint
-from bytemtp.corpus import iter_documents, corpus_files
-from bytemtp.evaluate import task_accuracy
-from bytemtp.model import ByteMTP
+from bytemtp.data.corpus import corpus_files, iter_documents
+from bytemtp.evaluation import tasks as T
+from bytemtp.evaluation.evaluate import task_accuracy
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.checkpoint import save_checkpoint
 from bytemtp_cli.main import main
-
 
 # --- an independent reference: parse the text, compute with dicts of power -> coefficient ---------
 
@@ -122,7 +121,7 @@ def test_sets_are_fixed_by_their_seeds():
 
 
 def test_task_accuracy_counts_exact_matches(monkeypatch):
-    from bytemtp import decode
+    from bytemtp.decoding import decode
 
     test = T.test_set(5, range(1, 3))
     model = ByteMTP(dataclasses.replace(C.small().model, n_layers=10, d_model=32, n_attn_heads=2))
@@ -207,7 +206,7 @@ def test_induction_sets_are_fixed_by_their_seeds():
 
 
 def test_induction_accuracy_scores_the_second_part_only(monkeypatch):
-    from bytemtp import decode
+    from bytemtp.decoding import decode
 
     test = T.induction_test_set(20)
     model = ByteMTP(dataclasses.replace(C.small().model, n_layers=10, d_model=32, n_attn_heads=2))
@@ -267,7 +266,7 @@ def test_answer_scores_equal_a_problem_by_problem_count(until_eos):
     """Teacher-forced answer scores, batched with padding, against each problem scored alone."""
     import math
 
-    from bytemtp.evaluate import task_answer_scores
+    from bytemtp.evaluation.evaluate import task_answer_scores
     from bytemtp.vocab import EOS
 
     model = ByteMTP(dataclasses.replace(C.small().model, n_layers=10, d_model=32, n_attn_heads=2,
@@ -295,7 +294,7 @@ def test_answer_scores_equal_a_problem_by_problem_count(until_eos):
 def test_eval_task_says_when_its_window_slides(tmp_path):
     """Poly decodes up to ANSWER_MAX_BYTES after the prompt: with a context one byte short of that
     the window slides (and the run says so), and one that fits runs without a note."""
-    from bytemtp.evaluate import ANSWER_MAX_BYTES, task_context
+    from bytemtp.evaluation.evaluate import ANSWER_MAX_BYTES, task_context
 
     test = T.test_set(5, range(10, 11))
     need = task_context(test)
@@ -312,7 +311,7 @@ def test_eval_task_says_when_its_window_slides(tmp_path):
 
 
 def test_write_corpus_is_the_task_corpus_command(tmp_path):
-    from bytemtp.corpus import read_manifest
+    from bytemtp.data.shards import read_manifest
 
     manifest = T.write_corpus("poly", tmp_path / "poly", documents=100, operations=(2, 2), seed=3)
     assert manifest == read_manifest(tmp_path / "poly")

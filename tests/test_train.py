@@ -26,13 +26,15 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-import bytemtp.train as train_lib
+import bytemtp.training.train as train_lib
 from bytemtp import config as config_lib
-from bytemtp import prep, runs
-from bytemtp.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_train_state
 from bytemtp.config import TrainConfig
-from bytemtp.model import ByteMTP
-from bytemtp_cli.main import main, parse_duration, parse_size
+from bytemtp.data import prep
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_train_state
+from bytemtp.training import runs
+from bytemtp_cli.main import main
+from bytemtp_cli.options import parse_duration, parse_size
 
 BATCH = 4
 SEQ_LEN = 64  # the tiny preset's
@@ -383,14 +385,14 @@ def test_a_failed_final_save_is_an_error(tmp_path, corpus_dir, monkeypatch):
 def test_a_full_disk_at_the_final_save_is_one_line(tmp_path, corpus_dir, short_run, monkeypatch):
     import errno
 
-    import bytemtp.checkpoint
+    import bytemtp.runtime.checkpoint
 
     def full(tensors, filename, metadata=None):
         with open(filename, "wb") as f:
             f.write(b"\x10\x00")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(bytemtp.checkpoint, "save_file", full)
+    monkeypatch.setattr(bytemtp.runtime.checkpoint, "save_file", full)
     res = cli("--resume", short_run, "--steps", 3)
     assert res.exit_code == 1 and "Traceback" not in res.output
     errors = [line for line in res.stderr.splitlines() if "Error" in line]  # the progress bar goes there too

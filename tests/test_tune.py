@@ -9,8 +9,8 @@ import torch
 from click.testing import CliRunner
 
 from bytemtp import config as C
-from bytemtp.checkpoint import load_model
-from bytemtp.train import train
+from bytemtp.runtime.checkpoint import load_model
+from bytemtp.training.train import train
 from bytemtp_cli.main import main
 
 
@@ -116,8 +116,8 @@ def test_a_run_starts_from_weights_of_the_same_model_only(source, code_corpus, t
 
 
 def test_a_greedy_rollout_is_head_1s_greedy_continuation_position_by_position():
-    from bytemtp.model import ByteMTP
-    from bytemtp.rollout import greedy_rollout
+    from bytemtp.model.model import ByteMTP
+    from bytemtp.training.rollout import greedy_rollout
     from bytemtp.vocab import EOS, PAD
 
     cfg = C.apply_overrides(C.tiny(), ["model.n_future=4"]).model
@@ -161,7 +161,7 @@ def prose_source(tmp_path_factory):
     import sysconfig
     from pathlib import Path
 
-    from bytemtp.prep import prepare
+    from bytemtp.data.prep import prepare
 
     root = tmp_path_factory.mktemp("stdlib")
     (root / "src").mkdir()

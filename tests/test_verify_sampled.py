@@ -20,13 +20,12 @@ from collections import defaultdict
 
 import pytest
 import torch
-
-from bytemtp import decode, sampling
-from bytemtp.drafting import Draft
-from bytemtp.kvcache import window_start
-from bytemtp.vocab import EOS
 from test_speculative import MarkovModel, _chi2_critical, _sampling
 
+from bytemtp.decoding import decode, sampling
+from bytemtp.decoding.drafting import Draft
+from bytemtp.model.kvcache import window_start
+from bytemtp.vocab import EOS
 
 # --- one verify step, enumerated exactly --------------------------------------------------------
 

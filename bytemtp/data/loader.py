@@ -1,0 +1,534 @@
+"""Streaming loader: documents from a corpus, packed into byte windows, shuffled, batched, resumable.
+
+The pipeline is a chain of two small stages, each with a plain-dict state that rebuilds it at
+the same position:
+
+- `DocumentStream` walks the corpus files in an order shuffled every epoch from the seed (the
+  same order in every reader) and numbers the records it meets (documents of prepared shards, JSONL
+  lines, whole raw files) in that order. Reader g of G (g = rank x workers + worker) keeps the
+  records whose number is g mod G, so one epoch hands every record to exactly one reader whatever
+  the number of files, ranks and workers, and the readers' shares differ by one record at most. It
+  hands out ids: each document's bytes followed by EOS. Prepared (format 2) shards take the fast
+  path, with no per-document Python work: a shard's index gives every boundary, so whole 1 MiB
+  frames are decoded as numpy arrays (in threads, three frames ahead), the reader's bytes selected
+  and EOS placed by vectorised operations, and frames holding nothing of the reader's are never
+  read. Other files are read a document at a time: every reader decompresses and splits them, but
+  parses only its own lines. Its position is (epoch, file, position within the file, record
+  number): a frame and the ids of it already handed out in a prepared shard, a zstd frame start
+  and bytes into it in a JSONL file. A resumed stream seeks straight there and never re-reads the
+  corpus from the start; the position carries a digest of the files' names and sizes, so it is
+  refused in a corpus that changed.
+- `WindowPacker` cuts the id stream into windows of
+  seq_len + n_future ids with a stride of seq_len (consecutive windows overlap by n_future ids, so
+  every id is an input exactly once and every target of every head is seen), passes them through a
+  shuffle buffer, and stacks them into (B, seq_len + n_future) int32 batches (half the bytes of
+  int64; embeddings take int32, the loss widens its targets). Its state holds the
+  unfinished tail, the buffered windows and the buffer's RNG state.
+
+`ByteLoader` runs one such chain in the training process, or one per torch DataLoader worker:
+workers are read in strict round robin, each batch carries its worker's state, and the loader's
+state lists every worker's state with the worker due next, so a resumed loader (even with the
+worker order rotated) yields exactly the batches an uninterrupted one would have.
+
+Bad JSONL lines are skipped and counted by reason; a reader stops with CorpusError once more than
+`max_bad_fraction` of its lines (after the first 1,000, or at an epoch's end) are bad.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import functools
+import hashlib
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from bytemtp.config import DataConfig, ModelConfig
+from bytemtp.data.corpus import corpus_files, file_kind, iter_lines, parse_record, read_raw
+from bytemtp.data.shards import CorpusError, Shard
+from bytemtp.vocab import EOS
+
+STATE_VERSION = 1
+_MIN_LINES_FOR_BAD_CHECK = 1000
+
+
+
+def _pack_ids(ids: np.ndarray) -> str:
+    return base64.b64encode(ids.astype("<u2").tobytes()).decode("ascii")
+
+
+def _unpack_ids(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype="<u2").astype(np.uint16)
+
+
+def _piece(doc: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """One whole document as a piece: its bytes, and an EOS after them."""
+    return np.frombuffer(doc, dtype=np.uint8), np.array([len(doc)])
+
+
+_FEW_BOUNDARIES = 256  # up to this many EOS in a piece, slice copies beat a boolean scatter
+
+
+def write_ids(out: np.ndarray, data: np.ndarray, at: np.ndarray) -> int:
+    """Write uint8 `data` as uint16 ids into the start of `out`, with EOS before each (sorted)
+    offset in `at`; return how many ids were written (len(data) + len(at)).
+
+    What np.insert does, without allocating: with few boundaries (long documents) the runs between
+    them are copied as slices, a bounded loop per piece; with many (short documents) one boolean
+    scatter places every byte at once. Both cost well under a millisecond for a 1 MiB frame.
+    """
+    n = len(data) + len(at)
+    slots = at + np.arange(len(at))
+    if len(at) <= _FEW_BOUNDARIES:
+        prev = 0
+        for i, end in enumerate(at.tolist()):
+            out[prev + i:end + i] = data[prev:end]
+            prev = end
+        out[prev + len(at):n] = data[prev:]
+    else:
+        fill = np.ones(n, dtype=bool)
+        fill[slots] = False
+        out[:n][fill] = data
+    out[slots] = EOS
+    return n
+
+
+class ShardReader:
+    """One reader's ids from a prepared shard, frame by frame, with vectorised packing.
+
+    Document j of the shard is the reader's when (first + j) % n_readers == reader, where first is
+    the stream's record number at the shard's start. A frame's ids are the reader's bytes in it,
+    each document's EOS placed in the frame where the document ends (frame 0 for empty documents at
+    the start). Frames without any of the reader's bytes or EOS are never read.
+    """
+
+    def __init__(self, path: Path, *, first: int, reader: int, n_readers: int):
+        self.shard = Shard(path)
+        s = self.shard
+        keep = None if n_readers == 1 else (first + np.arange(s.n_docs)) % n_readers == reader
+        self.keep = keep
+        eos_frame = np.searchsorted(s.frame_ends, s.doc_ends, side="left")
+        self.eos_bounds = np.searchsorted(eos_frame, np.arange(s.n_frames + 1), side="left")
+        frame_starts = s.frame_ends - s.content
+        self.first_doc = np.searchsorted(s.doc_ends, frame_starts, side="right")  # first doc with bytes in it
+        if keep is None:
+            self.frames = np.arange(s.n_frames)
+        else:  # frames holding a byte or an EOS of one of this reader's documents
+            mine_cum = np.concatenate(([0], np.cumsum(keep)))
+            last = np.minimum(self.eos_bounds[1:] + 1, s.n_docs)  # the doc running past the frame's end, if any
+            lo = np.minimum(self.first_doc, self.eos_bounds[:-1])
+            self.frames = np.flatnonzero(mine_cum[last] > mine_cum[lo])
+
+    def frame(self, f: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Frame f for this reader: its bytes, the offsets in them after which an EOS follows (one
+        for each of the reader's documents that end in the frame), and how many documents end there."""
+        s = self.shard
+        data = s.frames([f])[0]
+        fs = int(s.frame_ends[f] - s.content[f])
+        a, b = int(self.eos_bounds[f]), int(self.eos_bounds[f + 1])
+        if self.keep is None:
+            return data, s.doc_ends[a:b] - fs, b - a
+        c = int(self.first_doc[f])
+        d = min(b + 1, s.n_docs) if b < s.n_docs and s.doc_starts[b] < fs + len(data) else b
+        c = min(c, d)
+        lo = np.maximum(s.doc_starts[c:d], fs) - fs
+        seg = np.minimum(s.doc_ends[c:d], fs + len(data)) - fs - lo  # bytes of each doc in the frame
+        keep = self.keep[c:d]
+        before = np.concatenate(([0], np.cumsum(seg * keep)))  # kept bytes before each doc's end
+        ends = np.arange(a, b)[self.keep[a:b]]
+        return data[np.repeat(keep, seg)], before[np.clip(ends - c + 1, 0, len(seg))], len(ends)
+
+    def close(self) -> None:
+        self.shard.close()
+
+
+class DocumentStream:
+    """One reader's share of the corpus as ids (documents, each followed by EOS), epoch after
+    epoch, with a resumable position."""
+
+    CHUNK = 1 << 16  # the most bytes a prepared shard hands out at a time (the packer's tail stays small)
+    AHEAD = 3  # frames of a prepared shard decoded ahead, in threads (zstd releases the GIL)
+
+    def __init__(self, files: list[Path], *, field: str = "text", reader: int = 0, n_readers: int = 1,
+                 seed: int = 0, max_bad_fraction: float = 0.01):
+        assert 0 <= reader < n_readers, (reader, n_readers)
+        self.files, self.field = [Path(f) for f in files], field
+        self.kinds = [file_kind(f) for f in self.files]
+        self.reader, self.n_readers, self.seed = reader, n_readers, seed
+        self.max_bad_fraction = max_bad_fraction
+        self.epoch, self.file_index, self.pos, self.record = 0, 0, (0, 0), 0
+        self.counts = {"documents": 0, "bytes": 0, "lines": 0, "skipped": {}}
+        self._epoch_docs = 0  # documents this reader took in the current epoch
+        self._unchecked = False
+
+    def order(self, epoch: int) -> list[int]:
+        """File order of an epoch: a permutation that every reader derives alike."""
+        order = list(range(len(self.files)))
+        random.Random(f"bytemtp-shards:{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def _mine(self) -> bool:
+        mine = self.record % self.n_readers == self.reader
+        self.record += 1
+        return mine
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Pieces (bytes, offsets after which an EOS follows) from the current position on, forever:
+        whole documents from raw and JSONL files, up to CHUNK bytes at a time from prepared shards.
+        The position advances as they go."""
+        while True:
+            order = self.order(self.epoch)
+            while self.file_index < len(order):
+                path, kind = self.files[order[self.file_index]], self.kinds[order[self.file_index]]
+                if kind == "shard":
+                    yield from self._shard(path)
+                elif kind == "raw":
+                    if self.pos == (0, 0):
+                        self.pos = (0, 1)  # taken: a resume moves on to the next file
+                        if self._mine():
+                            yield self._took(read_raw(path))
+                else:
+                    for line, next_pos in iter_lines(path, start=self.pos):
+                        self.pos = next_pos
+                        if not self._mine():
+                            continue
+                        self.counts["lines"] += 1
+                        doc = parse_record(line, self.field)
+                        if isinstance(doc, str):
+                            self._skip(doc, path)
+                        else:
+                            yield self._took(doc)
+                self.file_index, self.pos = self.file_index + 1, (0, 0)
+            self._check_bad(final=True)
+            if self._epoch_docs == 0:
+                raise CorpusError(
+                    f"reader {self.reader} of {self.n_readers} found no documents in a whole epoch of "
+                    f"{len(self.files)} file(s): the corpus has fewer documents than readers "
+                    "(ranks x workers); use fewer workers or a bigger corpus")
+            self.epoch, self.file_index, self.record, self._epoch_docs = self.epoch + 1, 0, 0, 0
+
+    def _shard(self, path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The reader's pieces of one prepared shard. Inside it the position is (frame, the
+        reader's bytes of that frame already handed out) and `record` stays the shard's first
+        record number."""
+        start, skip = self.pos
+        if self._unchecked and (start, skip) != (0, 0):  # such a position was taken in a JSONL corpus
+            raise CorpusError(f"this position was saved in a corpus of JSONL shards, but {path} is a prepared "
+                              "shard of format 2 (the corpus was prepared again); resume with the corpus the "
+                              "run trained on, or start a new run")
+        reader = ShardReader(path, first=self.record, reader=self.reader, n_readers=self.n_readers)
+        if start > reader.shard.n_frames or skip < 0:
+            reader.close()
+            raise CorpusError(f"resume position {self.pos} does not fit {path}; the file changed since it "
+                              "was saved")
+        frames = reader.frames[np.searchsorted(reader.frames, start):].tolist()
+        pool, pending = _decode_pool(), collections.deque()
+        try:
+            for i, f in enumerate(frames):
+                while len(pending) < self.AHEAD and i + len(pending) < len(frames):
+                    pending.append(pool.submit(reader.frame, frames[i + len(pending)]))
+                data, at, docs = pending.popleft().result()
+                offset = skip if f == start else 0
+                if offset == 0:  # a frame is counted once, when it starts
+                    self.counts["documents"] += docs
+                    self.counts["bytes"] += len(data)
+                    self._epoch_docs += docs
+                elif offset > len(data):
+                    raise CorpusError(f"resume position {self.pos} does not fit {path}; the file changed "
+                                      "since it was saved")
+                # piece [p, q) takes the EOS after offsets in (p, q], and those at 0 if p == 0
+                for p in range(offset, max(len(data), 1), self.CHUNK):
+                    q = min(p + self.CHUNK, len(data))
+                    lo = int(np.searchsorted(at, p, side="right")) if p else 0
+                    hi = int(np.searchsorted(at, q, side="right"))
+                    self.pos = (f, q) if q < len(data) else (f + 1, 0)
+                    yield data[p:q], at[lo:hi] - p
+                self.pos = (f + 1, 0)
+        finally:
+            for future in pending:
+                future.cancel()
+            for future in pending:
+                if not future.cancelled():
+                    future.exception()  # wait: the frame reads the file closed next
+            reader.close()
+        self.record += reader.shard.n_docs
+
+    def _took(self, doc: bytes) -> tuple[np.ndarray, np.ndarray]:
+        self.counts["documents"] += 1
+        self.counts["bytes"] += len(doc)
+        self._epoch_docs += 1
+        return _piece(doc)
+
+    def _skip(self, reason: str, path: Path) -> None:
+        skipped = self.counts["skipped"]
+        skipped[reason] = skipped.get(reason, 0) + 1
+        self._check_bad(final=False, path=path)
+
+    def _check_bad(self, *, final: bool, path: Path | None = None) -> None:
+        lines, bad = self.counts["lines"], sum(self.counts["skipped"].values())
+        if (final or lines >= _MIN_LINES_FOR_BAD_CHECK) and lines and bad / lines > self.max_bad_fraction:
+            reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.counts["skipped"].items()))
+            where = f" (last in {path})" if path else ""
+            raise CorpusError(
+                f"{bad} of {lines} JSONL lines are unusable ({reasons}){where}: more than "
+                f"data.max_bad_fraction={self.max_bad_fraction}; check data.field "
+                f"(now {self.field!r}) or clean the corpus")
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A digest of the files' names and sizes: a saved position fits only the corpus it was taken in."""
+        digest = hashlib.sha256()
+        for path in self.files:
+            digest.update(f"{path.name}\0{path.stat().st_size}\n".encode())
+        return digest.hexdigest()[:16]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "file_index": self.file_index, "pos": list(self.pos),
+                "record": self.record, "epoch_docs": self._epoch_docs,
+                "counts": {**self.counts, "skipped": dict(self.counts["skipped"])},
+                "files": self.fingerprint}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._unchecked = "files" not in state  # saved before positions carried the files' digest
+        if state.get("files", self.fingerprint) != self.fingerprint:
+            raise CorpusError(f"the corpus changed since this position was saved (its {len(self.files)} "
+                              "file(s) differ in names or sizes, e.g. prepared again); resume with the "
+                              "corpus the run trained on, or start a new run")
+        self.epoch, self.file_index, self.record = state["epoch"], state["file_index"], state["record"]
+        self.pos = tuple(state["pos"])
+        self._epoch_docs = state["epoch_docs"]
+        self.counts = {**state["counts"], "skipped": dict(state["counts"]["skipped"])}
+
+
+class WindowPacker:
+    """Packs a document stream into shuffled (B, window) batches; resumable with the stream.
+
+    The packed stream is held as uint16 ids (every id is below 2**16; half the memory traffic of
+    int32) in one buffer that is reused, not reallocated (fresh memory costs page faults that
+    would outweigh the copying), and windows are cut from it in bulk with numpy, as strided views.
+    The shuffle is by blocks: the buffer takes the next `capacity` windows (a multiple of the batch
+    size), draws one permutation for them and gathers them in that order into a reused block,
+    widened to int32 once a block; each batch is a view of B consecutive rows of it. A buffer of 1
+    keeps the packing order.
+    """
+
+    def __init__(self, docs: DocumentStream, *, window: int, stride: int, batch_size: int,
+                 shuffle_buffer: int = 256, seed: int = 0):
+        assert 1 <= stride <= window, (stride, window)
+        self.docs, self.window, self.stride = docs, window, stride
+        self.batch_size = batch_size
+        self.capacity = 0 if shuffle_buffer <= 1 else batch_size * -(-shuffle_buffer // batch_size)
+        self.tail = np.zeros(0, dtype=np.uint16)  # ids from `offset` on are not yet cut
+        self.offset = 0
+        self._buf = np.zeros(0, dtype=np.uint16)  # where the tail is packed
+        # The shuffled block in the order it is handed out: rows from `taken` on are due.
+        self.block, self.taken = np.zeros((0, window), dtype=np.uint16), 0
+        self._wide = None  # the block as int32
+        self.rng = np.random.Generator(np.random.PCG64([seed, docs.reader]))  # a stream per reader
+        self.batches = 0
+        self._doc_iter: Iterator[tuple[np.ndarray, np.ndarray]] | None = None
+
+    def _windows(self, n: int) -> np.ndarray:
+        """The next n windows (n, window) of uint16 ids: a strided view of the packed stream, valid
+        until the next call."""
+        need = self.offset + (n - 1) * self.stride + self.window
+        if need > len(self.tail):
+            if self._doc_iter is None:
+                self._doc_iter = iter(self.docs)
+            rest, need = self.tail[self.offset:], need - self.offset
+            buf, have = self._buf, len(rest)
+            if len(buf) < need:
+                buf = np.empty(max(need + need // 4, 2 * len(buf)), dtype=np.uint16)
+            buf[:have] = rest  # numpy copies overlapping ranges correctly
+            while have < need:
+                data, at = next(self._doc_iter)
+                if have + len(data) + len(at) > len(buf):  # a piece longer than the room left
+                    buf = np.concatenate((buf[:have], np.empty(len(data) + len(at) + len(buf), np.uint16)))
+                have += write_ids(buf[have:], data, at)
+            self._buf, self.tail, self.offset = buf, buf[:have], 0
+        rows = np.ndarray((n, self.window), dtype=np.uint16, buffer=self.tail, offset=self.offset * 2,
+                          strides=(self.stride * 2, 2))
+        self.offset += n * self.stride
+        return rows
+
+    def next_batch(self) -> torch.Tensor:
+        """The next (B, window) int32 batch."""
+        B = self.batch_size
+        self.batches += 1
+        if self.capacity == 0:
+            return torch.from_numpy(self._windows(B).astype(np.int32))
+        if self.taken == len(self.block):
+            rows = self._windows(self.capacity)
+            if self.block.shape != rows.shape:
+                self.block = np.empty(rows.shape, dtype=np.uint16)
+            # mode="wrap" (the indices are in range anyway) lets numpy write to `out` unbuffered
+            np.take(rows, self.rng.permutation(self.capacity), axis=0, out=self.block, mode="wrap")
+            self.taken, self._wide = 0, None
+        if self._wide is None:  # widened once a block (or once the pending rows of a loaded state)
+            self._wide = self.block.astype(np.int32)  # batches are views of it
+        self.taken += B
+        return torch.from_numpy(self._wide[self.taken - B:self.taken])
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict:
+        pending = self.block[self.taken:]  # the buffer's rows in the order they will go
+        return {"version": STATE_VERSION, "docs": self.docs.state_dict(),
+                "tail": _pack_ids(self.tail[self.offset:]), "buffer": _pack_ids(pending),
+                "rng": self.rng.bit_generator.state, "batches": self.batches,
+                "window": self.window, "stride": self.stride}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
+        if (state["window"], state["stride"]) != (self.window, self.stride):
+            raise ValueError(f"loader state was saved for windows of {state['window']} ids with stride "
+                             f"{state['stride']}, not {self.window} and {self.stride}: seq_len or "
+                             "n_future changed since the checkpoint")
+        self.docs.load_state_dict(state["docs"])
+        self.tail, self.offset = _unpack_ids(state["tail"]), 0
+        self.block, self.taken = _unpack_ids(state["buffer"]).reshape(-1, self.window), 0
+        self._wide = None
+        self.rng.bit_generator.state = state["rng"]
+        self.batches = state["batches"]
+        self._doc_iter = None
+
+
+class _WorkerStreams(torch.utils.data.IterableDataset):
+    """What each DataLoader worker runs: its own packer, yielding (batch, state after it)."""
+
+    def __init__(self, make_packer, states: list[dict | None], rotation: int):
+        self.make_packer, self.states, self.rotation = make_packer, states, rotation
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        slot = (info.id + self.rotation) % info.num_workers
+        packer = self.make_packer(slot)
+        if self.states[slot] is not None:
+            packer.load_state_dict(self.states[slot])
+        while True:
+            batch = packer.next_batch().clone()  # its own storage: a view would ship the whole block
+            yield slot, batch, packer.state_dict()
+
+
+class ByteLoader:
+    """Batches (B, model.window) of this rank's share of a corpus, forever, resumable.
+
+    With `num_workers` > 0 the packing runs in torch DataLoader worker processes, read in a
+    fixed round robin so that the batch order does not depend on their timing.
+    """
+
+    def __init__(self, cfg: DataConfig, model: ModelConfig, *, rank: int = 0, world_size: int = 1,
+                 split: str | None = "train"):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.files = corpus_files(cfg.path, split=split)
+        self.window, self.stride = model.window, model.seq_len  # the model's window, seq_len apart
+        self.n_local = max(1, cfg.num_workers)
+        self.states: list[dict | None] = [None] * self.n_local
+        self.next_slot = 0
+        self._packer: WindowPacker | None = None
+        self._iter = None
+
+    def make_packer(self, slot: int) -> WindowPacker:
+        reader = self.rank * self.n_local + slot
+        docs = DocumentStream(self.files, field=self.cfg.field, reader=reader,
+                              n_readers=self.world_size * self.n_local, seed=self.cfg.seed,
+                              max_bad_fraction=self.cfg.max_bad_fraction)
+        return WindowPacker(docs, window=self.window, stride=self.stride,
+                            batch_size=self.cfg.batch_size, shuffle_buffer=self.cfg.shuffle_buffer,
+                            seed=self.cfg.seed)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self.cfg.num_workers == 0:
+            if self._packer is None:
+                self._packer = self.make_packer(0)
+                if self.states[0] is not None:
+                    self._packer.load_state_dict(self.states[0])
+            batch = self._packer.next_batch()
+            self.states[0] = None  # the live packer holds the state
+            return batch
+        if self._iter is None:
+            dataset = _WorkerStreams(self.make_packer, list(self.states), self.next_slot)
+            self._iter = iter(torch.utils.data.DataLoader(
+                dataset, batch_size=None, num_workers=self.cfg.num_workers,
+                persistent_workers=False, multiprocessing_context=_mp_context()))
+        slot, batch, state = next(self._iter)
+        assert slot == self.next_slot, (slot, self.next_slot)
+        self.states[slot] = state
+        self.next_slot = (slot + 1) % self.n_local
+        return batch
+
+    def state_dict(self) -> dict:
+        states = list(self.states)
+        if self._packer is not None:
+            states[0] = self._packer.state_dict()
+        return {"version": STATE_VERSION, "rank": self.rank, "world_size": self.world_size,
+                "workers": states, "next_worker": self.next_slot}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
+        if (state["world_size"], len(state["workers"])) != (self.world_size, self.n_local):
+            raise ValueError(
+                f"the loader state was saved with {state['world_size']} process(es) x "
+                f"{len(state['workers'])} reader(s) each, but this run has {self.world_size} x "
+                f"{self.n_local}; resume with the same number of processes and data.num_workers")
+        self.states, self.next_slot = list(state["workers"]), state["next_worker"]
+        self._packer, self._iter = None, None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the newest document this rank's readers have taken."""
+        if self._packer is not None:
+            return self._packer.docs.epoch
+        return max((state["docs"]["epoch"] for state in self.states if state is not None), default=0)
+
+    def stats(self) -> dict:
+        """Documents, bytes, lines, skipped lines by reason and the epoch, over this rank's readers."""
+        if self._packer is not None:
+            docs = [self._packer.docs.state_dict()]
+        else:
+            docs = [state["docs"] for state in self.states if state is not None]
+        return combine_stats([{**d["counts"], "epoch": d["epoch"]} for d in docs])
+
+
+def combine_stats(parts: list[dict]) -> dict:
+    """Reader (or rank) statistics as one: counts added, skipped lines added by reason, and the
+    epoch of the furthest reader."""
+    total = {"documents": 0, "bytes": 0, "lines": 0, "skipped": {}, "epoch": 0}
+    for part in parts:
+        for key in ("documents", "bytes", "lines"):
+            total[key] += part[key]
+        for reason, n in part["skipped"].items():
+            total["skipped"][reason] = total["skipped"].get(reason, 0) + n
+        total["epoch"] = max(total["epoch"], part["epoch"])
+    return total
+
+
+def _mp_context():
+    # fork is fast and safe here (workers touch no CUDA); spawn where fork does not exist
+    import multiprocessing
+
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _decode_pool() -> ThreadPoolExecutor:
+    """The process's frame-decoding threads (made per process: a pool does not survive a fork)."""
+    pid = os.getpid()
+    if pid not in _pools:
+        _pools[pid] = ThreadPoolExecutor(2, thread_name_prefix="bytemtp-frames")
+    return _pools[pid]

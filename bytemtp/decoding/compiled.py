@@ -1,0 +1,265 @@
+"""The static decode step: one decoding pass whose shapes depend only on (batch, heads, nodes),
+compiled, so that a pass costs what its arithmetic costs (as in gpt-fast).
+
+An eager pass is about a thousand small PyTorch ops, and on a CPU (or a GPU launching one kernel
+per op) most of its time is the framework's, not the arithmetic's. `StaticStep` runs the same
+model code with static shapes instead: the cache is the preallocated `KVCache`, only read inside
+the step (its new keys and values come out and are written by index in one go); positions and
+the mask come from device tensors (`kvcache.StaticLayout`), so no host number enters the graph;
+the nodes of a pass are padded up to a bucket (`NODE_BUCKETS`) and the heads run are rounded up
+to a few counts (`head_buckets`), so that ten graphs a batch size (one per bucket of heads and
+of at least as many nodes) serve every draft the decoder may choose, each compiled the first time it runs: inductor
+on the CPU, with CUDA graphs on a GPU (`mode="reduce-overhead"`). Static sizes, not symbolic
+ones: a symbolic graph served every bucket but took ten times longer to trace from a warm cache. Inductor keeps what it compiled on disk (its FX graph cache, under
+TORCHINDUCTOR_CACHE_DIR), so a second process compiles the same graphs in a few seconds each; a
+record beside it keeps the pass costs measured on the compiled step, so that a second process
+neither measures them again nor compiles a shape before the decoder chooses it, and `auto` knows
+that the cache is warm.
+
+The eager `ByteMTP.logits` path stays the reference: `StaticStep(..., compiled=False)` runs the
+static step uncompiled, and the tests compare both with it and with plain decoding.
+
+`Compile` says when decoding uses the compiled step: `on`, `off`, or `auto`: when the work is long
+enough to repay compiling (`AUTO_MIN_BYTES` of output), or the step is compiled already (in this
+process or, by the marker, in the disk cache).
+
+Legend: B batch, T nodes (padded to a bucket), K heads run, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import os
+import pathlib
+import time
+
+import torch
+
+from bytemtp.model.kvcache import KVCache, StaticLayout
+
+NODE_BUCKETS = (1, 2, 4, 8, 16)  # nodes a pass is padded to (the last is drafting.MAX_NODES)
+
+# Bytes of output (rows x max_bytes) from which `auto` compiles a step that is not yet in the
+# disk cache: about what the eager step decodes in the time that compiling takes (on two CPU
+# cores, a minute or two for the `small` model; on a GPU, tens of seconds).
+AUTO_MIN_BYTES = {"cpu": 32768, "cuda": 8192}
+
+
+class Compile(enum.Enum):
+    """When decoding runs the compiled static step."""
+
+    AUTO = "auto"  # when the work repays compiling, or the step is compiled already
+    ON = "on"
+    OFF = "off"
+
+    @classmethod
+    def parse(cls, value: Compile | str | bool) -> Compile:
+        if isinstance(value, Compile):
+            return value
+        if isinstance(value, bool):
+            return cls.ON if value else cls.OFF
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"compile={value!r} is not allowed; choose auto, on or off") from None
+
+
+def node_bucket(T: int) -> int:
+    """The nodes a pass of T nodes runs as."""
+    return next(b for b in NODE_BUCKETS if b >= T)
+
+
+def head_buckets(n_future: int) -> tuple[int, ...]:
+    """The head counts a compiled pass runs (1, 2, 4, ... and all); a pass that needs k heads
+    runs the next count up, and the extra heads' logits go unused."""
+    return tuple(sorted({min(2 ** i, n_future) for i in range(n_future.bit_length() + 1)}))
+
+
+def head_bucket(k: int, n_future: int) -> int:
+    return next(b for b in head_buckets(n_future) if b >= k)
+
+
+class StaticStep:
+    """One decoding pass of a model with static shapes, compiled per (batch, heads, nodes) shape
+    (see the module docstring). `stacked` is the model's `StackedHeads`; None runs the heads one by
+    one (causal heads). Counts what compiling cost: `graphs` compiled and `compile_s`, the
+    seconds of the calls that compiled them."""
+
+    def __init__(self, model, stacked, *, compiled: bool = True):
+        self.model, self.stacked, self.compiled = model, stacked, compiled
+        self.n_future = model.config.n_future
+        self.device = model.embed.weight.device
+        self._fn = self._pass
+        if compiled:
+            cuda = self.device.type == "cuda"
+            self._fn = torch.compile(self._pass, dynamic=False, fullgraph=True,
+                                     mode="reduce-overhead" if cuda else None)
+        self._shapes: set[tuple[int, int, int]] = set()  # (B, K, T) run so far
+        self._trees: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.compile_s, self.graphs = 0.0, 0
+        self.last_was_new = False  # whether the last call ran a shape for the first time (compiling it)
+
+    def _pass(self, ids_BT: torch.Tensor, starts_B: torch.Tensor, depths_T: torch.Tensor, see_TT: torch.Tensor,
+              cache_k: torch.Tensor, cache_v: torch.Tensor,
+              heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits (B, T, heads, V) and the keys and values of the layers that ran, (N, B, H, T, E)
+        in the order of `_indices`. Reads the cache, writes nothing."""
+        model = self.model
+        layout = StaticLayout(starts_B, depths_T, see_TT, rope=(model.rope_cos, model.rope_sin),
+                              L=cache_k.shape[-2])
+        cache = _Buffers(cache_k, cache_v)
+        z_BTD = model(ids_BT, cache, layout)
+        if self.stacked is not None:
+            logits = self.stacked(z_BTD, layout, cache, k=heads)
+        else:
+            logits = torch.stack([model.head_logits(k, h_BTD)
+                                  for k, h_BTD in model.head_states(z_BTD, cache, layout, heads=heads)], dim=2)
+        ks = [k if k.dim() == 5 else k[None] for k, _ in layout.written]  # stacked heads: (K, B, H, T, E)
+        vs = [v if v.dim() == 5 else v[None] for _, v in layout.written]
+        return logits, torch.cat(ks), torch.cat(vs)
+
+    def _indices(self, B: int, heads: int, padded: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where a pass's returned keys and values go, made once per shape: their cache layers
+        (N, 1, 1) in the order they come (the trunk's, then head layer i of every head in turn
+        for stacked heads, or every layer of head 0, then head 1, ... one by one), the rows
+        (B, 1) and the nodes' offsets from each row's start (padded,)."""
+        key = (B, heads, padded)
+        if key not in self._index:
+            cfg = self.model.config
+            t, per = cfg.trunk_layers, cfg.layers_per_head
+            if cfg.head_type == "linear":
+                order = list(range(t))
+            elif self.stacked is not None:
+                order = list(range(t)) + [t + j * per + i for i in range(per) for j in range(heads)]
+            else:
+                order = list(range(t)) + [t + j * per + i for j in range(heads) for i in range(per)]
+            self._index[key] = (torch.tensor(order, device=self.device)[:, None, None],
+                                torch.arange(B, device=self.device)[:, None],
+                                torch.arange(padded, device=self.device))
+        return self._index[key]
+
+    def _tree(self, T: int, padded: int, depths: tuple[int, ...] | None,
+              ancestors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The depths (padded,) and ancestry (padded, padded) of a pass on the device, padded
+        nodes seeing only themselves; made once per tree."""
+        key = (T, padded, depths, None if ancestors is None else ancestors.numpy().tobytes())
+        if key not in self._trees:
+            see = torch.eye(padded, dtype=torch.bool)
+            see[:T, :T] = torch.ones(T, T).tril().bool() if ancestors is None else ancestors
+            depth = torch.zeros(padded, dtype=torch.long)
+            depth[:T] = torch.arange(T) if depths is None else torch.tensor(depths)
+            self._trees[key] = depth.to(self.device), see.to(self.device)
+        return self._trees[key]
+
+    def __call__(self, ids_BT: torch.Tensor, cache: KVCache, *, heads: int,
+                 depths: tuple[int, ...] | None = None, ancestors: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, heads, V) of the T nodes `ids_BT` after each row's cache (a chain, or
+        the tree that `depths` and `ancestors` describe, as `Layout` takes them); advances the
+        cache like `ByteMTP.logits`."""
+        B, T = ids_BT.shape
+        K = head_bucket(heads, self.n_future)
+        padded = node_bucket(max(T, K))  # k heads over fewer nodes run as k nodes: no graph of their own
+        assert max(cache.lengths) + padded <= cache.max_len, (cache.lengths, padded, cache.max_len)
+        if padded > T:
+            ids_BT = torch.cat([ids_BT, ids_BT[:, -1:].expand(B, padded - T)], dim=1)
+        depth_T, see_TT = self._tree(T, padded, depths, ancestors)
+        starts_B = torch.tensor(cache.lengths, device=self.device)
+        if self.device.type == "cuda" and not getattr(cache.k, "_static_address", False):
+            for t in (cache.k, cache.v):  # CUDA graphs then read the cache where it is, not a copy
+                torch._dynamo.mark_static_address(t)
+                t._static_address = True
+        shape = (B, K, padded)
+        first = shape not in self._shapes
+        if first and self.compiled:  # a new shape may compile one more graph of the same code
+            from torch._dynamo.utils import counters
+
+            graphs, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
+            with torch._dynamo.config.patch(recompile_limit=1024, accumulated_recompile_limit=1 << 16):
+                logits, k, v = self._fn(ids_BT, starts_B, depth_T, see_TT, cache.k, cache.v, K)
+            if counters["stats"]["unique_graphs"] > graphs:
+                self.graphs += counters["stats"]["unique_graphs"] - graphs
+                self.compile_s += time.perf_counter() - t0
+        else:
+            logits, k, v = self._fn(ids_BT, starts_B, depth_T, see_TT, cache.k, cache.v, K)
+        self._shapes.add(shape)
+        self.last_was_new = first
+        # the new keys and values into their slots: (layers, B, L, H, E) views index them as (N, B, T)
+        layers, rows, nodes = self._indices(B, K, padded)
+        slots = starts_B[:, None] + nodes
+        for cache_t, new in ((cache.k, k), (cache.v, v)):
+            cache_t.transpose(2, 3)[layers, rows, slots] = new.transpose(2, 3)
+        cache.advance(T)
+        return logits[:, :T, :heads]
+
+    def ready(self, batch_size: int) -> bool:
+        """Whether this batch size has run here, or its step is recorded in the disk cache."""
+        return (any(b == batch_size for b, _, _ in self._shapes)
+                or cached_costs(self.model, stacked=self.stacked is not None, batch_size=batch_size) is not None)
+
+    def stats(self) -> dict:
+        """What compiling cost in this process: graphs, seconds, and the disk cache's hits and misses."""
+        from torch._dynamo.utils import counters
+
+        inductor = counters["inductor"]
+        return {"graphs": self.graphs, "compile_s": round(self.compile_s, 2),
+                "cache_hits": inductor["fxgraph_cache_hit"], "cache_misses": inductor["fxgraph_cache_miss"]}
+
+
+def cached_costs(model, *, stacked: bool, batch_size: int) -> dict[str, float] | None:
+    """The pass costs (ms by "KxT", `PassCosts.to_dict`) that an earlier process measured on this
+    model's compiled step at this batch size, on this machine, when it compiled the step into
+    inductor's disk cache; None when it never did. The graphs depend on the model's shape
+    (config, dtype, device), not on its weights, which are their inputs."""
+    try:
+        return json.loads(_marker(model, stacked=stacked, batch_size=batch_size).read_text())["costs_ms"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def record_costs(model, *, stacked: bool, batch_size: int, costs_ms: dict[str, float]) -> None:
+    """Record in the disk cache that this model's step at this batch size is compiled there, with
+    the pass costs measured on it (a read-only cache is left as it is)."""
+    path = _marker(model, stacked=stacked, batch_size=batch_size)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"config": dataclasses.asdict(model.config), "batch_size": batch_size,
+                                   "costs_ms": costs_ms}))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+def _marker(model, *, stacked: bool, batch_size: int) -> pathlib.Path:
+    weight = model.embed.weight
+    key = json.dumps([dataclasses.asdict(model.config), str(weight.dtype), weight.device.type, torch.__version__,
+                      batch_size, stacked], sort_keys=True)
+    return _cache_dir() / "bytemtp" / f"static-step-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _cache_dir() -> pathlib.Path:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError:  # older torch: the documented default
+        return pathlib.Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor"))
+    return pathlib.Path(cache_dir())
+
+
+class _Buffers:
+    """The cache tensors as the model's layers read them (`k`, `v`), inside the step."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor):
+        self.k, self.v = k, v
+
+
+def worth_compiling(mode: Compile, *, device: torch.device, work_bytes: int, ready: bool) -> bool:
+    """Whether decoding `work_bytes` bytes (rows x max_bytes) runs the compiled step."""
+    if mode is not Compile.AUTO:
+        return mode is Compile.ON
+    if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
+        return False
+    return ready or work_bytes >= AUTO_MIN_BYTES.get(device.type, AUTO_MIN_BYTES["cuda"])

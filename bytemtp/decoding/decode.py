@@ -1,0 +1,535 @@
+"""Decoding: plain one-byte-per-pass decoding (the reference) and self-speculative decoding.
+
+`generate` is the reference: one prompt, one byte per forward pass, greedy or sampled (temperature,
+top-k, top-p through a seeded `torch.Generator`), until EOS, a stop string or `max_bytes`.
+
+`Decoder` is the fast path, a stack of small steps in the manner of gpt-fast, for many prompts
+at once: `prefill` runs the prompts through the model; each pass `draft` lays out the byte head 1
+chose and a chain or tree of the heads' candidates after it, one forward pass runs them,
+`verify_greedy` or `verify_sampled` says which path survives, and `accept` emits it, keeps its
+cache slots and takes the next byte and candidates from its last node. Which heads run and which
+tree is drafted is chosen each pass from what a pass costs on this device and how often each
+head has been right (bytemtp.decoding.drafting), so speculation does not cost more than it returns: on
+a model whose extra heads are untrained it settles on plain decoding; a `Draft` fixes the heads
+or the shape instead. The passes run eagerly (`ByteMTP.logits`) or, where compiling pays, on the
+compiled static step (bytemtp.decoding.compiled), whose costs the choice then sees. Greedy output equals
+plain greedy output; sampled output has exactly the model's distribution (the speculative
+sampling rule, on chains).
+
+Generation starts a new document: the prompt is preceded by EOS, as every document is in the
+packed training stream. The model never emits BOS, PAD or the padding ids above them; EOS ends
+the output and is not part of it. Generation is not limited by the context: when the next
+prediction would need more than `seq_len` positions, the window slides (the newest half of the
+context is kept and run through the model again), by one rule (`window_start`) that plain and
+speculative decoding share, so their greedy outputs stay equal.
+
+Exactness: greedy speculative output equals plain greedy output wherever a verify pass over T
+bytes computes the same next-byte choices as T one-byte passes; in float32 and float64 they
+differ only at exact ties, in bf16 rounding can flip a choice. Plain and speculative decoding
+of a batch share one prefill, so comparing them never mixes in the batch's own rounding.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from bytemtp.decoding.compiled import Compile, StaticStep, cached_costs, record_costs, worth_compiling
+from bytemtp.decoding.drafting import (MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, Draft, DraftTree, PassCosts,
+                                       best_tree, choose)
+from bytemtp.decoding.generation import DecodeStats, Generation, Output, SpeculativeStats, as_bytes, as_prompt_list
+from bytemtp.decoding.sampling import Sampling, _masked, _sample, distribution, next_byte, verify_sampled
+from bytemtp.model.kvcache import KVCache, Layout, context_left, window_start
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.devices import synchronize
+from bytemtp.vocab import EOS
+
+
+@torch.inference_mode()
+def generate(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, sampling: Sampling | None = None,
+             stop: tuple[bytes, ...] = (), on_bytes: Callable[[bytes], None] | None = None) -> Generation:
+    """Plain decoding, one byte per forward pass, until EOS, a stop string or max_bytes: the
+    reference that `Decoder` is tested against (the window slides by `window_start`). A str
+    prompt is encoded as UTF-8."""
+    prompt, stop = as_bytes(prompt), tuple(as_bytes(s) for s in stop)
+    sampling = sampling or Sampling()
+    t0 = time.perf_counter()
+    out = Output(DecodeStats(), max_bytes=max_bytes, stop=stop, on_bytes=on_bytes)
+    if max_bytes == 0:
+        out.stats.stopped_by = "max_bytes"
+        return out.result(t0)
+    device, seq_len = model.embed.weight.device, model.config.seq_len
+    tokens = [EOS, *prompt]
+    cache = KVCache.for_model(model, batch_size=1)
+    start = window_start(len(tokens), 0, seq_len)
+    logits = model.logits(torch.tensor([tokens[start:]], device=device), cache, heads=1)[0, -1, 0]
+    out.stats.forward_passes = 1
+    while not out.emit(byte := next_byte(logits, sampling)):
+        tokens.append(byte)
+        moved = window_start(len(tokens), start, seq_len)
+        if moved != start:  # slide: run the newest part of the context again
+            start = moved
+            cache.reset()
+            ids = torch.tensor([tokens[start:]], device=device)
+        else:
+            ids = torch.tensor([[byte]], device=device)
+        logits = model.logits(ids, cache, heads=1)[0, -1, 0]
+        out.stats.forward_passes += 1
+    return out.result(t0)
+
+
+class _Row:
+    """One prompt's decoding: its output rules, its window, the byte due next and the candidates
+    of the heads after it (greedy: each head's top bytes; sampling: one draft each and its q)."""
+
+    def __init__(self, prompt: bytes, out: _Output):
+        self.prompt, self.out = prompt, out
+        self.start = 0  # window start, in tokens from the leading EOS
+        self.nxt = EOS
+        self.cand: list[list[int]] = []  # [depth - 1][rank]
+        self.q: torch.Tensor | None = None  # (depths, V) draft distributions when sampling
+
+    @property
+    def stats(self) -> SpeculativeStats:
+        return self.out.stats
+
+    def tokens(self) -> list[int]:
+        return [EOS, *self.prompt, *self.out.data]
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens so far, the leading EOS and the byte due next (already emitted) included."""
+        return 1 + len(self.prompt) + len(self.out.data)
+
+
+class Decoder:
+    """Self-speculative decoding of one loaded model (see the module docstring).
+
+    Made once per model and reused: the heads are stacked once (`ByteMTP.stack_heads`), what a
+    pass costs is measured once per batch size (`pass_costs`), and the heads' acceptance is
+    tracked across calls. `costs` gives the pass costs instead of measuring them (tests).
+    `compile` says when the passes run the compiled static step (`bytemtp.decoding.compiled`): on, off,
+    or auto (when a call's work repays compiling); prefills and slides always run eagerly.
+    """
+
+    def __init__(self, model: ByteMTP, *, stacked: bool = True, costs: PassCosts | None = None,
+                 compile: Compile | str | bool = Compile.AUTO):
+        self.model = model
+        self.stacked = model.stack_heads() if stacked else None
+        n = model.config.n_future
+        self.profiles = {True: AcceptanceProfile(n), False: AcceptanceProfile(n, ranks=1)}  # by greedy
+        self._costs: dict[tuple[int, bool], PassCosts] = {}  # by (batch size, compiled)
+        self._fixed_costs = costs
+        self.last_choice: Choice | None = None
+        self.compile = Compile.parse(compile)
+        self.static: StaticStep | None = None  # made the first time a call compiles
+
+    def _worth_compiling(self, batch_size: int, work_bytes: int) -> bool:
+        if self.compile is not Compile.AUTO:  # settled: no need to look for a compiled step (an inductor import)
+            return self.compile is Compile.ON
+        device = self.model.embed.weight.device
+        ready = (self.static.ready(batch_size) if self.static is not None else
+                 cached_costs(self.model, stacked=self.stacked is not None, batch_size=batch_size) is not None)
+        return worth_compiling(self.compile, device=device, work_bytes=work_bytes, ready=ready)
+
+    def settle_compile(self, *, batch_size: int, work_bytes: int) -> bool:
+        """Under `auto`, decide once for a job of many calls (`work_bytes` of output in all, in
+        batches of `batch_size`), so that each call does not judge its own share; True when the
+        job runs compiled."""
+        if self.compile is Compile.AUTO:
+            self.compile = Compile.ON if self._worth_compiling(batch_size, work_bytes) else Compile.OFF
+        return self.compile is Compile.ON
+
+    def compile_shapes(self, batch_size: int) -> None:
+        """Compile now every shape of the static step that the decoder may choose at this batch
+        size (a benchmark's warm-up: no compiling inside timed runs); nothing without the step."""
+        if self.static is not None:
+            with torch.inference_mode():
+                measure_pass_costs(self, batch_size, repeats=0, static=True)
+
+    def use_static(self, batch_size: int, max_bytes: int) -> bool:
+        """Whether a call decoding `batch_size` rows of up to `max_bytes` runs the static step."""
+        if not self._worth_compiling(batch_size, batch_size * max_bytes):
+            return False
+        if self.static is None:
+            self.static = StaticStep(self.model, self.stacked)
+        return True
+
+    # --- what a pass costs -------------------------------------------------------------------
+
+    def pass_costs(self, batch_size: int, *, static: bool = False) -> PassCosts:
+        """Seconds per pass for k heads over T nodes at this batch size, on the eager or the
+        compiled static step, measured on a grid at the middle of the context
+        (`measure_pass_costs`) the first time it is asked; for the compiled step, those that an
+        earlier process recorded in the compile cache when it compiled the step."""
+        if self._fixed_costs is not None:  # given: used as they are, never calibrated
+            return self._fixed_costs
+        key, stacked = (batch_size, static), self.stacked is not None
+        if key not in self._costs and static:  # measured by an earlier process that compiled the step
+            table = cached_costs(self.model, stacked=stacked, batch_size=batch_size)
+            if table is not None:
+                self._costs[key] = PassCosts.from_dict(table, stepwise=True)
+        if key not in self._costs:
+            with torch.inference_mode():
+                self._costs[key] = measure_pass_costs(self, batch_size, static=static)
+            if static:
+                record_costs(self.model, stacked=stacked, batch_size=batch_size,
+                             costs_ms=self._costs[key].to_dict())
+        return self._costs[key]
+
+    def _calibrated(self, batch_size: int, *, measure: bool, static: bool) -> PassCosts | None:
+        """The costs that this run's passes calibrate: none when they were given, and under a
+        forced draft only those already measured (plain decoding never waits to measure)."""
+        if self._fixed_costs is not None:
+            return None
+        return self.pass_costs(batch_size, static=static) if measure else self._costs.get((batch_size, static))
+
+    # --- the steps of a pass -----------------------------------------------------------------
+
+    def prefill(self, rows: list[_Row], cache: KVCache, heads: int, sampling: Sampling) -> None:
+        """Run each row's window (EOS + prompt, or its newest part) through the model, right-
+        padded into one batch, and take the next byte and the candidates at its last position."""
+        model, seq_len = self.model, self.model.config.seq_len
+        windows = []
+        for row in rows:
+            tokens = row.tokens()
+            row.start = window_start(len(tokens), row.start, seq_len)
+            windows.append(tokens[row.start:])
+        lengths = [len(w) for w in windows]
+        ids = torch.full((len(rows), max(lengths)), EOS, dtype=torch.long)
+        for r, w in enumerate(windows):
+            ids[r, :len(w)] = torch.tensor(w, dtype=torch.long)
+        cache.lengths = [0] * len(rows)
+        logits = model.logits(ids.to(model.embed.weight.device), cache, heads=heads, stacked=self.stacked,
+                              last=[n - 1 for n in lengths])  # (B, 1, K, V)
+        cache.lengths = lengths
+        for row, logits_KV in zip(rows, logits[:, 0]):
+            self._propose(row, logits_KV, None, sampling)
+            row.stats.forward_passes += 1
+
+    @staticmethod
+    def _propose(row: _Row, logits_KV: torch.Tensor, nxt: int | None, sampling: Sampling,
+                 cand: list[list[int]] | None = None) -> None:
+        """The next byte (head 1's choice, unless verification already made it) and the heads'
+        candidates after it, from the logits (K, V) at the row's last accepted node."""
+        if sampling.greedy:
+            if cand is None:
+                masked = _masked(logits_KV)
+                cand = masked[1:].topk(TREE_RANKS, dim=-1).indices.tolist()
+                nxt = int(masked[0].argmax()) if nxt is None else nxt
+            row.nxt, row.cand = nxt, cand
+            return
+        probs = distribution(logits_KV, sampling)
+        row.nxt = _sample(probs[:1], sampling.generator)[0] if nxt is None else nxt
+        row.q = probs[1:]
+        row.cand = [[d] for d in _sample(row.q, sampling.generator)] if len(probs) > 1 else []
+
+    def draft(self, rows: list[_Row], tree: DraftTree) -> torch.Tensor:
+        """The ids of one pass (B, T): each row's next byte and its candidates laid out as the tree."""
+        ids = [[row.nxt] + [row.cand[d - 1][r] for d, r in zip(tree.depths[1:], tree.ranks[1:])]
+               for row in rows]
+        return torch.tensor(ids, device=self.model.embed.weight.device)
+
+    def forward(self, ids_BT: torch.Tensor, tree: DraftTree, cache: KVCache, *, heads: int,
+                static: bool) -> torch.Tensor:
+        """Logits (B, T, heads, V) of one pass of the tree after each row's cache, which it
+        advances: on the compiled static step, or eagerly with the layout built here."""
+        chain = tree.is_chain
+        if static:
+            return self.static(ids_BT, cache, heads=heads, depths=None if chain else tree.depths,
+                               ancestors=None if chain else tree.ancestors)
+        model = self.model
+        layout = Layout(cache.lengths, tree.T, rope=(model.rope_cos, model.rope_sin), cached=True,
+                        depths=None if chain else list(tree.depths), ancestors=None if chain else tree.ancestors)
+        return model.logits(ids_BT, cache, heads=heads, stacked=self.stacked, layout=layout)
+
+    def verify_greedy(self, logits_BTKV: torch.Tensor, rows: list[_Row], tree: DraftTree,
+                      offered: list[int]) -> list[tuple[list[int], int, list[list[int]]]]:
+        """For each row: the accepted path (node indices from the root), head 1's byte after it
+        and the heads' candidates there. A child is accepted when its byte is head 1's choice at
+        its parent and its depth is within what the row may use (`offered`)."""
+        masked = _masked(logits_BTKV)
+        picks = masked[:, :, 0].argmax(-1).tolist()  # (B, T)
+        cands = masked[:, :, 1:].topk(TREE_RANKS, dim=-1).indices.tolist() if masked.shape[2] > 1 else None
+        kids = tree.children
+        out = []
+        for b, row in enumerate(rows):
+            path, node = [0], 0
+            while True:
+                want = picks[b][node]
+                nxt = next((c for c in kids[node] if tree.depths[c] <= offered[b]
+                            and row.cand[tree.depths[c] - 1][tree.ranks[c]] == want), None)
+                if nxt is None:
+                    break
+                path.append(nxt)
+                node = nxt
+            out.append((path, picks[b][node], cands[b][node] if cands is not None else []))
+        return out
+
+    @staticmethod
+    def verify_sampled(logits_BTKV: torch.Tensor, rows: list[_Row], offered: list[int],
+                       sampling: Sampling, live: list[bool]) -> list[tuple[list[int], int]]:
+        """For each row (a chain): the accepted path and the byte after it, by `verify_sampled`.
+        Finished rows draw nothing, so a row's draws do not depend on whether the finished rows
+        of its batch are still in the cache."""
+        out = []
+        for b, row in enumerate(rows):
+            if not live[b]:
+                out.append(([0], EOS))
+                continue
+            n = offered[b]
+            p = distribution(logits_BTKV[b, :n + 1, 0], sampling)
+            n_ok, nxt = verify_sampled(p, row.q, [c[0] for c in row.cand[:n]], sampling.generator)
+            out.append((list(range(n_ok + 1)), nxt))
+        return out
+
+    def accept(self, row: _Row, b: int, path: list[int], tree: DraftTree, cache: KVCache, *,
+               start: int, layers: int, offered: int) -> bool:
+        """Emit the accepted drafts (until the output ends), count them, record what the heads
+        got right, and keep the path's cache slots; True when the row is finished."""
+        stats = row.stats
+        stats.forward_passes += 1
+        emitted, done = 0, False
+        for node in path[1:]:
+            byte = row.cand[tree.depths[node] - 1][tree.ranks[node]]
+            done = row.out.emit(byte)
+            emitted += byte != EOS
+            if done:
+                break
+        for depth in range(1, offered + 1):
+            stats.count(depth, used=depth <= emitted)
+        cache.compact(b, [start + node for node in path], layers=layers)
+        cache.lengths[b] = start + len(path)
+        return done
+
+    @staticmethod
+    def _record(profile: AcceptanceProfile, row: _Row, path: list[int], nxt: int, tree: DraftTree,
+                offered: int, *, greedy: bool) -> None:
+        """What the heads got right this pass: at each depth up to the first miss, the rank of
+        the true byte among that head's candidates (sampling: accepted or not)."""
+        truth = [row.cand[tree.depths[n] - 1][tree.ranks[n]] for n in path[1:]] + [nxt]
+        for depth in range(1, min(len(truth), len(row.cand), max(offered, 1)) + 1):
+            if greedy:
+                ranks = row.cand[depth - 1]
+                profile.record(depth, ranks.index(truth[depth - 1]) if truth[depth - 1] in ranks else None)
+            elif depth <= offered:
+                profile.record(depth, 0 if depth < len(truth) else None)
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[bytes | str], *, max_bytes: int, draft: Draft | str = Draft(),
+                 sampling: Sampling | None = None, stop: tuple[bytes, ...] = (),
+                 on_bytes: Callable[[int, bytes], None] | None = None,
+                 cancel: Callable[[], bool] | None = None) -> list[Generation]:
+        """Decode many prompts at once, drafting as `draft` says (a `Draft` or its name: by
+        default the heads and the draft are chosen each pass; "plain" decodes one byte a pass).
+
+        Each row accepts its own number of bytes per pass and leaves the batch when it
+        finishes; every row equals that row decoded alone. `on_bytes(row, piece)` streams.
+        `cancel()`, asked before every pass, ends decoding when it returns True: each row keeps
+        what it has, stopped by "interrupted" (a Ctrl-C handler sets it). Prompts and stop
+        strings may be bytes or str (encoded as UTF-8).
+        """
+        prompts, stop = as_prompt_list(prompts), tuple(as_bytes(s) for s in stop)
+        sampling = sampling or Sampling()
+        model, n_future, seq_len = self.model, self.model.config.n_future, self.model.config.seq_len
+        draft = (Draft.parse(draft) if isinstance(draft, str) else draft).for_model(n_future)
+        forced = draft.heads
+        use_tree = sampling.greedy and draft.shape != "chain" and (forced is None or draft.shape == "tree")
+        t0 = time.perf_counter()
+        depths = 0 if forced == 1 else (forced or n_future) - 1
+        rows = [_Row(p, Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
+                                max_bytes=max_bytes, stop=stop,
+                                on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))))
+                for r, p in enumerate(prompts)]
+        if not rows:
+            return []
+        if max_bytes == 0:
+            for row in rows:
+                row.out.stats.stopped_by = "max_bytes"
+            return [row.out.result(t0) for row in rows]
+        profile = self.profiles[sampling.greedy]
+
+        static = self.use_static(len(rows), max_bytes)
+
+        def plan() -> Choice:  # with the costs of the batch as it started (rows that finish leave)
+            if forced is not None and (forced == 1 or not use_tree):
+                tree = DraftTree.chain(forced - 1)
+                return Choice(forced, tree, 0.0, 0.0)
+            return choose(profile, self.pass_costs(len(rows), static=static), max_heads=n_future, tree=use_tree,
+                          heads=forced)
+
+        choice = self.last_choice = plan()
+        state = _Batch(rows, KVCache.for_model(model, batch_size=len(rows), max_len=seq_len + MAX_NODES),
+                       warm=choice.heads, sampling=sampling, profile=profile, static=static,
+                       costs=self._calibrated(len(rows), measure=forced is None or use_tree, static=static))
+        self.prefill(rows, state.cache, state.warm, sampling)
+        passes = 0
+        while self.emit_next(state):
+            if cancel is not None and cancel():
+                for r, row in enumerate(rows):
+                    if r not in state.finished:
+                        row.out.stats.stopped_by = "interrupted"
+                break
+            state.drop_finished()
+            if passes % 16 == 0 and (forced is None or use_tree):  # re-plan from the newest profile
+                choice = self.last_choice = plan()
+            self.step(state, choice)
+            passes += 1
+        return [row.out.result(t0) for row in rows]
+
+    def emit_next(self, state: _Batch) -> bool:
+        """Emit each row's next byte, sliding the windows that are full (a slide runs the row's
+        newest context again, which chooses its next byte anew); False when all are finished."""
+        seq_len = self.model.config.seq_len
+        for b, r in enumerate(state.active):
+            row = state.rows[r]
+            while r not in state.finished:
+                if row.out.emit(row.nxt):
+                    state.finished.add(r)
+                    break
+                moved = window_start(row.n_tokens, row.start, seq_len)
+                if moved == row.start:
+                    break
+                row.start = moved
+                row.stats.slides += 1
+                view = state.cache.row(b)
+                self.prefill([row], view, state.warm, state.sampling)
+                state.cache.lengths[b] = view.lengths[0]
+        return len(state.finished) < len(state.rows)
+
+    def step(self, state: _Batch, choice: Choice) -> None:
+        """One speculative pass over the batch: draft, run, verify, accept; its time calibrates
+        the pass costs (under automatic choice)."""
+        t0 = time.perf_counter()
+        model, cache, seq_len = self.model, state.cache, self.model.config.seq_len
+        k = min(choice.heads, state.warm)  # heads whose caches are complete can run
+        tree = choice.tree.truncated(state.warm - 1)  # ... and only they gave candidates
+        batch = [state.rows[r] for r in state.active]
+        # a row offers drafts up to the depth that max_bytes and its window leave
+        offered = [0 if r in state.finished else
+                   min(tree.depth, row.out.max_bytes - len(row.out.data),
+                       context_left(row.n_tokens, row.start, seq_len))
+                   for r, row in zip(state.active, batch)]
+        starts = list(cache.lengths)
+        logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static)
+        cache.rewind(tree.T)
+        layers = model.config.trunk_layers + k * model.config.layers_per_head
+        sampling = state.sampling
+        if sampling.greedy:
+            verdicts = self.verify_greedy(logits, batch, tree, offered)
+        else:
+            live = [r not in state.finished for r in state.active]
+            verdicts = [(path, nxt, None) for path, nxt in self.verify_sampled(logits, batch, offered, sampling, live)]
+        shapes: dict[int, str] = {}  # the shape offered to rows that may use drafts to a depth, by depth
+        gained = []  # bytes each live row gets from this pass
+        for b, (r, row) in enumerate(zip(state.active, batch)):
+            if r in state.finished:
+                continue
+            path, nxt, cand = verdicts[b]
+            gained.append(len(path))
+            if state.profile is not None:
+                self._record(state.profile, row, path, nxt, tree, offered[b], greedy=sampling.greedy)
+            row.stats.heads_used[k] = row.stats.heads_used.get(k, 0) + 1
+            if offered[b] not in shapes:
+                shapes[offered[b]] = tree.truncated(offered[b]).describe()
+            row.stats.shapes[shapes[offered[b]]] = row.stats.shapes.get(shapes[offered[b]], 0) + 1
+            if self.accept(row, b, path, tree, cache, start=starts[b], layers=layers, offered=offered[b]):
+                state.finished.add(r)
+                continue
+            self._propose(row, logits[b, path[-1], :k], nxt, sampling, cand)
+        state.warm = k
+        if state.costs is not None and not (state.static and self.static.last_was_new):  # compiling: not a cost
+            state.costs.observe(k, tree.T, time.perf_counter() - t0,
+                                bytes_per_row=sum(gained) / max(1, len(gained)))
+
+
+class _Batch:
+    """The rows being decoded together in one call, and how: cache row b holds rows[active[b]];
+    finished rows stay in the cache (fed, never accepted) until half of them are, then the cache
+    drops them (not on the static step, whose batch shape stays). `profile` learns from the
+    passes and `costs` are calibrated by them (None: not)."""
+
+    def __init__(self, rows: list[_Row], cache: KVCache, *, warm: int, sampling: Sampling,
+                 profile: AcceptanceProfile | None, costs: PassCosts | None, static: bool = False):
+        self.rows, self.cache, self.warm = rows, cache, warm  # warm: heads whose caches are complete
+        self.sampling, self.profile, self.costs, self.static = sampling, profile, costs, static
+        self.active = list(range(len(rows)))
+        self.finished: set[int] = set()
+
+    def drop_finished(self) -> None:
+        live = [b for b, r in enumerate(self.active) if r not in self.finished]
+        if not self.static and len(live) * 2 <= len(self.active) and len(live) < len(self.active):
+            self.cache.keep(live)
+            self.active = [self.active[b] for b in live]
+
+
+def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5,
+                       static: bool = False) -> PassCosts | None:
+    """Seconds per decoding step (draft, forward pass, verify, accept) of k heads over T nodes,
+    for k in 1, 2, 4, all and T in 1, 2, 4, 8, 16 (T >= k), on rows in the middle of the context: the
+    fastest of interleaved repeats after a warm-up round, timed as `Decoder.step` runs, on the
+    eager or the compiled static step (whose costs step from bucket to bucket). With no repeats,
+    only the warm-up round runs (every shape compiled) and nothing is returned."""
+    model = decoder.model
+    n, seq_len = model.config.n_future, model.config.seq_len
+    ks = sorted({1, min(2, n), min(4, n), n})
+    Ts = [1, 2, 4, 8, MAX_NODES]
+    flat = AcceptanceProfile(n, prior=[0.5] * (n - 1), strength=1.0)
+    # k heads over fewer than k nodes draft too shallow a tree to need them all: such a pass does no
+    # better than one of fewer heads, so it is charged what k nodes cost and never measured (on the
+    # compiled step, six graphs fewer to compile)
+    shapes = {(k, T): DraftTree.from_paths([p for p, _ in best_tree(flat, k - 1, T, ranks=TREE_RANKS)])
+              for k in ks for T in Ts if T >= k or k == T == 1}
+    rows = [_Row(b"", Output(SpeculativeStats(), max_bytes=1 << 30, stop=(), on_bytes=None))
+            for _ in range(batch_size)]
+    cache = KVCache.for_model(model, batch_size=batch_size, max_len=seq_len + MAX_NODES)
+    # the dummy rows teach no profile and calibrate nothing
+    state = _Batch(rows, cache, warm=max(ks), sampling=Sampling(), profile=None, costs=None, static=static)
+    device = model.embed.weight.device
+    times: dict[tuple[int, int], list[float]] = {key: [] for key in shapes}
+    for rep in range(repeats + 1):
+        for (k, T), tree in shapes.items():
+            for row in rows:
+                row.nxt, row.cand, row.start = 0, [list(range(TREE_RANKS))] * (n - 1), 0
+                row.out.data = bytearray(b"x" * (seq_len // 2))
+            cache.lengths = [seq_len // 2] * batch_size
+            state.warm, state.finished = max(ks), set()
+            synchronize(device)
+            t0 = time.perf_counter()
+            decoder.step(state, Choice(k, tree, 0.0, 0.0))
+            synchronize(device)
+            if rep:  # the first round warms up
+                times[k, T].append(time.perf_counter() - t0)
+    if not repeats:
+        return None
+    table = {key: min(v) for key, v in times.items()}
+    for k in ks[1:]:
+        for T in Ts:
+            if T < k:
+                table[k, T] = table[k, next(T2 for T2 in Ts if T2 >= k)]
+    for T in Ts[1:]:  # one head drafts nothing: its row is only ever read at T = 1
+        table[1, T] = table[min(2, n), T] if n > 1 else table[1, 1]
+    return PassCosts(table, stepwise=static)
+
+
+def generate_batch(model: ByteMTP, prompts: list[bytes | str], *, max_bytes: int, draft: Draft | str = Draft(),
+                   sampling: Sampling | None = None, stop: tuple[bytes, ...] = (),
+                   on_bytes: Callable[[int, bytes], None] | None = None, cancel: Callable[[], bool] | None = None,
+                   stacked: bool = True, costs: PassCosts | None = None,
+                   compile: Compile | str | bool = Compile.AUTO) -> list[Generation]:
+    """`Decoder(model).generate(...)` in one call (a new decoder: stacks the heads and, for the
+    automatic choice, measures pass costs; make one `Decoder` to decode many times)."""
+    return Decoder(model, stacked=stacked, costs=costs, compile=compile).generate(
+        prompts, max_bytes=max_bytes, draft=draft, sampling=sampling, stop=stop, on_bytes=on_bytes, cancel=cancel)
+
+
+def generate_speculative(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, draft: Draft | str = Draft(),
+                         sampling: Sampling | None = None, stop: tuple[bytes, ...] = (),
+                         on_bytes: Callable[[bytes], None] | None = None, **kw) -> Generation:
+    """Self-speculative decoding of one prompt (see `Decoder.generate`)."""
+    return generate_batch(model, [prompt], max_bytes=max_bytes, draft=draft, sampling=sampling, stop=stop,
+                          on_bytes=None if on_bytes is None else (lambda _, piece: on_bytes(piece)), **kw)[0]

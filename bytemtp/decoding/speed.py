@@ -1,0 +1,126 @@
+"""Speed measurement of decoding, in one place: the timing of a call, the warm-up, the
+interleaving of the modes compared, the speedup with its spread, and the rule that refuses an
+impossible speedup. `bench decode`, `generate --compare` and HumanEval's `--compare` all measure
+through it.
+
+A comparison decodes the same batches in every mode, the modes in turn on each batch, so that a
+busy moment of a noisy machine hits them alike; each mode runs once first (its pass costs
+measured, its graphs compiled, the acceptance profile learnt, the allocator warm). A mode is a
+decoder (eager or compiled) and the arguments of its `generate` call.
+"""
+
+from __future__ import annotations
+
+import time
+
+from bytemtp.decoding.decode import Decoder
+from bytemtp.decoding.drafting import Draft
+from bytemtp.decoding.generation import Generation, as_bytes
+from bytemtp.runtime.devices import synchronize
+
+DECODE_MODES = ("auto", "chain-2", "chain-4", "chain-all", "tree-4", "tree-all")  # `Draft` names
+
+
+def timed_generate(decoder: Decoder, prompts: list[bytes | str], **kwargs) -> tuple[list[Generation], float]:
+    """`decoder.generate(prompts, **kwargs)` and the seconds it took, the device's queued work
+    included: what a comparison of decoding modes times."""
+    device = decoder.model.embed.weight.device
+    synchronize(device)
+    t0 = time.perf_counter()
+    generations = decoder.generate(prompts, **kwargs)
+    synchronize(device)
+    return generations, time.perf_counter() - t0
+
+
+def speedup_is_impossible(speedup: float, bytes_per_forward: float) -> bool:
+    """Whether a measured speedup over plain decoding exceeds what its bytes per pass allow (a
+    speculative pass never costs less than a plain one), beyond a margin for timing noise: then
+    the machine was busy during the measurement, and the figure says nothing. Only for modes that
+    run on the same step as the plain one (a compiled step against an eager one may gain more)."""
+    return speedup > 1.15 * bytes_per_forward + 0.05
+
+
+def interleaved_decodes(modes: dict[str, tuple[Decoder, dict]], batches: list[list[bytes]], *,
+                        max_bytes: int, rounds: int, progress=None, **common) -> tuple[dict, dict]:
+    """Decode every batch in every mode (name: (decoder, `generate` arguments)), `rounds` times,
+    the modes in turn on each batch, after a warm-up that runs each mode once on the first batch
+    (and compiles every shape of a compiled step, so that no timed run compiles).
+    Returns took[mode][round][batch] (seconds) and outs[mode][batch] (the last round's generations)."""
+    for decoder, args in modes.values():
+        decoder.generate(batches[0], max_bytes=min(max_bytes, 64), **common, **args)
+    for decoder in {id(d): d for d, _ in modes.values()}.values():
+        decoder.compile_shapes(len(batches[0]))
+    took = {m: [[0.0] * len(batches) for _ in range(rounds)] for m in modes}
+    outs: dict[str, list] = {m: [None] * len(batches) for m in modes}
+    for rnd in range(rounds):
+        for i, batch in enumerate(batches):
+            for mode, (decoder, args) in modes.items():
+                outs[mode][i], took[mode][rnd][i] = timed_generate(decoder, batch, max_bytes=max_bytes,
+                                                                   **common, **args)
+            if progress is not None:
+                progress()
+    return took, outs
+
+
+def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", same_step: bool = True) -> dict:
+    """One mode against plain decoding, from `interleaved_decodes`: speedup = plain time / mode
+    time over all batches and rounds, its spread (each batch and round's ratio), bytes per pass
+    (output bytes over the passes each row took part in), pass cost (the mode's time per pass over
+    plain's), both speeds, whether the outputs are identical, the heads run and the commonest draft
+    shapes. A speedup above bytes per pass is impossible (a pass never costs less than a plain
+    one) and is refused as a bad measurement, on runs long enough to judge (a second of plain
+    decoding), where both run on the same step (`same_step`)."""
+    gens = [g for got in outs[mode] for g in got]
+    n_bytes = sum(g.stats.bytes_out for g in gens)
+    plain_time, mode_time = sum(map(sum, took[base])), sum(map(sum, took[mode]))
+    ratios = sorted(p / m for p_round, m_round in zip(took[base], took[mode]) for p, m in zip(p_round, m_round))
+    passes = sum(max(g.stats.forward_passes for g in got) for got in outs[mode])
+    plain_passes = sum(max(g.stats.forward_passes for g in got) for got in outs[base])
+    heads_used, shapes = {}, {}
+    for g in gens:
+        for key, n in getattr(g.stats, "heads_used", {}).items():
+            heads_used[key] = heads_used.get(key, 0) + n
+        for key, n in getattr(g.stats, "shapes", {}).items():
+            shapes[key] = shapes.get(key, 0) + n
+    rounds = len(took[mode])
+    case = {"mode": mode, "speedup": plain_time / mode_time, "speedup_min": ratios[0], "speedup_max": ratios[-1],
+            "speedup_runs": ratios,
+            "bytes_per_forward": n_bytes / max(1, sum(g.stats.forward_passes for g in gens)),
+            "pass_cost": (mode_time / passes) / (plain_time / plain_passes),
+            "plain_bytes_s": n_bytes * rounds / plain_time, "spec_bytes_s": n_bytes * rounds / mode_time,
+            "identical": [[g.output for g in got] for got in outs[mode]]
+            == [[g.output for g in got] for got in outs[base]],
+            "heads_used": heads_used, "shapes": dict(sorted(shapes.items(), key=lambda kv: -kv[1])[:3])}
+    if same_step and plain_time > 1.0 and speedup_is_impossible(case["speedup"], case["bytes_per_forward"]):
+        raise RuntimeError(f"decode benchmark contradicts itself ({mode}): speedup {case['speedup']:.2f} at "
+                           f"{case['bytes_per_forward']:.2f} bytes per pass, but a pass never costs less than "
+                           "a plain one; rerun on a quieter machine")
+    return case
+
+
+def compare_decoding(decoder: Decoder, prompt: bytes | str, *, max_bytes: int, draft: Draft | str = Draft(),
+                     stop: tuple = (), rounds: int = 3) -> dict:
+    """Plain greedy against self-speculative greedy decoding of one prompt, interleaved (`rounds`
+    times after a warm-up): the figures of `speed_figures`, the plain output and `degenerate`,
+    whether that output is one byte repeated (a continuation that says little about speed).
+
+    When the decoder runs compiled, eager plain decoding runs too, as the baseline the compiled
+    step is measured against: `eager_plain_bytes_s`, `compiled_plain_speedup` (compiled plain
+    over eager plain) and `eager_speedup` (speculative over eager plain); `identical` then also
+    covers the eager output."""
+    modes = {"plain": (decoder, {"draft": Draft.plain()}), "speculative": (decoder, {"draft": draft})}
+    compiled = decoder.settle_compile(batch_size=1, work_bytes=max_bytes * (2 * rounds + 2))
+    if compiled:
+        modes["eager plain"] = (Decoder(decoder.model, compile="off"), {"draft": Draft.plain()})
+    took, outs = interleaved_decodes(modes, [[as_bytes(prompt)]], max_bytes=max_bytes, rounds=rounds, stop=stop)
+    output = outs["plain"][0][0].output
+    res = {**speed_figures(took, outs, "speculative"), "output": output, "compiled": compiled,
+           "degenerate": len(output) > 1 and len(set(output)) == 1}
+    if compiled:
+        eager = speed_figures(took, outs, "plain", base="eager plain", same_step=False)
+        spec = speed_figures(took, outs, "speculative", base="eager plain", same_step=False)
+        res.update(eager_plain_bytes_s=eager["plain_bytes_s"], compiled_plain_speedup=eager["speedup"],
+                   eager_speedup=spec["speedup"], identical=res["identical"] and eager["identical"])
+        if decoder.static is not None:
+            res["compile_stats"] = decoder.static.stats()
+    return res

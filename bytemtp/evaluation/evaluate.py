@@ -1,0 +1,296 @@
+"""Evaluation of a trained model on any corpus: every head's bits per byte and top-1 accuracy,
+and the acceptance profile that self-speculative decoding would see.
+
+The acceptance profile, from the true text: at a position t, draft head j (j = 2..K) is right
+when its greedy byte equals the byte j positions ahead. For each k, `acceptance[k]` is the
+fraction of positions at which heads 2..k are all right, among the positions whose targets 1..k
+all lie inside the document. Greedy self-speculative decoding with k heads emits head 1's byte
+plus the drafts up to the first wrong one, so where head 1 follows the text it emits on average
+1 + acceptance[2] + ... + acceptance[k] bytes per forward pass (`bytes_per_forward[k]`). Decoding
+verifies against the model's own greedy continuation rather than the text, so this is a
+prediction from the data, not a measurement of decoding (`bytemtp bench decode` measures that).
+
+The agreement profile asks what decoding asks, with the text as context: draft head j agrees at
+t when its greedy byte equals head 1's greedy byte at t + j - 1, the position where that byte is
+next (what the teacher term trains, `bytemtp.model.loss`). `agreement[k]` is the fraction of positions
+at which heads 2..k all agree, and `agreed_bytes_per_forward[k]` = 1 + agreement[2] + ... +
+agreement[k]; it does not need head 1 to be right, so it is the closer of the two predictions
+for a model whose next-byte head is weak.
+
+Under torchrun every rank evaluates its own share of the corpus; the sums are added over the
+ranks before anything is divided.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from bytemtp.config import DataConfig
+from bytemtp.data.corpus import corpus_files, iter_documents
+from bytemtp.data.loader import ByteLoader
+from bytemtp.data.shards import MANIFEST, CorpusError
+from bytemtp.model.loss import IGNORE, LN2, future_targets, head_loss
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime import distributed as dist_lib
+from bytemtp.runtime.checkpoint import load_model
+from bytemtp.runtime.devices import resolve_device
+from bytemtp.vocab import EOS
+
+
+def has_splits(data) -> bool:
+    """Whether a corpus spec names prepared corpora only (directories or manifests), whose
+    documents are split into train and val; any other corpus is just its files."""
+    items = data if isinstance(data, (list, tuple)) else [data]
+    return all(((Path(i).parent if Path(i).name == MANIFEST else Path(i)) / MANIFEST).is_file() for i in items)
+
+
+def held_out_split(data) -> str | None:
+    """The split that scores a model on text it did not train on: val where the corpus has
+    splits, else None (every file: a corpus without splits holds no held-out text)."""
+    return "val" if has_splits(data) else None
+
+
+def evaluate_checkpoint(ckpt, data: str, *, split: str | None = "val", batches: int = 50, batch_size: int = 8,
+                        device: str = "auto", dtype: str | None = None, progress=None) -> dict | None:
+    """`evaluate` of a checkpoint (or a run's newest), in the process group that torchrun
+    describes: each process evaluates its share and the sums are added. The result on rank 0,
+    None on the others (progress is reported on rank 0 only)."""
+    with dist_lib.process_group(resolve_device(device)) as d:
+        model, _ = load_model(ckpt, device=d.device, dtype=dtype)
+        result = evaluate(model, data, split=split, batches=batches, batch_size=batch_size, device=d.device,
+                          d=d, progress=progress if d.is_main else None)
+    return result if d.is_main else None
+
+
+@torch.inference_mode()
+def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: int = 50, batch_size: int = 8,
+             device: torch.device = torch.device("cpu"), d: dist_lib.Dist | None = None,
+             mask_after_eos: bool = True, progress=None) -> dict:
+    """Bits per byte, accuracy and the acceptance profile of `model` on up to `batches` batches
+    (per rank) of one pass over the corpus (its `split`: val, train, or None for every file; a
+    corpus that is not prepared has no splits, so only None). Training's validation is this too.
+
+    One pass: a batch that runs into the second epoch is left out, unless it is the first (a
+    split shorter than one batch is still scored). Under torchrun each rank reads its share, the
+    ranks run their forward passes in step until every share is done (a sharded model needs every
+    rank in each forward pass; a rank that is done scores nothing more), and the sums are added
+    over the ranks before anything is divided. The model's train/eval mode is restored."""
+    if split is not None and not has_splits(data):
+        raise CorpusError(f"{data} is not a prepared corpus, so it has no splits (no {split} split); "
+                          "pass split=None to evaluate every file, or prepare it with bytemtp prep")
+    d = d or dist_lib.Dist(device=device)
+    cfg = model.config
+    K = cfg.n_future
+    loader = ByteLoader(DataConfig(path=data, batch_size=batch_size, shuffle_buffer=1), cfg, rank=d.rank,
+                        world_size=d.world_size, split=split)
+    if not loader.files:
+        raise CorpusError(f"{data} has no {split} split to evaluate; pass split=None to read every file")
+    sums = torch.zeros(5, K, dtype=torch.float64)  # nats, correct, count per head; accepted, agreed per k
+    runs = torch.zeros(2, K, dtype=torch.float64)  # positions whose targets 1..k are all valid; and head 1's
+    was_training = model.training
+    model.eval()
+    done = False  # this rank's pass is over: every document once
+    for i in range(batches):
+        batch = next(loader).to(device)
+        done = done or (loader.epoch > 0 and i > 0)
+        # ranks run forward passes together until every one is done (a sharded model gathers
+        # weights in each), but a rank whose pass is over scores nothing more
+        if not (dist_lib.any_rank(not done, d, device) if d.active else not done):
+            break
+        targets_BTK = future_targets(batch, n_future=K, mask_after_eos=mask_after_eos)
+        z_BTD = model(batch[:, :targets_BTK.shape[1]])
+        right_BTK = torch.zeros(targets_BTK.shape, dtype=torch.bool, device=device)
+        agree_BTK = torch.ones(targets_BTK.shape, dtype=torch.bool, device=device)
+        T = targets_BTK.shape[1]
+        for k, h_BTD in model.head_states(z_BTD):
+            logits = model.head_logits(k, h_BTD)
+            h = head_loss(logits, targets_BTK[:, :, k])
+            greedy_BT = logits.argmax(-1)
+            right_BTK[:, :, k] = (greedy_BT == targets_BTK[:, :, k]) & (targets_BTK[:, :, k] != IGNORE)
+            if k == 0:
+                head1_BT = greedy_BT
+            else:  # head 1 makes this byte's prediction at t + k; the last k positions have no partner
+                agree_BTK[:, :T - k, k] = greedy_BT[:, :T - k] == head1_BT[:, k:]
+                agree_BTK[:, T - k:, k] = False
+            if not done:
+                sums[:3, k] += torch.tensor([float(h.nats), float(h.correct), float(h.count)], dtype=torch.float64)
+        if done:
+            continue
+        valid_BTK = targets_BTK != IGNORE
+        all_valid = valid_BTK.cumprod(dim=-1).bool()  # targets 1..k inside the document
+        drafts_right = right_BTK.clone()
+        drafts_right[:, :, 0] = True  # head 1's byte is emitted whatever; drafts are heads 2..k
+        all_right = drafts_right.cumprod(dim=-1).bool() & all_valid
+        paired = all_valid & (torch.arange(T, device=device)[:, None] + torch.arange(K, device=device) < T)
+        all_agree = agree_BTK.cumprod(dim=-1).bool() & paired
+        sums[3] += all_right.flatten(0, 1).sum(0).double().cpu()
+        sums[4] += all_agree.flatten(0, 1).sum(0).double().cpu()
+        runs[0] += all_valid.flatten(0, 1).sum(0).double().cpu()
+        runs[1] += paired.flatten(0, 1).sum(0).double().cpu()
+        if progress is not None:
+            progress()
+    model.train(was_training)
+    if d.active:
+        both = torch.cat([sums.flatten(), runs.flatten()]).to(device)
+        torch.distributed.all_reduce(both)
+        both = both.cpu()
+        sums, runs = both[:5 * K].view(5, K), both[5 * K:].view(2, K)
+    nats, correct, count, accepted, agreed = sums
+    if count[0] == 0:
+        raise CorpusError(f"{data} gave no bytes to evaluate ({split or 'all'} split)")
+    acceptance = (accepted / runs[0].clamp(min=1)).tolist()
+    agreement = (agreed / runs[1].clamp(min=1)).tolist()
+    acceptance[0] = agreement[0] = 1.0
+    return {
+        "bytes": int(count[0]),
+        "bpb": (nats / count.clamp(min=1) / LN2).tolist(),
+        "accuracy": (correct / count.clamp(min=1)).tolist(),
+        "acceptance": {k + 1: acceptance[k] for k in range(1, K)},
+        "bytes_per_forward": {k + 1: 1 + sum(acceptance[1:k + 1]) for k in range(1, K)},
+        "agreement": {k + 1: agreement[k] for k in range(1, K)},
+        "agreed_bytes_per_forward": {k + 1: 1 + sum(agreement[1:k + 1]) for k in range(1, K)},
+    }
+
+
+def val_prompts(data_path: str, *, n: int, prompt_bytes: int) -> list[bytes]:
+    """The first `prompt_bytes` bytes of the first n documents of a corpus's val split that are
+    at least that long: held-out prompts."""
+    files = corpus_files(data_path, split="val")
+    prompts = []
+    for path in files:
+        for doc in iter_documents(path):
+            if len(doc) >= prompt_bytes:
+                prompts.append(doc[:prompt_bytes])
+                if len(prompts) == n:
+                    return prompts
+    if not prompts:
+        raise CorpusError(f"the val split of {data_path} has no document of {prompt_bytes} bytes or more")
+    return prompts
+
+
+def decoded_bytes_per_pass(model: ByteMTP, prompts: list[bytes], *, max_bytes: int = 150,
+                           drafts: tuple[str, ...] = ("chain-all", "tree-all"), batch_size: int = 8,
+                           progress=None) -> dict[str, float]:
+    """Bytes per forward pass of greedy self-speculative decoding with each fixed draft
+    (`decode.Draft` names), measured by decoding the prompts: what the heads give back,
+    whatever a pass costs on this machine. Eager passes (nothing to compile)."""
+    from bytemtp.decoding.decode import Decoder
+    from bytemtp.decoding.drafting import Draft
+
+    decoder = Decoder(model, compile="off")
+    result = {}
+    for name in drafts:
+        out = passes = 0
+        for first in range(0, len(prompts), batch_size):
+            gens = decoder.generate(prompts[first:first + batch_size], max_bytes=max_bytes, draft=Draft.parse(name))
+            out += sum(len(g.output) for g in gens)
+            passes += sum(g.stats.forward_passes for g in gens)
+            if progress is not None:
+                progress()
+        result[name] = out / max(1, passes)
+    return result
+
+
+def draft_report(model: ByteMTP, data: str, *, batches: int = 20, batch_size: int = 8, prompts: int = 16,
+                 prompt_bytes: int = 128, max_bytes: int = 150, device: torch.device = torch.device("cpu"),
+                 progress=None) -> dict:
+    """What a model's draft heads give decoding, on held-out text: every head's bits per byte, the
+    agreement profile (`evaluate`), and the bytes per pass of greedy decoding with a chain and a
+    tree of all heads from `prompts` held-out prompts (0: no decoding)."""
+    split = held_out_split(data)
+    res = evaluate(model, data, split=split, batches=batches, batch_size=batch_size, device=device,
+                   progress=progress)
+    report = {"split": split or "all", "bytes": res["bytes"], "bpb": res["bpb"], "agreement": res["agreement"],
+              "agreed_bytes_per_forward": res["agreed_bytes_per_forward"], "decoded_bytes_per_forward": {}}
+    if prompts and model.config.n_future > 1 and split:
+        decoded = held_out_decoding(model, data, prompts=prompts, prompt_bytes=prompt_bytes, max_bytes=max_bytes)
+        report.update(prompts=decoded["prompts"], max_bytes=max_bytes,
+                      decoded_bytes_per_forward=decoded["bytes_per_forward"])
+    return report
+
+
+def held_out_decoding(model: ByteMTP, data: str, *, prompts: int = 16, prompt_bytes: int = 128,
+                      max_bytes: int = 150) -> dict:
+    """`decoded_bytes_per_pass` on the first `prompts` val documents of a prepared corpus (their
+    first `prompt_bytes` bytes): {"prompts": how many, "max_bytes", "bytes_per_forward": per draft}."""
+    held_out = val_prompts(data, n=prompts, prompt_bytes=prompt_bytes)
+    return {"prompts": len(held_out), "max_bytes": max_bytes,
+            "bytes_per_forward": decoded_bytes_per_pass(model, held_out, max_bytes=max_bytes)}
+
+
+ANSWER_MAX_BYTES = 32  # how far task_accuracy decodes an answer that must end with EOS
+
+
+def task_context(test: dict, *, until_eos: bool = True, max_bytes: int = ANSWER_MAX_BYTES) -> int:
+    """The context that task_accuracy needs for a test set: the leading EOS, the longest prompt
+    and what is decoded after it."""
+    return max(1 + len(p.prompt.encode()) + (max_bytes if until_eos else len(p.answer.encode()))
+               for items in test.values() for p in items)
+
+
+def task_accuracy(model: ByteMTP, test: dict, *, batch_size: int = 64, max_bytes: int = ANSWER_MAX_BYTES,
+                  until_eos: bool = True, progress=None) -> dict:
+    """Greedy exact-match accuracy for each group of a task's test set ({group: [problem]}, each
+    with a prompt and an answer). With until_eos the model continues each prompt until EOS (at
+    most max_bytes) and the continuation must be the answer; without, it continues for as many
+    bytes as the answer has, and they must be the answer. Decoding is self-speculative where the
+    model has heads to draft with (the same bytes as plain greedy decoding), batch_size problems
+    at a time."""
+    from bytemtp.decoding.decode import Decoder
+
+    decoder = Decoder(model)  # heads stacked once, pass costs measured once, acceptance kept
+    accuracy = {}
+    for group, items in test.items():
+        right = 0
+        for first in range(0, len(items), batch_size):
+            chunk = items[first:first + batch_size]
+            answers = [p.answer.encode() for p in chunk]
+            limit = max_bytes if until_eos else max(map(len, answers))
+            outs = decoder.generate([p.prompt.encode() for p in chunk], max_bytes=limit,
+                                    draft="auto" if model.config.n_future > 1 else "plain")
+            right += sum((out.output if until_eos else out.output[:len(answer)]) == answer
+                         for out, answer in zip(outs, answers))
+            if progress is not None:
+                progress(len(chunk))
+        accuracy[group] = right / len(items) if items else float("nan")
+    return accuracy
+
+
+@torch.inference_mode()
+def task_answer_scores(model: ByteMTP, test: dict, *, until_eos: bool = True, batch_size: int = 64) -> dict:
+    """Teacher-forced scores of the answers, a finer signal than exact match while a model is
+    still far from solving a task: for each group, the next-byte head's top-1 accuracy on the
+    answer bytes (and the EOS after them, with until_eos) given the true prefix (its newest
+    seq_len bytes where it is longer), and their bits per byte. {group: {"byte_accuracy": ..., "bpb": ..., "bytes": bytes scored}}."""
+    from bytemtp.model.kvcache import context_left
+
+    device = model.embed.weight.device
+    scores = {}
+    for group, items in test.items():
+        right = total = 0
+        nats = 0.0
+        for first in range(0, len(items), batch_size):
+            chunk = items[first:first + batch_size]
+            full = [[EOS, *p.prompt.encode(), *p.answer.encode(), *([EOS] if until_eos else [])]
+                    for p in chunk]
+            cuts = [max(0, -context_left(len(row), 0, model.config.seq_len)) for row in full]  # the newest context
+            rows = [row[cut:] for row, cut in zip(full, cuts)]
+            ids = torch.full((len(chunk), max(map(len, rows))), EOS, dtype=torch.long)
+            targets = torch.full(ids.shape, IGNORE, dtype=torch.long)
+            for r, (p, row) in enumerate(zip(chunk, rows)):
+                ids[r, :len(row)] = torch.tensor(row)
+                # position len(prompt) predicts the answer's first byte
+                start = max(0, len(p.prompt.encode()) - cuts[r])
+                targets[r, start:len(row) - 1] = torch.tensor(row[start + 1:])
+            logits = model.logits(ids.to(device), heads=1)[:, :, 0].float()
+            targets = targets.to(device)
+            mask = targets != IGNORE
+            picked, tgt = logits[mask], targets[mask]
+            right += int((picked.argmax(-1) == tgt).sum())
+            nats += float(torch.nn.functional.cross_entropy(picked, tgt, reduction="sum"))
+            total += int(mask.sum())
+        scores[group] = {"byte_accuracy": right / total if total else float("nan"),
+                         "bpb": nats / LN2 / total if total else float("nan"), "bytes": total}
+    return scores

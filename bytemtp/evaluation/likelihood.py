@@ -1,0 +1,113 @@
+"""Log-likelihoods of byte strings under the next-byte head: what an evaluation harness asks of
+a language model (`bytemtp.interop.harness` serves them to lm-evaluation-harness).
+
+Two questions, both over bytes (no tokenizer: the text's UTF-8 bytes are the ids):
+
+- `loglikelihoods`: for (context, continuation) pairs, log p(continuation | context) and whether
+  greedy decoding from the context would write the continuation (every byte of it head 1's top
+  choice, given the true bytes before it);
+- `rolling_loglikelihoods`: log p(text) of whole texts, for perplexity and bits per byte.
+
+Every sequence starts a document, as generation does: EOS, then the context, then what is scored
+(in the packed training stream every document follows an EOS). Where a sequence is longer than
+the model's context, it is scored in windows by one rule, `windows`: the scored bytes are cut
+into runs of at most seq_len from their start, each run predicted by one forward pass over the
+seq_len ids before its last byte. So every byte is predicted once; a run after the first (a
+full seq_len) is predicted from the ids of its own window only, exactly as `bytemtp eval` scores
+the windows of its packed stream (stride seq_len), so a text's rolling log-likelihood equals the
+nats that eval sums over the same bytes; the last, shorter run, and a continuation that fits the
+context whole, get as much context before them as the window holds (lm-evaluation-harness's
+rule for rolling log-likelihoods).
+
+Windows of all requests are batched together, longest first, and right-padded: padding after a
+causal window changes nothing before it.
+
+Legend: B batch, T time, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from bytemtp.model.model import ByteMTP
+from bytemtp.vocab import EOS
+
+
+@dataclass(frozen=True)
+class Window:
+    """One forward pass's worth of scoring: the input ids, where in them the first scored
+    prediction is (inputs[first] predicts targets[0]), the target ids, and the request it serves."""
+
+    inputs: tuple[int, ...]
+    first: int
+    targets: tuple[int, ...]
+    request: int
+
+
+def windows(context: bytes, continuation: bytes, *, seq_len: int, request: int = 0) -> list[Window]:
+    """The windows that score `continuation` after EOS + `context` (see the module docstring)."""
+    ids = (EOS, *context, *continuation)
+    out = []
+    start = 1 + len(context)  # ids[start:] are scored
+    while start < len(ids):
+        end = min(start + seq_len, len(ids))  # score ids[start:end]
+        lo = max(0, end - 1 - seq_len)  # the seq_len ids before the last scored one
+        out.append(Window(inputs=ids[lo:end - 1], first=start - 1 - lo, targets=ids[start:end], request=request))
+        start = end
+    return out
+
+
+@torch.inference_mode()
+def score_windows(model: ByteMTP, wins: list[Window], n_requests: int, *, batch_size: int = 8,
+                  progress: Callable[[int], None] | None = None) -> list[tuple[float, bool]]:
+    """(sum of log-probabilities in nats, all greedy) of each request's targets, from its windows.
+
+    Log-probabilities are taken over the whole padded vocabulary in float32 (as the loss and
+    `bytemtp eval` take them) and summed in float64."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} is not allowed; expected >= 1")
+    device = model.embed.weight.device
+    logprob = [0.0] * n_requests
+    greedy = [True] * n_requests
+    was_training = model.training
+    model.eval()
+    order = sorted(range(len(wins)), key=lambda i: -len(wins[i].inputs))
+    for first in range(0, len(order), batch_size):
+        batch = [wins[i] for i in order[first:first + batch_size]]
+        ids_BT = torch.full((len(batch), len(batch[0].inputs)), EOS, dtype=torch.long)
+        for r, w in enumerate(batch):
+            ids_BT[r, :len(w.inputs)] = torch.tensor(w.inputs)
+        logits_BTV = model.logits(ids_BT.to(device), heads=1)[:, :, 0].float()
+        logp_BTV = torch.log_softmax(logits_BTV, dim=-1)
+        for r, w in enumerate(batch):
+            positions = torch.arange(w.first, w.first + len(w.targets), device=device)
+            targets = torch.tensor(w.targets, device=device)
+            logprob[w.request] += float(logp_BTV[r, positions, targets].double().sum())
+            greedy[w.request] &= bool((logits_BTV[r, positions].argmax(-1) == targets).all())
+        if progress is not None:
+            progress(len(batch))
+    model.train(was_training)
+    return list(zip(logprob, greedy))
+
+
+def loglikelihoods(model: ByteMTP, pairs: list[tuple[bytes, bytes]], *, batch_size: int = 8,
+                   progress: Callable[[int], None] | None = None) -> list[tuple[float, bool]]:
+    """(log p(continuation | context) in nats, whether it is the greedy continuation) per pair."""
+    wins = [w for i, (ctx, cont) in enumerate(pairs)
+            for w in windows(ctx, cont, seq_len=model.config.seq_len, request=i)]
+    return score_windows(model, wins, len(pairs), batch_size=batch_size, progress=progress)
+
+
+def rolling_loglikelihoods(model: ByteMTP, texts: list[bytes], *, batch_size: int = 8,
+                           progress: Callable[[int], None] | None = None) -> list[float]:
+    """log p(text) in nats per text, each a new document (after EOS), in windows of the context."""
+    return [lp for lp, _ in loglikelihoods(model, [(b"", t) for t in texts], batch_size=batch_size,
+                                           progress=progress)]
+
+
+def n_windows(pairs: list[tuple[bytes, bytes]], *, seq_len: int) -> int:
+    """How many windows `loglikelihoods` runs for these pairs (for a progress bar's total)."""
+    return sum(-(-len(cont) // seq_len) for _, cont in pairs)

@@ -1,0 +1,29 @@
+"""Model FLOPs of a training step and the peak of the GPU it runs on: model FLOP utilisation."""
+
+from __future__ import annotations
+
+import torch
+
+from bytemtp.model.model import ByteMTP
+
+# dense bf16 peak of GPUs we know, for model FLOP utilisation
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+
+def step_flops(model: ByteMTP, tokens: int, seq_len: int) -> float:
+    """FLOPs of forward + backward: 6 per matmul weight per token, plus causal attention. The
+    matmul weights are the 2-D parameters but the embedding (a lookup); a shared unembedding
+    counts once per head, since every head multiplies by it, and the norms' weights not at all."""
+    cfg = model.config
+    weights = sum(p.numel() for p in model.parameters() if p.dim() == 2) - model.embed.weight.numel()
+    weights += (cfg.n_future - len(model.unembed)) * model.unembed[0].weight.numel()  # shared: K uses
+    attention = 6 * cfg.total_layers * seq_len * cfg.d_model  # QK^T and AV, causal half, fwd + bwd
+    return tokens * (6 * weights + attention)
+
+
+def peak_gpu_flops(device: torch.device) -> float | None:
+    """The dense bf16 peak of the GPU behind `device`, when it is one we know."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)

@@ -1,0 +1,330 @@
+"""The byte transformer with n future-byte heads (Gloeckle et al. 2024), in pure single-device PyTorch.
+
+A shared trunk turns byte ids into a state z; head k (k = 0..n_future-1 here, predicting the
+byte k+1 positions ahead) turns z into its own state and, through a final RMSNorm and an
+unembedding, into logits. `forward` returns the trunk state only; `head_state` and
+`head_logits` apply one head, so the memory-efficient training step can run the heads one at a
+time; `logits` runs everything and returns (B, T, K, V).
+
+Heads: `transformer` heads are independent stacks of `head_layers` blocks on z; `causal` heads
+run on the previous head's output state (head 0 on z), so head k sees head k-1, like
+DeepSeek-V3's sequential modules; `linear` heads are one D x D matrix each. The unembedding is
+one matrix per head (`replicated`) or one shared matrix.
+
+The model is a pre-norm decoder: RMSNorm, rotary positions, SwiGLU (or GELU) feed-forward, and
+attention through `scaled_dot_product_attention`. Decoding passes a `KVCache` and a `Layout`
+(bytemtp.model.kvcache): where each new position goes in the cache, its rotary position and what it
+may attend to, built once a pass and shared by every layer; a tree of drafts is one such layout.
+
+`StackedHeads` is the decoding fast path: the weights of the independent heads stacked once, so
+that the first k run as one batched layer (one matmul per projection instead of k), reading
+and writing the same cache as the heads one by one. `logits(..., stacked=)` uses it; the
+per-head modules stay the reference it is tested against.
+
+Legend: B batch, T time, K heads, V vocabulary, D width, H attention heads, E head size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bytemtp.config import ModelConfig
+from bytemtp.model.kvcache import KVCache, Layout, attend, causal_layout
+from bytemtp.vocab import VOCAB_SIZE
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, each (seq_len, head_dim // 2), in float32."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.n_attn_heads, self.head_dim, self.layer_idx = cfg.n_attn_heads, cfg.head_dim, layer_idx
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.dropout = cfg.dropout
+
+    def forward(self, x_BTD: torch.Tensor, layout: Layout, cache: KVCache | None) -> torch.Tensor:
+        B, T, D = x_BTD.shape
+        q, k, v = self.qkv(x_BTD).view(B, T, 3, self.n_attn_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = layout.rotate(q), layout.rotate(k)  # (B, H, T, E)
+        ck, cv = (cache.k[self.layer_idx], cache.v[self.layer_idx]) if cache is not None else (None, None)
+        y = attend(q, k, v, layout, ck, cv, self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, T, D))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.swiglu = cfg.mlp == "swiglu"
+        self.up = nn.Linear(cfg.d_model, (2 if self.swiglu else 1) * cfg.ffn_dim, bias=False)
+        self.out = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        h = self.up(x_BTD)
+        if self.swiglu:
+            gate, h = h.chunk(2, dim=-1)
+            h = F.silu(gate) * h
+        else:
+            h = F.gelu(h)
+        return self.out(h)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = Attention(cfg, layer_idx)
+        self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp = FeedForward(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x_BTD, layout: Layout, cache: KVCache | None) -> torch.Tensor:
+        x_BTD = x_BTD + self.drop(self.attn(self.attn_norm(x_BTD), layout, cache))
+        return x_BTD + self.drop(self.mlp(self.mlp_norm(x_BTD)))
+
+
+class Head(nn.Module):
+    """One future-byte head: its layers (or one linear map) and its final norm."""
+
+    def __init__(self, cfg: ModelConfig, first_layer_idx: int):
+        super().__init__()
+        if cfg.head_type == "linear":
+            self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        else:
+            self.layers = nn.ModuleList(Block(cfg, first_layer_idx + i) for i in range(cfg.head_layers))
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+
+    def forward(self, x_BTD, layout: Layout, cache: KVCache | None) -> torch.Tensor:
+        if hasattr(self, "proj"):
+            return self.proj(x_BTD)
+        for layer in self.layers:
+            x_BTD = layer(x_BTD, layout, cache)
+        return x_BTD
+
+
+class ByteMTP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = cfg = config
+        self.embed = nn.Embedding(VOCAB_SIZE, cfg.d_model)
+        self.trunk = nn.ModuleList(Block(cfg, i) for i in range(cfg.trunk_layers))
+        self.heads = nn.ModuleList(
+            Head(cfg, cfg.trunk_layers + k * cfg.layers_per_head) for k in range(cfg.n_future))
+        n_unembed = cfg.n_future if cfg.unembed == "replicated" else 1
+        self.unembed = nn.ModuleList(
+            nn.Linear(cfg.d_model, VOCAB_SIZE, bias=False) for _ in range(n_unembed))
+        cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Normal(0, init_std) everywhere; the projections into the residual stream are scaled
+        down by sqrt(2 x layers) so the stream's variance does not grow with depth."""
+        std = self.config.init_std
+        out_std = std / math.sqrt(2 * max(1, self.config.total_layers))
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                nn.init.ones_(p)
+            else:
+                is_out = name.endswith(("attn.out.weight", "mlp.out.weight"))
+                nn.init.normal_(p, 0.0, out_std if is_out else std, generator=generator)
+
+    def reset_rope(self) -> None:
+        """Recompute the rotary tables (after building on the meta device and moving off it)."""
+        cfg = self.config
+        cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+        self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
+
+    def layout(self, T: int, cache: KVCache | None = None) -> Layout:
+        """The plain layout of T new positions: a causal chain after each row's cached ones."""
+        rope = (self.rope_cos, self.rope_sin)
+        if cache is None:
+            if T > self.config.seq_len:
+                raise ValueError(f"sequence of {T} positions exceeds the context of "
+                                 f"{self.config.seq_len} (model.seq_len)")
+            return causal_layout(T, rope)
+        end = max(cache.lengths) + T
+        if end > self.config.seq_len:
+            raise ValueError(f"sequence of {end} positions exceeds the context of "
+                             f"{self.config.seq_len} (model.seq_len)")
+        return Layout(cache.lengths, T, rope=rope, cached=True)
+
+    def forward(self, ids_BT: torch.Tensor, cache: KVCache | None = None,
+                layout: Layout | None = None) -> torch.Tensor:
+        """Trunk state (B, T, D) for ids (B, T). With a cache, the ids follow its valid positions
+        (as a chain, or as `layout` places them)."""
+        layout = layout or self.layout(ids_BT.shape[1], cache)
+        x_BTD = self.embed(ids_BT)
+        for block in self.trunk:
+            x_BTD = block(x_BTD, layout, cache)
+        return x_BTD
+
+    def head_input(self, k: int, z_BTD: torch.Tensor, prev_BTD: torch.Tensor | None) -> torch.Tensor:
+        """What head k runs on: the trunk state, or head k-1's state for causal heads."""
+        if self.config.head_type == "causal" and k > 0:
+            assert prev_BTD is not None, "causal head k needs head k-1's state"
+            return prev_BTD
+        return z_BTD
+
+    def head_state(self, k: int, x_BTD: torch.Tensor, cache: KVCache | None = None,
+                   layout: Layout | None = None) -> torch.Tensor:
+        layout = layout or self.layout(x_BTD.shape[1], cache)
+        return self.heads[k](x_BTD, layout, cache)
+
+    def head_states(self, z_BTD: torch.Tensor, cache: KVCache | None = None, layout: Layout | None = None,
+                    heads: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """(k, state) of the first `heads` heads (all by default), in order: each head runs on the
+        trunk state z, or, for causal heads, on the previous head's state. The one loop over heads;
+        a caller may run backward on head k before it asks for head k + 1."""
+        h_BTD = None
+        for k in range(self.config.n_future if heads is None else heads):
+            h_BTD = self.head_state(k, self.head_input(k, z_BTD, h_BTD), cache, layout)
+            yield k, h_BTD
+
+    def head_logits(self, k: int, h_BTD: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, V) of head k from its state."""
+        unembed = self.unembed[k if len(self.unembed) > 1 else 0]
+        return unembed(self.heads[k].norm(h_BTD))
+
+    def logits(self, ids_BT: torch.Tensor, cache: KVCache | None = None, heads: int | None = None,
+               stacked: StackedHeads | None = None, *, layout: Layout | None = None,
+               last: list[int] | None = None) -> torch.Tensor:
+        """Logits (B, T, K, V) of the first `heads` output heads (all by default); advances the cache.
+
+        Heads past the first `heads` do not run, so with a cache their keys and values for these
+        positions are not written: a cache used with heads=1 serves next-byte decoding only. `stacked`
+        (from `stack_heads()`) runs the heads as one batched layer. `layout` places the ids (a
+        tree of drafts, say); by default they follow the cache as a chain. With `last` (one
+        position per row) only those positions are unembedded: (B, 1, K, V), what a prefill needs.
+        """
+        T = ids_BT.shape[1]
+        layout = layout or self.layout(T, cache)
+        z_BTD = self(ids_BT, cache, layout)  # through __call__, so wrappers' hooks run
+        K = self.config.n_future if heads is None else heads
+        pick = None if last is None else torch.tensor(last, device=ids_BT.device)
+        if stacked is not None:
+            out = stacked(z_BTD, layout, cache, k=K, last=pick)
+        else:
+            out = torch.stack([self.head_logits(k, h_BTD if pick is None else
+                                                h_BTD[torch.arange(len(pick)), pick][:, None])
+                               for k, h_BTD in self.head_states(z_BTD, cache, layout, heads=K)], dim=2)
+        if cache is not None:
+            cache.advance(T)
+        return out
+
+    def stack_heads(self) -> StackedHeads | None:
+        """All heads stacked for decoding (any first k of them run as one batched layer), or
+        None where they cannot run side by side (causal heads: each needs the previous one's state)."""
+        if self.config.head_type == "causal":
+            return None
+        return StackedHeads(self)
+
+    def draft_heads(self) -> list[nn.Module]:
+        """The modules that only heads 2..n use: their heads and their own unembeddings (a
+        shared unembedding is head 1's too). What `tune-heads` trains."""
+        own_unembed = list(self.unembed)[1:] if len(self.unembed) > 1 else []
+        return list(self.heads)[1:] + own_unembed
+
+    def num_params(self, part: str = "all") -> int:
+        """Parameters in the whole model, or in one part: embed, trunk, heads, unembed."""
+        modules = {"embed": self.embed, "trunk": self.trunk, "heads": self.heads,
+                   "unembed": self.unembed}
+        params = self.parameters() if part == "all" else modules[part].parameters()
+        return sum(p.numel() for p in params)
+
+
+def _rms_norm(x: torch.Tensor, weight_K1D: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), eps=eps) * weight_K1D
+
+
+class StackedHeads:
+    """The independent heads with their weights stacked along a new leading dim: the first k
+    run on the trunk state as one batched layer (views of the stack, no copy), into the same
+    cache slots as `Head` by `Head`.
+
+    A snapshot for inference, made once per loaded model: built from the model's weights when
+    made, not kept in step with later training.
+    """
+
+    def __init__(self, model: ByteMTP):
+        cfg = model.config
+        assert cfg.head_type != "causal", cfg.head_type
+        self.cfg, self.model = cfg, model
+        heads = list(model.heads)
+        stack = lambda get: torch.stack([get(h) for h in heads]).detach()  # noqa: E731
+        self.final_norm = stack(lambda h: h.norm.weight)[:, None, None, :]  # (K, 1, 1, D)
+        if cfg.head_type == "linear":
+            self.proj = stack(lambda h: h.proj.weight).transpose(1, 2)  # (K, D, D) as x @ W
+            self.layers = []
+        else:
+            self.layers = [{
+                "attn_norm": stack(lambda h: h.layers[i].attn_norm.weight)[:, None, None, :],
+                "qkv": stack(lambda h: h.layers[i].attn.qkv.weight).transpose(1, 2),
+                "out": stack(lambda h: h.layers[i].attn.out.weight).transpose(1, 2),
+                "mlp_norm": stack(lambda h: h.layers[i].mlp_norm.weight)[:, None, None, :],
+                "up": stack(lambda h: h.layers[i].mlp.up.weight).transpose(1, 2),
+                "down": stack(lambda h: h.layers[i].mlp.out.weight).transpose(1, 2),
+            } for i in range(cfg.head_layers)]
+        if len(model.unembed) > 1:
+            self.unembed = torch.stack([u.weight for u in model.unembed]).detach().transpose(1, 2)
+        else:
+            self.unembed = model.unembed[0].weight.detach().t()  # (D, V), shared
+
+    def _mm(self, x_KBTD: torch.Tensor, w_KDF: torch.Tensor) -> torch.Tensor:
+        K, B, T, D = x_KBTD.shape
+        return torch.bmm(x_KBTD.reshape(K, B * T, D), w_KDF).view(K, B, T, -1)
+
+    def _attention(self, x_KBTD, layer: dict, i: int, layout: Layout, cache: KVCache | None) -> torch.Tensor:
+        cfg = self.cfg
+        K, B, T, D = x_KBTD.shape
+        H, E = cfg.n_attn_heads, cfg.head_dim
+        qkv = self._mm(x_KBTD, layer["qkv"][:K]).view(K, B, T, 3, H, E).permute(3, 0, 1, 4, 2, 5)
+        q, k, v = layout.rotate(qkv[0]), layout.rotate(qkv[1]), qkv[2]  # (K, B, H, T, E)
+        ck = cv = None
+        if cache is not None:  # head j's layer i sits at trunk + j * layers_per_head + i
+            first, step = cfg.trunk_layers + i, cfg.layers_per_head
+            ck = cache.k[first:first + K * step:step]
+            cv = cache.v[first:first + K * step:step]
+        y = attend(q, k, v, layout, ck, cv)
+        return self._mm(y.transpose(2, 3).reshape(K, B, T, D), layer["out"][:K])
+
+    def _mlp(self, x_KBTD, layer: dict) -> torch.Tensor:
+        K = x_KBTD.shape[0]
+        h = self._mm(x_KBTD, layer["up"][:K])
+        if self.cfg.mlp == "swiglu":
+            gate, h = h.chunk(2, dim=-1)
+            h = F.silu(gate) * h
+        else:
+            h = F.gelu(h)
+        return self._mm(h, layer["down"][:K])
+
+    def __call__(self, z_BTD: torch.Tensor, layout: Layout, cache: KVCache | None, *, k: int,
+                 last: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, k, V) of the first k heads on trunk state z (B, T, D); with `last`
+        (a (B,) tensor of positions) only there: (B, 1, k, V)."""
+        eps = self.cfg.norm_eps
+        x = z_BTD.expand(k, *z_BTD.shape)
+        if not self.layers:
+            x = self._mm(x, self.proj[:k])
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(_rms_norm(x, layer["attn_norm"][:k], eps), layer, i, layout, cache)
+            x = x + self._mlp(_rms_norm(x, layer["mlp_norm"][:k], eps), layer)
+        if last is not None:
+            x = x[:, torch.arange(len(last), device=x.device), last][:, :, None]  # (k, B, 1, D)
+        x = _rms_norm(x, self.final_norm[:k], eps)
+        if self.unembed.dim() == 3:
+            logits = self._mm(x, self.unembed[:k])
+        else:
+            logits = x @ self.unembed
+        return logits.permute(1, 2, 0, 3)

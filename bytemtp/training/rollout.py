@@ -1,0 +1,46 @@
+"""Self-generated targets: the end of a training window replaced by the model's own greedy
+continuation of the bytes before it.
+
+Greedy self-speculative decoding keeps head k's byte when it equals the byte head 1 would choose
+there, and the bytes before that one are head 1's own choices too. On text the model wrote
+greedily, a draft head's data targets are exactly those choices, each a function of the context:
+nothing is left to chance, where on the corpus the bytes between t and t + k are. `greedy_rollout`
+makes such text from each window's own beginning, under no gradient, with a KV cache and only
+the next-byte head running; the trunk and head 1 must be frozen for it to mean the same thing
+from step to step (`train.trainable=draft-heads`), and it is deterministic, so a run that uses
+it resumes exactly.
+
+Legend: B batch, W window (T + n_future ids), T inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bytemtp.model.kvcache import KVCache
+from bytemtp.model.model import ByteMTP
+from bytemtp.vocab import EOS, PAD
+
+
+@torch.no_grad()
+def greedy_rollout(model: ByteMTP, ids_BW: torch.Tensor, n_bytes: int) -> torch.Tensor:
+    """A copy of the windows whose inputs end in `n_bytes` greedy bytes (positions T - n_bytes + 1
+    .. T, each head 1's choice after the ids before it) and whose last n_future - 1 ids, past the
+    model's context, are PAD (no target). The model's train/eval mode is kept."""
+    B, W = ids_BW.shape
+    T = W - model.config.n_future
+    if not 1 <= n_bytes <= T:
+        raise ValueError(f"loss.rollout_bytes={n_bytes} does not fit a window of {T} inputs; use 1..{T}")
+    start = T + 1 - n_bytes  # the first position the model writes
+    ids = ids_BW.clone()
+    ids[:, T + 1:] = PAD
+    was_training = model.training
+    model.eval()
+    cache = KVCache.for_model(model, B, max_len=T)
+    logits = model.logits(ids[:, :start], cache, heads=1, last=[start - 1] * B)
+    for j in range(start, T + 1):
+        ids[:, j] = logits[:, -1, 0, :EOS + 1].argmax(dim=-1)
+        if j < T:
+            logits = model.logits(ids[:, j:j + 1], cache, heads=1)
+    model.train(was_training)
+    return ids

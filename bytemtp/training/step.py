@@ -1,0 +1,124 @@
+"""Forward and backward of one training batch: the memory-efficient head loop and its reference.
+
+`forward_backward` is the paper's Figure 2 and the default: forward the trunk once, detach its
+output z, then for each head in turn run forward, loss and backward, which accumulates the
+head's gradient into z.grad and frees that head's activations and logits before the next head
+starts; at the end, one backward through the trunk with the accumulated gradient. Peak memory
+holds the trunk's activations plus one head's, instead of all n heads' (and their n logit
+tensors); the price is n + 1 backward calls instead of one.
+
+Causal heads (head k runs on head k-1's state) need the gradient from head k+1 before head k's
+backward, so their loop first runs the heads forward without a graph, keeping only each head's
+output state, then walks the heads backward from the last, recomputing each head's forward
+(activation checkpointing of one head at a time) with the RNG replayed so dropout matches.
+
+`plain_forward_backward` is the all-heads reference: one graph, one backward. Tests hold the two
+to the same gradients for every head type.
+
+Both take a window ids_BW of T + n_future ids and return the detached `LossOutput`; `scale`
+multiplies the loss before backward (1 / accumulation steps).
+
+Head 1 runs first (in the causal loop, its logits come from the graph-free forward), so its
+greedy bytes and, with the teacher term on, its detached distribution are at hand when each later
+head makes its loss (`bytemtp.model.loss.Teacher`). Parameters that do not require gradients are frozen:
+with the trunk and head 1 frozen (`tune-heads`) the trunk runs without a graph, head 1 only
+teaches, and only the draft heads run backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bytemtp.config import LossConfig
+from bytemtp.model.loss import (HeadLoss, LossOutput, Teacher, future_targets, head_loss, mtp_loss, reference,
+                                summarize, total_of)
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.devices import rng_state, set_rng_state
+
+
+def _targets(model: ByteMTP, ids_BW: torch.Tensor, loss_cfg: LossConfig) -> tuple[torch.Tensor, int]:
+    """The targets (B, T, K) of a window and T, the inputs' length, which the window's shape gives."""
+    targets_BTK = future_targets(ids_BW, n_future=model.config.n_future, mask_after_eos=loss_cfg.mask_after_eos)
+    return targets_BTK, targets_BTK.shape[1]
+
+
+def teacher_of(loss_cfg: LossConfig) -> Teacher:
+    return Teacher(weight=loss_cfg.teacher_weight, temperature=loss_cfg.teacher_temperature,
+                   data_weight=loss_cfg.draft_data_weight)
+
+
+def _detached(h: HeadLoss) -> HeadLoss:
+    def d(t):
+        return None if t is None else t.detach()
+    return HeadLoss(loss=d(h.loss), nats=d(h.nats), correct=h.correct, count=h.count, objective=d(h.objective),
+                    kl=d(h.kl), agree=h.agree, pairs=h.pairs)
+
+
+def _backward(outputs: list[torch.Tensor], grads: list[torch.Tensor | None]) -> None:
+    """Backward from the outputs that have a graph (none has one where everything before is frozen)."""
+    pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad]
+    if pairs:
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+
+
+def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig,
+                     scale: float = 1.0) -> LossOutput:
+    """Memory-efficient multi-head forward and backward (paper Fig. 2)."""
+    targets_BTK, T = _targets(model, ids_BW, loss_cfg)
+    weights, teacher = loss_cfg.weights(model.config.n_future), teacher_of(loss_cfg)
+    z_BTD = model(ids_BW[:, :T])
+    z_leaf = z_BTD.detach().requires_grad_(z_BTD.requires_grad)
+    if model.config.head_type == "causal":
+        heads = _causal_heads_backward(model, z_leaf, targets_BTK, weights, teacher, scale)
+    else:
+        heads, ref = [], None
+        for k, h_BTD in model.head_states(z_leaf):  # each head's graph freed before the next is made
+            logits_BTV = model.head_logits(k, h_BTD)
+            ref = ref or reference(logits_BTV, teacher)
+            h = head_loss(logits_BTV, targets_BTK[:, :, k], k=k, ref=ref, teacher=teacher)
+            _backward([h.trained * (weights[k] * scale)], [None])
+            heads.append(_detached(h))
+    if z_BTD.requires_grad and z_leaf.grad is not None:
+        z_BTD.backward(z_leaf.grad)
+    return summarize(heads, weights, total_of(heads, weights))
+
+
+def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: torch.Tensor,
+                           weights: list[float], teacher: Teacher, scale: float) -> list[HeadLoss]:
+    device = z_leaf.device
+    states, rng = [], [rng_state(device)]  # rng[k]: the state before head k runs
+    with torch.no_grad():
+        for _, h_BTD in model.head_states(z_leaf):
+            states.append(h_BTD)
+            rng.append(rng_state(device))
+        ref = reference(model.head_logits(0, states[0]), teacher)  # what head 1 says, before any head's backward
+    rng_after = rng.pop()
+    heads: list[HeadLoss] = [None] * len(weights)  # type: ignore[list-item]
+    grad_out = None  # gradient reaching head k's output state from head k+1
+    for k in reversed(range(len(weights))):
+        set_rng_state(rng[k], device)
+        x_BTD = z_leaf if k == 0 else states[k - 1].requires_grad_()
+        h_BTD = model.head_state(k, model.head_input(k, z_leaf, x_BTD))
+        h = head_loss(model.head_logits(k, h_BTD), targets_BTK[:, :, k], k=k, ref=ref, teacher=teacher)
+        outputs, grads = [h.trained * (weights[k] * scale)], [None]
+        if grad_out is not None:
+            outputs.append(h_BTD)
+            grads.append(grad_out)
+        _backward(outputs, grads)
+        grad_out = x_BTD.grad if k > 0 else None
+        states[k] = None  # head k's state is no longer needed
+        heads[k] = _detached(h)
+    set_rng_state(rng_after, device)
+    return heads
+
+
+def plain_forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig,
+                           scale: float = 1.0) -> LossOutput:
+    """All heads in one graph and one backward: the reference (and the memory-hungry path)."""
+    targets_BTK, T = _targets(model, ids_BW, loss_cfg)
+    out = mtp_loss(model.logits(ids_BW[:, :T]), targets_BTK, loss_cfg.weights(model.config.n_future),
+                   teacher_of(loss_cfg))
+    if out.total.requires_grad:
+        (out.total * scale).backward()
+    out.total = out.total.detach()
+    return out

@@ -1,0 +1,549 @@
+"""The training loop: `run_plan(plan)` carries out a run that `bytemtp.training.runs` planned and checked
+(`train(cfg, run_dir)` plans and runs in one call). It joins the ranks, takes the run's lock,
+readies the run directory, builds a `_Run` (model, wrapper, optimizer, loader), restores it from
+the checkpoint when resuming, and loops: stop condition, optimizer step, log, validate, save.
+What a run resumes besides its weights and optimizer state is one `TrainState` (the loop's
+counters, every rank's loader position and RNG state) with a state dict, like the loader's; a
+checkpoint is restored in one place, `_Run.restore`.
+
+AdamW (fused on CUDA) with decoupled weight decay on matrices, linear warmup then cosine decay
+to a fraction of the peak, gradient clipping and accumulation, bf16 autocast on CUDA, optional
+torch.compile of each block, and the memory-efficient multi-head step by default. It stops by
+steps, by bytes or by wall time, and on SIGTERM or Ctrl-C at the next step boundary; every stop
+saves a checkpoint.
+
+Exact resume: a checkpoint holds the weights, the optimizer state, the loader's position, the
+RNG states and the loop's counters; the schedule is a function of the step. On the CPU a resumed
+run's losses equal an uninterrupted run's bit for bit (a test kills a run with SIGKILL to show
+it). The global torch RNG (dropout draws from it) is seeded from train.seed inside
+`torch.random.fork_rng`, so the caller's RNG is left as it was.
+
+A new run may start from another run's weights (train.init, the same model settings) and train
+only the draft heads (train.trainable=draft-heads: the embedding, trunk and head 1 frozen), which
+is what `bytemtp tune-heads` sets; with loss.rollout_bytes each window's end is first replaced
+by the model's own greedy continuation (`bytemtp.training.rollout`). The log then carries each head's
+agreement with head 1 and, with the teacher term on, its KL to head 1.
+
+Faults: a step whose loss or gradient norm is not finite is skipped (no parameter or optimizer
+update, counted) and the run aborts after train.max_bad_steps in a row. A checkpoint that fails
+to save (a full disk) leaves the previous one intact and the run says so and goes on; only a
+failure of the final save ends the run with an error. A step or validation that runs out of
+memory ends the run with `OutOfMemory`, whose one line names the batch, the context, the
+accumulation and what to lower; nothing of that step is saved, so the newest checkpoint is the
+one before it.
+
+Run directory (`bytemtp.training.runs`, which also resolves a run before any work): `run-config.json`,
+`metrics.jsonl` (one JSON object per logged step or validation), `checkpoints/step-NNNNNNNN/`,
+and `.lock`, which the training holds from before it writes anything until it ends, so that a
+second training into the run stops at once (`runs.RunLocked`).
+
+Many processes: launched by torchrun, the same loop trains one model on every rank
+(`bytemtp.runtime.distributed`: DDP or FSDP2 after train.parallel). Each rank reads its own share of the
+corpus; loss and metrics are averaged over the ranks, the stop conditions (signal, time,
+non-finite loss) are agreed at every step boundary so that all ranks stop at the same step, and
+rank 0 alone holds the run's lock, logs and writes checkpoints, which hold every rank's loader
+position and RNG state. A run resumes only with the number of processes that saved it.
+Restarted by torchrun (--max-restarts), a run resumes from its newest checkpoint by itself. A
+rank that runs out of memory ends with its error while the others wait in a collective;
+torchrun then stops the job.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import math
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from bytemtp.config import Config, DataConfig, TrainConfig
+from bytemtp.data import shards
+from bytemtp.data.loader import ByteLoader, combine_stats
+from bytemtp.evaluation.evaluate import evaluate
+from bytemtp.model.flops import peak_gpu_flops, step_flops
+from bytemtp.model.loss import LN2
+from bytemtp.model.model import Block, ByteMTP
+from bytemtp.runtime import distributed as dist_lib
+from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, load_model, load_optimizer_state,
+                                        load_weights, read_train_state, resolve_checkpoint, save_checkpoint)
+from bytemtp.runtime.devices import out_of_memory, resolve_device, rng_state, set_rng_state
+from bytemtp.training import runs
+from bytemtp.training.rollout import greedy_rollout
+from bytemtp.training.runs import METRICS, RunPlan, RunResult
+from bytemtp.training.step import forward_backward, plain_forward_backward
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (too many non-finite steps, a failed final save, out of memory)."""
+
+
+class OutOfMemory(TrainingError):
+    """A step or validation ran out of device memory; the message says what to lower."""
+
+
+def schedule_horizon(cfg: TrainConfig, bytes_per_step: int) -> int:
+    """Steps over which warmup plus cosine decay run (0: no decay after warmup)."""
+    if cfg.schedule_steps:
+        return cfg.schedule_steps
+    if cfg.steps:
+        return cfg.steps
+    if cfg.max_bytes:
+        return -(-cfg.max_bytes // bytes_per_step)
+    return 0
+
+
+def lr_at(step: int, cfg: TrainConfig, horizon: int) -> float:
+    """Linear warmup to the peak, then cosine decay to min_lr_ratio x peak at `horizon`."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if horizon <= cfg.warmup_steps:
+        return cfg.lr
+    progress = min(1.0, (step - cfg.warmup_steps) / (horizon - cfg.warmup_steps))
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def set_trainable(model: ByteMTP, trainable: str) -> None:
+    """train.trainable: everything, or only what heads 2..n use (the embedding, the trunk and
+    head 1 frozen, so the next-byte predictions stay exactly as they were)."""
+    if trainable == "all":
+        return
+    if model.config.n_future < 2:
+        raise ValueError("train.trainable=draft-heads needs draft heads: this model has model.n_future=1")
+    model.requires_grad_(False)
+    for module in model.draft_heads():
+        module.requires_grad_(True)
+
+
+def start_from(model: ByteMTP, init: str, device: torch.device) -> Path:
+    """Load the weights of train.init (a checkpoint, or a run's newest) into a new run's model."""
+    ckpt = resolve_checkpoint(init)
+    source, cfg = load_model(ckpt, device=device)
+    if cfg.model != model.config:
+        differ = [f"{k}={getattr(cfg.model, k)!r}" for k in vars(cfg.model) if getattr(cfg.model, k) !=
+                  getattr(model.config, k)]
+        raise ValueError(f"train.init {ckpt} is a model of other settings (its {', '.join(differ)}); "
+                         "a run starts from a checkpoint of the same model.* settings")
+    model.load_state_dict(source.state_dict())
+    return ckpt
+
+
+def build_optimizer(model: ByteMTP, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only, over the parameters that train; fused on CUDA."""
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             fused=device.type == "cuda")
+
+
+def _encoded_rng(device: torch.device) -> dict:
+    """The device's random state as text, for train_state.json."""
+    return {name: base64.b64encode(t.numpy().tobytes()).decode() for name, t in rng_state(device).items()}
+
+
+def _restore_rng(state: dict, device: torch.device) -> None:
+    set_rng_state({name: torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+                   for name, text in state.items()}, device)
+
+
+def has_val_split(data: DataConfig) -> bool:
+    """Whether the corpus is a prepared one whose val split holds documents (what validation reads)."""
+    try:
+        manifest = shards.read_manifest(data.path)
+    except shards.CorpusError:
+        return False
+    return manifest.get("splits", {}).get("val", {}).get("documents", 0) > 0
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGTERM and SIGINT set a flag that the loop reads at the next step boundary."""
+    flag = {"signal": None}
+
+    def handler(signum, frame):
+        flag["signal"] = signal.Signals(signum).name
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+@dataclass
+class TrainState:
+    """What a run resumes besides its weights and optimizer state (which the checkpoint keeps in
+    files of their own): the loop's counters, and every rank's loader position and RNG state.
+    `state_dict` gathers the ranks' parts, so every rank calls it; `load_state_dict` takes this
+    rank's part, and refuses the state of another number of processes."""
+
+    loader: ByteLoader
+    d: dist_lib.Dist
+    step: int = 0
+    bytes_seen: int = 0
+    elapsed_s: float = 0.0  # training time over every session of the run
+    skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient
+    bad_run: int = 0  # of those, how many in a row up to now
+    val_bpb: list[float] | None = None  # the last validation
+
+    def state_dict(self) -> dict:
+        d = self.d
+        return {"step": self.step, "bytes_seen": self.bytes_seen, "elapsed_s": self.elapsed_s,
+                "skipped_steps": self.skipped_steps, "bad_run": self.bad_run, "val_bpb": self.val_bpb,
+                "world_size": d.world_size, "loaders": dist_lib.gather(self.loader.state_dict(), d),
+                "loader_stats": combine_stats(dist_lib.gather(self.loader.stats(), d)),
+                "rngs": dist_lib.gather(_encoded_rng(d.device), d)}
+
+    def load_state_dict(self, state: dict) -> None:
+        d = self.d
+        loaders = state.get("loaders", [state.get("loader")])  # (one-process runs once saved one)
+        if len(loaders) != d.world_size:
+            raise ValueError(f"it was saved by {len(loaders)} process(es) and this run has {d.world_size}: "
+                             f"each reads its own share of the corpus, so resume with {len(loaders)} "
+                             "(torchrun --nproc-per-node, --nnodes) or start a new run")
+        self.loader.load_state_dict(loaders[d.rank])
+        _restore_rng(state.get("rngs", [state.get("rng")])[d.rank], d.device)
+        self.step, self.bytes_seen, self.elapsed_s = state["step"], state["bytes_seen"], state["elapsed_s"]
+        self.skipped_steps, self.bad_run, self.val_bpb = state["skipped_steps"], state["bad_run"], state.get("val_bpb")
+
+
+def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, show_progress: bool = True,
+          say=tqdm.write) -> RunResult:
+    """Train (or resume) the run of `cfg` in run_dir until a stop condition; return where it
+    ended: `run_plan` of `runs.plan_config(cfg, run_dir, resume=resume)`."""
+    return run_plan(runs.plan_config(cfg, run_dir, resume=resume), show_progress=show_progress, say=say)
+
+
+def run_plan(plan: RunPlan, *, show_progress: bool = True, say=tqdm.write) -> RunResult:
+    """Carry out a planned run until a stop condition; return where it ended (a run that was
+    already done returns at once, having touched nothing).
+
+    Rank 0 takes the run's lock (`runs.RunLocked` on every rank when another training holds it)
+    and readies the run directory under it (`runs.start_run`); then every rank builds its `_Run`,
+    restores it from the checkpoint when resuming, and trains."""
+    if plan.done is not None:
+        return plan.done
+    cfg = plan.cfg
+    tc = cfg.train
+    with (dist_lib.process_group(resolve_device(tc.device), timeout_s=tc.dist_timeout) as d,
+          contextlib.ExitStack() as held):
+        _on_main(d, lambda: held.enter_context(runs.run_lock(plan.run_dir)))
+        ckpt = _on_main(d, lambda: runs.start_run(plan))
+        with torch.random.fork_rng(devices=[d.device] if d.device.type == "cuda" else []):
+            torch.manual_seed(tc.seed + d.rank)  # dropout differs between ranks
+            session = _Run(cfg, plan.run_dir, d, checkpoint=ckpt, say=say if d.is_main else (lambda *_: None))
+            return session.loop(show_progress=show_progress and d.is_main)
+
+
+def _on_main(d: dist_lib.Dist, work):
+    """work() on rank 0, and its result on every rank; a ValueError or OSError it raises is raised
+    on every rank (which would otherwise wait for rank 0 in the next collective)."""
+    result = error = None
+    if d.is_main:
+        try:
+            result = work()
+        except (ValueError, OSError) as e:
+            error = e
+    result, error = dist_lib.gather((result, error), d)[0]
+    if error is not None:
+        raise error
+    return result
+
+
+class _Run:
+    """One session of a run on one rank: built (the model, its wrapper and optimizer, the loader),
+    restored from a checkpoint, then `loop` takes optimizer steps until a stop condition,
+    validating, logging and saving as it goes."""
+
+    def __init__(self, cfg: Config, run_dir: Path, d: dist_lib.Dist, *, checkpoint: Path | None, say):
+        tc, mc = cfg.train, cfg.model
+        self.cfg, self.run_dir, self.d, self.device, self.say = cfg, run_dir, d, d.device, say
+        self.model = ByteMTP(mc).to(self.device)  # the same initial weights on every rank
+        self.model.init_weights(generator=torch.Generator().manual_seed(tc.seed))
+        self.loader = ByteLoader(cfg.data, mc, rank=d.rank, world_size=d.world_size)
+        self.has_val = has_val_split(cfg.data)
+        if not self.has_val:
+            say(f"note: {cfg.data.path} has no val split (prepare it with `bytemtp prep`); "
+                "no validation in this run")
+        self.state = TrainState(self.loader, d)
+        if checkpoint is None and tc.init:
+            say(f"starting from the weights of {start_from(self.model, tc.init, d.device)}")
+        set_trainable(self.model, tc.trainable)
+        self.wrapped = dist_lib.wrap_model(self.model, d, tc.parallel)
+        self.optimizer = build_optimizer(self.model, tc, self.device)
+        if tc.compile:
+            for module in self.model.modules():
+                if isinstance(module, Block):
+                    module.compile()
+        self.step_fn = forward_backward if tc.memory_efficient else plain_forward_backward
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+        self.bytes_per_step = cfg.data.batch_size * mc.seq_len * tc.grad_accum * d.world_size
+        self.flops_per_step = step_flops(self.model, self.bytes_per_step, mc.seq_len)  # the model's, all ranks
+        self.peak_flops = peak_gpu_flops(self.device)
+        self.horizon = schedule_horizon(tc, self.bytes_per_step)
+        self.last_saved = self.last_val = -1
+        if checkpoint is not None:
+            self.restore(checkpoint)
+        self.metrics = open(run_dir / METRICS, "a") if d.is_main else None  # one writer: two would race
+        self.metrics_ok = True
+
+    def restore(self, ckpt: Path) -> None:
+        """Everything a checkpoint saved, in one place: the train state first (the cheap check
+        that the run has as many processes as the one that saved it), then the weights and the
+        optimizer state through the wrapper. Nothing here draws random numbers, so the RNG state
+        restored is the one the next step draws from."""
+        try:
+            self.state.load_state_dict(read_train_state(ckpt))
+        except ValueError as e:
+            raise ValueError(f"{ckpt}: {e}") from None
+        load_weights(ckpt, self.model, load=dist_lib.load_weights(self.wrapped))
+        load_optimizer_state(ckpt, self.optimizer, load=dist_lib.load_optimizer(self.wrapped))
+        self.last_saved = self.last_val = self.state.step
+        self.say(f"resumed {self.run_dir} from {ckpt.name}: step {self.state.step}, "
+                 f"{self.state.bytes_seen:,} bytes seen")
+
+    def loop(self, *, show_progress: bool) -> RunResult:
+        """Optimizer steps until a stop condition; then a last validation and a final checkpoint."""
+        tc, st = self.cfg.train, self.state
+        bar = tqdm(total=tc.steps or None, initial=st.step, desc="train", unit="step",
+                   disable=not show_progress, dynamic_ncols=True)
+        started, session_start = time.perf_counter() - st.elapsed_s, time.perf_counter()
+        self.model.train()
+        metrics = contextlib.closing(self.metrics) if self.metrics is not None else contextlib.nullcontext()
+        with stop_on_signals() as flag, contextlib.closing(bar), metrics:
+            while not (stopped_by := self._stop_condition(flag, session_start)):
+                with self._out_of_memory_stops(step=st.step + 1):
+                    step_s, figures, grad_norm, lr = self._optimizer_step()
+                st.elapsed_s = time.perf_counter() - started
+                bar.update()
+                bar.set_postfix_str(self._progress_line(figures, step_s), refresh=False)
+                if st.step % tc.log_every == 0 or st.step == tc.steps:
+                    self._log_step(step_s, figures, grad_norm, lr)
+                if tc.eval_every and st.step % tc.eval_every == 0:
+                    self.validate()
+                if st.step % tc.ckpt_every == 0:
+                    self.save(final=False)
+            bar.close()
+            if stopped_by == "signal":
+                names = dist_lib.gather(flag["signal"], self.d)
+                rank = next(r for r, name in enumerate(names) if name)
+                where = f" (by rank {rank})" if self.d.active else ""
+                self.say(f"{names[rank]} received{where}: saving step {st.step} and stopping")
+            if self.last_val != st.step:
+                self.validate()
+            path = self.save(final=True) if self.last_saved != st.step else None
+            dist_lib.barrier(self.d)
+            path = path or latest_checkpoint(self.run_dir)
+        return RunResult(step=st.step, bytes_seen=st.bytes_seen, stopped_by=stopped_by, checkpoint=path,
+                         val_bpb=st.val_bpb)
+
+    @contextlib.contextmanager
+    def _out_of_memory_stops(self, *, step: int, what: str = "step"):
+        """An allocation that fails in the block (the work of `step`) ends the run with
+        `OutOfMemory`, before anything of that step is logged or saved, saying what to lower."""
+        try:
+            yield
+        except RuntimeError as e:
+            if not out_of_memory(e):
+                raise
+            raise OutOfMemory(self._memory_advice(e, step=step, what=what)) from e
+
+    def _memory_advice(self, error: RuntimeError, *, step: int, what: str) -> str:
+        cfg, tc = self.cfg, self.cfg.train
+        asked = re.search(r"allocate (\d+) bytes|allocate ([\d.]+ ?[KMGT]i?B)", str(error))
+        size = (asked[2] or f"{int(asked[1]) / 2**30:.2f} GiB") if asked else None
+        failed = f" (an allocation of {size} failed)" if size else ""
+        efficient = "" if tc.memory_efficient else (", or set train.memory_efficient=true (one head's "
+                                                    "activations at a time)")
+        ckpt = latest_checkpoint(self.run_dir)
+        kept = f"the newest checkpoint {ckpt} is intact" if ckpt is not None else "no checkpoint was saved before"
+        return (f"out of memory on {self.device} in {what} {step}{failed}: micro-batches of "
+                f"data.batch_size={cfg.data.batch_size} windows of model.seq_len={cfg.model.seq_len} bytes "
+                f"(train.grad_accum={tc.grad_accum} a step) do not fit; lower data.batch_size (raising "
+                f"train.grad_accum as much keeps the bytes a step) or model.seq_len, in a new run{efficient}; "
+                f"step {step} was not saved and {kept}")
+
+    def _stop_condition(self, flag: dict, session_start: float) -> str | None:
+        """steps, bytes, time or signal when the run must stop before the next step, else None."""
+        tc, st = self.cfg.train, self.state
+        out_of_time = bool(tc.max_time) and time.perf_counter() - session_start >= tc.max_time
+        if tc.steps and st.step >= tc.steps:
+            return "steps"
+        if tc.max_bytes and st.bytes_seen >= tc.max_bytes:
+            return "bytes"
+        # clocks and signals differ between ranks: every rank stops when one must
+        if dist_lib.any_rank(out_of_time or bool(flag["signal"]), self.d, self.device):
+            return "time" if out_of_time else "signal"
+        return None
+
+    def _optimizer_step(self):
+        """One step: the learning rate of the schedule, grad_accum micro-batches forward and
+        backward, clipping, and the update, or a skip when the loss or gradient is not finite."""
+        tc, st = self.cfg.train, self.state
+        lr = lr_at(st.step, tc, self.horizon)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        batches = (self._targets(next(self.loader).to(self.device, non_blocking=True)) for _ in range(tc.grad_accum))
+        figures = accumulate_gradients(
+            self.model, self.wrapped, batches, step_fn=self.step_fn, loss_cfg=self.cfg.loss,
+            accum=tc.grad_accum, d=self.d, autocast=self.autocast)
+        grad_norm = dist_lib.local(torch.nn.utils.clip_grad_norm_(
+            [p for p in self.model.parameters() if p.requires_grad], tc.grad_clip or float("inf")))
+        if torch.isfinite(figures.total) and torch.isfinite(grad_norm):
+            self.optimizer.step()
+            st.bad_run = 0
+        else:
+            st.skipped_steps, st.bad_run = st.skipped_steps + 1, st.bad_run + 1
+            self.say(f"step {st.step + 1}: non-finite loss or gradient, step skipped ({st.bad_run} in a row)")
+            if st.bad_run >= tc.max_bad_steps:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise TrainingError(
+                    f"{st.bad_run} consecutive steps had a non-finite loss or gradient "
+                    f"(train.max_bad_steps={tc.max_bad_steps}); lower train.lr or check the data; "
+                    f"the last good checkpoint is in {self.run_dir / 'checkpoints'}")
+        self.optimizer.zero_grad(set_to_none=True)
+        st.step += 1
+        st.bytes_seen += self.bytes_per_step
+        return time.perf_counter() - t0, figures, grad_norm, lr
+
+    def _targets(self, batch: torch.Tensor) -> torch.Tensor:
+        """The batch, or with loss.rollout_bytes its windows ending in the model's greedy continuation."""
+        n = self.cfg.loss.rollout_bytes
+        if not n:
+            return batch
+        with self.autocast:  # bf16 on CUDA, as the step itself runs
+            return greedy_rollout(self.model, batch, n)
+
+    def _progress_line(self, figures: StepFigures, step_s: float) -> str:
+        """The next-byte head's loss (the figure a byte model is judged by; the sum over heads is
+        logged), or, where head 1 is frozen, how often head 2 agrees with it."""
+        speed = f"{self.bytes_per_step / step_s:,.0f} B/s"
+        if self.cfg.train.trainable == "draft-heads" and figures.head_agreement is not None:
+            return f"head 2 agrees with head 1 {figures.head_agreement[1].item():.3f} {speed}"
+        nats = figures.head_loss[0].item()
+        return f"next-byte loss {nats:.3f} ({nats / LN2:.3f} bits/byte) {speed}"
+
+    def _log_step(self, step_s: float, figures: StepFigures, grad_norm, lr: float) -> None:
+        st, device = self.state, self.device
+        data_stats = combine_stats(dist_lib.gather(self.loader.stats(), self.d))
+        gpu = {}
+        if device.type == "cuda":  # model FLOP utilisation of all ranks' GPUs; this rank's memory
+            gpu["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+            if self.peak_flops:
+                gpu["mfu"] = self.flops_per_step / step_s / (self.peak_flops * self.d.world_size)
+        heads = {"head_agree": figures.head_agreement.tolist()} if figures.head_agreement is not None else {}
+        if figures.head_kl is not None and self.cfg.loss.teacher_weight:
+            heads["head_teacher_kl"] = figures.head_kl.tolist()
+        self.log({**gpu, "step": st.step, "bytes": st.bytes_seen, "loss": figures.total.item(),
+                  "bpb": figures.head_loss[0].item() / LN2, "head_loss": figures.head_loss.tolist(),
+                  "head_acc": figures.head_accuracy.tolist(), **heads,
+                  "lr": lr, "grad_norm": grad_norm.item(), "bytes_per_s": self.bytes_per_step / step_s,
+                  "skipped_steps": st.skipped_steps, "elapsed_s": st.elapsed_s, "data": data_stats})
+
+    def log(self, record: dict) -> None:
+        """One metrics line; non-finite numbers become null (strict JSON); a full disk warns."""
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.write(json.dumps(_finite(record)) + "\n")
+            self.metrics.flush()
+            self.metrics_ok = True
+        except OSError as e:
+            if self.metrics_ok:
+                self.say(f"warning: cannot write {self.run_dir / METRICS} ({e.strerror}); training goes on")
+            self.metrics_ok = False
+
+    def validate(self) -> None:
+        """Bits per byte of every head on the first train.eval_batches batches of the val split,
+        shared out over the ranks (the library's evaluation)."""
+        st, tc = self.state, self.cfg.train
+        if not self.has_val:
+            return
+        with self.autocast, self._out_of_memory_stops(step=st.step, what="the validation of step"):
+            res = evaluate(self.model, self.cfg.data.path, split="val", batches=tc.eval_batches,
+                           batch_size=self.cfg.data.batch_size, device=self.device, d=self.d,
+                           mask_after_eos=self.cfg.loss.mask_after_eos)
+        st.val_bpb = res["bpb"]
+        self.last_val = st.step
+        agreed = res["agreed_bytes_per_forward"]
+        self.log({"step": st.step, "bytes": st.bytes_seen, "val_bpb": st.val_bpb,
+                  "val_agreed_bytes_per_forward": [1.0] + [agreed[k] for k in sorted(agreed)]})
+        per_pass = f"; {agreed[max(agreed)]:.2f} bytes/pass agreed with h1" if agreed else ""
+        self.say(f"step {st.step}: val bits/byte " + " ".join(f"h{k + 1} {b:.3f}" for k, b in enumerate(st.val_bpb))
+                 + per_pass)
+
+    def save(self, *, final: bool) -> Path | None:
+        """Every rank takes part (gathering); rank 0 writes, and all agree on whether it worked."""
+        d, st = self.d, self.state
+        state = st.state_dict()
+        weights, optim = dist_lib.full_state(self.wrapped, self.optimizer)
+        path, error = None, None
+        if d.is_main:
+            try:
+                path = save_checkpoint(self.run_dir, step=st.step, model=self.model, config=self.cfg,
+                                       train_state=state, keep=self.cfg.train.keep_checkpoints,
+                                       model_state=weights, optimizer_state=optim)
+            except CheckpointError as e:
+                error = e
+        if dist_lib.any_rank(error is not None, d, self.device):
+            message = str(error) if error is not None else "rank 0 could not save a checkpoint"
+            if final:
+                raise TrainingError(message)
+            self.say(f"warning: {message}; training goes on")
+            return None
+        self.last_saved = st.step
+        return path
+
+
+@dataclass
+class StepFigures:
+    """One optimizer step's loss and per-head figures, averaged over micro-batches and ranks;
+    agreement with head 1 and the teacher KL where the step counted them."""
+
+    total: torch.Tensor
+    head_loss: torch.Tensor
+    head_accuracy: torch.Tensor
+    head_agreement: torch.Tensor | None
+    head_kl: torch.Tensor | None
+
+
+def accumulate_gradients(model: ByteMTP, wrapped, batches, *, step_fn, loss_cfg, accum: int,
+                         d: dist_lib.Dist, autocast=contextlib.nullcontext()) -> StepFigures:
+    """Forward and backward of one optimizer step's `accum` micro-batches, with the gradients
+    reduced once over the ranks; the figures averaged over the micro-batches and the ranks."""
+    outs = []
+    for micro, batch in enumerate(batches):
+        with autocast, dist_lib.gradient_sync(wrapped, last=micro == accum - 1):
+            outs.append(step_fn(model, batch, loss_cfg=loss_cfg, scale=1 / accum))
+
+    def averaged(name):
+        values = [getattr(o, name) for o in outs]
+        return None if values[0] is None else dist_lib.mean(sum(values) / len(values), d)
+
+    dist_lib.reduce_gradients(wrapped, d)
+    return StepFigures(*(averaged(name) for name in ("total", "head_loss", "head_accuracy", "head_agreement",
+                                                     "head_kl")))
+
+
+def _finite(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
