@@ -11,6 +11,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from bytemtp.config import ModelConfig, tiny
+from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime import checkpoint
 from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_config, load_model,
@@ -29,7 +30,7 @@ def make_optimizer(model):
 
 def train_step(model, optimizer, ids):
     optimizer.zero_grad()
-    model.logits(ids).float().logsumexp(-1).mean().backward()
+    model.logits(ids, layout=build_layout(model, ids)).float().logsumexp(-1).mean().backward()
     optimizer.step()
 
 
@@ -85,7 +86,8 @@ def test_round_trip_weights_config_train_state_and_optimizer(tmp_path):
     assert_same_weights(loaded, model)
     assert torch.equal(loaded.rope_cos, model.rope_cos)
     model.eval()
-    assert torch.equal(loaded.logits(ids), model.logits(ids))
+    layout = build_layout(model, ids)
+    assert torch.equal(loaded.logits(ids, layout=layout), model.logits(ids, layout=layout))
     model.train()
 
     fresh = make_model(cfg, seed=5)

@@ -10,7 +10,8 @@ from bytemtp import config as C
 from bytemtp.decoding import decode
 from bytemtp.decoding.compiled import Compile, StaticStep, head_bucket, head_buckets, node_bucket, worth_compiling
 from bytemtp.decoding.drafting import Draft, DraftTree, PassCosts
-from bytemtp.model.kvcache import KVCache, Layout
+from bytemtp.model.kvcache import KVCache
+from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 
 COMPILED = pytest.mark.xdist_group("processes")  # not beside the torchrun tests (see test_distributed)
@@ -66,15 +67,14 @@ def test_static_step_equals_the_eager_pass(head_type, head_layers):
         caches = [KVCache.for_model(model, batch_size=B, max_len=max_len) for _ in range(2)]
         prompt = torch.randint(0, 256, (B, 12), generator=torch.Generator().manual_seed(B))
         for cache in caches:
-            model.logits(prompt, cache, stacked=stacked)
+            model.logits(prompt, cache, stacked=stacked, layout=build_layout(model, prompt, cache))
             cache.lengths = list(lengths)
         passes = [(1, 1, None), (2, 2, None), (4, 3, None), (n, 5, None), (n, 7, tree), (n, 16, None)]
         for heads, T, shape in passes:
             ids = torch.randint(0, 256, (B, T), generator=torch.Generator().manual_seed(T))
             kw = {} if shape is None else {"depths": list(shape.depths), "ancestors": shape.ancestors}
-            rope = (model.rope_cos, model.rope_sin)
             want = model.logits(ids, caches[0], heads=heads, stacked=stacked,
-                                layout=Layout(caches[0].lengths, T, rope=rope, cached=True, **kw))
+                                layout=build_layout(model, ids, caches[0], drafts=True, **kw))
             got = step(ids, caches[1], heads=heads, **({} if shape is None else
                                                        {"depths": shape.depths, "ancestors": shape.ancestors}))
             assert got.shape == want.shape == (B, T, heads, want.shape[-1])

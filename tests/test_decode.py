@@ -8,6 +8,7 @@ import torch
 from bytemtp import config as C
 from bytemtp.decoding import decode
 from bytemtp.decoding.drafting import Draft
+from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import EOS, PAD, TextStream
 
@@ -28,7 +29,8 @@ def _greedy_without_cache(model, prompt: bytes, max_bytes: int) -> bytes:
     out = bytearray()
     while len(out) < max_bytes:
         start = decode.window_start(len(ids), start, model.config.seq_len)
-        logits = model.logits(torch.tensor([ids[start:]]), heads=1)[0, -1, 0]
+        window = torch.tensor([ids[start:]])
+        logits = model.logits(window, heads=1, layout=build_layout(model, window))[0, -1, 0]
         byte = decode.next_byte(logits, decode.Sampling())
         if byte == EOS:
             break

@@ -15,6 +15,7 @@ from bytemtp.config import DataConfig
 from bytemtp.data.loader import ByteLoader
 from bytemtp.data.shards import CorpusError
 from bytemtp.evaluation.evaluate import evaluate
+from bytemtp.model.layout import build_layout
 from bytemtp.model.loss import IGNORE, future_targets
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import load_model, save_checkpoint
@@ -54,7 +55,7 @@ def _recount(model, corpus, batches, batch_size):
             break
         targets = future_targets(batch, n_future=K, mask_after_eos=True)
         with torch.no_grad():
-            picks = model.logits(batch[:, :T]).argmax(-1)
+            picks = model.logits(batch[:, :T], layout=build_layout(model, batch[:, :T])).argmax(-1)
         for b in range(batch.shape[0]):
             for t in range(T):
                 for k in range(2, K + 1):

@@ -22,6 +22,7 @@ from bytemtp import config as C
 from bytemtp.decoding.decode import generate
 from bytemtp.interop import remote_code
 from bytemtp.interop.export import export_hf
+from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import CheckpointError, load_model, save_checkpoint
 from bytemtp.vocab import BOS, EOS, PAD, VOCAB_SIZE
@@ -224,7 +225,7 @@ def test_logits_equal_bytemtp(loaded, variant):
     model, hf_model, _ = loaded[variant]
     ids = random_ids(2, 40)
     with torch.no_grad():
-        expected = model.logits(ids)  # (B, T, K, V)
+        expected = model.logits(ids, layout=build_layout(model, ids))  # (B, T, K, V)
         torch.testing.assert_close(hf_model(ids).logits, expected[:, :, 0], rtol=0, atol=1e-5)
         torch.testing.assert_close(hf_model.future_logits(ids), expected, rtol=0, atol=1e-5)
 
@@ -245,8 +246,10 @@ def test_left_padding_gives_each_row_its_own_logits(loaded):
     mask = (torch.arange(20) >= torch.tensor([[0], [8]])).long()
     with torch.no_grad():
         logits = hf_model(ids, attention_mask=mask).logits
-        torch.testing.assert_close(logits[0], model.logits(long, heads=1)[0, :, 0], rtol=0, atol=1e-5)
-        torch.testing.assert_close(logits[1, 8:], model.logits(short, heads=1)[0, :, 0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(logits[0], model.logits(long, heads=1, layout=build_layout(model, long))[0, :, 0],
+                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(logits[1, 8:], model.logits(short, heads=1, layout=build_layout(model, short))[0, :, 0],
+                                   rtol=0, atol=1e-5)
 
 
 def greedy_bytes(out_row: torch.Tensor, prompt_len: int) -> bytes:

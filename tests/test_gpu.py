@@ -11,6 +11,7 @@ from test_speculative import _SONGS, FITTED, _fitted_model
 
 from bytemtp import config as C
 from bytemtp.model.kvcache import KVCache
+from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.training.step import forward_backward, plain_forward_backward
 
@@ -59,10 +60,11 @@ def test_memory_efficient_gradients_equal_plain_in_bf16(head_type):
 def test_cached_logits_equal_full_sequence_on_cuda():
     model = _model(C.tiny().model).eval()
     ids = _ids(2, 40)
-    full = model.logits(ids)
+    full = model.logits(ids, layout=build_layout(model, ids))
     cache = KVCache.for_model(model, batch_size=2)
-    got = torch.cat([model.logits(ids[:, :17], cache), model.logits(ids[:, 17:18], cache),
-                     model.logits(ids[:, 18:40], cache)], dim=1)
+    got = torch.cat([model.logits(ids[:, :17], cache, layout=build_layout(model, ids[:, :17], cache)),
+                     model.logits(ids[:, 17:18], cache, layout=build_layout(model, ids[:, 17:18], cache)),
+                     model.logits(ids[:, 18:40], cache, layout=build_layout(model, ids[:, 18:40], cache))], dim=1)
     torch.testing.assert_close(got, full, atol=1e-4, rtol=1e-4)
 
 
@@ -77,12 +79,12 @@ def test_peak_memory_efficient_below_plain_on_cuda():
 def test_stacked_heads_and_per_row_cache_on_cuda():
     model = _model(dataclasses.replace(C.tiny().model, n_future=4)).eval()
     ids = _ids(3, 30)
-    full = model.logits(ids)
+    full = model.logits(ids, layout=build_layout(model, ids))
     cache = KVCache.for_model(model, batch_size=3)
-    model.logits(ids[:, :10], cache)
+    model.logits(ids[:, :10], cache, layout=build_layout(model, ids[:, :10], cache))
     cache.rewind([0, 4, 7])
     fed = torch.stack([ids[0, 10:14], ids[1, 6:10], ids[2, 3:7]])
-    got = model.logits(fed, cache, heads=4, stacked=model.stack_heads())
+    got = model.logits(fed, cache, heads=4, stacked=model.stack_heads(), layout=build_layout(model, fed, cache))
     for row, start in enumerate([10, 6, 3]):
         torch.testing.assert_close(got[row], full[row, start:start + 4], atol=1e-4, rtol=1e-4)
 

@@ -12,6 +12,7 @@ from bytemtp import config as C
 from bytemtp.decoding.decode import generate
 from bytemtp.evaluation.evaluate import evaluate
 from bytemtp.evaluation.likelihood import loglikelihoods, n_windows, rolling_loglikelihoods, windows
+from bytemtp.model.layout import build_layout
 from bytemtp.model.loss import LN2
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import save_checkpoint
@@ -29,7 +30,7 @@ def _reference(model, context: bytes, continuation: bytes) -> tuple[float, bool]
     """log p(continuation | EOS + context) from one full forward pass (the sequence fits the context)."""
     ids = torch.tensor([[EOS, *context, *continuation]])
     with torch.no_grad():
-        logits = model.logits(ids[:, :-1], heads=1)[0, :, 0].float()
+        logits = model.logits(ids[:, :-1], heads=1, layout=build_layout(model, ids[:, :-1]))[0, :, 0].float()
     start = len(context)  # position of the last context id: it predicts the continuation's first byte
     logp = torch.log_softmax(logits, -1)[start:]
     targets = ids[0, start + 1:]

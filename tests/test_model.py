@@ -5,6 +5,7 @@ import torch
 
 from bytemtp import config as C
 from bytemtp.model.kvcache import KVCache
+from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import VOCAB_SIZE
 
@@ -23,12 +24,12 @@ def tiny_model(seed: int = 0, **overrides) -> ByteMTP:
 def test_shapes(head_type, unembed):
     model = tiny_model(head_type=head_type, unembed=unembed, n_future=4)
     ids = torch.randint(0, 258, (3, 17))
-    z = model(ids)
+    z = model(ids, layout=build_layout(model, ids))
     assert z.shape == (3, 17, model.config.d_model)
-    h = model.head_state(0, z)
+    h = model.head_state(0, z, layout=build_layout(model, ids))
     assert model.head_logits(0, h).shape == (3, 17, VOCAB_SIZE)
-    assert model.logits(ids).shape == (3, 17, 4, VOCAB_SIZE)
-    assert model.logits(ids, heads=2).shape == (3, 17, 2, VOCAB_SIZE)
+    assert model.logits(ids, layout=build_layout(model, ids)).shape == (3, 17, 4, VOCAB_SIZE)
+    assert model.logits(ids, heads=2, layout=build_layout(model, ids)).shape == (3, 17, 2, VOCAB_SIZE)
     assert len(model.unembed) == (4 if unembed == "replicated" else 1)
 
 
@@ -60,17 +61,18 @@ def test_attention_goes_through_sdpa(monkeypatch):
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
     model = tiny_model()
-    model.logits(torch.randint(0, 256, (1, 5)))
+    ids = torch.randint(0, 256, (1, 5))
+    model.logits(ids, layout=build_layout(model, ids))
     assert len(calls) == model.config.total_layers
 
 
 def test_causality():
     model = tiny_model().eval()
     ids = torch.randint(0, 256, (2, 20))
-    a = model.logits(ids)
+    a = model.logits(ids, layout=build_layout(model, ids))
     ids2 = ids.clone()
     ids2[:, 12:] = (ids2[:, 12:] + 1) % 256
-    b = model.logits(ids2)
+    b = model.logits(ids2, layout=build_layout(model, ids2))
     torch.testing.assert_close(a[:, :12], b[:, :12])
     assert not torch.allclose(a[:, 12:], b[:, 12:])
 
@@ -79,19 +81,20 @@ def test_causality():
 def test_cached_logits_equal_full_sequence(head_type):
     model = tiny_model(head_type=head_type).eval()
     ids = torch.randint(0, 258, (2, 48))
-    full = model.logits(ids)
+    full = model.logits(ids, layout=build_layout(model, ids))
     cache = KVCache.for_model(model, batch_size=2)
     chunks = [(0, 10), (10, 11), (11, 12), (12, 20), (20, 21)]
-    got = torch.cat([model.logits(ids[:, a:b], cache) for a, b in chunks], dim=1)
+    got = torch.cat([model.logits(ids[:, a:b], cache, layout=build_layout(model, ids[:, a:b], cache))
+                     for a, b in chunks], dim=1)
     assert cache.length == 21
     torch.testing.assert_close(got, full[:, :21], atol=1e-5, rtol=1e-5)
     # rejected drafts: rewind and overwrite with different bytes, then continue
     cache.rewind(6)
     assert cache.length == 15
     wrong = (ids[:, 15:19] + 7) % 256
-    model.logits(wrong, cache)
+    model.logits(wrong, cache, layout=build_layout(model, wrong, cache))
     cache.rewind(4)
-    rest = model.logits(ids[:, 15:48], cache)
+    rest = model.logits(ids[:, 15:48], cache, layout=build_layout(model, ids[:, 15:48], cache))
     torch.testing.assert_close(rest, full[:, 15:48], atol=1e-5, rtol=1e-5)
     assert cache.length == 48
 
@@ -108,11 +111,14 @@ def test_stacked_heads_equal_heads_one_by_one(head_type, mlp, unembed, head_laye
     ids = torch.randint(0, 258, (2, 30))
     stacked = model.stack_heads()
     for k in (4, 2):
-        torch.testing.assert_close(model.logits(ids, heads=k, stacked=stacked), model.logits(ids, heads=k))
+        layout = build_layout(model, ids)
+        torch.testing.assert_close(model.logits(ids, heads=k, stacked=stacked, layout=layout),
+                                   model.logits(ids, heads=k, layout=layout))
         fast, slow = KVCache.for_model(model, 2), KVCache.for_model(model, 2)
         for a, b, back in [(0, 9, 0), (9, 10, 0), (10, 16, 3), (13, 20, 0), (20, 30, 0)]:
-            got = model.logits(ids[:, a:b], fast, heads=k, stacked=stacked)
-            want = model.logits(ids[:, a:b], slow, heads=k)
+            got = model.logits(ids[:, a:b], fast, heads=k, stacked=stacked,
+                               layout=build_layout(model, ids[:, a:b], fast))
+            want = model.logits(ids[:, a:b], slow, heads=k, layout=build_layout(model, ids[:, a:b], slow))
             torch.testing.assert_close(got, want)
             fast.rewind(back)
             slow.rewind(back)
@@ -129,19 +135,20 @@ def test_rows_at_different_lengths_equal_each_row_alone(head_type):
     their own lengths, and each row's logits equal that row decoded alone."""
     model = tiny_model(head_type=head_type, n_future=3).double().eval()
     ids = torch.randint(0, 258, (3, 40))
-    full = model.logits(ids)
+    full = model.logits(ids, layout=build_layout(model, ids))
     stacked = model.stack_heads()
     cache = KVCache.for_model(model, batch_size=3)
-    model.logits(ids[:, :12], cache)
+    model.logits(ids[:, :12], cache, layout=build_layout(model, ids[:, :12], cache))
     cache.rewind([0, 5, 9])  # rows now at 12, 7 and 3
     assert cache.lengths == [12, 7, 3]
     fed = torch.stack([ids[0, 12:18], ids[1, 7:13], ids[2, 3:9]])
-    got = model.logits(fed, cache, heads=3, stacked=stacked)
+    got = model.logits(fed, cache, heads=3, stacked=stacked, layout=build_layout(model, fed, cache))
     for row, start in enumerate([12, 7, 3]):
         torch.testing.assert_close(got[row], full[row, start:start + 6])
     cache.keep([2, 0])
     assert cache.lengths == [9, 18]
-    got = model.logits(torch.stack([ids[2, 9:11], ids[0, 18:20]]), cache)
+    fed = torch.stack([ids[2, 9:11], ids[0, 18:20]])
+    got = model.logits(fed, cache, layout=build_layout(model, fed, cache))
     torch.testing.assert_close(got[0], full[2, 9:11])
     torch.testing.assert_close(got[1], full[0, 18:20])
 
@@ -150,7 +157,8 @@ def test_cache_rewind_is_a_pointer_move():
     model = tiny_model()
     cache = KVCache.for_model(model, batch_size=1)
     k_ptr = cache.k.data_ptr()
-    model.logits(torch.randint(0, 256, (1, 8)), cache)
+    ids = torch.randint(0, 256, (1, 8))
+    model.logits(ids, cache, layout=build_layout(model, ids, cache))
     cache.rewind(3)
     assert cache.k.data_ptr() == k_ptr and cache.length == 5
     with pytest.raises(AssertionError):
@@ -159,12 +167,13 @@ def test_cache_rewind_is_a_pointer_move():
 
 def test_context_overflow_is_a_clear_error():
     model = tiny_model()
+    ids = torch.zeros(1, 65, dtype=torch.long)
     with pytest.raises(ValueError, match="exceeds the context of 64"):
-        model.logits(torch.zeros(1, 65, dtype=torch.long))
+        model.logits(ids, layout=build_layout(model, ids))
     cache = KVCache.for_model(model, batch_size=1)
-    model.logits(torch.zeros(1, 60, dtype=torch.long), cache)
+    model.logits(ids[:, :60], cache, layout=build_layout(model, ids[:, :60], cache))
     with pytest.raises(ValueError, match="64 positions|exceeds"):
-        model.logits(torch.zeros(1, 5, dtype=torch.long), cache)
+        model.logits(ids[:, :5], cache, layout=build_layout(model, ids[:, :5], cache))
 
 
 def test_init_is_reproducible_from_a_generator():
@@ -178,20 +187,20 @@ def test_init_is_reproducible_from_a_generator():
 def test_causal_heads_see_previous_head():
     model = tiny_model(head_type="causal", n_future=3).eval()
     ids = torch.randint(0, 256, (1, 9))
-    before = model.logits(ids)
+    before = model.logits(ids, layout=build_layout(model, ids))
     with torch.no_grad():
         for p in model.heads[0].parameters():
             p.add_(0.05)
-    after = model.logits(ids)
+    after = model.logits(ids, layout=build_layout(model, ids))
     # changing head 0 changes heads 1 and 2 for causal heads ...
     assert not torch.allclose(before[:, :, 2], after[:, :, 2])
     indep = tiny_model(head_type="transformer", n_future=3).eval()
-    before = indep.logits(ids)
+    before = indep.logits(ids, layout=build_layout(indep, ids))
     with torch.no_grad():
         for p in indep.heads[0].parameters():
             p.add_(0.05)
     # ... and leaves them alone for independent heads
-    torch.testing.assert_close(before[:, :, 1:], indep.logits(ids)[:, :, 1:])
+    torch.testing.assert_close(before[:, :, 1:], indep.logits(ids, layout=build_layout(indep, ids))[:, :, 1:])
 
 
 @pytest.mark.parametrize("head_type", ["transformer", "linear", "causal"])
@@ -200,8 +209,6 @@ def test_a_tree_pass_equals_each_branch_as_a_chain(head_type, rows):
     """A tree of candidates in one pass (tree mask, per-node rotary positions) gives each node
     the logits of its branch fed as a plain chain; after compacting the accepted path the cache
     equals the cache of that path, and decoding goes on from it exactly."""
-    from bytemtp.model.kvcache import Layout
-
     model = tiny_model(head_type=head_type, n_future=3).double().eval()
     stacked = model.stack_heads()
     ids = torch.randint(0, 256, (rows, 30))
@@ -217,16 +224,15 @@ def test_a_tree_pass_equals_each_branch_as_a_chain(head_type, rows):
     tree_ids = torch.randint(0, 256, (rows, 6))
     starts = [10, 7][:rows]
     cache = KVCache.for_model(model, rows)
-    model.logits(ids[:, :10], cache, heads=3)
+    model.logits(ids[:, :10], cache, heads=3, layout=build_layout(model, ids[:, :10], cache))
     cache.rewind([0, 3][:rows])
-    layout = Layout(cache.lengths, 6, rope=(model.rope_cos, model.rope_sin), cached=True, depths=depths,
-                    ancestors=anc)
+    layout = build_layout(model, tree_ids, cache, depths=depths, ancestors=anc)
     got = model.logits(tree_ids, cache, heads=3, stacked=stacked, layout=layout)
     for r, s in enumerate(starts):
         for node in range(6):
             branch = [j for j in range(6) if anc[node, j]]  # ancestors in depth order
             seq = torch.cat([ids[r, :s], tree_ids[r, branch]])[None]
-            want = model.logits(seq, heads=3)[0, -1]
+            want = model.logits(seq, heads=3, layout=build_layout(model, seq))[0, -1]
             torch.testing.assert_close(got[r, node], want)
     # accept the path 0 -> 2 -> 4 in every row, compact, and decode one more id
     cache.rewind(6)
@@ -234,17 +240,18 @@ def test_a_tree_pass_equals_each_branch_as_a_chain(head_type, rows):
         cache.compact(r, [starts[r] + j for j in (0, 2, 4)], layers=model.config.total_layers)
     cache.advance(3)
     nxt = torch.randint(0, 256, (rows, 1))
-    got = model.logits(nxt, cache, heads=3)
+    got = model.logits(nxt, cache, heads=3, layout=build_layout(model, nxt, cache))
     for r, s in enumerate(starts):
         seq = torch.cat([ids[r, :s], tree_ids[r, [0, 2, 4]], nxt[r]])[None]
-        torch.testing.assert_close(got[r, 0], model.logits(seq, heads=3)[0, -1])
+        torch.testing.assert_close(got[r, 0], model.logits(seq, heads=3, layout=build_layout(model, seq))[0, -1])
 
 
 def test_prefill_unembeds_only_the_last_positions():
     model = tiny_model(n_future=3).double().eval()
     ids = torch.randint(0, 256, (2, 12))
-    full = model.logits(ids)
+    full = model.logits(ids, layout=build_layout(model, ids))
     for stacked in (None, model.stack_heads()):
-        got = model.logits(ids, KVCache.for_model(model, 2), stacked=stacked, last=[11, 4])
+        cache = KVCache.for_model(model, 2)
+        got = model.logits(ids, cache, stacked=stacked, layout=build_layout(model, ids, cache), last=[11, 4])
         assert got.shape == (2, 1, 3, full.shape[-1])
         torch.testing.assert_close(got[:, 0], full[[0, 1], [11, 4]])

@@ -26,8 +26,7 @@ from test_speculative import _SONGS, FITTED, _fitted_model
 from bytemtp.config import ModelConfig
 from bytemtp.decoding import decode
 from bytemtp.decoding.drafting import TREE_RANKS, Draft, PassCosts
-from bytemtp.model.kvcache import attend
-from bytemtp.model.model import ByteMTP
+from bytemtp.model.layout import attend
 from bytemtp.vocab import EOS, VOCAB_SIZE
 
 CONTEXT = 8  # tokens of context that say where in which document a node stands
@@ -53,8 +52,6 @@ class PathModel:
     tokens (fewer at a document's start), so every window of the context, slid or not,
     predicts the same bytes."""
 
-    layout = ByteMTP.layout  # the real default layout of a pass, with its context check
-
     def __init__(self, docs: list[Doc], *, n_future: int = 4, seq_len: int = 128):
         self.config = ModelConfig(n_layers=n_future + 1, d_model=2, n_attn_heads=1, n_future=n_future,
                                   seq_len=seq_len)
@@ -74,13 +71,12 @@ class PathModel:
     def stack_heads(self):
         return None
 
-    def logits(self, ids_BT: torch.Tensor, cache, heads: int | None = None, stacked=None, *, layout=None,
+    def logits(self, ids_BT: torch.Tensor, cache, heads: int | None = None, stacked=None, *, layout,
                last: list[int] | None = None) -> torch.Tensor:
         self.calls += 1
         cfg = self.config
         B, T = ids_BT.shape
         K = cfg.n_future if heads is None else heads
-        layout = layout or self.layout(T, cache)
         layers = list(range(cfg.trunk_layers + K * cfg.layers_per_head))  # the trunk and the heads that run
         x = ids_BT.to(torch.float64)[:, None, :, None].expand(B, 1, T, cfg.head_dim)  # (B, H, T, E)
         for layer in layers:

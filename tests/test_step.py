@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from bytemtp import config as C
 from bytemtp.evaluation.evaluate import evaluate
+from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.training.step import forward_backward, plain_forward_backward
 from bytemtp.training.train import set_trainable
@@ -97,7 +98,9 @@ def _predicted_ids(model, rows: int, length: int, generator) -> torch.Tensor:
             while len(ids) < length:
                 n = len(ids)
                 j = min(1 + n % 4, n)
-                predicted = int(model.logits(torch.tensor([ids[:n - j + 1]]), heads=j)[0, -1, j - 1, :256].argmax())
+                seq = torch.tensor([ids[:n - j + 1]])
+                logits = model.logits(seq, heads=j, layout=build_layout(model, seq))
+                predicted = int(logits[0, -1, j - 1, :256].argmax())
                 ids.append(predicted if n % 5 else int(torch.randint(0, 256, (1,), generator=generator)))
             out.append(ids)
     return torch.tensor(out)
@@ -113,7 +116,7 @@ def test_step_reports_per_head_figures():
     ids = _predicted_ids(model, B, T + K, torch.Generator().manual_seed(1))
     out = forward_backward(model, ids, loss_cfg=C.LossConfig())
     with torch.no_grad():
-        logits = model.logits(ids[:, :T])  # (B, T, K, V)
+        logits = model.logits(ids[:, :T], layout=build_layout(model, ids[:, :T]))  # (B, T, K, V)
     greedy = logits.argmax(-1)  # (B, T, K)
     for k in range(K):
         target = ids[:, k + 1:k + 1 + T]

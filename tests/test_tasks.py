@@ -14,6 +14,7 @@ from bytemtp import config as C
 from bytemtp.data.corpus import corpus_files, iter_documents
 from bytemtp.evaluation import tasks as T
 from bytemtp.evaluation.evaluate import task_accuracy
+from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import save_checkpoint
 from bytemtp_cli.main import main
@@ -280,7 +281,7 @@ def test_answer_scores_equal_a_problem_by_problem_count(until_eos):
             prompt, answer = list(p.prompt.encode()), list(p.answer.encode()) + ([EOS] if until_eos else [])
             seq = torch.tensor([[EOS, *prompt, *answer]])
             with torch.no_grad():
-                logits = model.logits(seq, heads=1)[0, :, 0]
+                logits = model.logits(seq, heads=1, layout=build_layout(model, seq))[0, :, 0]
             for j, target in enumerate(answer):
                 row = logits[len(prompt) + j]
                 right += int(row.argmax()) == target

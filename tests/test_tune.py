@@ -9,6 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from bytemtp import config as C
+from bytemtp.model.layout import build_layout
 from bytemtp.runtime.checkpoint import load_model
 from bytemtp.training.train import train
 from bytemtp_cli.main import main
@@ -133,7 +134,8 @@ def test_a_greedy_rollout_is_head_1s_greedy_continuation_position_by_position():
     with torch.no_grad():
         model.eval()
         for j in range(T + 1 - n, T + 1):  # each written byte: head 1's argmax after the ids before it
-            want = model.logits(got[:, :j], heads=1)[:, -1, 0, :EOS + 1].argmax(-1)
+            prefix = got[:, :j]
+            want = model.logits(prefix, heads=1, layout=build_layout(model, prefix))[:, -1, 0, :EOS + 1].argmax(-1)
             assert torch.equal(got[:, j], want), j
     with pytest.raises(ValueError, match="does not fit"):
         greedy_rollout(model, ids, T + 1)

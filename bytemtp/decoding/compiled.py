@@ -5,7 +5,7 @@ An eager pass is about a thousand small PyTorch ops, and on a CPU (or a GPU laun
 per op) most of its time is the framework's, not the arithmetic's. `StaticStep` runs the same
 model code with static shapes instead: the cache is the preallocated `KVCache`, only read inside
 the step (its new keys and values come out and are written by index in one go); positions and
-the mask come from device tensors (`kvcache.StaticLayout`), so no host number enters the graph;
+the mask come from device tensors (`layout.StaticLayout`), so no host number enters the graph;
 the nodes of a pass are padded up to a bucket (`NODE_BUCKETS`) and the heads run are rounded up
 to a few counts (`head_buckets`), so that ten graphs a batch size (one per bucket of heads and
 of at least as many nodes) serve every draft the decoder may choose, each compiled the first time it runs: inductor
@@ -38,7 +38,8 @@ import time
 
 import torch
 
-from bytemtp.model.kvcache import KVCache, StaticLayout
+from bytemtp.model.kvcache import KVCache
+from bytemtp.model.layout import build_layout
 
 NODE_BUCKETS = (1, 2, 4, 8, 16)  # nodes a pass is padded to (the last is drafting.MAX_NODES)
 
@@ -109,15 +110,14 @@ class StaticStep:
         """Logits (B, T, heads, V) and the keys and values of the layers that ran, (N, B, H, T, E)
         in the order of `_indices`. Reads the cache, writes nothing."""
         model = self.model
-        layout = StaticLayout(starts_B, depths_T, see_TT, rope=(model.rope_cos, model.rope_sin),
-                              L=cache_k.shape[-2])
         cache = _Buffers(cache_k, cache_v)
-        z_BTD = model(ids_BT, cache, layout)
+        layout = build_layout(model, ids_BT, cache, depths=depths_T, ancestors=see_TT, starts_B=starts_B)
+        z_BTD = model(ids_BT, cache, layout=layout)
         if self.stacked is not None:
             logits = self.stacked(z_BTD, layout, cache, k=heads)
         else:
             logits = torch.stack([model.head_logits(k, h_BTD)
-                                  for k, h_BTD in model.head_states(z_BTD, cache, layout, heads=heads)], dim=2)
+                                  for k, h_BTD in model.head_states(z_BTD, cache, layout=layout, heads=heads)], dim=2)
         ks = [k if k.dim() == 5 else k[None] for k, _ in layout.written]  # stacked heads: (K, B, H, T, E)
         vs = [v if v.dim() == 5 else v[None] for _, v in layout.written]
         return logits, torch.cat(ks), torch.cat(vs)

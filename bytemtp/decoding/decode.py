@@ -41,7 +41,8 @@ from bytemtp.decoding.drafting import (MAX_NODES, TREE_RANKS, AcceptanceProfile,
                                        best_tree, choose)
 from bytemtp.decoding.generation import DecodeStats, Generation, Output, SpeculativeStats, as_bytes, as_prompt_list
 from bytemtp.decoding.sampling import Sampling, _masked, _sample, distribution, next_byte, verify_sampled
-from bytemtp.model.kvcache import KVCache, Layout, context_left, window_start
+from bytemtp.model.kvcache import KVCache, context_left, window_start
+from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.devices import synchronize
 from bytemtp.vocab import EOS
@@ -64,7 +65,8 @@ def generate(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, sampling: S
     tokens = [EOS, *prompt]
     cache = KVCache.for_model(model, batch_size=1)
     start = window_start(len(tokens), 0, seq_len)
-    logits = model.logits(torch.tensor([tokens[start:]], device=device), cache, heads=1)[0, -1, 0]
+    ids = torch.tensor([tokens[start:]], device=device)
+    logits = model.logits(ids, cache, heads=1, layout=build_layout(model, ids, cache))[0, -1, 0]
     out.stats.forward_passes = 1
     while not out.emit(byte := next_byte(logits, sampling)):
         tokens.append(byte)
@@ -75,7 +77,7 @@ def generate(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, sampling: S
             ids = torch.tensor([tokens[start:]], device=device)
         else:
             ids = torch.tensor([[byte]], device=device)
-        logits = model.logits(ids, cache, heads=1)[0, -1, 0]
+        logits = model.logits(ids, cache, heads=1, layout=build_layout(model, ids, cache))[0, -1, 0]
         out.stats.forward_passes += 1
     return out.result(t0)
 
@@ -202,7 +204,8 @@ class Decoder:
         for r, w in enumerate(windows):
             ids[r, :len(w)] = torch.tensor(w, dtype=torch.long)
         cache.lengths = [0] * len(rows)
-        logits = model.logits(ids.to(model.embed.weight.device), cache, heads=heads, stacked=self.stacked,
+        ids = ids.to(model.embed.weight.device)
+        logits = model.logits(ids, cache, heads=heads, stacked=self.stacked, layout=build_layout(model, ids, cache),
                               last=[n - 1 for n in lengths])  # (B, 1, K, V)
         cache.lengths = lengths
         for row, logits_KV in zip(rows, logits[:, 0]):
@@ -241,8 +244,8 @@ class Decoder:
             return self.static(ids_BT, cache, heads=heads, depths=None if chain else tree.depths,
                                ancestors=None if chain else tree.ancestors)
         model = self.model
-        layout = Layout(cache.lengths, tree.T, rope=(model.rope_cos, model.rope_sin), cached=True,
-                        depths=None if chain else list(tree.depths), ancestors=None if chain else tree.ancestors)
+        layout = build_layout(model, ids_BT, cache, depths=None if chain else list(tree.depths),
+                              ancestors=None if chain else tree.ancestors, drafts=True)
         return model.logits(ids_BT, cache, heads=heads, stacked=self.stacked, layout=layout)
 
     def verify_greedy(self, logits_BTKV: torch.Tensor, rows: list[_Row], tree: DraftTree,

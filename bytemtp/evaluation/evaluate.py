@@ -31,6 +31,7 @@ from bytemtp.config import DataConfig
 from bytemtp.data.corpus import corpus_files, iter_documents
 from bytemtp.data.loader import ByteLoader
 from bytemtp.data.shards import MANIFEST, CorpusError
+from bytemtp.model.layout import build_layout
 from bytemtp.model.loss import IGNORE, LN2, future_targets, head_loss
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime import distributed as dist_lib
@@ -100,11 +101,13 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
         if not (dist_lib.any_rank(not done, d, device) if d.active else not done):
             break
         targets_BTK = future_targets(batch, n_future=K, mask_after_eos=mask_after_eos)
-        z_BTD = model(batch[:, :targets_BTK.shape[1]])
+        ids_BT = batch[:, :targets_BTK.shape[1]]
+        layout = build_layout(model, ids_BT)
+        z_BTD = model(ids_BT, layout=layout)
         right_BTK = torch.zeros(targets_BTK.shape, dtype=torch.bool, device=device)
         agree_BTK = torch.ones(targets_BTK.shape, dtype=torch.bool, device=device)
         T = targets_BTK.shape[1]
-        for k, h_BTD in model.head_states(z_BTD):
+        for k, h_BTD in model.head_states(z_BTD, layout=layout):
             logits = model.head_logits(k, h_BTD)
             h = head_loss(logits, targets_BTK[:, :, k])
             greedy_BT = logits.argmax(-1)
@@ -284,7 +287,8 @@ def task_answer_scores(model: ByteMTP, test: dict, *, until_eos: bool = True, ba
                 # position len(prompt) predicts the answer's first byte
                 start = max(0, len(p.prompt.encode()) - cuts[r])
                 targets[r, start:len(row) - 1] = torch.tensor(row[start + 1:])
-            logits = model.logits(ids.to(device), heads=1)[:, :, 0].float()
+            ids = ids.to(device)
+            logits = model.logits(ids, heads=1, layout=build_layout(model, ids))[:, :, 0].float()
             targets = targets.to(device)
             mask = targets != IGNORE
             picked, tgt = logits[mask], targets[mask]

@@ -32,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import EOS
 
@@ -80,7 +81,8 @@ def score_windows(model: ByteMTP, wins: list[Window], n_requests: int, *, batch_
         ids_BT = torch.full((len(batch), len(batch[0].inputs)), EOS, dtype=torch.long)
         for r, w in enumerate(batch):
             ids_BT[r, :len(w.inputs)] = torch.tensor(w.inputs)
-        logits_BTV = model.logits(ids_BT.to(device), heads=1)[:, :, 0].float()
+        ids_BT = ids_BT.to(device)
+        logits_BTV = model.logits(ids_BT, heads=1, layout=build_layout(model, ids_BT))[:, :, 0].float()
         logp_BTV = torch.log_softmax(logits_BTV, dim=-1)
         for r, w in enumerate(batch):
             positions = torch.arange(w.first, w.first + len(w.targets), device=device)

@@ -12,9 +12,12 @@ DeepSeek-V3's sequential modules; `linear` heads are one D x D matrix each. The 
 one matrix per head (`replicated`) or one shared matrix.
 
 The model is a pre-norm decoder: RMSNorm, rotary positions, SwiGLU (or GELU) feed-forward, and
-attention through `scaled_dot_product_attention`. Decoding passes a `KVCache` and a `Layout`
-(bytemtp.model.kvcache): where each new position goes in the cache, its rotary position and what it
-may attend to, built once a pass and shared by every layer; a tree of drafts is one such layout.
+attention through `scaled_dot_product_attention`. Every pass is handed its layout
+(`bytemtp.model.layout.build_layout`): where each new position goes in the cache, its rotary
+position and what it may attend to, built once a pass by the caller and passed to the trunk and
+to every head. `forward`, `head_state`, `head_states`, `logits` and `StackedHeads` take it as a
+required argument and never build one, so a pass whose layout differs from the plain causal one
+(a tree of drafts, say) cannot reach one layer without reaching them all.
 
 `StackedHeads` is the decoding fast path: the weights of the independent heads stacked once, so
 that the first k run as one batched layer (one matmul per projection instead of k), reading
@@ -34,7 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bytemtp.config import ModelConfig
-from bytemtp.model.kvcache import KVCache, Layout, attend, causal_layout
+from bytemtp.model.kvcache import KVCache
+from bytemtp.model.layout import Layout, attend
 from bytemtp.vocab import VOCAB_SIZE
 
 
@@ -146,25 +150,9 @@ class ByteMTP(nn.Module):
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
         self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
 
-    def layout(self, T: int, cache: KVCache | None = None) -> Layout:
-        """The plain layout of T new positions: a causal chain after each row's cached ones."""
-        rope = (self.rope_cos, self.rope_sin)
-        if cache is None:
-            if T > self.config.seq_len:
-                raise ValueError(f"sequence of {T} positions exceeds the context of "
-                                 f"{self.config.seq_len} (model.seq_len)")
-            return causal_layout(T, rope)
-        end = max(cache.lengths) + T
-        if end > self.config.seq_len:
-            raise ValueError(f"sequence of {end} positions exceeds the context of "
-                             f"{self.config.seq_len} (model.seq_len)")
-        return Layout(cache.lengths, T, rope=rope, cached=True)
-
-    def forward(self, ids_BT: torch.Tensor, cache: KVCache | None = None,
-                layout: Layout | None = None) -> torch.Tensor:
-        """Trunk state (B, T, D) for ids (B, T). With a cache, the ids follow its valid positions
-        (as a chain, or as `layout` places them)."""
-        layout = layout or self.layout(ids_BT.shape[1], cache)
+    def forward(self, ids_BT: torch.Tensor, cache: KVCache | None = None, *, layout: Layout) -> torch.Tensor:
+        """Trunk state (B, T, D) for ids (B, T), placed as the pass's `layout` says (after the
+        cache's valid positions, with a cache)."""
         x_BTD = self.embed(ids_BT)
         for block in self.trunk:
             x_BTD = block(x_BTD, layout, cache)
@@ -177,19 +165,19 @@ class ByteMTP(nn.Module):
             return prev_BTD
         return z_BTD
 
-    def head_state(self, k: int, x_BTD: torch.Tensor, cache: KVCache | None = None,
-                   layout: Layout | None = None) -> torch.Tensor:
-        layout = layout or self.layout(x_BTD.shape[1], cache)
+    def head_state(self, k: int, x_BTD: torch.Tensor, cache: KVCache | None = None, *,
+                   layout: Layout) -> torch.Tensor:
+        """Head k's state (B, T, D) from its input, in the pass's `layout` (the trunk's)."""
         return self.heads[k](x_BTD, layout, cache)
 
-    def head_states(self, z_BTD: torch.Tensor, cache: KVCache | None = None, layout: Layout | None = None,
+    def head_states(self, z_BTD: torch.Tensor, cache: KVCache | None = None, *, layout: Layout,
                     heads: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         """(k, state) of the first `heads` heads (all by default), in order: each head runs on the
         trunk state z, or, for causal heads, on the previous head's state. The one loop over heads;
         a caller may run backward on head k before it asks for head k + 1."""
         h_BTD = None
         for k in range(self.config.n_future if heads is None else heads):
-            h_BTD = self.head_state(k, self.head_input(k, z_BTD, h_BTD), cache, layout)
+            h_BTD = self.head_state(k, self.head_input(k, z_BTD, h_BTD), cache, layout=layout)
             yield k, h_BTD
 
     def head_logits(self, k: int, h_BTD: torch.Tensor) -> torch.Tensor:
@@ -198,19 +186,19 @@ class ByteMTP(nn.Module):
         return unembed(self.heads[k].norm(h_BTD))
 
     def logits(self, ids_BT: torch.Tensor, cache: KVCache | None = None, heads: int | None = None,
-               stacked: StackedHeads | None = None, *, layout: Layout | None = None,
+               stacked: StackedHeads | None = None, *, layout: Layout,
                last: list[int] | None = None) -> torch.Tensor:
         """Logits (B, T, K, V) of the first `heads` output heads (all by default); advances the cache.
 
         Heads past the first `heads` do not run, so with a cache their keys and values for these
         positions are not written: a cache used with heads=1 serves next-byte decoding only. `stacked`
-        (from `stack_heads()`) runs the heads as one batched layer. `layout` places the ids (a
-        tree of drafts, say); by default they follow the cache as a chain. With `last` (one
-        position per row) only those positions are unembedded: (B, 1, K, V), what a prefill needs.
+        (from `stack_heads()`) runs the heads as one batched layer. `layout` (from `build_layout`)
+        places the ids for the trunk and every head: a chain after the cache, or a tree of drafts.
+        With `last` (one position per row) only those positions are unembedded: (B, 1, K, V), what
+        a prefill needs.
         """
         T = ids_BT.shape[1]
-        layout = layout or self.layout(T, cache)
-        z_BTD = self(ids_BT, cache, layout)  # through __call__, so wrappers' hooks run
+        z_BTD = self(ids_BT, cache, layout=layout)  # through __call__, so wrappers' hooks run
         K = self.config.n_future if heads is None else heads
         pick = None if last is None else torch.tensor(last, device=ids_BT.device)
         if stacked is not None:
@@ -218,7 +206,7 @@ class ByteMTP(nn.Module):
         else:
             out = torch.stack([self.head_logits(k, h_BTD if pick is None else
                                                 h_BTD[torch.arange(len(pick)), pick][:, None])
-                               for k, h_BTD in self.head_states(z_BTD, cache, layout, heads=K)], dim=2)
+                               for k, h_BTD in self.head_states(z_BTD, cache, layout=layout, heads=K)], dim=2)
         if cache is not None:
             cache.advance(T)
         return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from bytemtp.model.kvcache import KVCache
+from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import EOS, PAD
 
@@ -37,10 +38,13 @@ def greedy_rollout(model: ByteMTP, ids_BW: torch.Tensor, n_bytes: int) -> torch.
     was_training = model.training
     model.eval()
     cache = KVCache.for_model(model, B, max_len=T)
-    logits = model.logits(ids[:, :start], cache, heads=1, last=[start - 1] * B)
+    prefix_BT = ids[:, :start]
+    logits = model.logits(prefix_BT, cache, heads=1, layout=build_layout(model, prefix_BT, cache),
+                          last=[start - 1] * B)
     for j in range(start, T + 1):
         ids[:, j] = logits[:, -1, 0, :EOS + 1].argmax(dim=-1)
         if j < T:
-            logits = model.logits(ids[:, j:j + 1], cache, heads=1)
+            byte_B1 = ids[:, j:j + 1]
+            logits = model.logits(byte_B1, cache, heads=1, layout=build_layout(model, byte_B1, cache))
     model.train(was_training)
     return ids

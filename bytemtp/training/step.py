@@ -16,7 +16,8 @@ output state, then walks the heads backward from the last, recomputing each head
 to the same gradients for every head type.
 
 Both take a window ids_BW of T + n_future ids and return the detached `LossOutput`; `scale`
-multiplies the loss before backward (1 / accumulation steps).
+multiplies the loss before backward (1 / accumulation steps). Each builds the batch's layout once
+(`bytemtp.model.layout.build_layout`) and hands it to the trunk and to every head.
 
 Head 1 runs first (in the causal loop, its logits come from the graph-free forward), so its
 greedy bytes and, with the teacher term on, its detached distribution are at hand when each later
@@ -30,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from bytemtp.config import LossConfig
+from bytemtp.model.layout import Layout, build_layout
 from bytemtp.model.loss import (HeadLoss, LossOutput, Teacher, future_targets, head_loss, mtp_loss, reference,
                                 summarize, total_of)
 from bytemtp.model.model import ByteMTP
@@ -66,13 +68,15 @@ def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConf
     """Memory-efficient multi-head forward and backward (paper Fig. 2)."""
     targets_BTK, T = _targets(model, ids_BW, loss_cfg)
     weights, teacher = loss_cfg.weights(model.config.n_future), teacher_of(loss_cfg)
-    z_BTD = model(ids_BW[:, :T])
+    ids_BT = ids_BW[:, :T]
+    layout = build_layout(model, ids_BT)
+    z_BTD = model(ids_BT, layout=layout)
     z_leaf = z_BTD.detach().requires_grad_(z_BTD.requires_grad)
     if model.config.head_type == "causal":
-        heads = _causal_heads_backward(model, z_leaf, targets_BTK, weights, teacher, scale)
+        heads = _causal_heads_backward(model, z_leaf, targets_BTK, weights, teacher, scale, layout=layout)
     else:
         heads, ref = [], None
-        for k, h_BTD in model.head_states(z_leaf):  # each head's graph freed before the next is made
+        for k, h_BTD in model.head_states(z_leaf, layout=layout):  # each head's graph freed before the next is made
             logits_BTV = model.head_logits(k, h_BTD)
             ref = ref or reference(logits_BTV, teacher)
             h = head_loss(logits_BTV, targets_BTK[:, :, k], k=k, ref=ref, teacher=teacher)
@@ -84,11 +88,12 @@ def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConf
 
 
 def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: torch.Tensor,
-                           weights: list[float], teacher: Teacher, scale: float) -> list[HeadLoss]:
+                           weights: list[float], teacher: Teacher, scale: float, *,
+                           layout: Layout) -> list[HeadLoss]:
     device = z_leaf.device
     states, rng = [], [rng_state(device)]  # rng[k]: the state before head k runs
     with torch.no_grad():
-        for _, h_BTD in model.head_states(z_leaf):
+        for _, h_BTD in model.head_states(z_leaf, layout=layout):
             states.append(h_BTD)
             rng.append(rng_state(device))
         ref = reference(model.head_logits(0, states[0]), teacher)  # what head 1 says, before any head's backward
@@ -98,7 +103,7 @@ def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: to
     for k in reversed(range(len(weights))):
         set_rng_state(rng[k], device)
         x_BTD = z_leaf if k == 0 else states[k - 1].requires_grad_()
-        h_BTD = model.head_state(k, model.head_input(k, z_leaf, x_BTD))
+        h_BTD = model.head_state(k, model.head_input(k, z_leaf, x_BTD), layout=layout)
         h = head_loss(model.head_logits(k, h_BTD), targets_BTK[:, :, k], k=k, ref=ref, teacher=teacher)
         outputs, grads = [h.trained * (weights[k] * scale)], [None]
         if grad_out is not None:
@@ -116,8 +121,9 @@ def plain_forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: Lo
                            scale: float = 1.0) -> LossOutput:
     """All heads in one graph and one backward: the reference (and the memory-hungry path)."""
     targets_BTK, T = _targets(model, ids_BW, loss_cfg)
-    out = mtp_loss(model.logits(ids_BW[:, :T]), targets_BTK, loss_cfg.weights(model.config.n_future),
-                   teacher_of(loss_cfg))
+    ids_BT = ids_BW[:, :T]
+    logits_BTKV = model.logits(ids_BT, layout=build_layout(model, ids_BT))
+    out = mtp_loss(logits_BTKV, targets_BTK, loss_cfg.weights(model.config.n_future), teacher_of(loss_cfg))
     if out.total.requires_grad:
         (out.total * scale).backward()
     out.total = out.total.detach()
