@@ -183,9 +183,11 @@ def build_layout(model, ids_BT: torch.Tensor, cache: KVCache | None = None, *,
       `StaticLayout` over the L slots of `cache`'s tensors, with `depths` (T,) and `ancestors`
       (T, T) device tensors.
 
-    A pass must fit the model's context (a ValueError says by how much it does not), except a
-    decoder's pass of `drafts` and the static step: their nodes past the context run at clamped
-    positions, and the decoder uses none of their outputs.
+    A pass must fit the model's context (a ValueError names its positions and the context),
+    except a decoder's pass of `drafts` and the static step: their nodes past the context run at
+    clamped positions, and the decoder uses none of their outputs. Whatever else a pass's
+    attention comes to depend on (a mask that keeps it inside each document of a packed window,
+    read from the EOS ids in `ids_BT`) belongs here, where every pass of every caller gets it.
     """
     rope, seq_len, T = (model.rope_cos, model.rope_sin), model.config.seq_len, ids_BT.shape[1]
     if starts_B is not None:
