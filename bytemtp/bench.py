@@ -38,7 +38,8 @@ import torch
 from tqdm import tqdm
 
 from bytemtp.config import DataConfig, ModelConfig, preset
-from bytemtp.data.corpus import corpus_files, decompressed_size
+from bytemtp.data.compression import decompressed_size
+from bytemtp.data.corpus import corpus_files
 from bytemtp.data.loader import ByteLoader
 from bytemtp.data.shards import CorpusError
 from bytemtp.decoding import decode
