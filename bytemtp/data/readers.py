@@ -181,16 +181,17 @@ class JsonlFile:
         return StreamPos(*saved)
 
     def share(self, pos: StreamPos, *, record: int, share: Share) -> Iterator[Step]:
-        for line, pos in iter_lines(self.path, start=pos):
+        after = pos  # where the next line starts
+        for line, after in iter_lines(self.path, start=pos):
             record += 1
             if not share.mine(record - 1):
                 continue
             doc = parse_record(line, self.field)
             if type(doc) is bytes:
-                yield _whole(pos, record, doc, lines=1)
+                yield _whole(after, record, doc, lines=1)
             else:
-                yield Step(pos, record, lines=1, skipped=doc)
-        yield Step(pos, record)
+                yield Step(after, record, lines=1, skipped=doc)
+        yield Step(after, record)
 
 
 class RawFile:
