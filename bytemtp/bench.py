@@ -1,7 +1,7 @@
 """Benchmarks, measured as ratios within one run (shared machines are noisy).
 
 `train_step` compares one training step as `bytemtp train` takes it (forward, backward, gradient
-clipping, and the optimizer that `train.build_optimizer` builds from the preset) of three
+clipping, and the optimizer that `optimizer.build_optimizer` builds from the preset) of three
 parameter-matched variants of a preset: the next-byte baseline (n_future=1), the memory-efficient
 multi-token step with n_future=8, and the plain all-heads step with n_future=8.
 
@@ -38,7 +38,8 @@ import torch
 from tqdm import tqdm
 
 from bytemtp.config import DataConfig, ModelConfig, preset
-from bytemtp.data.corpus import corpus_files, decompressed_size
+from bytemtp.data.compression import decompressed_size
+from bytemtp.data.corpus import corpus_files
 from bytemtp.data.loader import ByteLoader
 from bytemtp.data.shards import CorpusError
 from bytemtp.decoding import decode
@@ -51,7 +52,7 @@ from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import load_model
 from bytemtp.runtime.devices import resolve_device, synchronize
 from bytemtp.training.step import forward_backward, plain_forward_backward
-from bytemtp.training.train import build_optimizer
+from bytemtp.training.optimizer import build_optimizer
 from bytemtp.vocab import EOS
 
 TRAIN_STEP_VARIANTS = {  # name: (n_future, memory-efficient step)

@@ -1,8 +1,8 @@
 """Configuration: frozen dataclasses, their validation, JSON round trip, presets.
 
 No torch here, so the CLI can parse and validate a configuration before paying for the torch
-import. Each field carries a one-line docstring under it; `field_docs` reads those docstrings
-back from the source, so the CLI's help and `--set` errors describe the same thing as the code.
+import. Each field carries a one-line docstring under it; `bytemtp.config_docs` reads those
+docstrings back from the source, so the CLI's help describes the same thing as the code.
 
 Layer accounting (`ModelConfig.param_match`, on by default): `n_layers` is the total number of
 transformer layers in the model, trunk and heads together, as in the paper's released code
@@ -15,10 +15,8 @@ the next-byte size (n_layers - head_layers) and the extra heads come on top.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
-import inspect
 import json
 import math
 import re
@@ -495,31 +493,3 @@ def resolve(preset_name: str, *, config_file: str | None = None, overrides: list
     if config_file:
         cfg = load_file(config_file, cfg)
     return apply_overrides(cfg, list(overrides))
-
-
-def settings(cls: type = Config, prefix: str = "", *, values: Any = None) -> list[tuple[str, Any, str]]:
-    """Every settable key as (dotted name, value, docstring), for help texts: the values of
-    `values` (a resolved config, e.g. a preset) or else the dataclass defaults."""
-    rows = []
-    values = cls() if values is None else values
-    for f in dataclasses.fields(cls):
-        typ = _field_types(cls)[f.name]
-        if dataclasses.is_dataclass(typ):
-            rows += settings(typ, prefix + f.name + ".", values=getattr(values, f.name))
-        else:
-            rows.append((prefix + f.name, getattr(values, f.name), field_docs(cls).get(f.name, "")))
-    return rows
-
-
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring written under each field of a config dataclass."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body
-    docs = {}
-    for stmt, nxt in zip(body, body[1:]):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)):
-            docs[stmt.target.id] = nxt.value.value.strip()
-    return docs

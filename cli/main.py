@@ -16,6 +16,7 @@ import click
 
 from bytemtp import __version__
 from bytemtp import config as config_lib
+from bytemtp import config_docs
 
 from . import report
 from .bench import bench
@@ -47,7 +48,7 @@ def config_cmd(preset: str, config_file: str | None, overrides: tuple[str, ...],
     """Show the resolved configuration and the model's parameter counts."""
     cfg = config_lib.resolve(preset, config_file=config_file, overrides=list(overrides))
     if keys:
-        click.echo(table(config_lib.settings(values=cfg), ("setting", f"value ({preset})", "meaning")))
+        click.echo(table(config_docs.settings(config_lib.Config, values=cfg), ("setting", f"value ({preset})", "meaning")))
         return
     import torch
 

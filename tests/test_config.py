@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from bytemtp import config as C
+from bytemtp.config_docs import field_docs
 from bytemtp.model.model import ByteMTP
 
 
@@ -89,7 +90,7 @@ def test_config_file_then_overrides(tmp_path):
 
 def test_every_field_has_a_docstring():
     for cls in (C.Config, C.ModelConfig, C.LossConfig, C.DataConfig, C.TrainConfig):
-        docs = C.field_docs(cls)
+        docs = field_docs(cls)
         assert set(docs) == {f.name for f in dataclasses.fields(cls)}, cls
         assert all(docs.values())
 

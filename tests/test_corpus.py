@@ -26,8 +26,9 @@ from hypothesis import strategies as st
 from bytemtp.config import DataConfig, ModelConfig
 from bytemtp.data import loader as L
 from bytemtp.data import prep as prep_lib
-from bytemtp.data.corpus import (SKIP_REASONS, _parse_slowly, corpus_files, decompressed_size, describe, file_kind,
-                                 iter_documents, iter_lines, parse_record, read_raw, select_files)
+from bytemtp.data.compression import decompressed_size, iter_lines, read_raw
+from bytemtp.data.corpus import corpus_files, describe, iter_documents, select_files
+from bytemtp.data.readers import SKIP_REASONS, _parse_slowly, file_kind, parse_record
 from bytemtp.data.prep import prepare
 from bytemtp.data.shards import CorpusError, Shard, ShardWriter, read_manifest, verify
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from bytemtp.config import DataConfig, ModelConfig
 from bytemtp.data import loader as L
+from bytemtp.data import readers
 from bytemtp.data.corpus import corpus_files
 from bytemtp.data.prep import prepare
 from bytemtp.data.shards import CorpusError, ShardWriter
@@ -178,13 +179,13 @@ def test_resume_seeks_to_its_position_mid_shard(corpus, monkeypatch):
         if path.name == "a.jsonl.zst" and docs_state["pos"][0] > 0:
             break
     starts = []
-    real = L.iter_lines
+    real = readers.iter_lines
 
     def spy(path, *, start=(0, 0)):
         starts.append((path.name, tuple(start)))
         return real(path, start=start)
 
-    monkeypatch.setattr(L, "iter_lines", spy)
+    monkeypatch.setattr(readers, "iter_lines", spy)
     resumed = L.ByteLoader(cfg, _model(16, 4))
     resumed.load_state_dict(first.state_dict())
     while not starts:  # the first batches may come from the saved tail and buffer

@@ -8,16 +8,15 @@ the same position:
   lines, whole raw files) in that order. Reader g of G (g = rank x workers + worker) keeps the
   records whose number is g mod G, so one epoch hands every record to exactly one reader whatever
   the number of files, ranks and workers, and the readers' shares differ by one record at most. It
-  hands out ids: each document's bytes followed by EOS. Prepared (format 2) shards take the fast
-  path, with no per-document Python work: a shard's index gives every boundary, so whole 1 MiB
-  frames are decoded as numpy arrays (in threads, three frames ahead), the reader's bytes selected
-  and EOS placed by vectorised operations, and frames holding nothing of the reader's are never
-  read. Other files are read a document at a time: every reader decompresses and splits them, but
-  parses only its own lines. Its position is (epoch, file, position within the file, record
-  number): a frame and the ids of it already handed out in a prepared shard, a zstd frame start
-  and bytes into it in a JSONL file. A resumed stream seeks straight there and never re-reads the
-  corpus from the start; the position carries a digest of the files' names and sizes, so it is
-  refused in a corpus that changed.
+  hands out ids: each document's bytes followed by EOS. Each file is read by its format's reader
+  (`bytemtp.data.readers`: one class per format, chosen once per file), which hands out the
+  reader's share of it and owns the typed position within it: prepared (format 2) shards take the
+  fast path, with no per-document Python work (whole frames decoded as numpy arrays, frames holding
+  nothing of the reader's never read); other files are read a document at a time: every reader
+  decompresses and splits them, but parses only its own lines. The stream's position is (epoch,
+  file, the file reader's position saved as a pair, record number). A resumed stream seeks
+  straight there and never re-reads the corpus from the start; the position carries a digest of
+  the files' names and sizes, so it is refused in a corpus that changed.
 - `WindowPacker` cuts the id stream into windows of
   seq_len + n_future ids with a stride of seq_len (consecutive windows overlap by n_future ids, so
   every id is an input exactly once and every target of every head is seen), passes them through a
@@ -37,12 +36,9 @@ Bad JSONL lines are skipped and counted by reason; a reader stops with CorpusErr
 from __future__ import annotations
 
 import base64
-import collections
 import functools
 import hashlib
-import os
 import random
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -50,13 +46,14 @@ import numpy as np
 import torch
 
 from bytemtp.config import DataConfig, ModelConfig
-from bytemtp.data.corpus import corpus_files, file_kind, iter_lines, parse_record, read_raw
-from bytemtp.data.shards import CorpusError, Shard
+from bytemtp.data.corpus import corpus_files
+from bytemtp.data.readers import Share, reader_for
+from bytemtp.data.shards import CorpusError
 from bytemtp.vocab import EOS
 
 STATE_VERSION = 1
+START = (0, 0)  # the saved position of a file's start, in every format
 _MIN_LINES_FOR_BAD_CHECK = 1000
-
 
 
 def _pack_ids(ids: np.ndarray) -> str:
@@ -65,11 +62,6 @@ def _pack_ids(ids: np.ndarray) -> str:
 
 def _unpack_ids(text: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(text), dtype="<u2").astype(np.uint16)
-
-
-def _piece(doc: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """One whole document as a piece: its bytes, and an EOS after them."""
-    return np.frombuffer(doc, dtype=np.uint8), np.array([len(doc)])
 
 
 _FEW_BOUNDARIES = 256  # up to this many EOS in a piece, slice copies beat a boolean scatter
@@ -99,55 +91,6 @@ def write_ids(out: np.ndarray, data: np.ndarray, at: np.ndarray) -> int:
     return n
 
 
-class ShardReader:
-    """One reader's ids from a prepared shard, frame by frame, with vectorised packing.
-
-    Document j of the shard is the reader's when (first + j) % n_readers == reader, where first is
-    the stream's record number at the shard's start. A frame's ids are the reader's bytes in it,
-    each document's EOS placed in the frame where the document ends (frame 0 for empty documents at
-    the start). Frames without any of the reader's bytes or EOS are never read.
-    """
-
-    def __init__(self, path: Path, *, first: int, reader: int, n_readers: int):
-        self.shard = Shard(path)
-        s = self.shard
-        keep = None if n_readers == 1 else (first + np.arange(s.n_docs)) % n_readers == reader
-        self.keep = keep
-        eos_frame = np.searchsorted(s.frame_ends, s.doc_ends, side="left")
-        self.eos_bounds = np.searchsorted(eos_frame, np.arange(s.n_frames + 1), side="left")
-        frame_starts = s.frame_ends - s.content
-        self.first_doc = np.searchsorted(s.doc_ends, frame_starts, side="right")  # first doc with bytes in it
-        if keep is None:
-            self.frames = np.arange(s.n_frames)
-        else:  # frames holding a byte or an EOS of one of this reader's documents
-            mine_cum = np.concatenate(([0], np.cumsum(keep)))
-            last = np.minimum(self.eos_bounds[1:] + 1, s.n_docs)  # the doc running past the frame's end, if any
-            lo = np.minimum(self.first_doc, self.eos_bounds[:-1])
-            self.frames = np.flatnonzero(mine_cum[last] > mine_cum[lo])
-
-    def frame(self, f: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """Frame f for this reader: its bytes, the offsets in them after which an EOS follows (one
-        for each of the reader's documents that end in the frame), and how many documents end there."""
-        s = self.shard
-        data = s.frames([f])[0]
-        fs = int(s.frame_ends[f] - s.content[f])
-        a, b = int(self.eos_bounds[f]), int(self.eos_bounds[f + 1])
-        if self.keep is None:
-            return data, s.doc_ends[a:b] - fs, b - a
-        c = int(self.first_doc[f])
-        d = min(b + 1, s.n_docs) if b < s.n_docs and s.doc_starts[b] < fs + len(data) else b
-        c = min(c, d)
-        lo = np.maximum(s.doc_starts[c:d], fs) - fs
-        seg = np.minimum(s.doc_ends[c:d], fs + len(data)) - fs - lo  # bytes of each doc in the frame
-        keep = self.keep[c:d]
-        before = np.concatenate(([0], np.cumsum(seg * keep)))  # kept bytes before each doc's end
-        ends = np.arange(a, b)[self.keep[a:b]]
-        return data[np.repeat(keep, seg)], before[np.clip(ends - c + 1, 0, len(seg))], len(ends)
-
-    def close(self) -> None:
-        self.shard.close()
-
-
 class DocumentStream:
     """One reader's share of the corpus as ids (documents, each followed by EOS), epoch after
     epoch, with a resumable position."""
@@ -159,10 +102,11 @@ class DocumentStream:
                  seed: int = 0, max_bad_fraction: float = 0.01):
         assert 0 <= reader < n_readers, (reader, n_readers)
         self.files, self.field = [Path(f) for f in files], field
-        self.kinds = [file_kind(f) for f in self.files]
+        self.readers = [reader_for(f, field=field) for f in self.files]
         self.reader, self.n_readers, self.seed = reader, n_readers, seed
         self.max_bad_fraction = max_bad_fraction
-        self.epoch, self.file_index, self.pos, self.record = 0, 0, (0, 0), 0
+        self.epoch, self.file_index, self.record = 0, 0, 0
+        self.pos: tuple[int, int] = START  # the position in the current file, typed by its reader once read
         self.counts = {"documents": 0, "bytes": 0, "lines": 0, "skipped": {}}
         self._epoch_docs = 0  # documents this reader took in the current epoch
         self._unchecked = False
@@ -173,11 +117,6 @@ class DocumentStream:
         random.Random(f"bytemtp-shards:{self.seed}:{epoch}").shuffle(order)
         return order
 
-    def _mine(self) -> bool:
-        mine = self.record % self.n_readers == self.reader
-        self.record += 1
-        return mine
-
     def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Pieces (bytes, offsets after which an EOS follows) from the current position on, forever:
         whole documents from raw and JSONL files, up to CHUNK bytes at a time from prepared shards.
@@ -185,26 +124,20 @@ class DocumentStream:
         while True:
             order = self.order(self.epoch)
             while self.file_index < len(order):
-                path, kind = self.files[order[self.file_index]], self.kinds[order[self.file_index]]
-                if kind == "shard":
-                    yield from self._shard(path)
-                elif kind == "raw":
-                    if self.pos == (0, 0):
-                        self.pos = (0, 1)  # taken: a resume moves on to the next file
-                        if self._mine():
-                            yield self._took(read_raw(path))
-                else:
-                    for line, next_pos in iter_lines(path, start=self.pos):
-                        self.pos = next_pos
-                        if not self._mine():
-                            continue
-                        self.counts["lines"] += 1
-                        doc = parse_record(line, self.field)
-                        if isinstance(doc, str):
-                            self._skip(doc, path)
-                        else:
-                            yield self._took(doc)
-                self.file_index, self.pos = self.file_index + 1, (0, 0)
+                file = self.readers[order[self.file_index]]
+                share = Share(self.reader, self.n_readers, chunk=self.CHUNK, ahead=self.AHEAD,
+                              undigested=self._unchecked)
+                for step in file.share(file.position(self.pos), record=self.record, share=share):
+                    self.pos, self.record = step.pos, step.record
+                    self.counts["lines"] += step.lines
+                    if step.skipped is not None:
+                        self._skip(step.skipped, file.path)
+                    self.counts["documents"] += step.documents
+                    self.counts["bytes"] += step.nbytes
+                    self._epoch_docs += step.documents
+                    if step.piece is not None:
+                        yield step.piece
+                self.file_index, self.pos = self.file_index + 1, START
             self._check_bad(final=True)
             if self._epoch_docs == 0:
                 raise CorpusError(
@@ -212,58 +145,6 @@ class DocumentStream:
                     f"{len(self.files)} file(s): the corpus has fewer documents than readers "
                     "(ranks x workers); use fewer workers or a bigger corpus")
             self.epoch, self.file_index, self.record, self._epoch_docs = self.epoch + 1, 0, 0, 0
-
-    def _shard(self, path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The reader's pieces of one prepared shard. Inside it the position is (frame, the
-        reader's bytes of that frame already handed out) and `record` stays the shard's first
-        record number."""
-        start, skip = self.pos
-        if self._unchecked and (start, skip) != (0, 0):  # such a position was taken in a JSONL corpus
-            raise CorpusError(f"this position was saved in a corpus of JSONL shards, but {path} is a prepared "
-                              "shard of format 2 (the corpus was prepared again); resume with the corpus the "
-                              "run trained on, or start a new run")
-        reader = ShardReader(path, first=self.record, reader=self.reader, n_readers=self.n_readers)
-        if start > reader.shard.n_frames or skip < 0:
-            reader.close()
-            raise CorpusError(f"resume position {self.pos} does not fit {path}; the file changed since it "
-                              "was saved")
-        frames = reader.frames[np.searchsorted(reader.frames, start):].tolist()
-        pool, pending = _decode_pool(), collections.deque()
-        try:
-            for i, f in enumerate(frames):
-                while len(pending) < self.AHEAD and i + len(pending) < len(frames):
-                    pending.append(pool.submit(reader.frame, frames[i + len(pending)]))
-                data, at, docs = pending.popleft().result()
-                offset = skip if f == start else 0
-                if offset == 0:  # a frame is counted once, when it starts
-                    self.counts["documents"] += docs
-                    self.counts["bytes"] += len(data)
-                    self._epoch_docs += docs
-                elif offset > len(data):
-                    raise CorpusError(f"resume position {self.pos} does not fit {path}; the file changed "
-                                      "since it was saved")
-                # piece [p, q) takes the EOS after offsets in (p, q], and those at 0 if p == 0
-                for p in range(offset, max(len(data), 1), self.CHUNK):
-                    q = min(p + self.CHUNK, len(data))
-                    lo = int(np.searchsorted(at, p, side="right")) if p else 0
-                    hi = int(np.searchsorted(at, q, side="right"))
-                    self.pos = (f, q) if q < len(data) else (f + 1, 0)
-                    yield data[p:q], at[lo:hi] - p
-                self.pos = (f + 1, 0)
-        finally:
-            for future in pending:
-                future.cancel()
-            for future in pending:
-                if not future.cancelled():
-                    future.exception()  # wait: the frame reads the file closed next
-            reader.close()
-        self.record += reader.shard.n_docs
-
-    def _took(self, doc: bytes) -> tuple[np.ndarray, np.ndarray]:
-        self.counts["documents"] += 1
-        self.counts["bytes"] += len(doc)
-        self._epoch_docs += 1
-        return _piece(doc)
 
     def _skip(self, reason: str, path: Path) -> None:
         skipped = self.counts["skipped"]
@@ -522,13 +403,3 @@ def _mp_context():
 
     return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
-
-_pools: dict[int, ThreadPoolExecutor] = {}
-
-
-def _decode_pool() -> ThreadPoolExecutor:
-    """The process's frame-decoding threads (made per process: a pool does not survive a fork)."""
-    pid = os.getpid()
-    if pid not in _pools:
-        _pools[pid] = ThreadPoolExecutor(2, thread_name_prefix="bytemtp-frames")
-    return _pools[pid]

@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import bytemtp
-from bytemtp.data.corpus import SKIP_REASONS, corpus_files, iter_documents, spec_items
+from bytemtp.data.corpus import corpus_files, iter_documents, spec_items
+from bytemtp.data.readers import SKIP_REASONS
 from bytemtp.data.shards import FORMAT_VERSION, CorpusError, ShardWriter, fsync_dir, write_manifest
 
 HOST_FILE = ".prep-host"  # inside a temporary folder: the host whose process made it

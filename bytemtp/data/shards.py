@@ -1,9 +1,10 @@
 """The prepared-shard format, whole: shards (writer and reader), their index, the manifest of a
 prepared corpus, the document hash, and the checks of a prepared corpus against its manifest.
 
-`bytemtp.data.corpus` finds and decompresses corpus files (and reads shards through `Shard`);
-`bytemtp.data.prep` decides what goes where (dedup, split, bad records) and writes through `ShardWriter`
-and `write_manifest`. This module sits below both, so `CorpusError` is defined here.
+`bytemtp.data.compression` decompresses corpus files and `bytemtp.data.readers` reads their formats
+(shards through `Shard`); `bytemtp.data.prep` decides what goes where (dedup, split, bad records)
+and writes through `ShardWriter` and `write_manifest`. This module sits below them all, so
+`CorpusError` is defined here.
 
 Shards (format 2). A shard holds documents as raw bytes, back to back, cut into independent zstd
 frames of exactly `frame_bytes` of content (the last may be shorter; documents span frames freely,
@@ -13,7 +14,7 @@ little-endian uint64s: the frame count m, the document count n, the compressed s
 the content size of each frame, the length of each document, then the payload's length in bytes and
 the 8 bytes b"BMTPSHD2", so it is found from the file's end. Reading needs no parsing: the
 boundaries come from the index, and a frame is read with one pread and decompressed in one call.
-Format-1 corpora (JSONL shards) are still read, as JSONL, by `bytemtp.data.corpus`.
+Format-1 corpora (JSONL shards) are still read, as JSONL, by `bytemtp.data.readers`.
 
 The manifest (`manifest.json`) holds the format version, counts, licence and, per split, its shards
 and the sha256 of its documents (each as its length in 8 little-endian bytes, then its bytes, in

@@ -6,9 +6,9 @@ What a run resumes besides its weights and optimizer state is one `TrainState` (
 counters, every rank's loader position and RNG state) with a state dict, like the loader's; a
 checkpoint is restored in one place, `_Run.restore`.
 
-AdamW (fused on CUDA) with decoupled weight decay on matrices, linear warmup then cosine decay
-to a fraction of the peak, gradient clipping and accumulation, bf16 autocast on CUDA, optional
-torch.compile of each block, and the memory-efficient multi-head step by default. It stops by
+AdamW with its warmup and cosine schedule (`bytemtp.training.optimizer`), gradient clipping and
+accumulation, bf16 autocast on CUDA, optional torch.compile of each block, and the
+memory-efficient multi-head step by default. It stops by
 steps, by bytes or by wall time, and on SIGTERM or Ctrl-C at the next step boundary; every stop
 saves a checkpoint.
 
@@ -63,7 +63,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from bytemtp.config import Config, DataConfig, TrainConfig
+from bytemtp.config import Config, DataConfig
 from bytemtp.data import shards
 from bytemtp.data.loader import ByteLoader, combine_stats
 from bytemtp.evaluation.evaluate import evaluate
@@ -71,10 +71,11 @@ from bytemtp.model.flops import peak_gpu_flops, step_flops
 from bytemtp.model.loss import LN2
 from bytemtp.model.model import Block, ByteMTP
 from bytemtp.runtime import distributed as dist_lib
-from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, load_model, load_optimizer_state,
-                                        load_weights, read_train_state, resolve_checkpoint, save_checkpoint)
+from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, load_optimizer_state, load_weights,
+                                        read_train_state, save_checkpoint)
 from bytemtp.runtime.devices import out_of_memory, resolve_device, rng_state, set_rng_state
 from bytemtp.training import runs
+from bytemtp.training.optimizer import build_optimizer, lr_at, schedule_horizon, set_trainable, start_from
 from bytemtp.training.rollout import greedy_rollout
 from bytemtp.training.runs import METRICS, RunPlan, RunResult
 from bytemtp.training.step import forward_backward, plain_forward_backward
@@ -86,64 +87,6 @@ class TrainingError(RuntimeError):
 
 class OutOfMemory(TrainingError):
     """A step or validation ran out of device memory; the message says what to lower."""
-
-
-def schedule_horizon(cfg: TrainConfig, bytes_per_step: int) -> int:
-    """Steps over which warmup plus cosine decay run (0: no decay after warmup)."""
-    if cfg.schedule_steps:
-        return cfg.schedule_steps
-    if cfg.steps:
-        return cfg.steps
-    if cfg.max_bytes:
-        return -(-cfg.max_bytes // bytes_per_step)
-    return 0
-
-
-def lr_at(step: int, cfg: TrainConfig, horizon: int) -> float:
-    """Linear warmup to the peak, then cosine decay to min_lr_ratio x peak at `horizon`."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    if horizon <= cfg.warmup_steps:
-        return cfg.lr
-    progress = min(1.0, (step - cfg.warmup_steps) / (horizon - cfg.warmup_steps))
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def set_trainable(model: ByteMTP, trainable: str) -> None:
-    """train.trainable: everything, or only what heads 2..n use (the embedding, the trunk and
-    head 1 frozen, so the next-byte predictions stay exactly as they were)."""
-    if trainable == "all":
-        return
-    if model.config.n_future < 2:
-        raise ValueError("train.trainable=draft-heads needs draft heads: this model has model.n_future=1")
-    model.requires_grad_(False)
-    for module in model.draft_heads():
-        module.requires_grad_(True)
-
-
-def start_from(model: ByteMTP, init: str, device: torch.device) -> Path:
-    """Load the weights of train.init (a checkpoint, or a run's newest) into a new run's model."""
-    ckpt = resolve_checkpoint(init)
-    source, cfg = load_model(ckpt, device=device)
-    if cfg.model != model.config:
-        differ = [f"{k}={getattr(cfg.model, k)!r}" for k in vars(cfg.model) if getattr(cfg.model, k) !=
-                  getattr(model.config, k)]
-        raise ValueError(f"train.init {ckpt} is a model of other settings (its {', '.join(differ)}); "
-                         "a run starts from a checkpoint of the same model.* settings")
-    model.load_state_dict(source.state_dict())
-    return ckpt
-
-
-def build_optimizer(model: ByteMTP, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only, over the parameters that train; fused on CUDA."""
-    trained = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in trained if p.dim() >= 2]
-    no_decay = [p for p in trained if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             fused=device.type == "cuda")
 
 
 def _encoded_rng(device: torch.device) -> dict:
