@@ -289,31 +289,32 @@ class StageBars:
         self.close()
 
 
-def humaneval_report(res: dict, *, source: str) -> str:
-    """`eval-task humaneval`: pass@k, the verdicts' shares, decoding statistics and the context."""
-    s, dec, n = res["settings"], res["decoding"], res["problems"]
-    how = ("greedy" if s["temperature"] == 0
-           else f"temperature {s['temperature']:g}, top-p {s['top_p']:g}, seed {s['seed']}")
-    lines = [f"{n} problems of {source}, {s['samples']} sample(s) each ({how}), "
-             f"at most {s['max_bytes']} bytes; {res['ckpt']}, {res['device']} {res['dtype']}"]
-    rows = [(k, f"{v:.4f}") for k, v in res["pass_at_k"].items()]
-    rows += [(verdict, f"{100 * share:.1f}% of {res['completions']}") for verdict, share in res["shares"].items()]
+def humaneval_report(res, *, source: str, ckpt: str, device: str, dtype: str) -> str:
+    """`eval-task humaneval` (a `humaneval_records.HumanEvalRun`): pass@k, the verdicts' shares,
+    decoding statistics and the context."""
+    s, dec, check = res.settings, res.decoding, res.check
+    n = check.problems
+    how = "greedy" if s.temperature == 0 else f"temperature {s.temperature:g}, top-p {s.top_p:g}, seed {s.seed}"
+    lines = [f"{n} problems of {source}, {s.samples} sample(s) each ({how}), "
+             f"at most {s.max_bytes} bytes; {ckpt}, {device} {dtype}"]
+    rows = [(k, f"{v:.4f}") for k, v in check.pass_at_k.items()]
+    rows += [(verdict, f"{100 * share:.1f}% of {check.completions}") for verdict, share in check.shares.items()]
     lines.append(table(rows, ("score", "value")))
-    rates = ", ".join(f"d{j + 1} {a:,}/{d:,}" for j, (a, d) in enumerate(zip(dec["accepted"], dec["drafted"])) if d)
-    lines.append(f"decoding: {dec['bytes']:,} bytes in {dec['forward_passes']:,} forward passes "
-                 f"({dec['bytes_per_forward']:.2f} bytes/pass), {dec['bytes_per_s']:,.0f} bytes/s; heads "
-                 f"{s['heads']}; drafts accepted/drafted by depth: {rates or 'none drafted'}")
-    if "comparison" in res:
-        c = res["comparison"]
-        lines.append(f"speedup over plain greedy decoding: {c['speedup']:.2f}x ({c['speedup_min']:.2f}-"
-                     f"{c['speedup_max']:.2f} over {c['batches']} batches, interleaved); outputs identical: "
-                     f"{'yes' if c['identical'] else 'NO'}" + (f"\nnote: {c['note']}" if c["note"] else ""))
+    rates = ", ".join(f"d{j + 1} {a:,}/{d:,}" for j, (a, d) in enumerate(zip(dec.accepted, dec.drafted)) if d)
+    lines.append(f"decoding: {dec.bytes:,} bytes in {dec.forward_passes:,} forward passes "
+                 f"({dec.bytes_per_forward:.2f} bytes/pass), {dec.bytes_per_s:,.0f} bytes/s; heads "
+                 f"{s.heads}; drafts accepted/drafted by depth: {rates or 'none drafted'}")
+    if res.comparison is not None:
+        c = res.comparison
+        lines.append(f"speedup over plain greedy decoding: {c.speedup:.2f}x ({c.speedup_min:.2f}-"
+                     f"{c.speedup_max:.2f} over {c.batches} batches, interleaved); outputs identical: "
+                     f"{'yes' if c.identical else 'NO'}" + (f"\nnote: {c.note}" if c.note else ""))
     else:
         lines.append("speedup over plain decoding: not measured (--compare decodes plainly too); bytes/pass "
                      "is its upper bound")
-    longer = sum(not t["prompt_fits"] for t in res["tasks"])
-    lines.append(f"context: {longer} of {n} prompts are longer than the model's {s['seq_len']} bytes "
-                 f"and {res['slid']} of {res['completions']} completions slid the window (the model saw "
-                 "only the newest bytes)" if longer or res["slid"] else
-                 f"context: every prompt fits the model's {s['seq_len']} bytes")
+    longer = sum(not t.prompt_fits for t in check.tasks)
+    lines.append(f"context: {longer} of {n} prompts are longer than the model's {s.seq_len} bytes "
+                 f"and {res.slid} of {check.completions} completions slid the window (the model saw "
+                 "only the newest bytes)" if longer or res.slid else
+                 f"context: every prompt fits the model's {s.seq_len} bytes")
     return "\n".join(lines)
