@@ -6,7 +6,9 @@ through it.
 A comparison decodes the same batches in every mode, the modes in turn on each batch, so that a
 busy moment of a noisy machine hits them alike; each mode runs once first (its pass costs
 measured, its graphs compiled, the acceptance profile learnt, the allocator warm). A mode is a
-decoder (eager or compiled) and the arguments of its `generate` call.
+decoder (eager or compiled) and the arguments of its `generate` call (a draft, sampling options).
+The figures are frozen dataclasses: `SpeedFigures` (its `to_json` is a case of `bench decode
+--json`) and `Comparison` (`generate --compare`).
 """
 
 from __future__ import annotations

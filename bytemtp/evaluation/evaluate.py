@@ -19,6 +19,9 @@ for a model whose next-byte head is weak.
 
 Under torchrun every rank evaluates its own share of the corpus; the sums are added over the
 ranks before anything is divided.
+
+Results are frozen dataclasses (`EvalResult`, `DraftReport`, `HeldOutDecoding`), each owning its
+JSON form (`to_json`: what `bytemtp eval --json`, `tune --json` and `bench` write).
 """
 
 from __future__ import annotations
