@@ -347,15 +347,15 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
         took, outs = interleaved_decodes(runs, batches, max_bytes=max_bytes, rounds=rounds, progress=progress)
         for mode in modes[1:]:
             try:
-                case = {"batch_size": B, **speed_figures(took, outs, mode)}
+                figures = speed_figures(took, outs, mode)
             except RuntimeError as e:
                 raise RuntimeError(f"{e} (batch {B})") from None
+            case = {"batch_size": B, **figures.to_json()}
             if compiled:
                 eager = speed_figures(took, outs, mode, base="eager plain", same_step=False)
                 plain = speed_figures(took, outs, "plain", base="eager plain", same_step=False)
-                case.update(eager_plain_bytes_s=eager["plain_bytes_s"], eager_speedup=eager["speedup"],
-                            compiled_plain_speedup=plain["speedup"],
-                            identical=case["identical"] and plain["identical"])
+                case.update(eager_plain_bytes_s=eager.plain_bytes_s, eager_speedup=eager.speedup,
+                            compiled_plain_speedup=plain.speedup, identical=figures.identical and plain.identical)
             cases.append(case)
     # the top-level figures describe auto at the first batch size, or the first mode measured
     first = [c for c in cases if c["batch_size"] == batch_sizes[0]]
@@ -366,7 +366,7 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     eager_keys = ("eager_plain_bytes_s", "eager_speedup", "compiled_plain_speedup") if compiled else ()
     return {"ckpt": str(ckpt), "device": str(dev), "dtype": dtype, "prompts": len(prompts),
             "prompt_bytes": max(len(p) for p in prompts), "max_bytes": max_bytes, "rounds": rounds,
-            "val_bpb": ev["bpb"][0] if ev else None, "compile": "on" if compiled else "off",
+            "val_bpb": ev.bpb[0] if ev else None, "compile": "on" if compiled else "off",
             **{key: top[key] for key in ("speedup", "speedup_min", "speedup_max", "bytes_per_forward",
                                           "pass_cost", "identical", "plain_bytes_s", "spec_bytes_s", *eager_keys)},
             "compile_stats": decoder.static.stats() if decoder.static is not None else None,
@@ -400,7 +400,7 @@ def all_benchmarks(*, ckpt: str, data: str = "data/corpus/stdlib", preset_name: 
         "decode.speedup": dec["speedup"], "decode.bytes_per_forward": dec["bytes_per_forward"],
         "decode.speedup_min": dec["speedup_min"], "decode.pass_cost": dec["pass_cost"],
         "decode.identical": dec["all_identical"],
-        "eval.bpb_head1": ev["bpb"][0], f"eval.bytes_per_forward_{k}": ev["bytes_per_forward"][k],
+        "eval.bpb_head1": ev.bpb[0], f"eval.bytes_per_forward_{k}": ev.bytes_per_forward[k],
     }
     return {"summary": summary, "train_step": step, "loader": loader, "decode": dec, "eval": ev}
 

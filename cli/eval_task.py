@@ -159,10 +159,9 @@ def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperatur
             bars.close()
             click.echo(f"interrupted during {bars.stage or 'loading'}; nothing written", err=True)
             ctx.exit(130)
-    res = {"ckpt": str(ckpt), "problems_file": problems_path or he.humaneval_path(), "device": str(dev),
-           "dtype": dtype, **res}
-    echo(report.humaneval_report(res, source=problems_path or "HumanEval") + "\n"
-         + ISOLATION[res["execution"]["sandbox"]])
-    write_json(json_path, res)
-    if compare and not res["comparison"]["identical"]:
+    echo(report.humaneval_report(res, source=problems_path or "HumanEval", ckpt=str(ckpt), device=str(dev),
+                                 dtype=dtype) + "\n" + ISOLATION[res.check.execution.sandbox])
+    write_json(json_path, {"ckpt": str(ckpt), "problems_file": problems_path or he.humaneval_path(), "device": str(dev),
+                           "dtype": dtype, **res.to_json()})
+    if compare and not res.comparison.identical:
         raise click.ClickException("speculative output differs from plain greedy output")

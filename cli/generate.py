@@ -150,7 +150,7 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
         click.echo(report.comparison(res, f"{heads} heads, {draft}" if heads else f"automatic ({draft})"), err=True)
-        if not res["identical"]:
+        if not res.identical:
             raise click.ClickException("speculative output differs from plain greedy output")
     if show_stats:
         click.echo(report.stats_lines(result.stats), err=True)

@@ -290,7 +290,7 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
                            "after": after})
 
 
-def _draft_report(ckpt: str, *, cfg, prompts: int) -> dict | None:
+def _draft_report(ckpt: str, *, cfg, prompts: int):
     """`evaluate.draft_report` of a checkpoint on the run's corpus, with a progress bar; None
     when the checkpoint is gone (a resumed tune whose source was removed)."""
     from tqdm import tqdm
@@ -364,16 +364,17 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, 
         res = evaluate_checkpoint(ckpt, data, split=None if split == "all" else split, batches=batches,
                                   batch_size=batch_size, device=device, dtype=dtype, progress=bar.update)
     if res is not None:  # rank 0 reports
-        res = {"ckpt": str(ckpt), "data": str(data), "split": split, **res}
-        echo(f"{res['bytes']:,} bytes of {data} ({split})")
+        out = {"ckpt": str(ckpt), "data": str(data), "split": split, **res.to_json()}
+        echo(f"{res.bytes:,} bytes of {data} ({split})")
         echo(report.eval_table(res))
         if decode_prompts:
-            res["decoded"] = _decoded(ckpt, data, decode_prompts, device=device, dtype=dtype)
-            echo(report.decoded_line(res["decoded"]))
-        write_json(json_path, res)
+            decoded = _decoded(ckpt, data, decode_prompts, device=device, dtype=dtype)
+            out["decoded"] = decoded.to_json()
+            echo(report.decoded_line(decoded))
+        write_json(json_path, out)
 
 
-def _decoded(ckpt: str, data: str, n: int, *, device: str, dtype: str | None) -> dict:
+def _decoded(ckpt: str, data: str, n: int, *, device: str, dtype: str | None):
     """Bytes per pass of greedy chain and tree drafts of all heads on n held-out prompts."""
     from bytemtp.evaluation.evaluate import has_splits, held_out_decoding
     from bytemtp.runtime.checkpoint import load_model
@@ -412,7 +413,9 @@ def plot_cmd(run: str | None, ckpt: str | None, out: str | None, eval_json: str 
     plot.read_metrics(run)  # a run without metrics stops before an evaluation
     result = None
     if eval_json:
-        result = json.loads(open(eval_json).read())
+        from bytemtp.evaluation.evaluate import EvalResult
+
+        result = EvalResult.from_json(json.loads(open(eval_json).read()))
     elif eval_batches:
         from bytemtp.data.shards import CorpusError
         from bytemtp.evaluation.evaluate import evaluate, held_out_split

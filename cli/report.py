@@ -27,12 +27,17 @@ def echo(text: str) -> None:
 
 
 def write_json(path: str | None, data: dict) -> None:
+    """`data` as JSON, a typed result inside it in its JSON form (`to_json`)."""
     if path == "-":
-        click.echo(json.dumps(data, indent=2, default=str))
+        click.echo(json.dumps(data, indent=2, default=_json_form))
     elif path:
         with open(path, "w") as f:
-            json.dump(data, f, indent=2, default=str)
+            json.dump(data, f, indent=2, default=_json_form)
         echo(f"wrote {path}")
+
+
+def _json_form(value):
+    return value.to_json() if hasattr(value, "to_json") else str(value)
 
 
 def corpus_table(manifest: dict) -> str:
@@ -112,24 +117,25 @@ def draft_summary(st, decoder) -> str:
     return "\n".join(lines)
 
 
-def comparison(res: dict, mode: str) -> str:
-    """`generate --compare`: plain and speculative speeds, the speedup and its runs, identity; on
-    the compiled step also eager plain decoding and the speedups over it."""
-    step = "compiled" if res.get("compiled") else "eager"
+def comparison(res, mode: str) -> str:
+    """`generate --compare` (a `speed.Comparison`): plain and speculative speeds, the speedup and
+    its runs, identity; on the compiled step also eager plain decoding and the speedups over it."""
+    step = "compiled" if res.compiled else "eager"
+    fig = res.figures
     lines = []
-    if res.get("compiled"):
-        lines.append(f"plain greedy, eager:          {res['eager_plain_bytes_s']:8,.0f} bytes/s, 1.00 bytes/pass")
-    lines += [f"plain greedy, {step + ':':15s} {res['plain_bytes_s']:8,.0f} bytes/s, 1.00 bytes/pass",
-              f"speculative, {mode:16s} {res['spec_bytes_s']:8,.0f} bytes/s, {res['bytes_per_forward']:.2f} bytes/pass",
-              f"speedup {res['speedup']:.2f}x over {step} plain (runs: {', '.join(f'{r:.2f}' for r in res['speedup_runs'])}); "
-              f"outputs identical: {'yes' if res['identical'] else 'NO'}"]
-    if res.get("compiled"):
-        lines.append(f"over eager plain: compiled plain {res['compiled_plain_speedup']:.2f}x, speculative "
-                     f"{res['eager_speedup']:.2f}x")
-        if res.get("compile_stats"):
-            lines.append(compile_line(res["compile_stats"]))
-    if res["degenerate"]:
-        lines.append(f"note: the output is one byte repeated ({res['output'][:1]!r}): a degenerate "
+    if res.compiled:
+        lines.append(f"plain greedy, eager:          {res.eager_plain_bytes_s:8,.0f} bytes/s, 1.00 bytes/pass")
+    lines += [f"plain greedy, {step + ':':15s} {fig.plain_bytes_s:8,.0f} bytes/s, 1.00 bytes/pass",
+              f"speculative, {mode:16s} {fig.spec_bytes_s:8,.0f} bytes/s, {fig.bytes_per_forward:.2f} bytes/pass",
+              f"speedup {fig.speedup:.2f}x over {step} plain (runs: {', '.join(f'{r:.2f}' for r in fig.speedup_runs)}); "
+              f"outputs identical: {'yes' if res.identical else 'NO'}"]
+    if res.compiled:
+        lines.append(f"over eager plain: compiled plain {res.compiled_plain_speedup:.2f}x, speculative "
+                     f"{res.eager_speedup:.2f}x")
+        if res.compile_stats:
+            lines.append(compile_line(res.compile_stats))
+    if res.degenerate:
+        lines.append(f"note: the output is one byte repeated ({res.output[:1]!r}): a degenerate "
                      "continuation says little about speed; try another prompt")
     return "\n".join(lines)
 
@@ -143,42 +149,45 @@ def compile_line(st: dict) -> str:
     return f"compiled step: {st['graphs']} graphs in {st['compile_s']:.1f} s ({served})"
 
 
-def eval_table(res: dict) -> str:
-    """Per head: bits/byte and accuracy; per k: heads 2..k right about the text and in agreement
-    with head 1, and the bytes per pass each predicts for a chain of k heads."""
+def eval_table(res) -> str:
+    """Per head (of an `evaluate.EvalResult`): bits/byte and accuracy; per k: heads 2..k right
+    about the text and in agreement with head 1, and the bytes per pass each predicts for a chain
+    of k heads."""
     def by_k(key, k, spec):
-        return format(res[key].get(k + 1, 1.0), spec) if k else "-"
+        return format(getattr(res, key).get(k + 1, 1.0), spec) if k else "-"
     rows = [(f"h{k + 1}", f"{b:.3f}", f"{a:.3f}", by_k("acceptance", k, ".3f"), by_k("bytes_per_forward", k, ".2f"),
              by_k("agreement", k, ".3f"), by_k("agreed_bytes_per_forward", k, ".2f"))
-            for k, (b, a) in enumerate(zip(res["bpb"], res["accuracy"]))]
+            for k, (b, a) in enumerate(zip(res.bpb, res.accuracy))]
     return table(rows, ("head", "bits/byte", "accuracy", "2..k right", "bytes/pass", "2..k agree with h1",
                         "bytes/pass (agreed)"))
 
 
-def tune_table(before: dict | None, after: dict) -> str:
-    """Before and after a tune: head 1's bits/byte (unchanged), how often heads 2..k all agree
-    with head 1 (k = 2, 4, n), the bytes per pass that predicts, and the bytes per pass decoded."""
-    n = len(after["bpb"])
+def tune_table(before, after) -> str:
+    """Before and after a tune (`evaluate.DraftReport`s, before None when its source is gone):
+    head 1's bits/byte (unchanged), how often heads 2..k all agree with head 1 (k = 2, 4, n), the
+    bytes per pass that predicts, and the bytes per pass decoded."""
+    n = len(after.bpb)
     ks = sorted({2, min(4, n), n})
-    decoded = sorted(after["decoded_bytes_per_forward"])
+    decoded = sorted(after.decoded_bytes_per_forward)
     header = ("heads", "h1 bits/byte", *(f"2..{k} agree" for k in ks), f"agreed bytes/pass ({n})",
               *(f"{name} bytes/pass" for name in decoded))
 
     def row(name, res):
-        return (name, f"{res['bpb'][0]:.4f}", *(f"{res['agreement'][k]:.3f}" for k in ks),
-                f"{res['agreed_bytes_per_forward'][n]:.2f}",
-                *(f"{res['decoded_bytes_per_forward'][d]:.2f}" for d in decoded))
+        return (name, f"{res.bpb[0]:.4f}", *(f"{res.agreement[k]:.3f}" for k in ks),
+                f"{res.agreed_bytes_per_forward[n]:.2f}",
+                *(f"{res.decoded_bytes_per_forward[d]:.2f}" for d in decoded))
 
     rows = ([row("before", before)] if before else []) + [row("after", after)]
-    where = f"{after['bytes']:,} bytes of the {after['split']} split"
+    where = f"{after.bytes:,} bytes of the {after.split} split"
     if decoded:
-        where += f"; decoded: {after['prompts']} held-out prompts, {after['max_bytes']} bytes each, greedy"
+        where += f"; decoded: {after.prompts} held-out prompts, {after.max_bytes} bytes each, greedy"
     return where + "\n" + table(rows, header)
 
 
-def decoded_line(dec: dict) -> str:
-    shapes = ", ".join(f"{name} {bpp:.2f}" for name, bpp in dec["bytes_per_forward"].items())
-    return (f"decoded: {dec['prompts']} held-out prompts, {dec['max_bytes']} greedy bytes each; "
+def decoded_line(dec) -> str:
+    """`evaluate.HeldOutDecoding` in one line."""
+    shapes = ", ".join(f"{name} {bpp:.2f}" for name, bpp in dec.bytes_per_forward.items())
+    return (f"decoded: {dec.prompts} held-out prompts, {dec.max_bytes} greedy bytes each; "
             f"bytes per pass: {shapes}")
 
 
@@ -244,8 +253,8 @@ def quality_report(res: dict) -> str:
     if teacher:
         lines.append(f"teacher term, head 1: {res['teacher_bpb_gap']:+.4f} bits/byte against n=8 without it")
     arms = {"mtp": "n=8", "mtp_teacher": "n=8 with teacher"}
-    drafts = [(arms[name], f"{d['agreed_bytes_per_forward'][max(d['agreed_bytes_per_forward'])]:.2f}",
-               *(f"{d['decoded_bytes_per_forward'].get(m, float('nan')):.2f}" for m in ("chain-all", "tree-all")))
+    drafts = [(arms[name], f"{d.agreed_bytes_per_forward[max(d.agreed_bytes_per_forward)]:.2f}",
+               *(f"{d.decoded_bytes_per_forward.get(m, float('nan')):.2f}" for m in ("chain-all", "tree-all")))
               for name, d in res.get("drafts", {}).items()]
     if drafts:
         lines.append(table(drafts, ("draft heads", "agreed bytes/pass (8)", "chain-all bytes/pass",
@@ -280,31 +289,32 @@ class StageBars:
         self.close()
 
 
-def humaneval_report(res: dict, *, source: str) -> str:
-    """`eval-task humaneval`: pass@k, the verdicts' shares, decoding statistics and the context."""
-    s, dec, n = res["settings"], res["decoding"], res["problems"]
-    how = ("greedy" if s["temperature"] == 0
-           else f"temperature {s['temperature']:g}, top-p {s['top_p']:g}, seed {s['seed']}")
-    lines = [f"{n} problems of {source}, {s['samples']} sample(s) each ({how}), "
-             f"at most {s['max_bytes']} bytes; {res['ckpt']}, {res['device']} {res['dtype']}"]
-    rows = [(k, f"{v:.4f}") for k, v in res["pass_at_k"].items()]
-    rows += [(verdict, f"{100 * share:.1f}% of {res['completions']}") for verdict, share in res["shares"].items()]
+def humaneval_report(res, *, source: str, ckpt: str, device: str, dtype: str) -> str:
+    """`eval-task humaneval` (a `humaneval_records.HumanEvalRun`): pass@k, the verdicts' shares,
+    decoding statistics and the context."""
+    s, dec, check = res.settings, res.decoding, res.check
+    n = check.problems
+    how = "greedy" if s.temperature == 0 else f"temperature {s.temperature:g}, top-p {s.top_p:g}, seed {s.seed}"
+    lines = [f"{n} problems of {source}, {s.samples} sample(s) each ({how}), "
+             f"at most {s.max_bytes} bytes; {ckpt}, {device} {dtype}"]
+    rows = [(k, f"{v:.4f}") for k, v in check.pass_at_k.items()]
+    rows += [(verdict, f"{100 * share:.1f}% of {check.completions}") for verdict, share in check.shares.items()]
     lines.append(table(rows, ("score", "value")))
-    rates = ", ".join(f"d{j + 1} {a:,}/{d:,}" for j, (a, d) in enumerate(zip(dec["accepted"], dec["drafted"])) if d)
-    lines.append(f"decoding: {dec['bytes']:,} bytes in {dec['forward_passes']:,} forward passes "
-                 f"({dec['bytes_per_forward']:.2f} bytes/pass), {dec['bytes_per_s']:,.0f} bytes/s; heads "
-                 f"{s['heads']}; drafts accepted/drafted by depth: {rates or 'none drafted'}")
-    if "comparison" in res:
-        c = res["comparison"]
-        lines.append(f"speedup over plain greedy decoding: {c['speedup']:.2f}x ({c['speedup_min']:.2f}-"
-                     f"{c['speedup_max']:.2f} over {c['batches']} batches, interleaved); outputs identical: "
-                     f"{'yes' if c['identical'] else 'NO'}" + (f"\nnote: {c['note']}" if c["note"] else ""))
+    rates = ", ".join(f"d{j + 1} {a:,}/{d:,}" for j, (a, d) in enumerate(zip(dec.accepted, dec.drafted)) if d)
+    lines.append(f"decoding: {dec.bytes:,} bytes in {dec.forward_passes:,} forward passes "
+                 f"({dec.bytes_per_forward:.2f} bytes/pass), {dec.bytes_per_s:,.0f} bytes/s; heads "
+                 f"{s.heads}; drafts accepted/drafted by depth: {rates or 'none drafted'}")
+    if res.comparison is not None:
+        c = res.comparison
+        lines.append(f"speedup over plain greedy decoding: {c.speedup:.2f}x ({c.speedup_min:.2f}-"
+                     f"{c.speedup_max:.2f} over {c.batches} batches, interleaved); outputs identical: "
+                     f"{'yes' if c.identical else 'NO'}" + (f"\nnote: {c.note}" if c.note else ""))
     else:
         lines.append("speedup over plain decoding: not measured (--compare decodes plainly too); bytes/pass "
                      "is its upper bound")
-    longer = sum(not t["prompt_fits"] for t in res["tasks"])
-    lines.append(f"context: {longer} of {n} prompts are longer than the model's {s['seq_len']} bytes "
-                 f"and {res['slid']} of {res['completions']} completions slid the window (the model saw "
-                 "only the newest bytes)" if longer or res["slid"] else
-                 f"context: every prompt fits the model's {s['seq_len']} bytes")
+    longer = sum(not t.prompt_fits for t in check.tasks)
+    lines.append(f"context: {longer} of {n} prompts are longer than the model's {s.seq_len} bytes "
+                 f"and {res.slid} of {check.completions} completions slid the window (the model saw "
+                 "only the newest bytes)" if longer or res.slid else
+                 f"context: every prompt fits the model's {s.seq_len} bytes")
     return "\n".join(lines)

@@ -149,12 +149,12 @@ def test_compare_decoding_measures_plain_against_speculative(monkeypatch):
     res = speed.compare_decoding(decode.Decoder(model, compile="off"), "def ", max_bytes=24, draft=draft, rounds=2)
     plain = decode.generate(model, b"def ", max_bytes=24)
     spec = decode.generate_batch(model, [b"def "], max_bytes=24, draft=draft)[0]
-    assert res["identical"] and res["output"] == plain.output == spec.output and not res["compiled"]
-    assert res["speedup"] == pytest.approx(0.8 / 0.65)
-    assert res["speedup_runs"] == pytest.approx([0.8, 1.5])
-    assert (res["speedup_min"], res["speedup_max"]) == pytest.approx((0.8, 1.5))
+    assert res.identical and res.output == plain.output == spec.output and not res.compiled
+    assert res.figures.speedup == pytest.approx(0.8 / 0.65)
+    assert res.figures.speedup_runs == pytest.approx([0.8, 1.5])
+    assert (res.figures.speedup_min, res.figures.speedup_max) == pytest.approx((0.8, 1.5))
     n = len(plain.output)
-    assert (res["plain_bytes_s"], res["spec_bytes_s"]) == pytest.approx((2 * n / 0.8, 2 * n / 0.65))
-    assert res["bytes_per_forward"] == pytest.approx(n / spec.stats.forward_passes)
-    assert res["pass_cost"] == pytest.approx((0.65 / spec.stats.forward_passes) / (0.8 / plain.stats.forward_passes))
-    assert res["degenerate"] == (len(set(plain.output)) == 1)
+    assert (res.figures.plain_bytes_s, res.figures.spec_bytes_s) == pytest.approx((2 * n / 0.8, 2 * n / 0.65))
+    assert res.figures.bytes_per_forward == pytest.approx(n / spec.stats.forward_passes)
+    assert res.figures.pass_cost == pytest.approx((0.65 / spec.stats.forward_passes) / (0.8 / plain.stats.forward_passes))
+    assert res.degenerate == (len(set(plain.output)) == 1)

@@ -39,7 +39,7 @@ def test_training_validation_is_this_evaluation(code_corpus, tmp_path, head_type
     result = train(cfg, tmp_path / "run", show_progress=False, say=lambda m: None)
     model, _ = load_model(result.checkpoint)
     got = evaluate(model, str(code_corpus), batches=3, batch_size=2)
-    assert result.val_bpb == got["bpb"]
+    assert result.val_bpb == got.bpb
 
 
 def _recount(model, corpus, batches, batch_size):
@@ -73,15 +73,15 @@ def test_acceptance_profile_equals_a_position_by_position_count(code_corpus):
     model = _model()
     got = evaluate(model, str(code_corpus), batches=2, batch_size=2)
     want, agreement = _recount(model, code_corpus, 2, 2)
-    assert got["acceptance"].keys() == want.keys() == got["agreement"].keys()
+    assert got.acceptance.keys() == want.keys() == got.agreement.keys()
     for k in want:
-        assert got["acceptance"][k] == pytest.approx(want[k], abs=1e-12), k
-        assert got["agreement"][k] == pytest.approx(agreement[k], abs=1e-12), k
-        assert got["agreed_bytes_per_forward"][k] == pytest.approx(1 + sum(agreement[j] for j in range(2, k + 1)))
-    rates = [got["acceptance"][k] for k in sorted(got["acceptance"])]
+        assert got.acceptance[k] == pytest.approx(want[k], abs=1e-12), k
+        assert got.agreement[k] == pytest.approx(agreement[k], abs=1e-12), k
+        assert got.agreed_bytes_per_forward[k] == pytest.approx(1 + sum(agreement[j] for j in range(2, k + 1)))
+    rates = [got.acceptance[k] for k in sorted(got.acceptance)]
     assert rates == sorted(rates, reverse=True)  # more heads all right: never more often
-    for k in got["bytes_per_forward"]:
-        assert got["bytes_per_forward"][k] == pytest.approx(1 + sum(got["acceptance"][j] for j in range(2, k + 1)))
+    for k in got.bytes_per_forward:
+        assert got.bytes_per_forward[k] == pytest.approx(1 + sum(got.acceptance[j] for j in range(2, k + 1)))
 
 
 @pytest.mark.slow
@@ -100,8 +100,8 @@ def test_a_model_trained_to_copy_gets_drafts_right(code_corpus):
         optimizer.step()
         optimizer.zero_grad()
     after = evaluate(model.eval(), str(code_corpus), batches=4, batch_size=4)
-    assert after["bpb"][0] < before["bpb"][0]
-    assert after["acceptance"][2] > before["acceptance"][2]
+    assert after.bpb[0] < before.bpb[0]
+    assert after.acceptance[2] > before.acceptance[2]
 
 
 def test_eval_command(code_corpus, tmp_path):
@@ -149,8 +149,8 @@ def test_eval_under_torchrun_adds_the_ranks(code_corpus, tmp_path):
     two = json.loads(out.read_text())
     # the two ranks pack their halves of the documents into windows of their own: the same bytes
     # up to the partial windows at the ends
-    assert two["bytes"] == pytest.approx(one["bytes"], rel=0.1)
-    assert two["bpb"][0] == pytest.approx(one["bpb"][0], rel=0.02)
+    assert two["bytes"] == pytest.approx(one.bytes, rel=0.1)
+    assert two["bpb"][0] == pytest.approx(one.bpb[0], rel=0.02)
 
 
 def test_a_corpus_without_splits_says_so(code_corpus, tmp_path):

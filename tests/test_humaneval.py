@@ -108,12 +108,12 @@ def test_pass_at_k_refuses_impossible_counts(n, c, k):
 def test_scores_average_pass_at_k_over_problems_for_every_k_up_to_n():
     right, wrong = "a + b\n", "a - b\n"
     got = he.check_completions(TOY, {"toy/add": [right] * 3 + [wrong] * 7, "toy/one": ["2\n"] * 10}, isolation=ANY)
-    assert got["pass_at_k"] == pytest.approx({"pass@1": (0.3 + 0) / 2, "pass@10": (1.0 + 0) / 2})
-    assert got["shares"] == pytest.approx({PASSED: 0.15, FAILED: 0.85, TIMED_OUT: 0, DID_NOT_PARSE: 0})
-    assert [(t["task_id"], t["n"], t["passed"]) for t in got["tasks"]] == [("toy/add", 10, 3), ("toy/one", 10, 0)]
-    assert got["missing"] == []
+    assert got.pass_at_k == pytest.approx({"pass@1": (0.3 + 0) / 2, "pass@10": (1.0 + 0) / 2})
+    assert got.shares == pytest.approx({PASSED: 0.15, FAILED: 0.85, TIMED_OUT: 0, DID_NOT_PARSE: 0})
+    assert [(t.task_id, t.n, t.passed) for t in got.tasks] == [("toy/add", 10, 3), ("toy/one", 10, 0)]
+    assert got.missing == []
     only_one = he.check_completions(TOY, {"toy/one": ["1\n"]}, isolation=ANY)
-    assert only_one["pass_at_k"] == {"pass@1": 1.0} and only_one["missing"] == ["toy/add"]
+    assert only_one.pass_at_k == {"pass@1": 1.0} and only_one.missing == ["toy/add"]
     with pytest.raises(ValueError, match="not among the problems"):
         he.check_completions(TOY, {"toy/zzz": ["1"]})
 
@@ -125,17 +125,17 @@ def test_scores_average_pass_at_k_over_problems_for_every_k_up_to_n():
 @pytest.mark.parametrize("isolation", BOTH)
 def test_canonical_solutions_pass_all_164(humaneval, isolation):
     got = he.check_completions(humaneval, {p.task_id: [p.canonical_solution] for p in humaneval}, isolation=isolation)
-    assert [(t["task_id"], t["completions"][0]["detail"]) for t in got["tasks"] if t["passed"] != 1] == []
-    assert got["execution"]["sandbox"] == isolation.sandbox.value
-    assert got["pass_at_k"] == {"pass@1": 1.0} and got["problems"] == 164
-    assert got["shares"][PASSED] == 1.0
+    assert [(t.task_id, t.completions[0].detail) for t in got.tasks if t.passed != 1] == []
+    assert got.execution.sandbox == isolation.sandbox.value
+    assert got.pass_at_k == {"pass@1": 1.0} and got.problems == 164
+    assert got.shares[PASSED] == 1.0
 
 
 @pytest.mark.slow
 def test_pass_scores_zero_on_all_164(humaneval):
     got = he.check_completions(humaneval, {p.task_id: ["    pass\n"] for p in humaneval}, isolation=ANY)
-    assert got["pass_at_k"] == {"pass@1": 0.0}
-    assert got["shares"][FAILED] == 1.0
+    assert got.pass_at_k == {"pass@1": 0.0}
+    assert got.shares[FAILED] == 1.0
 
 
 def test_wrong_solutions_score_zero(humaneval):
@@ -143,8 +143,8 @@ def test_wrong_solutions_score_zero(humaneval):
              "HumanEval/2": "    return number\n",  # truncate_number: the decimal part
              "HumanEval/4": "    return sum(numbers) / len(numbers)\n"}  # the mean, not the deviation
     got = he.check_completions(humaneval, {t: [c] for t, c in wrong.items()}, isolation=ANY)
-    assert got["pass_at_k"] == {"pass@1": 0.0} and got["problems"] == 3
-    assert all(c["verdict"] == FAILED for t in got["tasks"] for c in t["completions"])
+    assert got.pass_at_k == {"pass@1": 0.0} and got.problems == 3
+    assert all(c.verdict == FAILED for t in got.tasks for c in t.completions)
 
 
 @pytest.mark.slow
@@ -177,7 +177,7 @@ def test_harmful_completions_fail_alone_and_change_nothing_outside(tmp_path, iso
     problem = TOY[1]
     got = he.check_completions([problem], {problem.task_id: list(completions.values())}, isolation=isolation,
                                timeout=2.0, memory_mb=256)
-    verdicts = {name: (c["verdict"], c["detail"]) for name, c in zip(completions, got["tasks"][0]["completions"])}
+    verdicts = {name: (c.verdict, c.detail) for name, c in zip(completions, got.tasks[0].completions)}
     assert verdicts["loops"][0] == TIMED_OUT
     assert verdicts["allocates"] == (FAILED, "MemoryError:")
     for name in ("removes", "unlinks", "rmtree", "overwrites", "appends", "os.open", "renames", "links",
@@ -193,7 +193,7 @@ def test_harmful_completions_fail_alone_and_change_nothing_outside(tmp_path, iso
     else:  # the sandbox's own tmpfs: nothing of it on the host's /tmp
         assert str(own) == execution.SANDBOX_DIR and not (own / "mine.txt").exists()
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
-    assert got["pass_at_k"]["pass@1"] == pytest.approx(1 / len(completions))
+    assert got.pass_at_k["pass@1"] == pytest.approx(1 / len(completions))
 
 
 def test_identical_programs_run_once_and_progress_counts_them():
@@ -218,7 +218,7 @@ def test_bytes_that_are_not_utf8_survive_json_and_do_not_parse():
     assert TOY[1].program(completion).endswith(b"return '\xff'\n\ndef check(f):\n    assert f() == 1\n\ncheck(one)\n")
     assert json.loads(json.dumps(completion)) == completion
     got = he.check_completions(TOY[1:], {"toy/one": [completion]}, isolation=ANY)
-    assert got["tasks"][0]["completions"][0]["verdict"] == DID_NOT_PARSE
+    assert got.tasks[0].completions[0].verdict == DID_NOT_PARSE
 
 
 def test_limits_are_checked_at_the_boundary():
@@ -244,7 +244,7 @@ def test_no_completion_runs_without_isolation_unless_allowed(monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(execution, "bwrap_problem", lambda: execution.NOT_INSTALLED)
     got = he.check_completions(TOY, {"toy/one": ["1\n"]}, isolation=Isolation(allow_unsandboxed=True))
-    assert got["execution"]["sandbox"] == "guard" and got["pass_at_k"] == {"pass@1": 1.0}
+    assert got.execution.sandbox == "guard" and got.pass_at_k == {"pass@1": 1.0}
 
 
 # --- sampling ----------------------------------------------------------------------------------
@@ -288,9 +288,9 @@ def one_thread():
 def _no_stop_inside(completions):
     for records in completions.values():
         for c in records:
-            assert not any(s in c["completion"] for s in he.STOP)
-            cut = c["bytes"] - len(c["completion"].encode("utf-8", "surrogateescape"))
-            assert cut in ({len(s) for s in he.STOP} if c["stopped_by"] == "stop" else {0})
+            assert not any(s in c.completion for s in he.STOP)
+            cut = c.bytes - len(c.completion.encode("utf-8", "surrogateescape"))
+            assert cut in ({len(s) for s in he.STOP} if c.stopped_by == "stop" else {0})
     return True
 
 
@@ -300,21 +300,21 @@ def test_completions_are_cut_at_the_stop_strings(humaneval, one_thread, temperat
     seen = []
     got = he.sample_completions(_bigram_model(), problems, samples=2, temperature=temperature, seed=3,
                                 batch_size=3, max_bytes=40, progress=lambda d, t: seen.append((d, t)))
-    assert list(got["completions"]) == [p.task_id for p in problems]
+    assert list(got.completions) == [p.task_id for p in problems]
     for p in humaneval[:2]:  # the prompts end with a newline and are longer than the context
-        assert [c["completion"] for c in got["completions"][p.task_id]] == ["#1", "#1"]
-        assert all(c["slid"] and c["stopped_by"] == "stop" and c["bytes"] == 4 for c in got["completions"][p.task_id])
-        assert got["prompt_fits"][p.task_id] is False
-    assert [(c["completion"], c["slid"], c["bytes"]) for c in got["completions"]["toy/one"]] == [("1", False, 3)] * 2
-    assert got["prompt_fits"]["toy/one"] is True
-    assert _no_stop_inside(got["completions"])
+        assert [c.completion for c in got.completions[p.task_id]] == ["#1", "#1"]
+        assert all(c.slid and c.stopped_by == "stop" and c.bytes == 4 for c in got.completions[p.task_id])
+        assert got.prompt_fits[p.task_id] is False
+    assert [(c.completion, c.slid, c.bytes) for c in got.completions["toy/one"]] == [("1", False, 3)] * 2
+    assert got.prompt_fits["toy/one"] is True
+    assert _no_stop_inside(got.completions)
     assert seen[0] == (0, 3) and seen[-1] == (3, 3) and seen == sorted(seen)
-    decoding = got["decoding"]
-    assert decoding["bytes"] == (4 + 4 + 3) * (1 if temperature == 0 else 2)
-    assert decoding["forward_passes"] >= 1
-    assert decoding["bytes_per_forward"] == decoding["bytes"] / decoding["forward_passes"]
-    assert len(decoding["drafted"]) == len(decoding["accepted"]) == len(decoding["acceptance"])
-    assert got["heads"] == ("auto" if temperature == 0 else 8)
+    decoding = got.decoding
+    assert decoding.bytes == (4 + 4 + 3) * (1 if temperature == 0 else 2)
+    assert decoding.forward_passes >= 1
+    assert decoding.bytes_per_forward == decoding.bytes / decoding.forward_passes
+    assert len(decoding.drafted) == len(decoding.accepted) == len(decoding.acceptance)
+    assert got.heads == ("auto" if temperature == 0 else 8)
 
 
 def test_a_seed_repeats_the_samples_and_another_does_not(humaneval, one_thread):
@@ -323,9 +323,9 @@ def test_a_seed_repeats_the_samples_and_another_does_not(humaneval, one_thread):
     def sample(seed, **kw):
         got = he.sample_completions(model, problems, samples=2, temperature=1.0, top_p=0.95, seed=seed,
                                     batch_size=4, max_bytes=24, **kw)
-        assert [len(v) for v in got["completions"].values()] == [2, 2, 2]
-        assert _no_stop_inside(got["completions"])
-        return [c["completion"] for v in got["completions"].values() for c in v]
+        assert [len(v) for v in got.completions.values()] == [2, 2, 2]
+        assert _no_stop_inside(got.completions)
+        return [c.completion for v in got.completions.values() for c in v]
 
     first = sample(7)
     assert len(set(first)) == 6  # samples differ from each other
@@ -341,21 +341,21 @@ def test_run_humaneval_end_to_end_and_its_json_rescores(humaneval, one_thread, t
                            isolation=ANY, timeout=3.0, progress=lambda s, d, t: stages.append(s))
     assert stages[0] == "decode" and stages[-1] == "execute" and set(stages) == {"decode", "execute"}
     # "return 1" passes toy/one; a comment "#1" after a docstring returns None: HumanEval fails
-    assert run["pass_at_k"] == pytest.approx({"pass@1": 1 / 3})
-    assert run["shares"] == pytest.approx({PASSED: 1 / 3, FAILED: 2 / 3, TIMED_OUT: 0, DID_NOT_PARSE: 0})
-    assert [t["passed"] for t in run["tasks"]] == [0, 0, 2]
-    assert [t["prompt_fits"] for t in run["tasks"]] == [False, False, True]
-    assert run["slid"] == 4 and run["settings"]["samples"] == 2 and run["settings"]["seq_len"] == 64
-    assert run["decoding"]["bytes"] == 4 + 4 + 3  # greedy decodes each problem once
-    for task in run["tasks"]:
-        for c in task["completions"]:
-            assert {"completion", "verdict", "detail", "stopped_by", "slid", "bytes"} <= set(c)
+    assert run.check.pass_at_k == pytest.approx({"pass@1": 1 / 3})
+    assert run.check.shares == pytest.approx({PASSED: 1 / 3, FAILED: 2 / 3, TIMED_OUT: 0, DID_NOT_PARSE: 0})
+    assert [t.passed for t in run.check.tasks] == [0, 0, 2]
+    assert [t.prompt_fits for t in run.check.tasks] == [False, False, True]
+    assert run.slid == 4 and run.settings.samples == 2 and run.settings.seq_len == 64
+    assert run.decoding.bytes == 4 + 4 + 3  # greedy decodes each problem once
+    for task in run.check.tasks:
+        for c in task.completions:
+            assert {"completion", "verdict", "detail", "stopped_by", "slid", "bytes"} <= set(c.to_json())
     path = tmp_path / "run.json"
-    path.write_text(json.dumps(run))
+    path.write_text(json.dumps(run.to_json()))
     again = he.check_completions(problems, he.read_completions(path), isolation=ANY)
-    assert again["pass_at_k"] == run["pass_at_k"]
-    assert [[c["verdict"] for c in t["completions"]] for t in again["tasks"]] == \
-           [[c["verdict"] for c in t["completions"]] for t in run["tasks"]]
+    assert again.pass_at_k == run.check.pass_at_k
+    assert [[c.verdict for c in t.completions] for t in again.tasks] == \
+           [[c.verdict for c in t.completions] for t in run.check.tasks]
 
 
 def test_sampling_settings_are_checked_at_the_boundary():

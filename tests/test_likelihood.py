@@ -92,7 +92,7 @@ def test_rolling_loglikelihood_equals_eval_sums_over_the_same_bytes(tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["", text, "a later document"]))
     res = evaluate(model, str(corpus), split=None, batches=n, batch_size=1)
-    assert res["bytes"] == n * S
-    nats = res["bpb"][0] * res["bytes"] * LN2
+    assert res.bytes == n * S
+    nats = res.bpb[0] * res.bytes * LN2
     got, = rolling_loglikelihoods(model, [text.encode()], batch_size=2)
     assert -got == pytest.approx(nats, rel=1e-5)

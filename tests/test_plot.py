@@ -95,7 +95,7 @@ def _evaluated(run, batches):
 
     model, cfg = load_model(run)
     result = evaluate(model, cfg.data.path, split="val", batches=batches)
-    return json.loads(json.dumps(result))  # keys as eval --json writes them
+    return json.loads(json.dumps(result.to_json()))  # keys as eval --json writes them
 
 
 @pytest.mark.slow

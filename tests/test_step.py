@@ -142,5 +142,5 @@ def test_evaluation_nats_equal_the_training_loss(head_type, tmp_path):
     evaluated = evaluate(model, str(tmp_path / "doc.bin"), split=None, batches=1, batch_size=1)
     trained = plain_forward_backward(model, window, loss_cfg=C.LossConfig())
     nats = trained.head_nats / trained.head_count
-    assert evaluated["bpb"] == pytest.approx((nats / math.log(2)).tolist(), rel=1e-5)
-    assert evaluated["bytes"] == int(trained.head_count[0])
+    assert evaluated.bpb == pytest.approx((nats / math.log(2)).tolist(), rel=1e-5)
+    assert evaluated.bytes == int(trained.head_count[0])

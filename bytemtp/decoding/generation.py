@@ -1,6 +1,7 @@
 """What a generation call takes and gives: prompts as bytes (from str, or a JSONL file of text
 or base64), the bytes generated with the rules that end them (EOS, stop strings, max_bytes), and
-the statistics of the decoding (bytes, forward passes, drafts offered and accepted)."""
+the statistics of the decoding (bytes, forward passes, drafts offered and accepted), summed over
+many decodes in one place (`SpeculativeStats.total`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import base64
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from bytemtp.vocab import EOS
 
@@ -67,6 +68,26 @@ class SpeculativeStats(DecodeStats):
             self.accepted.append(0)
         self.drafted[depth - 1] += 1
         self.accepted[depth - 1] += used
+
+    @classmethod
+    def total(cls, stats: Iterable[DecodeStats]) -> SpeculativeStats:
+        """The statistics of many decodes (plain ones too) summed: bytes, passes, seconds and
+        slides added, drafts counted per depth, heads run and draft shapes counted in the order
+        first seen; stopped_by is left empty (each decode stopped for its own reason)."""
+        out = cls()
+        for st in stats:
+            out.bytes_out += st.bytes_out
+            out.forward_passes += st.forward_passes
+            out.wall_s += st.wall_s
+            for total, part in ((out.drafted, getattr(st, "drafted", ())), (out.accepted, getattr(st, "accepted", ()))):
+                total.extend([0] * (len(part) - len(total)))
+                for i, v in enumerate(part):
+                    total[i] += v
+            for total, part in ((out.heads_used, getattr(st, "heads_used", {})), (out.shapes, getattr(st, "shapes", {}))):
+                for key, n in part.items():
+                    total[key] = total.get(key, 0) + n
+            out.slides += getattr(st, "slides", 0)
+        return out
 
 
 class Output:

@@ -6,16 +6,20 @@ through it.
 A comparison decodes the same batches in every mode, the modes in turn on each batch, so that a
 busy moment of a noisy machine hits them alike; each mode runs once first (its pass costs
 measured, its graphs compiled, the acceptance profile learnt, the allocator warm). A mode is a
-decoder (eager or compiled) and the arguments of its `generate` call.
+decoder (eager or compiled) and the arguments of its `generate` call (a draft, sampling options).
+The figures are frozen dataclasses: `SpeedFigures` (its `to_json` is a case of `bench decode
+--json`) and `Comparison` (`generate --compare`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 
 from bytemtp.decoding.decode import Decoder
 from bytemtp.decoding.drafting import Draft
-from bytemtp.decoding.generation import Generation, as_bytes
+from bytemtp.decoding.generation import Generation, SpeculativeStats, as_bytes
 from bytemtp.runtime.devices import synchronize
 
 DECODE_MODES = ("auto", "chain-2", "chain-4", "chain-all", "tree-4", "tree-all")  # `Draft` names
@@ -32,6 +36,9 @@ def timed_generate(decoder: Decoder, prompts: list[bytes | str], **kwargs) -> tu
     return generations, time.perf_counter() - t0
 
 
+JUDGED_S = 1.0  # seconds of plain decoding below which a speedup is too short to judge
+
+
 def speedup_is_impossible(speedup: float, bytes_per_forward: float) -> bool:
     """Whether a measured speedup over plain decoding exceeds what its bytes per pass allow (a
     speculative pass never costs less than a plain one), beyond a margin for timing noise: then
@@ -41,15 +48,19 @@ def speedup_is_impossible(speedup: float, bytes_per_forward: float) -> bool:
 
 
 def interleaved_decodes(modes: dict[str, tuple[Decoder, dict]], batches: list[list[bytes]], *,
-                        max_bytes: int, rounds: int, progress=None, **common) -> tuple[dict, dict]:
-    """Decode every batch in every mode (name: (decoder, `generate` arguments)), `rounds` times,
-    the modes in turn on each batch, after a warm-up that runs each mode once on the first batch
-    (and compiles every shape of a compiled step, so that no timed run compiles).
+                        max_bytes: int, rounds: int, warm_up: bool = True, progress=None,
+                        **common) -> tuple[dict, dict]:
+    """Decode every batch in every mode (name: (decoder, `generate` arguments, sampling options
+    included)), `rounds` times, the modes in turn on each batch, after a warm-up that runs each
+    mode once on the first batch (and compiles every shape of a compiled step, so that no timed
+    run compiles); `warm_up=False` leaves it out, for a run timed once whose first decode must
+    be its own (a seeded sampler's draws). `progress()` is called after each batch of each round.
     Returns took[mode][round][batch] (seconds) and outs[mode][batch] (the last round's generations)."""
-    for decoder, args in modes.values():
-        decoder.generate(batches[0], max_bytes=min(max_bytes, 64), **common, **args)
-    for decoder in {id(d): d for d, _ in modes.values()}.values():
-        decoder.compile_shapes(len(batches[0]))
+    if warm_up:
+        for decoder, args in modes.values():
+            decoder.generate(batches[0], max_bytes=min(max_bytes, 64), **common, **args)
+        for decoder in {id(d): d for d, _ in modes.values()}.values():
+            decoder.compile_shapes(len(batches[0]))
     took = {m: [[0.0] * len(batches) for _ in range(rounds)] for m in modes}
     outs: dict[str, list] = {m: [None] * len(batches) for m in modes}
     for rnd in range(rounds):
@@ -62,7 +73,27 @@ def interleaved_decodes(modes: dict[str, tuple[Decoder, dict]], batches: list[li
     return took, outs
 
 
-def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", same_step: bool = True) -> dict:
+@dataclass(frozen=True)
+class SpeedFigures:
+    """One mode against plain decoding (`speed_figures`); its JSON form is `to_json`."""
+    mode: str
+    speedup: float  # plain time over the mode's time, all batches and rounds
+    speedup_min: float
+    speedup_max: float
+    speedup_runs: list[float]  # each batch and round's ratio, sorted
+    bytes_per_forward: float
+    pass_cost: float  # the mode's time per pass over plain's
+    plain_bytes_s: float
+    spec_bytes_s: float
+    identical: bool  # the mode's outputs are the base's
+    heads_used: dict[int, int]  # heads run in a pass -> passes, in the order first seen
+    shapes: dict[str, int]  # the three commonest draft shapes -> passes
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", same_step: bool = True) -> SpeedFigures:
     """One mode against plain decoding, from `interleaved_decodes`: speedup = plain time / mode
     time over all batches and rounds, its spread (each batch and round's ratio), bytes per pass
     (output bytes over the passes each row took part in), pass cost (the mode's time per pass over
@@ -70,36 +101,42 @@ def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", sam
     shapes. A speedup above bytes per pass is impossible (a pass never costs less than a plain
     one) and is refused as a bad measurement, on runs long enough to judge (a second of plain
     decoding), where both run on the same step (`same_step`)."""
-    gens = [g for got in outs[mode] for g in got]
-    n_bytes = sum(g.stats.bytes_out for g in gens)
+    total = SpeculativeStats.total(g.stats for got in outs[mode] for g in got)
     plain_time, mode_time = sum(map(sum, took[base])), sum(map(sum, took[mode]))
     ratios = sorted(p / m for p_round, m_round in zip(took[base], took[mode]) for p, m in zip(p_round, m_round))
     passes = sum(max(g.stats.forward_passes for g in got) for got in outs[mode])
     plain_passes = sum(max(g.stats.forward_passes for g in got) for got in outs[base])
-    heads_used, shapes = {}, {}
-    for g in gens:
-        for key, n in getattr(g.stats, "heads_used", {}).items():
-            heads_used[key] = heads_used.get(key, 0) + n
-        for key, n in getattr(g.stats, "shapes", {}).items():
-            shapes[key] = shapes.get(key, 0) + n
     rounds = len(took[mode])
-    case = {"mode": mode, "speedup": plain_time / mode_time, "speedup_min": ratios[0], "speedup_max": ratios[-1],
-            "speedup_runs": ratios,
-            "bytes_per_forward": n_bytes / max(1, sum(g.stats.forward_passes for g in gens)),
-            "pass_cost": (mode_time / passes) / (plain_time / plain_passes),
-            "plain_bytes_s": n_bytes * rounds / plain_time, "spec_bytes_s": n_bytes * rounds / mode_time,
-            "identical": [[g.output for g in got] for got in outs[mode]]
-            == [[g.output for g in got] for got in outs[base]],
-            "heads_used": heads_used, "shapes": dict(sorted(shapes.items(), key=lambda kv: -kv[1])[:3])}
-    if same_step and plain_time > 1.0 and speedup_is_impossible(case["speedup"], case["bytes_per_forward"]):
-        raise RuntimeError(f"decode benchmark contradicts itself ({mode}): speedup {case['speedup']:.2f} at "
-                           f"{case['bytes_per_forward']:.2f} bytes per pass, but a pass never costs less than "
+    figures = SpeedFigures(
+        mode=mode, speedup=plain_time / mode_time, speedup_min=ratios[0], speedup_max=ratios[-1],
+        speedup_runs=ratios, bytes_per_forward=total.bytes_per_forward,
+        pass_cost=(mode_time / passes) / (plain_time / plain_passes),
+        plain_bytes_s=total.bytes_out * rounds / plain_time, spec_bytes_s=total.bytes_out * rounds / mode_time,
+        identical=[[g.output for g in got] for got in outs[mode]] == [[g.output for g in got] for got in outs[base]],
+        heads_used=total.heads_used, shapes=dict(sorted(total.shapes.items(), key=lambda kv: -kv[1])[:3]))
+    if same_step and plain_time > JUDGED_S and speedup_is_impossible(figures.speedup, figures.bytes_per_forward):
+        raise RuntimeError(f"decode benchmark contradicts itself ({mode}): speedup {figures.speedup:.2f} at "
+                           f"{figures.bytes_per_forward:.2f} bytes per pass, but a pass never costs less than "
                            "a plain one; rerun on a quieter machine")
-    return case
+    return figures
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Plain against speculative greedy decoding of one prompt (`compare_decoding`)."""
+    figures: SpeedFigures  # speculative against plain, on the decoder's step
+    output: bytes  # the plain output
+    compiled: bool  # whether the decoder ran the compiled step
+    degenerate: bool  # the output is one byte repeated
+    identical: bool  # every output is the plain one (the eager one's too, when compiled)
+    eager_plain_bytes_s: float | None = None  # compiled only: eager plain decoding, the baseline
+    compiled_plain_speedup: float | None = None  # compiled plain over eager plain
+    eager_speedup: float | None = None  # speculative over eager plain
+    compile_stats: dict | None = None
 
 
 def compare_decoding(decoder: Decoder, prompt: bytes | str, *, max_bytes: int, draft: Draft | str = Draft(),
-                     stop: tuple = (), rounds: int = 3) -> dict:
+                     stop: tuple = (), rounds: int = 3) -> Comparison:
     """Plain greedy against self-speculative greedy decoding of one prompt, interleaved (`rounds`
     times after a warm-up): the figures of `speed_figures`, the plain output and `degenerate`,
     whether that output is one byte repeated (a continuation that says little about speed).
@@ -114,13 +151,13 @@ def compare_decoding(decoder: Decoder, prompt: bytes | str, *, max_bytes: int, d
         modes["eager plain"] = (Decoder(decoder.model, compile="off"), {"draft": Draft.plain()})
     took, outs = interleaved_decodes(modes, [[as_bytes(prompt)]], max_bytes=max_bytes, rounds=rounds, stop=stop)
     output = outs["plain"][0][0].output
-    res = {**speed_figures(took, outs, "speculative"), "output": output, "compiled": compiled,
-           "degenerate": len(output) > 1 and len(set(output)) == 1}
+    figures = speed_figures(took, outs, "speculative")
+    res = Comparison(figures=figures, output=output, compiled=compiled, identical=figures.identical,
+                     degenerate=len(output) > 1 and len(set(output)) == 1)
     if compiled:
         eager = speed_figures(took, outs, "plain", base="eager plain", same_step=False)
         spec = speed_figures(took, outs, "speculative", base="eager plain", same_step=False)
-        res.update(eager_plain_bytes_s=eager["plain_bytes_s"], compiled_plain_speedup=eager["speedup"],
-                   eager_speedup=spec["speedup"], identical=res["identical"] and eager["identical"])
-        if decoder.static is not None:
-            res["compile_stats"] = decoder.static.stats()
+        res = dataclasses.replace(res, eager_plain_bytes_s=eager.plain_bytes_s, compiled_plain_speedup=eager.speedup,
+                                  eager_speedup=spec.speedup, identical=res.identical and eager.identical,
+                                  compile_stats=decoder.static.stats() if decoder.static is not None else None)
     return res

@@ -19,10 +19,15 @@ for a model whose next-byte head is weak.
 
 Under torchrun every rank evaluates its own share of the corpus; the sums are added over the
 ranks before anything is divided.
+
+Results are frozen dataclasses (`EvalResult`, `DraftReport`, `HeldOutDecoding`), each owning its
+JSON form (`to_json`: what `bytemtp eval --json`, `tune --json` and `bench` write).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,6 +45,63 @@ from bytemtp.runtime.devices import resolve_device
 from bytemtp.vocab import EOS
 
 
+@dataclass(frozen=True)
+class EvalResult:
+    """What `evaluate` measures; its JSON form (`bytemtp eval --json`, `bench all`) is `to_json`,
+    read back by `from_json`. Per-head lists run over heads 1..K; the per-k profiles over k = 2..K."""
+    bytes: int  # bytes scored by head 1
+    bpb: list[float]  # bits per byte of each head
+    accuracy: list[float]  # top-1 accuracy of each head
+    acceptance: dict[int, float]  # k: heads 2..k all right about the text
+    bytes_per_forward: dict[int, float]  # k: 1 + acceptance[2] + ... + acceptance[k]
+    agreement: dict[int, float]  # k: heads 2..k all agree with head 1
+    agreed_bytes_per_forward: dict[int, float]  # k: 1 + agreement[2] + ... + agreement[k]
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> EvalResult:
+        """An `eval --json` result read back (its other keys ignored; a field it lacks is empty,
+        so a file with only the acceptance profile serves `bytemtp plot --eval`)."""
+        def by_k(name):
+            return {int(k): v for k, v in data.get(name, {}).items()}
+        return cls(bytes=data.get("bytes", 0), bpb=list(data.get("bpb", [])), accuracy=list(data.get("accuracy", [])),
+                   acceptance=by_k("acceptance"), bytes_per_forward=by_k("bytes_per_forward"),
+                   agreement=by_k("agreement"), agreed_bytes_per_forward=by_k("agreed_bytes_per_forward"))
+
+
+@dataclass(frozen=True)
+class HeldOutDecoding:
+    """Bytes per pass measured by decoding held-out prompts (`held_out_decoding`)."""
+    prompts: int  # how many prompts
+    max_bytes: int  # bytes decoded from each
+    bytes_per_forward: dict[str, float]  # per draft (`Draft` names)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class DraftReport:
+    """What a model's draft heads give decoding (`draft_report`); its JSON form is `to_json`
+    (prompts and max_bytes only where prompts were decoded)."""
+    split: str  # the split scored, or "all"
+    bytes: int
+    bpb: list[float]
+    agreement: dict[int, float]
+    agreed_bytes_per_forward: dict[int, float]
+    decoded_bytes_per_forward: dict[str, float]  # per draft; empty when nothing was decoded
+    prompts: int | None = None
+    max_bytes: int | None = None
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        if self.prompts is None:
+            del out["prompts"], out["max_bytes"]
+        return out
+
+
 def has_splits(data) -> bool:
     """Whether a corpus spec names prepared corpora only (directories or manifests), whose
     documents are split into train and val; any other corpus is just its files."""
@@ -54,7 +116,7 @@ def held_out_split(data) -> str | None:
 
 
 def evaluate_checkpoint(ckpt, data: str, *, split: str | None = "val", batches: int = 50, batch_size: int = 8,
-                        device: str = "auto", dtype: str | None = None, progress=None) -> dict | None:
+                        device: str = "auto", dtype: str | None = None, progress=None) -> EvalResult | None:
     """`evaluate` of a checkpoint (or a run's newest), in the process group that torchrun
     describes: each process evaluates its share and the sums are added. The result on rank 0,
     None on the others (progress is reported on rank 0 only)."""
@@ -68,7 +130,7 @@ def evaluate_checkpoint(ckpt, data: str, *, split: str | None = "val", batches: 
 @torch.inference_mode()
 def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: int = 50, batch_size: int = 8,
              device: torch.device = torch.device("cpu"), d: dist_lib.Dist | None = None,
-             mask_after_eos: bool = True, progress=None) -> dict:
+             mask_after_eos: bool = True, progress=None) -> EvalResult:
     """Bits per byte, accuracy and the acceptance profile of `model` on up to `batches` batches
     (per rank) of one pass over the corpus (its `split`: val, train, or None for every file; a
     corpus that is not prepared has no splits, so only None). Training's validation is this too.
@@ -121,17 +183,7 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
                 sums[:3, k] += torch.tensor([float(h.nats), float(h.correct), float(h.count)], dtype=torch.float64)
         if done:
             continue
-        valid_BTK = targets_BTK != IGNORE
-        all_valid = valid_BTK.cumprod(dim=-1).bool()  # targets 1..k inside the document
-        drafts_right = right_BTK.clone()
-        drafts_right[:, :, 0] = True  # head 1's byte is emitted whatever; drafts are heads 2..k
-        all_right = drafts_right.cumprod(dim=-1).bool() & all_valid
-        paired = all_valid & (torch.arange(T, device=device)[:, None] + torch.arange(K, device=device) < T)
-        all_agree = agree_BTK.cumprod(dim=-1).bool() & paired
-        sums[3] += all_right.flatten(0, 1).sum(0).double().cpu()
-        sums[4] += all_agree.flatten(0, 1).sum(0).double().cpu()
-        runs[0] += all_valid.flatten(0, 1).sum(0).double().cpu()
-        runs[1] += paired.flatten(0, 1).sum(0).double().cpu()
+        _count_profiles(right_BTK, agree_BTK, targets_BTK, sums=sums, runs=runs)
         if progress is not None:
             progress()
     model.train(was_training)
@@ -140,21 +192,47 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
         torch.distributed.all_reduce(both)
         both = both.cpu()
         sums, runs = both[:5 * K].view(5, K), both[5 * K:].view(2, K)
-    nats, correct, count, accepted, agreed = sums
-    if count[0] == 0:
+    if sums[2, 0] == 0:
         raise CorpusError(f"{data} gave no bytes to evaluate ({split or 'all'} split)")
+    return _result(sums, runs)
+
+
+def _count_profiles(right_BTK, agree_BTK, targets_BTK, *, sums, runs) -> None:
+    """Add one batch's runs of right and of agreeing drafts (sums[3], sums[4]) and the positions
+    that could hold them (runs[0]: targets 1..k inside the document; runs[1]: and paired with
+    head 1's byte inside the window), per k."""
+    T, K = targets_BTK.shape[1:]
+    device = targets_BTK.device
+    valid_BTK = targets_BTK != IGNORE
+    all_valid = valid_BTK.cumprod(dim=-1).bool()  # targets 1..k inside the document
+    drafts_right = right_BTK.clone()
+    drafts_right[:, :, 0] = True  # head 1's byte is emitted whatever; drafts are heads 2..k
+    all_right = drafts_right.cumprod(dim=-1).bool() & all_valid
+    paired = all_valid & (torch.arange(T, device=device)[:, None] + torch.arange(K, device=device) < T)
+    all_agree = agree_BTK.cumprod(dim=-1).bool() & paired
+    sums[3] += all_right.flatten(0, 1).sum(0).double().cpu()
+    sums[4] += all_agree.flatten(0, 1).sum(0).double().cpu()
+    runs[0] += all_valid.flatten(0, 1).sum(0).double().cpu()
+    runs[1] += paired.flatten(0, 1).sum(0).double().cpu()
+
+
+def _result(sums, runs) -> EvalResult:
+    """The result from the sums over every rank: nats, correct and count per head, accepted and
+    agreed runs per k (sums), and the positions that could hold them (runs)."""
+    K = sums.shape[1]
+    nats, correct, count, accepted, agreed = sums
     acceptance = (accepted / runs[0].clamp(min=1)).tolist()
     agreement = (agreed / runs[1].clamp(min=1)).tolist()
     acceptance[0] = agreement[0] = 1.0
-    return {
-        "bytes": int(count[0]),
-        "bpb": (nats / count.clamp(min=1) / LN2).tolist(),
-        "accuracy": (correct / count.clamp(min=1)).tolist(),
-        "acceptance": {k + 1: acceptance[k] for k in range(1, K)},
-        "bytes_per_forward": {k + 1: 1 + sum(acceptance[1:k + 1]) for k in range(1, K)},
-        "agreement": {k + 1: agreement[k] for k in range(1, K)},
-        "agreed_bytes_per_forward": {k + 1: 1 + sum(agreement[1:k + 1]) for k in range(1, K)},
-    }
+    return EvalResult(
+        bytes=int(count[0]),
+        bpb=(nats / count.clamp(min=1) / LN2).tolist(),
+        accuracy=(correct / count.clamp(min=1)).tolist(),
+        acceptance={k + 1: acceptance[k] for k in range(1, K)},
+        bytes_per_forward={k + 1: 1 + sum(acceptance[1:k + 1]) for k in range(1, K)},
+        agreement={k + 1: agreement[k] for k in range(1, K)},
+        agreed_bytes_per_forward={k + 1: 1 + sum(agreement[1:k + 1]) for k in range(1, K)},
+    )
 
 
 def val_prompts(data_path: str, *, n: int, prompt_bytes: int) -> list[bytes]:
@@ -181,46 +259,46 @@ def decoded_bytes_per_pass(model: ByteMTP, prompts: list[bytes], *, max_bytes: i
     whatever a pass costs on this machine. Eager passes (nothing to compile)."""
     from bytemtp.decoding.decode import Decoder
     from bytemtp.decoding.drafting import Draft
+    from bytemtp.decoding.generation import SpeculativeStats
 
     decoder = Decoder(model, compile="off")
     result = {}
     for name in drafts:
-        out = passes = 0
+        stats = []
         for first in range(0, len(prompts), batch_size):
             gens = decoder.generate(prompts[first:first + batch_size], max_bytes=max_bytes, draft=Draft.parse(name))
-            out += sum(len(g.output) for g in gens)
-            passes += sum(g.stats.forward_passes for g in gens)
+            stats += [g.stats for g in gens]
             if progress is not None:
                 progress()
-        result[name] = out / max(1, passes)
+        result[name] = SpeculativeStats.total(stats).bytes_per_forward
     return result
 
 
 def draft_report(model: ByteMTP, data: str, *, batches: int = 20, batch_size: int = 8, prompts: int = 16,
                  prompt_bytes: int = 128, max_bytes: int = 150, device: torch.device = torch.device("cpu"),
-                 progress=None) -> dict:
+                 progress=None) -> DraftReport:
     """What a model's draft heads give decoding, on held-out text: every head's bits per byte, the
     agreement profile (`evaluate`), and the bytes per pass of greedy decoding with a chain and a
     tree of all heads from `prompts` held-out prompts (0: no decoding)."""
     split = held_out_split(data)
     res = evaluate(model, data, split=split, batches=batches, batch_size=batch_size, device=device,
                    progress=progress)
-    report = {"split": split or "all", "bytes": res["bytes"], "bpb": res["bpb"], "agreement": res["agreement"],
-              "agreed_bytes_per_forward": res["agreed_bytes_per_forward"], "decoded_bytes_per_forward": {}}
+    report = DraftReport(split=split or "all", bytes=res.bytes, bpb=res.bpb, agreement=res.agreement,
+                         agreed_bytes_per_forward=res.agreed_bytes_per_forward, decoded_bytes_per_forward={})
     if prompts and model.config.n_future > 1 and split:
         decoded = held_out_decoding(model, data, prompts=prompts, prompt_bytes=prompt_bytes, max_bytes=max_bytes)
-        report.update(prompts=decoded["prompts"], max_bytes=max_bytes,
-                      decoded_bytes_per_forward=decoded["bytes_per_forward"])
+        report = dataclasses.replace(report, prompts=decoded.prompts, max_bytes=max_bytes,
+                                     decoded_bytes_per_forward=decoded.bytes_per_forward)
     return report
 
 
 def held_out_decoding(model: ByteMTP, data: str, *, prompts: int = 16, prompt_bytes: int = 128,
-                      max_bytes: int = 150) -> dict:
+                      max_bytes: int = 150) -> HeldOutDecoding:
     """`decoded_bytes_per_pass` on the first `prompts` val documents of a prepared corpus (their
-    first `prompt_bytes` bytes): {"prompts": how many, "max_bytes", "bytes_per_forward": per draft}."""
+    first `prompt_bytes` bytes)."""
     held_out = val_prompts(data, n=prompts, prompt_bytes=prompt_bytes)
-    return {"prompts": len(held_out), "max_bytes": max_bytes,
-            "bytes_per_forward": decoded_bytes_per_pass(model, held_out, max_bytes=max_bytes)}
+    return HeldOutDecoding(prompts=len(held_out), max_bytes=max_bytes,
+                           bytes_per_forward=decoded_bytes_per_pass(model, held_out, max_bytes=max_bytes))
 
 
 ANSWER_MAX_BYTES = 32  # how far task_accuracy decodes an answer that must end with EOS

@@ -166,24 +166,13 @@ def resolve(path: str, *, _lstat=lstat, _readlink=readlink, _islink=S_ISLNK, _OS
     return "/".join([""] + parts) or "/"
 
 
-def audit_rules(root: str, installation: Sequence[str]) -> Callable[[str, tuple], str | None]:
-    """The audit hook's decision: a function of (event, args) that says why the event is refused,
-    or None when it is allowed. `root` is the working directory; `installation` the directories
-    of the Python installation (readable; the only places extension modules load from). Both are
-    real paths. Everything the decision uses is bound in its closure: builtins, the functions it
-    calls, sys.modules as it is now (a program can empty sys.modules but not rebind the dict
-    that imports look in)."""
+def path_checks(root: str) -> tuple[Callable, Callable, Callable]:
+    """The path functions the audit hook's decision uses, for the working directory `root` (a
+    real path): text(s), the characters of a str or bytes; real(path), the real path a path or
+    descriptor names (None: a descriptor that is no file); inside(path, where), whether it lies
+    in `where` (exact paths, prefixes). Everything they use is bound in their closure."""
     _fspath, _bytes, _int, _str, _isinstance, _resolve = fspath, bytes, int, str, isinstance, resolve
-    _readlink, _OSError, modules = readlink, OSError, sys.modules
-    readable_files = tuple(realpath(p) for p in READABLE)  # /proc/self is this process's /proc/PID
-
-    def prefixes(dirs) -> tuple[frozenset[str], tuple[str, ...]]:
-        return frozenset(dirs), tuple(dict.fromkeys(d.rstrip("/") + "/" for d in dirs))
-
-    writable, native = prefixes([root]), prefixes(installation)
-    readable = prefixes([root, *installation, *readable_files])
-    path_args, refused, listing, no_import = dict(PATH_ARGS), REFUSED, LISTING, NO_IMPORT
-    writing, native_prefix, sealed = WRITING, NATIVE_PREFIX, SEALED_ATTRIBUTES
+    _readlink, _OSError = readlink, OSError
 
     def text(s: str | bytes) -> str:
         """A str with the characters of `s` (a subclass's methods do not answer for it)."""
@@ -210,47 +199,86 @@ def audit_rules(root: str, installation: Sequence[str]) -> Callable[[str, tuple]
         p = real(path)
         return p is None or p in where[0] or p.startswith(where[1])
 
-    def decide(event: str, args: tuple) -> str | None:
-        if event == "open":  # args: path, mode, flags
-            if args[0] is None:
-                return None
-            if args[2] & writing:
-                if not inside(args[0], writable):
-                    return f"writing {args[0]!r} outside the working directory is refused"
-            elif not inside(args[0], readable):
-                return f"reading {args[0]!r} outside the working directory and the Python installation is refused"
-        elif event in path_args:
-            for i in path_args[event]:
-                if event == "sqlite3.connect" and _isinstance(args[i], _str):
-                    name = text(args[i])
-                    if name == ":memory:" or name == "":
-                        continue
-                    if name.startswith("file:"):  # a URI may name any file, percent-encoded
-                        return f"sqlite3.connect to the URI {args[i]!r} is refused"
-                if not inside(args[i], writable):
-                    return f"{event} on {args[i]!r} outside the working directory is refused"
-        elif event in listing:
-            if not inside(args[0], readable):
-                return f"listing {args[0]!r} outside the working directory and the Python installation is refused"
-        elif event == "import":  # args: module, filename, sys.path, sys.meta_path, sys.path_hooks
-            name = text(args[0])
-            if args[1] is None:  # looking for a module that is not in sys.modules (None there: ImportError)
-                if name in no_import and modules.get(name, 0) is not None:
-                    return f"importing {name} is refused"
-            elif args[2] is None:  # loading an extension module
-                if name in no_import:
-                    return f"importing {name} is refused"
-                if not inside(args[1], native):
-                    return f"loading native code from {args[1]!r}, outside the Python installation, is refused"
-        elif event in refused or event.startswith(native_prefix):
-            return f"{event} is refused"
-        elif event in ("object.__setattr__", "object.__delattr__") and args[1] in sealed:
-            for f in protected:  # by identity: the object's own __eq__ and __hash__ do not answer
-                if args[0] is f:
-                    return f"changing the guard's {args[1]} is refused"
+    return text, real, inside
+
+
+def audit_rules(root: str, installation: Sequence[str]) -> Callable[[str, tuple], str | None]:
+    """The audit hook's decision: a function of (event, args) that says why the event is refused,
+    or None when it is allowed, one named rule per kind of event. `root` is the working
+    directory; `installation` the directories of the Python installation (readable; the only
+    places extension modules load from). Both are real paths. Everything the decision uses is
+    bound in its closure: builtins, the functions it calls, sys.modules as it is now (a program
+    can empty sys.modules but not rebind the dict that imports look in)."""
+    _isinstance, _str, modules = isinstance, str, sys.modules
+    readable_files = tuple(realpath(p) for p in READABLE)  # /proc/self is this process's /proc/PID
+    text, real, inside = path_checks(root)
+
+    def prefixes(dirs) -> tuple[frozenset[str], tuple[str, ...]]:
+        return frozenset(dirs), tuple(dict.fromkeys(d.rstrip("/") + "/" for d in dirs))
+
+    writable, native = prefixes([root]), prefixes(installation)
+    readable = prefixes([root, *installation, *readable_files])
+    path_args, refused, listing, no_import = dict(PATH_ARGS), REFUSED, LISTING, NO_IMPORT
+    writing, native_prefix, sealed = WRITING, NATIVE_PREFIX, SEALED_ATTRIBUTES
+
+    def open_rule(args: tuple) -> str | None:  # args: path, mode, flags
+        if args[0] is None:
+            return None
+        if args[2] & writing:
+            if not inside(args[0], writable):
+                return f"writing {args[0]!r} outside the working directory is refused"
+        elif not inside(args[0], readable):
+            return f"reading {args[0]!r} outside the working directory and the Python installation is refused"
         return None
 
-    protected = (resolve, text, real, inside, decide)
+    def path_rule(event: str, args: tuple) -> str | None:  # the events that change a path
+        for i in path_args[event]:
+            if event == "sqlite3.connect" and _isinstance(args[i], _str):
+                name = text(args[i])
+                if name == ":memory:" or name == "":
+                    continue
+                if name.startswith("file:"):  # a URI may name any file, percent-encoded
+                    return f"sqlite3.connect to the URI {args[i]!r} is refused"
+            if not inside(args[i], writable):
+                return f"{event} on {args[i]!r} outside the working directory is refused"
+        return None
+
+    def import_rule(args: tuple) -> str | None:  # args: module, filename, sys.path, sys.meta_path, sys.path_hooks
+        name = text(args[0])
+        if args[1] is None:  # looking for a module that is not in sys.modules (None there: ImportError)
+            if name in no_import and modules.get(name, 0) is not None:
+                return f"importing {name} is refused"
+        elif args[2] is None:  # loading an extension module
+            if name in no_import:
+                return f"importing {name} is refused"
+            if not inside(args[1], native):
+                return f"loading native code from {args[1]!r}, outside the Python installation, is refused"
+        return None
+
+    def sealed_rule(args: tuple) -> str | None:  # args: object, attribute, (value)
+        for f in protected:  # by identity: the object's own __eq__ and __hash__ do not answer
+            if args[0] is f:
+                return f"changing the guard's {args[1]} is refused"
+        return None
+
+    def decide(event: str, args: tuple) -> str | None:
+        if event == "open":
+            return open_rule(args)
+        if event in path_args:
+            return path_rule(event, args)
+        if event in listing:
+            if not inside(args[0], readable):
+                return f"listing {args[0]!r} outside the working directory and the Python installation is refused"
+            return None
+        if event == "import":
+            return import_rule(args)
+        if event in refused or event.startswith(native_prefix):
+            return f"{event} is refused"
+        if event in ("object.__setattr__", "object.__delattr__") and args[1] in sealed:
+            return sealed_rule(args)
+        return None
+
+    protected = (resolve, text, real, inside, open_rule, path_rule, import_rule, sealed_rule, decide)
     return decide
 
 

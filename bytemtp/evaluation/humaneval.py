@@ -22,11 +22,17 @@ so greedy runs let the decoder choose them (heads None). Prompts longer than the
 context are decoded with the decoder's sliding window, and each completion says whether its
 window slid (`slid`): the model did not see the whole prompt.
 
+Decoding is timed by bytemtp.decoding.speed, as `bench decode` and `generate --compare` are.
 The speedup of speculative decoding is measured only when asked (`compare`, greedy runs): each
-batch is then decoded plainly as well, the two in alternating order from batch to batch after
-a warm-up of both, the outputs must be identical, and the speedup is plain time over
-speculative time on the same bytes. Without it a run reports bytes per forward pass, which
-bounds the speedup from above (a speculative pass never costs less than a plain one).
+batch is then decoded plainly as well, the two in turn on each batch after a warm-up of both
+(`speed.interleaved_decodes`), the outputs must be identical, and the speedup is plain time over
+speculative time on the same bytes, with a note instead of a figure where the run was too short
+to judge or the speedup is impossible (`speed.speedup_is_impossible`). Without it a run reports
+bytes per forward pass, which bounds the speedup from above (a speculative pass never costs less
+than a plain one).
+
+The records of a run (completions, checks, the run itself) and their JSON form live in
+bytemtp.evaluation.humaneval_records.
 
 Completions are str; bytes that are not UTF-8 are kept as lone surrogates ("surrogateescape"),
 which Python's json writes and reads back, so a saved run re-scores on exactly its bytes.
@@ -34,6 +40,7 @@ which Python's json writes and reads back, so a saved run re-scores on exactly i
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -48,8 +55,10 @@ from bytemtp.decoding.decode import Decoder
 from bytemtp.decoding.drafting import Draft
 from bytemtp.decoding.generation import Generation
 from bytemtp.decoding.sampling import Sampling
-from bytemtp.decoding.speed import speedup_is_impossible, timed_generate
+from bytemtp.decoding.speed import JUDGED_S, interleaved_decodes, speed_figures, speedup_is_impossible
 from bytemtp.evaluation.execution import VERDICTS, Isolation, run_programs
+from bytemtp.evaluation.humaneval_records import (CheckResult, Checked, Completion, DecodingSummary, Execution,
+                                                  HumanEvalRun, Sampled, Settings, SpeedComparison, TaskResult)
 from bytemtp.model.model import ByteMTP
 
 STOP = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")  # where a completion ends (Chen et al. 2021)
@@ -171,42 +180,21 @@ def _cut(output: bytes, stopped_by: str) -> bytes:
     return output
 
 
-def _decoding_stats(generations: list[Generation], seconds: float) -> dict:
-    """The decoding statistics of a run, summed over its completions."""
-    drafted, accepted, heads_used = [], [], {}
-    for g in generations:
-        for total, part in ((drafted, g.stats.drafted), (accepted, g.stats.accepted)):
-            total.extend([0] * (len(part) - len(total)))
-            for i, v in enumerate(part):
-                total[i] += v
-        for k, v in g.stats.heads_used.items():
-            heads_used[k] = heads_used.get(k, 0) + v
-    out = sum(g.stats.bytes_out for g in generations)
-    passes = sum(g.stats.forward_passes for g in generations)
-    return {"bytes": out, "forward_passes": passes, "bytes_per_forward": out / max(1, passes),
-            "drafted": drafted, "accepted": accepted,
-            "acceptance": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
-            "heads_used": {str(k): v for k, v in sorted(heads_used.items())},
-            "slides": sum(g.stats.slides for g in generations),
-            "wall_s": seconds, "bytes_per_s": out / seconds if seconds > 0 else 0.0}
-
-
 def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: int = 1,
                        temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                        batch_size: int = 16, max_bytes: int = 512, heads: int | None = None,
                        decoder: Decoder | None = None, compare: bool = False, compile: str = "auto",
-                       progress: Callable[[int, int], None] | None = None) -> dict:
+                       progress: Callable[[int, int], None] | None = None) -> Sampled:
     """`samples` completions of each problem, decoded `batch_size` at a time by self-speculative
-    decoding (see the module docstring for greedy, seeds and heads), each at most `max_bytes`.
+    decoding (see the module docstring for greedy, seeds and heads), each at most `max_bytes`,
+    timed by `bytemtp.decoding.speed.interleaved_decodes`.
 
-    Returns {"completions": {task_id: [{"completion", "stopped_by", "slid", "bytes",
-    "forward_passes"}, ...]}, "prompt_fits": {task_id: bool}, "decoding": statistics, "heads"},
-    and with `compare` (greedy only) "comparison": plain and speculative seconds, the speedup
-    (plain over speculative), its spread over batches and whether the outputs were identical.
-    `progress(done, total)` counts the problems whose samples are all decoded. `decoder` reuses a
-    Decoder of this model (its measured pass costs and the acceptance it has learnt); otherwise
-    one is made with `compile` (auto, on, off: whether the passes run the compiled static step;
-    auto decides from the whole run's work).
+    With `compare` (greedy only) each batch is decoded plainly too, interleaved after a warm-up,
+    and `comparison` holds the speedup (plain over speculative), its spread over batches and
+    whether the outputs were identical. `progress(done, total)` counts the problems whose samples
+    are all decoded. `decoder` reuses a Decoder of this model (its measured pass costs and the
+    acceptance it has learnt); otherwise one is made with `compile` (auto, on, off: whether the
+    passes run the compiled static step; auto decides from the whole run's work).
     """
     for name, value in (("samples", samples), ("batch_size", batch_size), ("max_bytes", max_bytes)):
         if not isinstance(value, int) or value < 1:
@@ -225,81 +213,89 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
     jobs = [(i, j) for i in range(len(problems)) for j in range(per_problem)]
     decoder.settle_compile(batch_size=min(batch_size, len(jobs)),
                            work_bytes=len(jobs) * max_bytes * (2 if compare else 1))
-    results: list[list[Generation]] = [[] for _ in problems]
-    seq_len, done = model.config.seq_len, 0
-    modes = {"speculative": {"draft": Draft(heads=heads), "sampling": sampling}}
+    modes = {"speculative": (decoder, {"draft": Draft(heads=heads), "sampling": sampling})}
     if compare:
-        modes["plain"] = {"draft": Draft.plain()}
-        warm = [problems[i].prompt for i, _ in jobs[:batch_size]]
-        for args in modes.values():  # pass costs measured, acceptance learnt, caches warm: then time
-            decoder.generate(warm, max_bytes=min(max_bytes, 64), stop=STOP, **args)
-        decoder.compile_shapes(len(warm))  # no compiling inside the timed batches
-    took: dict[str, list[float]] = {mode: [] for mode in modes}
-    identical = True
+        modes["plain"] = (decoder, {"draft": Draft.plain()})
+    batches = [jobs[first:first + batch_size] for first in range(0, len(jobs), batch_size)]
     if progress is not None:
         progress(0, len(problems))
-    for number, first in enumerate(range(0, len(jobs), batch_size)):
-        batch = jobs[first:first + batch_size]
-        prompts = [problems[i].prompt for i, _ in batch]
-        outputs = {}
-        for mode in (list(modes) if number % 2 == 0 else list(modes)[::-1]):  # alternate who goes first
-            outputs[mode], seconds = timed_generate(decoder, prompts, max_bytes=max_bytes, stop=STOP, **modes[mode])
-            took[mode].append(seconds)
-        generations = outputs["speculative"]
-        if compare:
-            identical &= [g.output for g in generations] == [g.output for g in outputs["plain"]]
+    # a run without `compare` is timed once and has no warm-up: a seeded sampler's first draws are its own
+    took, outs = interleaved_decodes(modes, [[problems[i].prompt for i, _ in batch] for batch in batches],
+                                     max_bytes=max_bytes, rounds=1, warm_up=compare, stop=STOP,
+                                     progress=_problems_done(progress, batches, per_problem, len(problems)))
+    results: list[list[Generation]] = [[] for _ in problems]
+    for batch, generations in zip(batches, outs["speculative"]):
         for (i, _), g in zip(batch, generations):
             results[i].append(g)
-        finished = batch[-1][0] + (batch[-1][1] == per_problem - 1)  # problems whose samples are all in
-        if progress is not None and finished > done:
-            progress(finished, len(problems))
-        done = finished
-    seconds = sum(took["speculative"])
+    completions, prompt_fits = _completions(problems, results, samples=samples, greedy=greedy,
+                                            seq_len=model.config.seq_len)
+    return Sampled(completions=completions, prompt_fits=prompt_fits, heads="auto" if heads is None else heads,
+                   decoding=DecodingSummary.of([g for gens in results for g in gens], sum(map(sum, took["speculative"]))),
+                   compile=decoder.compile.value,
+                   compile_stats=decoder.static.stats() if decoder.static is not None else None,
+                   comparison=_comparison(took, outs) if compare else None)
+
+
+def _problems_done(progress, batches, per_problem: int, total: int) -> Callable[[], None] | None:
+    """A callback for each decoded batch that reports `progress(done, total)` when more problems
+    have all their samples decoded."""
+    if progress is None:
+        return None
+    state = {"batch": 0, "done": 0}
+
+    def batch_done() -> None:
+        last = batches[state["batch"]][-1]
+        finished = last[0] + (last[1] == per_problem - 1)  # problems whose samples are all in
+        if finished > state["done"]:
+            progress(finished, total)
+        state["batch"] += 1
+        state["done"] = finished
+    return batch_done
+
+
+def _completions(problems: Sequence[Problem], results: list[list[Generation]], *, samples: int, greedy: bool,
+                 seq_len: int) -> tuple[dict[str, list[Completion]], dict[str, bool]]:
+    """Each problem's completions (greedy: its one decode for every sample) and whether its prompt fits."""
     completions, prompt_fits = {}, {}
     for problem, gens in zip(problems, results):
         fits = 1 + len(_encode(problem.prompt)) <= seq_len
         prompt_fits[problem.task_id] = fits
-        records = [{"completion": _decode(_cut(g.output, g.stats.stopped_by)), "stopped_by": g.stats.stopped_by,
-                    "slid": not fits or g.stats.slides > 0, "bytes": g.stats.bytes_out,
-                    "forward_passes": g.stats.forward_passes} for g in gens]
-        completions[problem.task_id] = [dict(records[0]) for _ in range(samples)] if greedy else records
-    out = {"completions": completions, "prompt_fits": prompt_fits, "heads": "auto" if heads is None else heads,
-           "decoding": _decoding_stats([g for gens in results for g in gens], seconds),
-           "compile": decoder.compile.value,
-           "compile_stats": decoder.static.stats() if decoder.static is not None else None}
-    if compare:
-        ratios = sorted(p / s for p, s in zip(took["plain"], took["speculative"]))
-        plain_s, bytes_per_forward = sum(took["plain"]), out["decoding"]["bytes_per_forward"]
-        speedup, note = plain_s / seconds, ""
-        if plain_s < 1.0:
-            note = f"plain decoding took {plain_s:.2f} s: too short to judge a speedup"
-        elif speedup_is_impossible(speedup, bytes_per_forward):
-            note = (f"a speedup above {bytes_per_forward:.2f} bytes per pass is impossible (a pass never costs "
-                    "less than a plain one): the machine was busy; rerun")
-        out["comparison"] = {"plain_s": plain_s, "speculative_s": seconds, "speedup": speedup,
-                             "speedup_min": ratios[0], "speedup_max": ratios[-1], "batches": len(ratios),
-                             "identical": identical, "note": note}
-    return out
+        records = [Completion(completion=_decode(_cut(g.output, g.stats.stopped_by)), stopped_by=g.stats.stopped_by,
+                              slid=not fits or g.stats.slides > 0, bytes=g.stats.bytes_out,
+                              forward_passes=g.stats.forward_passes) for g in gens]
+        completions[problem.task_id] = records * samples if greedy else records
+    return completions, prompt_fits
+
+
+def _comparison(took: dict, outs: dict) -> SpeedComparison:
+    """Speculative against plain decoding from `interleaved_decodes`, with a note where the speedup
+    cannot be judged: too short a run, or faster than its bytes per pass allow."""
+    figures = speed_figures(took, outs, "speculative", same_step=False)  # a bad figure is noted, not refused
+    plain_s, seconds = sum(map(sum, took["plain"])), sum(map(sum, took["speculative"]))
+    note = ""
+    if plain_s < JUDGED_S:
+        note = f"plain decoding took {plain_s:.2f} s: too short to judge a speedup"
+    elif speedup_is_impossible(figures.speedup, figures.bytes_per_forward):
+        note = (f"a speedup above {figures.bytes_per_forward:.2f} bytes per pass is impossible (a pass never costs "
+                "less than a plain one): the machine was busy; rerun")
+    return SpeedComparison(plain_s=plain_s, speculative_s=seconds, speedup=figures.speedup,
+                           speedup_min=figures.speedup_min, speedup_max=figures.speedup_max,
+                           batches=len(figures.speedup_runs), identical=figures.identical, note=note)
 
 
 # --- scoring -----------------------------------------------------------------------------------
 
 
-def check_completions(problems: Sequence[Problem], completions: Mapping[str, Sequence[str | dict]], *,
+def check_completions(problems: Sequence[Problem], completions: Mapping[str, Sequence[str | Completion]], *,
                       isolation: Isolation = Isolation(), timeout: float = 3.0, memory_mb: int = 1024,
-                      workers: int | None = None, progress: Callable[[int, int], None] | None = None) -> dict:
-    """Run each completion ({task_id: [completion, ...]}; a completion is a str, or a dict with
-    the str under "completion" whose other keys are kept in the result) with its problem's tests,
-    in parallel (bytemtp.evaluation.execution.run_programs), isolated as `isolation` says (IsolationError
+                      workers: int | None = None, progress: Callable[[int, int], None] | None = None) -> CheckResult:
+    """Run each completion ({task_id: [completion, ...]}; a completion is a str, or a `Completion`
+    that the result keeps as how it was decoded) with its problem's tests, in parallel
+    (bytemtp.evaluation.execution.run_programs), isolated as `isolation` says (IsolationError
     before anything runs when it cannot be), and score them.
 
-    Problems without completions are left out and listed under "missing"; a task_id that is not
-    among the problems is a ValueError. Returns {"pass_at_k": {"pass@k": mean over problems},
-    "shares": {verdict: share of completions}, "problems", "completions", "missing",
-    "execution": {"sandbox" (bwrap or guard: what ran), "timeout", "memory_mb", "wall_s"},
-    "tasks": [{"task_id", "n", "passed",
-    "completions": [{"completion", "verdict", "detail", ...}]}]}. `progress(done, total)`
-    counts the distinct programs run.
+    Problems without completions are left out and listed under `missing`; a task_id that is not
+    among the problems is a ValueError. `progress(done, total)` counts the distinct programs run.
     """
     by_id = {p.task_id: p for p in problems}
     unknown = [t for t in completions if t not in by_id]
@@ -307,38 +303,36 @@ def check_completions(problems: Sequence[Problem], completions: Mapping[str, Seq
         raise ValueError(f"completions for {len(unknown)} task(s) that are not among the problems, "
                          f"e.g. {unknown[0]!r}; score them with the problems file they came from")
     isolation = isolation.decided()
-    tasks, programs = [], []
+    given, programs = {}, []
     for problem in problems:
-        given = completions.get(problem.task_id)
-        if not given:
+        if not completions.get(problem.task_id):
             continue
-        records = [dict(c) if isinstance(c, Mapping) else {"completion": c} for c in given]
-        for r in records:
-            if not isinstance(r.get("completion"), str):
-                kind = type(r.get("completion")).__name__
-                raise ValueError(f"a completion of {problem.task_id!r} is a {kind}, not a str")
-            programs.append(problem.program(r["completion"]))
-        tasks.append({"task_id": problem.task_id, "n": len(records), "passed": 0, "completions": records})
+        given[problem.task_id] = list(completions[problem.task_id])
+        for c in given[problem.task_id]:
+            text = c.completion if isinstance(c, Completion) else c
+            if not isinstance(text, str):
+                raise ValueError(f"a completion of {problem.task_id!r} is a {type(text).__name__}, not a str")
+            programs.append(problem.program(text))
     t0 = time.perf_counter()
     outcomes = iter(run_programs(programs, isolation=isolation, timeout=timeout, memory_mb=memory_mb,
                                  workers=workers, progress=progress))
     counts = dict.fromkeys(VERDICTS, 0)
-    for task in tasks:
-        for record in task["completions"]:
-            outcome = next(outcomes)
-            record.update(verdict=outcome.verdict, detail=outcome.detail)
-            counts[outcome.verdict] += 1
-            task["passed"] += outcome.passed
-    n_min = min((t["n"] for t in tasks), default=0)
-    scores = {f"pass@{k}": float(np.mean([pass_at_k(t["n"], t["passed"], k) for t in tasks]))
-              for k in KS if k <= n_min}
+    tasks = []
+    for task_id, records in given.items():
+        checked = [Checked.of(c, next(outcomes)) for c in records]
+        for c in checked:
+            counts[c.verdict] += 1
+        tasks.append(TaskResult(task_id=task_id, n=len(checked), passed=sum(c.passed for c in checked),
+                                completions=checked))
+    n_min = min((t.n for t in tasks), default=0)
+    scores = {f"pass@{k}": float(np.mean([pass_at_k(t.n, t.passed, k) for t in tasks])) for k in KS if k <= n_min}
     total = sum(counts.values())
-    return {"pass_at_k": scores, "shares": {v: c / total if total else 0.0 for v, c in counts.items()},
-            "problems": len(tasks), "completions": total,
-            "missing": [p.task_id for p in problems if not completions.get(p.task_id)],
-            "execution": {"sandbox": isolation.sandbox.value, "timeout": timeout, "memory_mb": memory_mb,
-                          "wall_s": time.perf_counter() - t0},
-            "tasks": tasks}
+    return CheckResult(pass_at_k=scores, shares={v: c / total if total else 0.0 for v, c in counts.items()},
+                       problems=len(tasks), completions=total,
+                       missing=[p.task_id for p in problems if not completions.get(p.task_id)],
+                       execution=Execution(sandbox=isolation.sandbox.value, timeout=timeout, memory_mb=memory_mb,
+                                           wall_s=time.perf_counter() - t0),
+                       tasks=tasks)
 
 
 def read_completions(path: str | os.PathLike) -> dict[str, list[str]]:
@@ -383,32 +377,31 @@ def run_humaneval(model: ByteMTP, problems: Sequence[Problem], *, samples: int =
                   top_p: float = 1.0, top_k: int = 0, seed: int = 0, batch_size: int = 16, max_bytes: int = 512,
                   heads: int | None = None, compare: bool = False, compile: str = "auto",
                   isolation: Isolation = Isolation(), timeout: float = 3.0, memory_mb: int = 1024,
-                  workers: int | None = None, progress: Callable[[str, int, int], None] | None = None) -> dict:
+                  workers: int | None = None, progress: Callable[[str, int, int], None] | None = None) -> HumanEvalRun:
     """Sample `samples` completions of each problem (`sample_completions`), run them with their
     tests isolated as `isolation` says (`check_completions`; it is checked before decoding
     starts) and score them. `progress(stage, done, total)` reports the problems decoded (stage
     "decode") and then the programs run (stage "execute").
 
-    Returns check_completions' result (pass@k, shares of verdicts, every completion with its
-    verdict, per task also "prompt_fits") with "decoding" (bytes per forward pass, drafted and
-    accepted drafts, ...), "slid" (completions whose window slid), with `compare` "comparison"
-    (the speedup over plain decoding; see sample_completions) and the settings of the run.
+    Returns the run: its settings, check_completions' result (pass@k, shares of verdicts, every
+    completion with its verdict, per task also whether its prompt fits), the decoding statistics,
+    with `compare` the comparison with plain decoding (see sample_completions), the completions
+    whose window slid.
     """
     isolation = isolation.decided()  # an IsolationError before the decoding, not after
     sampled = sample_completions(model, problems, samples=samples, temperature=temperature, top_p=top_p,
                                  top_k=top_k, seed=seed, batch_size=batch_size, max_bytes=max_bytes, heads=heads,
                                  compare=compare, compile=compile,
                                  progress=None if progress is None else (lambda d, t: progress("decode", d, t)))
-    result = check_completions(problems, sampled["completions"], isolation=isolation, timeout=timeout,
-                               memory_mb=memory_mb, workers=workers,
-                               progress=None if progress is None else (lambda d, t: progress("execute", d, t)))
-    for task in result["tasks"]:
-        task["prompt_fits"] = sampled["prompt_fits"][task["task_id"]]
-    settings = {"samples": samples, "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed,
-                "batch_size": batch_size, "max_bytes": max_bytes, "heads": sampled["heads"],
-                "seq_len": model.config.seq_len, "n_future": model.config.n_future, "stop": list(STOP),
-                "compile": sampled["compile"]}
-    slid = sum(c["slid"] for t in result["tasks"] for c in t["completions"])
-    extra = {"comparison": sampled["comparison"]} if compare else {}
-    return {"settings": settings, **result, "decoding": sampled["decoding"], **extra, "slid": slid,
-            "compile_stats": sampled["compile_stats"]}
+    check = check_completions(problems, sampled.completions, isolation=isolation, timeout=timeout,
+                              memory_mb=memory_mb, workers=workers,
+                              progress=None if progress is None else (lambda d, t: progress("execute", d, t)))
+    check = dataclasses.replace(check, tasks=[dataclasses.replace(t, prompt_fits=sampled.prompt_fits[t.task_id])
+                                              for t in check.tasks])
+    settings = Settings(samples=samples, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                        batch_size=batch_size, max_bytes=max_bytes, heads=sampled.heads,
+                        seq_len=model.config.seq_len, n_future=model.config.n_future, stop=list(STOP),
+                        compile=sampled.compile)
+    return HumanEvalRun(settings=settings, check=check, decoding=sampled.decoding, comparison=sampled.comparison,
+                        slid=sum(c.sampled.slid for t in check.tasks for c in t.completions),
+                        compile_stats=sampled.compile_stats)

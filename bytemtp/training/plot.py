@@ -81,14 +81,14 @@ def training_curves(run_dir, out_dir) -> list[Path]:
     return written
 
 
-def acceptance_profile(result: dict, out_path) -> Path:
-    """acceptance.png from `bytemtp eval`'s result: for each k, the fraction of positions at
-    which heads 2..k are all right, and the bytes per forward pass that follow."""
+def acceptance_profile(result, out_path) -> Path:
+    """acceptance.png from `bytemtp eval`'s result (an `evaluate.EvalResult`): for each k, the
+    fraction of positions at which heads 2..k are all right, and the bytes per forward pass that
+    follow."""
     plt = _pyplot()
-    ks = sorted(int(k) for k in result["acceptance"])
-    rates = [result["acceptance"][k] if k in result["acceptance"] else result["acceptance"][str(k)] for k in ks]
-    per_pass = [result["bytes_per_forward"][k] if k in result["bytes_per_forward"]
-                else result["bytes_per_forward"][str(k)] for k in ks]
+    ks = sorted(result.acceptance)
+    rates = [result.acceptance[k] for k in ks]
+    per_pass = [result.bytes_per_forward[k] for k in ks]
     fig, left = plt.subplots(figsize=(7, 4.5))
     left.bar(ks, rates, color="tab:blue", alpha=0.7, label="heads 2..k all right")
     left.set_xlabel("heads used (k)")
@@ -108,7 +108,7 @@ def acceptance_profile(result: dict, out_path) -> Path:
     return out_path
 
 
-def figures(run_dir, out_dir, profile: dict | None = None) -> list[Path]:
+def figures(run_dir, out_dir, profile=None) -> list[Path]:
     """Every figure of a run (the curves, and the acceptance profile when `profile`, an
     evaluation result, is given), written all or none: drawn into a temporary folder beside
     out_dir, then moved in, so a failure leaves no partial set."""

@@ -418,9 +418,9 @@ class _Run:
             res = evaluate(self.model, self.cfg.data.path, split="val", batches=tc.eval_batches,
                            batch_size=self.cfg.data.batch_size, device=self.device, d=self.d,
                            mask_after_eos=self.cfg.loss.mask_after_eos)
-        st.val_bpb = res["bpb"]
+        st.val_bpb = res.bpb
         self.last_val = st.step
-        agreed = res["agreed_bytes_per_forward"]
+        agreed = res.agreed_bytes_per_forward
         self.log({"step": st.step, "bytes": st.bytes_seen, "val_bpb": st.val_bpb,
                   "val_agreed_bytes_per_forward": [1.0] + [agreed[k] for k in sorted(agreed)]})
         per_pass = f"; {agreed[max(agreed)]:.2f} bytes/pass agreed with h1" if agreed else ""
