@@ -14,12 +14,9 @@ from __future__ import annotations
 import time
 
 from bytemtp.decoding.decode import Decoder
-from bytemtp.decoding.drafting import Draft
+from bytemtp.decoding.strategy import Draft
 from bytemtp.decoding.generation import Generation, as_bytes
 from bytemtp.runtime.devices import synchronize
-
-DECODE_MODES = ("auto", "chain-2", "chain-4", "chain-all", "tree-4", "tree-all")  # `Draft` names
-
 
 def timed_generate(decoder: Decoder, prompts: list[bytes | str], **kwargs) -> tuple[list[Generation], float]:
     """`decoder.generate(prompts, **kwargs)` and the seconds it took, the device's queued work

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from bytemtp.decoding.decode import Decoder
-from bytemtp.decoding.drafting import Draft
+from bytemtp.decoding.strategy import Draft
 from bytemtp.decoding.generation import Generation
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.speed import speedup_is_impossible, timed_generate
