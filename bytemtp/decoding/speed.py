@@ -14,9 +14,10 @@ from __future__ import annotations
 import time
 
 from bytemtp.decoding.decode import Decoder
-from bytemtp.decoding.strategy import Draft
 from bytemtp.decoding.generation import Generation, as_bytes
+from bytemtp.decoding.strategy import Draft
 from bytemtp.runtime.devices import synchronize
+
 
 def timed_generate(decoder: Decoder, prompts: list[bytes | str], **kwargs) -> tuple[list[Generation], float]:
     """`decoder.generate(prompts, **kwargs)` and the seconds it took, the device's queued work

@@ -175,7 +175,7 @@ def decoded_bytes_per_pass(model: ByteMTP, prompts: list[bytes], *, max_bytes: i
                            drafts: tuple[Draft, ...] = EVALUATED_DRAFTS, batch_size: int = 8,
                            progress=None) -> dict[str, float]:
     """Bytes per forward pass of greedy self-speculative decoding with each fixed draft
-    (by its name), measured by decoding the prompts: what the heads give back,
+    (keyed by its name), measured by decoding the prompts: what the heads give back,
     whatever a pass costs on this machine. Eager passes (nothing to compile)."""
     from bytemtp.decoding.decode import Decoder
 

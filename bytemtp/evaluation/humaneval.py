@@ -45,10 +45,10 @@ import numpy as np
 import torch
 
 from bytemtp.decoding.decode import Decoder
-from bytemtp.decoding.strategy import Draft
 from bytemtp.decoding.generation import Generation
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.speed import speedup_is_impossible, timed_generate
+from bytemtp.decoding.strategy import Draft
 from bytemtp.evaluation.execution import VERDICTS, Isolation, run_programs
 from bytemtp.model.model import ByteMTP
 
