@@ -43,9 +43,9 @@ from bytemtp.data.corpus import corpus_files
 from bytemtp.data.loader import ByteLoader
 from bytemtp.data.shards import CorpusError
 from bytemtp.decoding import decode
-from bytemtp.decoding.drafting import Draft
 from bytemtp.decoding.generation import load_prompts
-from bytemtp.decoding.speed import DECODE_MODES, interleaved_decodes, speed_figures
+from bytemtp.decoding.speed import interleaved_decodes, speed_figures
+from bytemtp.decoding.strategy import DECODE_MODES, Draft
 from bytemtp.evaluation.evaluate import evaluate, held_out_split, val_prompts
 from bytemtp.model.flops import peak_gpu_flops, step_flops
 from bytemtp.model.model import ByteMTP
@@ -304,12 +304,6 @@ def quality(preset_name: str = "small", *, data: str = "data/corpus/stdlib", ste
     return out
 
 
-def _draft(mode: str, n_future: int) -> Draft:
-    """The draft a mode names, with its heads capped at the model's."""
-    draft = Draft.parse(mode)
-    return Draft("all", draft.shape) if isinstance(draft.heads, int) and draft.heads > n_future else draft
-
-
 def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128,
                  max_bytes: int = 256, batch_sizes=(1, 8), modes=DECODE_MODES, rounds: int = 2,
                  device: str = "cpu", dtype: str = "float32", eval_batches: int = 10, compile: str = "auto",
@@ -338,7 +332,7 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     decoder = decode.Decoder(model, compile=compile)
     compiled = decoder.settle_compile(batch_size=batch_sizes[0],
                                       work_bytes=len(prompts) * max_bytes * len(modes) * rounds * len(batch_sizes))
-    runs = {m: (decoder, {"draft": _draft(m, n_future)}) for m in modes}
+    runs = {m: (decoder, {"draft": Draft.parse(m).capped(n_future)}) for m in modes}
     if compiled:
         runs["eager plain"] = (decode.Decoder(model, compile="off"), {"draft": Draft.plain()})
     cases = []

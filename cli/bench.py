@@ -6,6 +6,8 @@ import os
 
 import click
 
+from bytemtp.decoding.strategy import DECODE_MODES
+
 from . import report
 from .options import (OneLineErrors, check_output_dir, compile_option, device_option, empty_split_error, json_option,
                       parse_batch_sizes, parse_modes, preset_option)
@@ -87,7 +89,7 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, json_pa
 @click.option("--max-bytes", default=256, show_default=True, type=click.IntRange(1),
               help="Output bytes a prompt (the window slides past the context).")
 @click.option("--batch-sizes", default="1,8", show_default=True, help="Comma-separated.")
-@click.option("--modes", default="auto,chain-2,chain-4,chain-all,tree-4,tree-all", show_default=True,
+@click.option("--modes", default=",".join(DECODE_MODES), show_default=True,
               help="Drafting modes against plain greedy: auto, chain-K, tree-K (K heads or 'all').")
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1),
               help="Times every batch is decoded in every mode (interleaved).")

@@ -8,6 +8,8 @@ import json
 
 import click
 
+from bytemtp.decoding.strategy import Draft, Shape
+
 from . import report
 from .options import check_heads, check_output_file, compile_option, device_option, dtype_option
 
@@ -37,7 +39,7 @@ from .options import check_heads, check_output_file, compile_option, device_opti
 @click.option("--heads", type=click.IntRange(1), default=None,
               help="Force this many heads (a chain of heads - 1 drafts); default: chosen each pass from "
                    "measured pass costs and the heads' acceptance.")
-@click.option("--draft", type=click.Choice(["auto", "chain", "tree"]), default="auto", show_default=True,
+@click.option("--draft", type=click.Choice([str(s) for s in Shape]), default=str(Shape.AUTO), show_default=True,
               help="Draft shape: auto (trees where they pay, greedy only), chain, or tree (with --heads).")
 @click.option("--no-speculative", is_flag=True,
               help="Plain decoding, one byte per forward pass, with the next-byte head only.")
@@ -66,32 +68,22 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
     device. Greedy output (temperature 0) is identical to plain greedy decoding; sampled output
     has exactly the distribution of plain sampling.
     """
-    import sys
-
     import torch
 
     from bytemtp.decoding import decode
-    from bytemtp.decoding.drafting import Draft
-    from bytemtp.decoding.generation import load_prompts
     from bytemtp.decoding.sampling import Sampling
     from bytemtp.runtime.checkpoint import load_model
     from bytemtp.runtime.devices import resolve_device
-    from bytemtp.vocab import TextStream
 
     if sum(x is not None for x in (prompt, prompt_file, prompts_file)) != 1:
         raise click.UsageError("give exactly one of --prompt, --prompt-file and --prompts")
     if compare and (temperature > 0 or no_speculative or prompts_file is not None):
         raise click.UsageError("--compare is for greedy decoding of one prompt (temperature 0, speculative)")
-    if draft == "tree" and temperature > 0:
+    if draft == Shape.TREE and temperature > 0:
         raise click.UsageError("--draft tree is for greedy decoding; sampling drafts chains")
     if json_path == "-":
         raise click.UsageError("--json - would mix the statistics into the output on stdout; name a file")
-    if prompts_file is not None:
-        prompts = load_prompts(prompts_file)
-    elif prompt is not None:
-        prompts = [prompt.encode("utf-8", "surrogateescape")]
-    else:
-        prompts = [click.open_file(prompt_file, "rb").read()]
+    prompts = _read_prompts(prompt, prompt_file, prompts_file)
     dev = resolve_device(device)
     model, _ = load_model(ckpt, device=dev, dtype=dtype)
     check_heads(heads, model.config.n_future)
@@ -102,34 +94,65 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         click.echo(f"seed {seed} (sampling again with --seed {seed} and a fixed draft repeats this output)", err=True)
     generator = torch.Generator(device=dev).manual_seed(seed or 0)
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-    stops = tuple(s.encode() for s in stop)
     speculative = not no_speculative and model.config.n_future > 1
     policy = Draft(heads=heads if speculative else 1, shape=draft)
     decoder = decode.Decoder(model, compile=compile_mode)
     decoder.settle_compile(batch_size=min(batch_size, len(prompts)), work_bytes=len(prompts) * max_bytes
                            * (4 if compare else 1))  # --compare decodes every mode after a warm-up
-    kwargs = dict(max_bytes=max_bytes, sampling=sampling, stop=stops, draft=policy)
-    ctx = click.get_current_context()
+    kwargs = dict(max_bytes=max_bytes, sampling=sampling, stop=tuple(s.encode() for s in stop), draft=policy)
     stats = {"ckpt": str(ckpt), "seed": seed, "device": str(dev), "dtype": dtype, "compile": decoder.compile.value}
     if prompts_file is not None:
-        all_stats = []
-        with _interruptible() as interrupted:
-            for first in range(0, len(prompts), batch_size):
-                results = decoder.generate(prompts[first:first + batch_size], cancel=interrupted.is_set, **kwargs)
-                for i, result in enumerate(results):
-                    line = {"index": first + i, "output": result.output.decode("utf-8", "replace")}
-                    if raw:
-                        line["output_base64"] = base64.b64encode(result.output).decode("ascii")
-                    if show_stats:
-                        line["stats"] = report.stats_dict(result.stats)
-                    all_stats.append(report.stats_dict(result.stats))
-                    click.echo(json.dumps(line, ensure_ascii=False))
-                if interrupted.is_set():
-                    break
-        _write_stats(json_path, {**stats, "prompts": all_stats})
-        if interrupted.is_set():
-            ctx.exit(130)
-        return
+        interrupted = _generate_lines(decoder, prompts, batch_size=batch_size, raw=raw, show_stats=show_stats,
+                                      json_path=json_path, stats=stats, **kwargs)
+    else:
+        label = f"{heads} heads, {draft}" if heads else f"automatic ({draft})"
+        interrupted = _generate_stream(decoder, prompts[0], raw=raw, compare=label if compare else None,
+                                       show_stats=show_stats, speculative=speculative, heads=heads,
+                                       json_path=json_path, stats=stats, **kwargs)
+    if interrupted:
+        click.get_current_context().exit(130)  # the shell's status for Ctrl-C; what was produced is out
+
+
+def _read_prompts(prompt: str | None, prompt_file: str | None, prompts_file: str | None) -> list[bytes]:
+    """The prompts as bytes: --prompts' lines, --prompt's text (UTF-8) or --prompt-file's exact bytes."""
+    from bytemtp.decoding.generation import load_prompts
+
+    if prompts_file is not None:
+        return load_prompts(prompts_file)
+    if prompt is not None:
+        return [prompt.encode("utf-8", "surrogateescape")]
+    return [click.open_file(prompt_file, "rb").read()]
+
+
+def _generate_lines(decoder, prompts: list[bytes], *, batch_size: int, raw: bool, show_stats: bool,
+                    json_path: str | None, stats: dict, **kwargs) -> bool:
+    """--prompts: decode in batches, one JSON line out per prompt; True when interrupted."""
+    all_stats = []
+    with _interruptible() as interrupted:
+        for first in range(0, len(prompts), batch_size):
+            results = decoder.generate(prompts[first:first + batch_size], cancel=interrupted.is_set, **kwargs)
+            for i, result in enumerate(results):
+                line = {"index": first + i, "output": result.output.decode("utf-8", "replace")}
+                if raw:
+                    line["output_base64"] = base64.b64encode(result.output).decode("ascii")
+                if show_stats:
+                    line["stats"] = report.stats_dict(result.stats)
+                all_stats.append(report.stats_dict(result.stats))
+                click.echo(json.dumps(line, ensure_ascii=False))
+            if interrupted.is_set():
+                break
+    _write_stats(json_path, {**stats, "prompts": all_stats})
+    return interrupted.is_set()
+
+
+def _generate_stream(decoder, prompt: bytes, *, raw: bool, compare: str | None, show_stats: bool,
+                     speculative: bool, heads: int | None, json_path: str | None, stats: dict, **kwargs) -> bool:
+    """One prompt, its output streamed to stdout; then --compare (`compare` is the speculative
+    mode's label) and --stats on stderr. True when interrupted."""
+    import sys
+
+    from bytemtp.vocab import TextStream
+
     text = TextStream()
     out = sys.stdout.buffer if raw else sys.stdout
 
@@ -138,18 +161,19 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         out.flush()
 
     with _interruptible() as interrupted:
-        result = decoder.generate(prompts, on_bytes=emit, cancel=interrupted.is_set, **kwargs)[0]
+        result = decoder.generate([prompt], on_bytes=emit, cancel=interrupted.is_set, **kwargs)[0]
     if not raw:  # --raw writes the generated bytes and nothing else
         out.write(text.finish() + "\n")
     out.flush()
-    if compare and not interrupted.is_set():
+    if compare is not None and not interrupted.is_set():
         from bytemtp.decoding.speed import compare_decoding
 
         try:
-            res = compare_decoding(decoder, prompts[0], max_bytes=max_bytes, draft=policy, stop=stops)
+            res = compare_decoding(decoder, prompt, max_bytes=kwargs["max_bytes"], draft=kwargs["draft"],
+                                   stop=kwargs["stop"])
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
-        click.echo(report.comparison(res, f"{heads} heads, {draft}" if heads else f"automatic ({draft})"), err=True)
+        click.echo(report.comparison(res, compare), err=True)
         if not res.identical:
             raise click.ClickException("speculative output differs from plain greedy output")
     if show_stats:
@@ -163,8 +187,7 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
     if decoder.static is not None:
         stats["compile_stats"] = decoder.static.stats()
     _write_stats(json_path, {**stats, "stats": report.stats_dict(result.stats)})
-    if interrupted.is_set():
-        ctx.exit(130)  # the shell's status for Ctrl-C; what was produced is out
+    return interrupted.is_set()
 
 
 def _write_stats(path: str | None, data: dict) -> None:

@@ -13,6 +13,7 @@ from decimal import Decimal
 import click
 
 from bytemtp import config as config_lib
+from bytemtp.decoding.strategy import Draft
 
 
 class OneLineErrors(click.Group):
@@ -69,8 +70,6 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
 
 def parse_modes(text: str) -> tuple[str, ...]:
     """Drafting modes in 'auto,chain-2,tree-all'."""
-    from bytemtp.decoding.drafting import Draft
-
     modes = tuple(m.strip() for m in text.split(",") if m.strip())
     for m in modes:
         try:
@@ -106,8 +105,6 @@ def device_option(default: str | None = "auto"):
 
 def check_heads(heads: int | None, n_future: int) -> None:
     """--heads against the model's heads (the check is `Draft.for_model`'s), as one line naming the option."""
-    from bytemtp.decoding.drafting import Draft
-
     try:
         Draft(heads=heads).for_model(n_future)
     except ValueError:

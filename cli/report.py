@@ -11,6 +11,8 @@ import os
 
 import click
 
+from bytemtp.decoding.strategy import EVALUATED_DRAFTS
+
 
 def table(rows: list[tuple], header: tuple) -> str:
     cells = [tuple(str(c) for c in header)] + [tuple(str(c) for c in r) for r in rows]
@@ -253,12 +255,12 @@ def quality_report(res: dict) -> str:
     if teacher:
         lines.append(f"teacher term, head 1: {res['teacher_bpb_gap']:+.4f} bits/byte against n=8 without it")
     arms = {"mtp": "n=8", "mtp_teacher": "n=8 with teacher"}
+    decoded = [str(d) for d in EVALUATED_DRAFTS]  # the drafts `decoded_bytes_per_pass` decodes
     drafts = [(arms[name], f"{d.agreed_bytes_per_forward[max(d.agreed_bytes_per_forward)]:.2f}",
-               *(f"{d.decoded_bytes_per_forward.get(m, float('nan')):.2f}" for m in ("chain-all", "tree-all")))
+               *(f"{d.decoded_bytes_per_forward.get(m, float('nan')):.2f}" for m in decoded))
               for name, d in res.get("drafts", {}).items()]
     if drafts:
-        lines.append(table(drafts, ("draft heads", "agreed bytes/pass (8)", "chain-all bytes/pass",
-                                    "tree-all bytes/pass")))
+        lines.append(table(drafts, ("draft heads", "agreed bytes/pass (8)", *(f"{m} bytes/pass" for m in decoded))))
     return "\n".join(lines)
 
 

@@ -9,7 +9,8 @@ import torch
 from bytemtp import config as C
 from bytemtp.decoding import decode
 from bytemtp.decoding.compiled import Compile, StaticStep, head_bucket, head_buckets, node_bucket, worth_compiling
-from bytemtp.decoding.drafting import Draft, DraftTree, PassCosts
+from bytemtp.decoding.drafting import DraftTree, PassCosts
+from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP

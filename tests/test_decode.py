@@ -7,7 +7,7 @@ import torch
 
 from bytemtp import config as C
 from bytemtp.decoding import decode
-from bytemtp.decoding.drafting import Draft
+from bytemtp.decoding.strategy import Draft
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import EOS, PAD, TextStream

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from test_speculative import _SONGS, FITTED, TEXT, ScriptedModel, _fitted_model
 
 from bytemtp.decoding import decode
-from bytemtp.decoding.drafting import AcceptanceProfile, Draft, DraftTree, PassCosts, best_tree, choose
+from bytemtp.decoding.drafting import AcceptanceProfile, DraftTree, PassCosts, best_tree, choose
+from bytemtp.decoding.strategy import Draft
 
 FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})  # every pass costs alike
 # a plain pass costs 1; drafting heads and fed nodes cost more (the shape of a CPU's costs)

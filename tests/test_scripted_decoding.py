@@ -25,7 +25,8 @@ from test_speculative import _SONGS, FITTED, _fitted_model
 
 from bytemtp.config import ModelConfig
 from bytemtp.decoding import decode
-from bytemtp.decoding.drafting import TREE_RANKS, Draft, PassCosts
+from bytemtp.decoding.drafting import TREE_RANKS, PassCosts
+from bytemtp.decoding.strategy import Draft
 from bytemtp.model.layout import attend
 from bytemtp.vocab import EOS, VOCAB_SIZE
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from bytemtp import config as C
 from bytemtp.decoding import decode
-from bytemtp.decoding.drafting import Draft, PassCosts
+from bytemtp.decoding.drafting import PassCosts
+from bytemtp.decoding.strategy import Draft
 from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import EOS, VOCAB_SIZE
 

@@ -23,7 +23,7 @@ import torch
 from test_speculative import MarkovModel, _chi2_critical, _sampling
 
 from bytemtp.decoding import decode, sampling
-from bytemtp.decoding.drafting import Draft
+from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import window_start
 from bytemtp.vocab import EOS
 

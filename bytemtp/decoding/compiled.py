@@ -21,7 +21,8 @@ static step uncompiled, and the tests compare both with it and with plain decodi
 
 `Compile` says when decoding uses the compiled step: `on`, `off`, or `auto`: when the work is long
 enough to repay compiling (`AUTO_MIN_BYTES` of output), or the step is compiled already (in this
-process or, by the marker, in the disk cache).
+process or, by the marker, in the disk cache); `CompilePolicy` applies it for one decoder and
+holds the step it made.
 
 Legend: B batch, T nodes (padded to a bucket), K heads run, V vocabulary.
 """
@@ -263,3 +264,37 @@ def worth_compiling(mode: Compile, *, device: torch.device, work_bytes: int, rea
     if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
         return False
     return ready or work_bytes >= AUTO_MIN_BYTES.get(device.type, AUTO_MIN_BYTES["cuda"])
+
+
+class CompilePolicy:
+    """When one decoder's passes run the compiled static step: its `mode`, which `settle` fixes
+    once for a job of many calls under auto, and the step itself, made the first time a call
+    compiles (`static`; prefills and slides always run eagerly)."""
+
+    def __init__(self, model, stacked, mode: Compile | str | bool = Compile.AUTO):
+        self.model, self.stacked = model, stacked
+        self.mode = Compile.parse(mode)
+        self.static: StaticStep | None = None
+
+    def worth(self, batch_size: int, work_bytes: int) -> bool:
+        """Whether `work_bytes` of output in batches of `batch_size` run the compiled step."""
+        if self.mode is not Compile.AUTO:  # settled: no need to look for a compiled step (an inductor import)
+            return self.mode is Compile.ON
+        ready = (self.static.ready(batch_size) if self.static is not None else
+                 cached_costs(self.model, stacked=self.stacked is not None, batch_size=batch_size) is not None)
+        return worth_compiling(self.mode, device=self.model.embed.weight.device, work_bytes=work_bytes, ready=ready)
+
+    def settle(self, *, batch_size: int, work_bytes: int) -> bool:
+        """Under auto, decide once for the whole job; True when it runs compiled."""
+        if self.mode is Compile.AUTO:
+            self.mode = Compile.ON if self.worth(batch_size, work_bytes) else Compile.OFF
+        return self.mode is Compile.ON
+
+    def use(self, batch_size: int, max_bytes: int) -> bool:
+        """Whether a call decoding `batch_size` rows of up to `max_bytes` runs the static step
+        (made here the first time)."""
+        if not self.worth(batch_size, batch_size * max_bytes):
+            return False
+        if self.static is None:
+            self.static = StaticStep(self.model, self.stacked)
+        return True

@@ -3,18 +3,18 @@
 `generate` is the reference: one prompt, one byte per forward pass, greedy or sampled (temperature,
 top-k, top-p through a seeded `torch.Generator`), until EOS, a stop string or `max_bytes`.
 
-`Decoder` is the fast path, a stack of small steps in the manner of gpt-fast, for many prompts
-at once: `prefill` runs the prompts through the model; each pass `draft` lays out the byte head 1
-chose and a chain or tree of the heads' candidates after it, one forward pass runs them,
-`verify_greedy` or `verify_sampled` says which path survives, and `accept` emits it, keeps its
-cache slots and takes the next byte and candidates from its last node. Which heads run and which
-tree is drafted is chosen each pass from what a pass costs on this device and how often each
-head has been right (bytemtp.decoding.drafting), so speculation does not cost more than it returns: on
-a model whose extra heads are untrained it settles on plain decoding; a `Draft` fixes the heads
-or the shape instead. The passes run eagerly (`ByteMTP.logits`) or, where compiling pays, on the
-compiled static step (bytemtp.decoding.compiled), whose costs the choice then sees. Greedy output equals
-plain greedy output; sampled output has exactly the model's distribution (the speculative
-sampling rule, on chains).
+`Decoder` is the fast path for many prompts at once: a short loop (`Decoder.decode`) over small
+named steps, in the manner of gpt-fast. `prefill` runs the prompts and `propose` takes each
+row's next byte and the heads' candidates; a pass (`step`) lays them out as a chain or tree
+(`draft`), runs them (`forward`), says which path survives (`verify`: `verify_greedy`, or
+`verify_sampled` on chains) and `accept`s it (its bytes, its cache slots; the acceptance profile
+learns); `emit_next` emits the next byte, sliding full windows. How it drafts is a
+`strategy.Draft`; one that adapts has its heads and tree chosen (`plan`) from what a pass costs
+here (`calibration`, timed by `measure_pass_costs` on the decoder's own step) and how often each
+head has been right (`drafting`), so speculation does not cost more than it returns (untrained
+heads: plain decoding). Passes run eagerly or, where compiling pays (`compiled.CompilePolicy`),
+on the compiled static step. Greedy output equals plain greedy output; sampled output has
+exactly the model's distribution (the speculative sampling rule, on chains).
 
 Generation starts a new document: the prompt is preceded by EOS, as every document is in the
 packed training stream. The model never emits BOS, PAD or the padding ids above them; EOS ends
@@ -36,11 +36,12 @@ from typing import Callable
 
 import torch
 
-from bytemtp.decoding.compiled import Compile, StaticStep, cached_costs, record_costs, worth_compiling
-from bytemtp.decoding.drafting import (MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, Draft, DraftTree, PassCosts,
-                                       best_tree, choose)
+from bytemtp.decoding.calibration import CalibratedCosts, cost_table, timing_grid
+from bytemtp.decoding.compiled import Compile, CompilePolicy, StaticStep
+from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts, choose
 from bytemtp.decoding.generation import DecodeStats, Generation, Output, SpeculativeStats, as_bytes, as_prompt_list
 from bytemtp.decoding.sampling import Sampling, _masked, _sample, distribution, next_byte, verify_sampled
+from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import KVCache, context_left, window_start
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
@@ -86,7 +87,7 @@ class _Row:
     """One prompt's decoding: its output rules, its window, the byte due next and the candidates
     of the heads after it (greedy: each head's top bytes; sampling: one draft each and its q)."""
 
-    def __init__(self, prompt: bytes, out: _Output):
+    def __init__(self, prompt: bytes, out: Output):
         self.prompt, self.out = prompt, out
         self.start = 0  # window start, in tokens from the leading EOS
         self.nxt = EOS
@@ -110,10 +111,10 @@ class Decoder:
     """Self-speculative decoding of one loaded model (see the module docstring).
 
     Made once per model and reused: the heads are stacked once (`ByteMTP.stack_heads`), what a
-    pass costs is measured once per batch size (`pass_costs`), and the heads' acceptance is
-    tracked across calls. `costs` gives the pass costs instead of measuring them (tests).
-    `compile` says when the passes run the compiled static step (`bytemtp.decoding.compiled`): on, off,
-    or auto (when a call's work repays compiling); prefills and slides always run eagerly.
+    pass costs is measured once per batch size (`pass_costs`, kept in `calibration`), and the
+    heads' acceptance is tracked across calls. `costs` gives the pass costs instead of measuring
+    them (tests). `compile` says when the passes run the compiled static step
+    (`compiled.CompilePolicy`): on, off, or auto (when a call's work repays compiling).
     """
 
     def __init__(self, model: ByteMTP, *, stacked: bool = True, costs: PassCosts | None = None,
@@ -122,27 +123,33 @@ class Decoder:
         self.stacked = model.stack_heads() if stacked else None
         n = model.config.n_future
         self.profiles = {True: AcceptanceProfile(n), False: AcceptanceProfile(n, ranks=1)}  # by greedy
-        self._costs: dict[tuple[int, bool], PassCosts] = {}  # by (batch size, compiled)
-        self._fixed_costs = costs
+        self.calibration = CalibratedCosts(model, stacked=self.stacked is not None, given=costs)
+        self.policy = CompilePolicy(model, self.stacked, compile)
         self.last_choice: Choice | None = None
-        self.compile = Compile.parse(compile)
-        self.static: StaticStep | None = None  # made the first time a call compiles
 
-    def _worth_compiling(self, batch_size: int, work_bytes: int) -> bool:
-        if self.compile is not Compile.AUTO:  # settled: no need to look for a compiled step (an inductor import)
-            return self.compile is Compile.ON
-        device = self.model.embed.weight.device
-        ready = (self.static.ready(batch_size) if self.static is not None else
-                 cached_costs(self.model, stacked=self.stacked is not None, batch_size=batch_size) is not None)
-        return worth_compiling(self.compile, device=device, work_bytes=work_bytes, ready=ready)
+    # --- the compile policy (`compiled.CompilePolicy`) ----------------------------------------
+
+    @property
+    def compile(self) -> Compile:
+        return self.policy.mode
+
+    @property
+    def static(self) -> StaticStep | None:
+        """The compiled static step, made the first time a call compiles."""
+        return self.policy.static
+
+    @static.setter
+    def static(self, step: StaticStep | None) -> None:
+        self.policy.static = step
 
     def settle_compile(self, *, batch_size: int, work_bytes: int) -> bool:
-        """Under `auto`, decide once for a job of many calls (`work_bytes` of output in all, in
-        batches of `batch_size`), so that each call does not judge its own share; True when the
-        job runs compiled."""
-        if self.compile is Compile.AUTO:
-            self.compile = Compile.ON if self._worth_compiling(batch_size, work_bytes) else Compile.OFF
-        return self.compile is Compile.ON
+        """Under `auto`, decide once for a job of many calls (`work_bytes` of output in all, in batches
+        of `batch_size`), so that each call does not judge its own share; True when it runs compiled."""
+        return self.policy.settle(batch_size=batch_size, work_bytes=work_bytes)
+
+    def use_static(self, batch_size: int, max_bytes: int) -> bool:
+        """Whether a call decoding `batch_size` rows of up to `max_bytes` runs the static step."""
+        return self.policy.use(batch_size, max_bytes)
 
     def compile_shapes(self, batch_size: int) -> None:
         """Compile now every shape of the static step that the decoder may choose at this batch
@@ -151,44 +158,122 @@ class Decoder:
             with torch.inference_mode():
                 measure_pass_costs(self, batch_size, repeats=0, static=True)
 
-    def use_static(self, batch_size: int, max_bytes: int) -> bool:
-        """Whether a call decoding `batch_size` rows of up to `max_bytes` runs the static step."""
-        if not self._worth_compiling(batch_size, batch_size * max_bytes):
-            return False
-        if self.static is None:
-            self.static = StaticStep(self.model, self.stacked)
-        return True
-
-    # --- what a pass costs -------------------------------------------------------------------
+    # --- what a pass costs (`calibration`) ----------------------------------------------------
 
     def pass_costs(self, batch_size: int, *, static: bool = False) -> PassCosts:
-        """Seconds per pass for k heads over T nodes at this batch size, on the eager or the
-        compiled static step, measured on a grid at the middle of the context
-        (`measure_pass_costs`) the first time it is asked; for the compiled step, those that an
-        earlier process recorded in the compile cache when it compiled the step."""
-        if self._fixed_costs is not None:  # given: used as they are, never calibrated
-            return self._fixed_costs
-        key, stacked = (batch_size, static), self.stacked is not None
-        if key not in self._costs and static:  # measured by an earlier process that compiled the step
-            table = cached_costs(self.model, stacked=stacked, batch_size=batch_size)
-            if table is not None:
-                self._costs[key] = PassCosts.from_dict(table, stepwise=True)
-        if key not in self._costs:
+        """Seconds per pass for k heads over T nodes at this batch size, on the eager or the compiled
+        static step, measured (`measure_pass_costs`) the first time it is asked; for the compiled
+        step, those that an earlier process recorded in the compile cache when it compiled the step."""
+        costs = self.calibration.lookup(batch_size, static=static)
+        if costs is None:
             with torch.inference_mode():
-                self._costs[key] = measure_pass_costs(self, batch_size, static=static)
-            if static:
-                record_costs(self.model, stacked=stacked, batch_size=batch_size,
-                             costs_ms=self._costs[key].to_dict())
-        return self._costs[key]
+                costs = self.calibration.add(batch_size, measure_pass_costs(self, batch_size, static=static),
+                                             static=static)
+        return costs
 
-    def _calibrated(self, batch_size: int, *, measure: bool, static: bool) -> PassCosts | None:
-        """The costs that this run's passes calibrate: none when they were given, and under a
-        forced draft only those already measured (plain decoding never waits to measure)."""
-        if self._fixed_costs is not None:
-            return None
-        return self.pass_costs(batch_size, static=static) if measure else self._costs.get((batch_size, static))
+    def plan(self, draft: Draft, *, batch_size: int, static: bool, greedy: bool) -> Choice:
+        """The heads and tree of the next passes: the draft's fixed chain, or (one that adapts) the best
+        by the newest profile and the costs of the batch as it started (rows that finish leave)."""
+        if not draft.adapts(greedy):
+            return Choice(draft.heads, DraftTree.chain(draft.heads - 1), 0.0, 0.0)
+        return choose(self.profiles[greedy], self.pass_costs(batch_size, static=static),
+                      max_heads=self.model.config.n_future, tree=draft.trees(greedy), heads=draft.heads)
 
-    # --- the steps of a pass -----------------------------------------------------------------
+    # --- the loop ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[bytes | str], *, max_bytes: int, draft: Draft | str = Draft(),
+                 sampling: Sampling | None = None, stop: tuple[bytes, ...] = (),
+                 on_bytes: Callable[[int, bytes], None] | None = None,
+                 cancel: Callable[[], bool] | None = None) -> list[Generation]:
+        """Decode many prompts at once, drafting as `draft` says (a `Draft` or its name: by
+        default the heads and the draft are chosen each pass; "plain" decodes one byte a pass).
+
+        Each row accepts its own number of bytes per pass and leaves the batch when it
+        finishes; every row equals that row decoded alone. `on_bytes(row, piece)` streams.
+        `cancel()`, asked before every pass, ends decoding when it returns True: each row keeps
+        what it has, stopped by "interrupted" (a Ctrl-C handler sets it). Prompts and stop
+        strings may be bytes or str (encoded as UTF-8).
+        """
+        prompts, stop = as_prompt_list(prompts), tuple(as_bytes(s) for s in stop)
+        sampling = sampling or Sampling()
+        draft = (Draft.parse(draft) if isinstance(draft, str) else draft).for_model(self.model.config.n_future)
+        t0 = time.perf_counter()
+        depths = draft.max_depth(self.model.config.n_future)
+        rows = [_Row(p, Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
+                                max_bytes=max_bytes, stop=stop,
+                                on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))))
+                for r, p in enumerate(prompts)]
+        if max_bytes == 0:
+            for row in rows:
+                row.out.stats.stopped_by = "max_bytes"
+        elif rows:
+            self.decode(rows, draft, sampling, max_bytes=max_bytes, cancel=cancel)
+        return [row.out.result(t0) for row in rows]
+
+    def decode(self, rows: list[_Row], draft: Draft, sampling: Sampling, *, max_bytes: int,
+               cancel: Callable[[], bool] | None) -> None:
+        """Prefill, then emit and step pass after pass until every row is finished (or `cancel()`)."""
+        greedy, batch_size = sampling.greedy, len(rows)
+        static = self.use_static(batch_size, max_bytes)
+        choice = self.last_choice = self.plan(draft, batch_size=batch_size, static=static, greedy=greedy)
+        cache = KVCache.for_model(self.model, batch_size=batch_size, max_len=self.model.config.seq_len + MAX_NODES)
+        state = _Batch(rows, cache, warm=choice.heads, sampling=sampling, profile=self.profiles[greedy],
+                       static=static, costs=self.calibration.for_run(batch_size, static=static))
+        self.prefill(rows, state.cache, state.warm, sampling)
+        passes = 0
+        while self.emit_next(state):
+            if cancel is not None and cancel():
+                state.interrupt()
+                break
+            state.drop_finished()
+            if passes % 16 == 0 and draft.adapts(greedy):  # re-plan from the newest profile
+                choice = self.last_choice = self.plan(draft, batch_size=batch_size, static=static, greedy=greedy)
+            self.step(state, choice)
+            passes += 1
+
+    def step(self, state: _Batch, choice: Choice) -> None:
+        """One speculative pass over the batch: draft, forward, verify, then accept (or propose
+        anew) row by row; its time calibrates the pass costs (under automatic choice)."""
+        t0 = time.perf_counter()
+        model, cache, seq_len = self.model, state.cache, self.model.config.seq_len
+        k = min(choice.heads, state.warm)  # heads whose caches are complete can run
+        tree = choice.tree.truncated(state.warm - 1)  # ... and only they gave candidates
+        batch = [state.rows[r] for r in state.active]
+        # a row offers drafts up to the depth that max_bytes and its window leave
+        offered = [0 if r in state.finished else
+                   min(tree.depth, row.out.max_bytes - len(row.out.data),
+                       context_left(row.n_tokens, row.start, seq_len))
+                   for r, row in zip(state.active, batch)]
+        starts = list(cache.lengths)
+        logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static)
+        cache.rewind(tree.T)
+        verdicts = self.verify(logits, state, batch, tree, offered)
+        layers = model.config.trunk_layers + k * model.config.layers_per_head
+        shapes: dict[int, str] = {}  # the shape offered to rows that may use drafts to a depth, by depth
+        gained = []  # bytes each live row gets from this pass
+        for b, (r, row) in enumerate(zip(state.active, batch)):
+            if r in state.finished:
+                continue
+            path, nxt, cand = verdicts[b]
+            gained.append(len(path))
+            if state.profile is not None:  # what the heads got right: the accepted bytes, then head 1's
+                truth = [row.cand[tree.depths[n] - 1][tree.ranks[n]] for n in path[1:]] + [nxt]
+                state.profile.record_pass(row.cand, truth, offered=offered[b], greedy=state.sampling.greedy)
+            row.stats.heads_used[k] = row.stats.heads_used.get(k, 0) + 1
+            if offered[b] not in shapes:
+                shapes[offered[b]] = tree.truncated(offered[b]).describe()
+            row.stats.shapes[shapes[offered[b]]] = row.stats.shapes.get(shapes[offered[b]], 0) + 1
+            if self.accept(row, b, path, tree, cache, start=starts[b], layers=layers, offered=offered[b]):
+                state.finished.add(r)
+                continue
+            self.propose(row, logits[b, path[-1], :k], nxt, state.sampling, cand)
+        state.warm = k
+        if state.costs is not None and not (state.static and self.static.last_was_new):  # compiling: not a cost
+            state.costs.observe(k, tree.T, time.perf_counter() - t0,
+                                bytes_per_row=sum(gained) / max(1, len(gained)))
+
+    # --- the steps of a pass ---------------------------------------------------------------------
 
     def prefill(self, rows: list[_Row], cache: KVCache, heads: int, sampling: Sampling) -> None:
         """Run each row's window (EOS + prompt, or its newest part) through the model, right-
@@ -209,11 +294,11 @@ class Decoder:
                               last=[n - 1 for n in lengths])  # (B, 1, K, V)
         cache.lengths = lengths
         for row, logits_KV in zip(rows, logits[:, 0]):
-            self._propose(row, logits_KV, None, sampling)
+            self.propose(row, logits_KV, None, sampling)
             row.stats.forward_passes += 1
 
     @staticmethod
-    def _propose(row: _Row, logits_KV: torch.Tensor, nxt: int | None, sampling: Sampling,
+    def propose(row: _Row, logits_KV: torch.Tensor, nxt: int | None, sampling: Sampling,
                  cand: list[list[int]] | None = None) -> None:
         """The next byte (head 1's choice, unless verification already made it) and the heads'
         candidates after it, from the logits (K, V) at the row's last accepted node."""
@@ -247,6 +332,16 @@ class Decoder:
         layout = build_layout(model, ids_BT, cache, depths=None if chain else list(tree.depths),
                               ancestors=None if chain else tree.ancestors, drafts=True)
         return model.logits(ids_BT, cache, heads=heads, stacked=self.stacked, layout=layout)
+
+    def verify(self, logits_BTKV: torch.Tensor, state: _Batch, rows: list[_Row], tree: DraftTree,
+               offered: list[int]) -> list[tuple[list[int], int, list[list[int]] | None]]:
+        """For each row of the pass: the accepted path, the byte after it and (greedy) the heads'
+        candidates there, by `verify_greedy` or (sampling, a chain) `verify_sampled`."""
+        if state.sampling.greedy:
+            return self.verify_greedy(logits_BTKV, rows, tree, offered)
+        live = [r not in state.finished for r in state.active]
+        verdicts = self.verify_sampled(logits_BTKV, rows, offered, state.sampling, live)
+        return [(path, nxt, None) for path, nxt in verdicts]
 
     def verify_greedy(self, logits_BTKV: torch.Tensor, rows: list[_Row], tree: DraftTree,
                       offered: list[int]) -> list[tuple[list[int], int, list[list[int]]]]:
@@ -307,83 +402,6 @@ class Decoder:
         cache.lengths[b] = start + len(path)
         return done
 
-    @staticmethod
-    def _record(profile: AcceptanceProfile, row: _Row, path: list[int], nxt: int, tree: DraftTree,
-                offered: int, *, greedy: bool) -> None:
-        """What the heads got right this pass: at each depth up to the first miss, the rank of
-        the true byte among that head's candidates (sampling: accepted or not)."""
-        truth = [row.cand[tree.depths[n] - 1][tree.ranks[n]] for n in path[1:]] + [nxt]
-        for depth in range(1, min(len(truth), len(row.cand), max(offered, 1)) + 1):
-            if greedy:
-                ranks = row.cand[depth - 1]
-                profile.record(depth, ranks.index(truth[depth - 1]) if truth[depth - 1] in ranks else None)
-            elif depth <= offered:
-                profile.record(depth, 0 if depth < len(truth) else None)
-
-    # --- the loop ----------------------------------------------------------------------------
-
-    @torch.inference_mode()
-    def generate(self, prompts: list[bytes | str], *, max_bytes: int, draft: Draft | str = Draft(),
-                 sampling: Sampling | None = None, stop: tuple[bytes, ...] = (),
-                 on_bytes: Callable[[int, bytes], None] | None = None,
-                 cancel: Callable[[], bool] | None = None) -> list[Generation]:
-        """Decode many prompts at once, drafting as `draft` says (a `Draft` or its name: by
-        default the heads and the draft are chosen each pass; "plain" decodes one byte a pass).
-
-        Each row accepts its own number of bytes per pass and leaves the batch when it
-        finishes; every row equals that row decoded alone. `on_bytes(row, piece)` streams.
-        `cancel()`, asked before every pass, ends decoding when it returns True: each row keeps
-        what it has, stopped by "interrupted" (a Ctrl-C handler sets it). Prompts and stop
-        strings may be bytes or str (encoded as UTF-8).
-        """
-        prompts, stop = as_prompt_list(prompts), tuple(as_bytes(s) for s in stop)
-        sampling = sampling or Sampling()
-        model, n_future, seq_len = self.model, self.model.config.n_future, self.model.config.seq_len
-        draft = (Draft.parse(draft) if isinstance(draft, str) else draft).for_model(n_future)
-        forced = draft.heads
-        use_tree = sampling.greedy and draft.shape != "chain" and (forced is None or draft.shape == "tree")
-        t0 = time.perf_counter()
-        depths = 0 if forced == 1 else (forced or n_future) - 1
-        rows = [_Row(p, Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
-                                max_bytes=max_bytes, stop=stop,
-                                on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))))
-                for r, p in enumerate(prompts)]
-        if not rows:
-            return []
-        if max_bytes == 0:
-            for row in rows:
-                row.out.stats.stopped_by = "max_bytes"
-            return [row.out.result(t0) for row in rows]
-        profile = self.profiles[sampling.greedy]
-
-        static = self.use_static(len(rows), max_bytes)
-
-        def plan() -> Choice:  # with the costs of the batch as it started (rows that finish leave)
-            if forced is not None and (forced == 1 or not use_tree):
-                tree = DraftTree.chain(forced - 1)
-                return Choice(forced, tree, 0.0, 0.0)
-            return choose(profile, self.pass_costs(len(rows), static=static), max_heads=n_future, tree=use_tree,
-                          heads=forced)
-
-        choice = self.last_choice = plan()
-        state = _Batch(rows, KVCache.for_model(model, batch_size=len(rows), max_len=seq_len + MAX_NODES),
-                       warm=choice.heads, sampling=sampling, profile=profile, static=static,
-                       costs=self._calibrated(len(rows), measure=forced is None or use_tree, static=static))
-        self.prefill(rows, state.cache, state.warm, sampling)
-        passes = 0
-        while self.emit_next(state):
-            if cancel is not None and cancel():
-                for r, row in enumerate(rows):
-                    if r not in state.finished:
-                        row.out.stats.stopped_by = "interrupted"
-                break
-            state.drop_finished()
-            if passes % 16 == 0 and (forced is None or use_tree):  # re-plan from the newest profile
-                choice = self.last_choice = plan()
-            self.step(state, choice)
-            passes += 1
-        return [row.out.result(t0) for row in rows]
-
     def emit_next(self, state: _Batch) -> bool:
         """Emit each row's next byte, sliding the windows that are full (a slide runs the row's
         newest context again, which chooses its next byte anew); False when all are finished."""
@@ -403,51 +421,6 @@ class Decoder:
                 self.prefill([row], view, state.warm, state.sampling)
                 state.cache.lengths[b] = view.lengths[0]
         return len(state.finished) < len(state.rows)
-
-    def step(self, state: _Batch, choice: Choice) -> None:
-        """One speculative pass over the batch: draft, run, verify, accept; its time calibrates
-        the pass costs (under automatic choice)."""
-        t0 = time.perf_counter()
-        model, cache, seq_len = self.model, state.cache, self.model.config.seq_len
-        k = min(choice.heads, state.warm)  # heads whose caches are complete can run
-        tree = choice.tree.truncated(state.warm - 1)  # ... and only they gave candidates
-        batch = [state.rows[r] for r in state.active]
-        # a row offers drafts up to the depth that max_bytes and its window leave
-        offered = [0 if r in state.finished else
-                   min(tree.depth, row.out.max_bytes - len(row.out.data),
-                       context_left(row.n_tokens, row.start, seq_len))
-                   for r, row in zip(state.active, batch)]
-        starts = list(cache.lengths)
-        logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static)
-        cache.rewind(tree.T)
-        layers = model.config.trunk_layers + k * model.config.layers_per_head
-        sampling = state.sampling
-        if sampling.greedy:
-            verdicts = self.verify_greedy(logits, batch, tree, offered)
-        else:
-            live = [r not in state.finished for r in state.active]
-            verdicts = [(path, nxt, None) for path, nxt in self.verify_sampled(logits, batch, offered, sampling, live)]
-        shapes: dict[int, str] = {}  # the shape offered to rows that may use drafts to a depth, by depth
-        gained = []  # bytes each live row gets from this pass
-        for b, (r, row) in enumerate(zip(state.active, batch)):
-            if r in state.finished:
-                continue
-            path, nxt, cand = verdicts[b]
-            gained.append(len(path))
-            if state.profile is not None:
-                self._record(state.profile, row, path, nxt, tree, offered[b], greedy=sampling.greedy)
-            row.stats.heads_used[k] = row.stats.heads_used.get(k, 0) + 1
-            if offered[b] not in shapes:
-                shapes[offered[b]] = tree.truncated(offered[b]).describe()
-            row.stats.shapes[shapes[offered[b]]] = row.stats.shapes.get(shapes[offered[b]], 0) + 1
-            if self.accept(row, b, path, tree, cache, start=starts[b], layers=layers, offered=offered[b]):
-                state.finished.add(r)
-                continue
-            self._propose(row, logits[b, path[-1], :k], nxt, sampling, cand)
-        state.warm = k
-        if state.costs is not None and not (state.static and self.static.last_was_new):  # compiling: not a cost
-            state.costs.observe(k, tree.T, time.perf_counter() - t0,
-                                bytes_per_row=sum(gained) / max(1, len(gained)))
 
 
 class _Batch:
@@ -469,29 +442,29 @@ class _Batch:
             self.cache.keep(live)
             self.active = [self.active[b] for b in live]
 
+    def interrupt(self) -> None:
+        """Decoding ends here: the rows not finished stop by "interrupted"."""
+        for r, row in enumerate(self.rows):
+            if r not in self.finished:
+                row.out.stats.stopped_by = "interrupted"
+
 
 def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5,
                        static: bool = False) -> PassCosts | None:
     """Seconds per decoding step (draft, forward pass, verify, accept) of k heads over T nodes,
-    for k in 1, 2, 4, all and T in 1, 2, 4, 8, 16 (T >= k), on rows in the middle of the context: the
-    fastest of interleaved repeats after a warm-up round, timed as `Decoder.step` runs, on the
-    eager or the compiled static step (whose costs step from bucket to bucket). With no repeats,
-    only the warm-up round runs (every shape compiled) and nothing is returned."""
+    on the shapes of `calibration.timing_grid`, on rows in the middle of the context: the
+    fastest of interleaved repeats after a warm-up round (`calibration.cost_table`), timed as
+    `Decoder.step` runs, on the eager or the compiled static step (whose costs step from bucket
+    to bucket). With no repeats, only the warm-up round runs (every shape compiled) and nothing
+    is returned."""
     model = decoder.model
     n, seq_len = model.config.n_future, model.config.seq_len
-    ks = sorted({1, min(2, n), min(4, n), n})
-    Ts = [1, 2, 4, 8, MAX_NODES]
-    flat = AcceptanceProfile(n, prior=[0.5] * (n - 1), strength=1.0)
-    # k heads over fewer than k nodes draft too shallow a tree to need them all: such a pass does no
-    # better than one of fewer heads, so it is charged what k nodes cost and never measured (on the
-    # compiled step, six graphs fewer to compile)
-    shapes = {(k, T): DraftTree.from_paths([p for p, _ in best_tree(flat, k - 1, T, ranks=TREE_RANKS)])
-              for k in ks for T in Ts if T >= k or k == T == 1}
+    shapes = timing_grid(n)
     rows = [_Row(b"", Output(SpeculativeStats(), max_bytes=1 << 30, stop=(), on_bytes=None))
             for _ in range(batch_size)]
     cache = KVCache.for_model(model, batch_size=batch_size, max_len=seq_len + MAX_NODES)
     # the dummy rows teach no profile and calibrate nothing
-    state = _Batch(rows, cache, warm=max(ks), sampling=Sampling(), profile=None, costs=None, static=static)
+    state = _Batch(rows, cache, warm=n, sampling=Sampling(), profile=None, costs=None, static=static)
     device = model.embed.weight.device
     times: dict[tuple[int, int], list[float]] = {key: [] for key in shapes}
     for rep in range(repeats + 1):
@@ -500,23 +473,14 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5,
                 row.nxt, row.cand, row.start = 0, [list(range(TREE_RANKS))] * (n - 1), 0
                 row.out.data = bytearray(b"x" * (seq_len // 2))
             cache.lengths = [seq_len // 2] * batch_size
-            state.warm, state.finished = max(ks), set()
+            state.warm, state.finished = n, set()
             synchronize(device)
             t0 = time.perf_counter()
             decoder.step(state, Choice(k, tree, 0.0, 0.0))
             synchronize(device)
             if rep:  # the first round warms up
                 times[k, T].append(time.perf_counter() - t0)
-    if not repeats:
-        return None
-    table = {key: min(v) for key, v in times.items()}
-    for k in ks[1:]:
-        for T in Ts:
-            if T < k:
-                table[k, T] = table[k, next(T2 for T2 in Ts if T2 >= k)]
-    for T in Ts[1:]:  # one head drafts nothing: its row is only ever read at T = 1
-        table[1, T] = table[min(2, n), T] if n > 1 else table[1, 1]
-    return PassCosts(table, stepwise=static)
+    return cost_table(times, n, stepwise=static) if repeats else None
 
 
 def generate_batch(model: ByteMTP, prompts: list[bytes | str], *, max_bytes: int, draft: Draft | str = Draft(),

@@ -136,6 +136,18 @@ class AcceptanceProfile:
         if rank is not None and rank < self.ranks:
             row[rank] += 1.0
 
+    def record_pass(self, cand: list[list[int]], truth: list[int], *, offered: int, greedy: bool) -> None:
+        """What the heads got right in one pass, whose candidates were `cand` [depth - 1][rank]
+        and whose true bytes are `truth` (the accepted drafts, then head 1's byte after them): at
+        each depth up to the first miss, the rank of the true byte among that head's candidates
+        (sampling: accepted or not), up to the depth the row was `offered`."""
+        for depth in range(1, min(len(truth), len(cand), max(offered, 1)) + 1):
+            if greedy:
+                ranks = cand[depth - 1]
+                self.record(depth, ranks.index(truth[depth - 1]) if truth[depth - 1] in ranks else None)
+            elif depth <= offered:
+                self.record(depth, 0 if depth < len(truth) else None)
+
     def first(self) -> list[float]:
         """p(depth, 0) for every depth: the chain's conditional acceptance."""
         return [self.p(d, 0) for d in range(1, len(self.trials) + 1)]
@@ -224,60 +236,6 @@ class PassCosts:
 
     def seen_dict(self) -> dict:
         return {f"{k}x{T}": round(s * 1e3, 4) for (k, T), s in sorted(self.seen.items())}
-
-
-SHAPES = ("auto", "chain", "tree")
-
-
-@dataclass(frozen=True)
-class Draft:
-    """How decoding drafts, as one value: `heads` None chooses the heads and the draft each pass
-    from measured costs and acceptance (`choose`); 1 decodes plainly, one byte a pass with the
-    next-byte head alone; k > 1 runs k heads every pass; "all" runs all of the model's heads.
-    `shape`: auto (trees where they pay, chains otherwise), chain (chains only) or tree (with
-    fixed heads: the best tree of that depth). Sampling always drafts chains (the rule of
-    Leviathan et al. is proven for one draft a position).
-
-    Its text form is the name of a benchmark mode: plain, auto, chain (automatic chains), tree,
-    and chain-K or tree-K, K a number of heads or all (`parse`, `str`)."""
-
-    heads: int | str | None = None
-    shape: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.shape not in SHAPES:
-            raise ValueError(f"draft shape {self.shape!r} is not allowed; choose auto, chain or tree")
-        if not (self.heads is None or self.heads == "all" or isinstance(self.heads, int) and self.heads >= 1):
-            raise ValueError(f"heads={self.heads!r} is not allowed; expected a number >= 1, 'all' or None (automatic)")
-
-    @classmethod
-    def plain(cls) -> Draft:
-        return cls(heads=1, shape="chain")
-
-    @classmethod
-    def parse(cls, text: str) -> Draft:
-        """A mode name (see the class docstring) as a Draft; ValueError naming the allowed forms."""
-        shape, _, k = text.strip().partition("-")
-        if text.strip() == "plain":
-            return cls.plain()
-        if shape in SHAPES and not k:
-            return cls(shape=shape)
-        if shape in ("chain", "tree") and (k == "all" or k.isdigit() and int(k) >= 1):
-            return cls(heads=k if k == "all" else int(k), shape=shape)
-        raise ValueError(f"{text!r} is not a draft; use plain, auto, chain, tree, chain-K or tree-K "
-                         "(K a number of heads or all)")
-
-    def for_model(self, n_future: int) -> Draft:
-        """This draft for a model of n_future heads ("all" resolved): the one check of the head count."""
-        heads = n_future if self.heads == "all" else self.heads
-        if heads is not None and heads > n_future:
-            raise ValueError(f"heads={heads} is not allowed; the model has {n_future} heads (1..{n_future})")
-        return Draft(heads=heads, shape=self.shape) if heads != self.heads else self
-
-    def __str__(self) -> str:
-        if self.heads == 1:
-            return "plain"
-        return self.shape if self.heads is None else f"{'tree' if self.shape == 'tree' else 'chain'}-{self.heads}"
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,9 @@ import time
 from dataclasses import dataclass
 
 from bytemtp.decoding.decode import Decoder
-from bytemtp.decoding.drafting import Draft
 from bytemtp.decoding.generation import Generation, SpeculativeStats, as_bytes
+from bytemtp.decoding.strategy import Draft
 from bytemtp.runtime.devices import synchronize
-
-DECODE_MODES = ("auto", "chain-2", "chain-4", "chain-all", "tree-4", "tree-all")  # `Draft` names
 
 
 def timed_generate(decoder: Decoder, prompts: list[bytes | str], **kwargs) -> tuple[list[Generation], float]:

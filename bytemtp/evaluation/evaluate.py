@@ -36,6 +36,7 @@ from bytemtp.config import DataConfig
 from bytemtp.data.corpus import corpus_files, iter_documents
 from bytemtp.data.loader import ByteLoader
 from bytemtp.data.shards import MANIFEST, CorpusError
+from bytemtp.decoding.strategy import EVALUATED_DRAFTS, Draft
 from bytemtp.model.layout import build_layout
 from bytemtp.model.loss import IGNORE, LN2, future_targets, head_loss
 from bytemtp.model.model import ByteMTP
@@ -252,25 +253,24 @@ def val_prompts(data_path: str, *, n: int, prompt_bytes: int) -> list[bytes]:
 
 
 def decoded_bytes_per_pass(model: ByteMTP, prompts: list[bytes], *, max_bytes: int = 150,
-                           drafts: tuple[str, ...] = ("chain-all", "tree-all"), batch_size: int = 8,
+                           drafts: tuple[Draft, ...] = EVALUATED_DRAFTS, batch_size: int = 8,
                            progress=None) -> dict[str, float]:
     """Bytes per forward pass of greedy self-speculative decoding with each fixed draft
-    (`decode.Draft` names), measured by decoding the prompts: what the heads give back,
+    (keyed by its name), measured by decoding the prompts: what the heads give back,
     whatever a pass costs on this machine. Eager passes (nothing to compile)."""
     from bytemtp.decoding.decode import Decoder
-    from bytemtp.decoding.drafting import Draft
     from bytemtp.decoding.generation import SpeculativeStats
 
     decoder = Decoder(model, compile="off")
     result = {}
-    for name in drafts:
+    for draft in drafts:
         stats = []
         for first in range(0, len(prompts), batch_size):
-            gens = decoder.generate(prompts[first:first + batch_size], max_bytes=max_bytes, draft=Draft.parse(name))
+            gens = decoder.generate(prompts[first:first + batch_size], max_bytes=max_bytes, draft=draft)
             stats += [g.stats for g in gens]
             if progress is not None:
                 progress()
-        result[name] = SpeculativeStats.total(stats).bytes_per_forward
+        result[str(draft)] = SpeculativeStats.total(stats).bytes_per_forward
     return result
 
 

@@ -52,10 +52,10 @@ import numpy as np
 import torch
 
 from bytemtp.decoding.decode import Decoder
-from bytemtp.decoding.drafting import Draft
 from bytemtp.decoding.generation import Generation
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.speed import JUDGED_S, interleaved_decodes, speed_figures, speedup_is_impossible
+from bytemtp.decoding.strategy import Draft
 from bytemtp.evaluation.execution import VERDICTS, Isolation, run_programs
 from bytemtp.evaluation.humaneval_records import (CheckResult, Checked, Completion, DecodingSummary, Execution,
                                                   HumanEvalRun, Sampled, Settings, SpeedComparison, TaskResult)

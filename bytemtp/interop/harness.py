@@ -37,9 +37,9 @@ except ModuleNotFoundError as e:
                               name=e.name) from None
 
 from bytemtp.decoding.decode import Decoder
-from bytemtp.decoding.drafting import Draft
 from bytemtp.decoding.generation import as_bytes
 from bytemtp.decoding.sampling import Sampling
+from bytemtp.decoding.strategy import Draft
 from bytemtp.evaluation.likelihood import loglikelihoods, n_windows
 from bytemtp.runtime.checkpoint import load_model
 from bytemtp.runtime.devices import resolve_device

@@ -1,0 +1,82 @@
+"""What a decoding pass costs, calibrated: the grid a decoder times its own step on, the table
+made from those times, and `CalibratedCosts`, one decoder's costs by batch size and step.
+
+The decoder's choice of draft (`drafting.choose`) weighs bytes against seconds, so the seconds
+must be those of the step that really runs: `decode.measure_pass_costs` times the decoder's
+own `step` on rows in the middle of the context, over the shapes of `timing_grid`, and
+`cost_table` keeps the fastest of the repeats (noise only ever adds time). The trade-off: a
+grid of about twenty shapes, measured once per batch size and step (eager or compiled), rather
+than every shape the chooser may ask about; `PassCosts` interpolates between them and corrects
+them by what the passes take while decoding. Costs measured on the compiled step are recorded
+beside the compile cache (`compiled.record_costs`), so that a later process neither measures
+them again nor compiles a shape before the decoder chooses it.
+"""
+
+from __future__ import annotations
+
+from bytemtp.decoding.compiled import cached_costs, record_costs
+from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, DraftTree, PassCosts, best_tree
+
+GRID_NODES = (1, 2, 4, 8, MAX_NODES)  # nodes a pass is timed at
+
+
+def grid_heads(n_future: int) -> list[int]:
+    """Head counts a pass is timed at: 1, 2, 4 and all."""
+    return sorted({1, min(2, n_future), min(4, n_future), n_future})
+
+
+def timing_grid(n_future: int) -> dict[tuple[int, int], DraftTree]:
+    """The (k heads, T nodes) a pass is timed at, each with the tree it drafts (the likeliest
+    under a flat profile). k heads over fewer than k nodes draft too shallow a tree to need them
+    all: such a pass does no better than one of fewer heads, so it is charged what k nodes cost
+    and never timed (on the compiled step, six graphs fewer to compile)."""
+    flat = AcceptanceProfile(n_future, prior=[0.5] * (n_future - 1), strength=1.0)
+    return {(k, T): DraftTree.from_paths([p for p, _ in best_tree(flat, k - 1, T, ranks=TREE_RANKS)])
+            for k in grid_heads(n_future) for T in GRID_NODES if T >= k or k == T == 1}
+
+
+def cost_table(times: dict[tuple[int, int], list[float]], n_future: int, *, stepwise: bool) -> PassCosts:
+    """The costs of the timed grid: each shape's fastest time, the untimed shapes filled in (k
+    heads over fewer than k nodes as over k; one head drafts nothing, so its row is only ever
+    read at T = 1)."""
+    ks, Ts = grid_heads(n_future), GRID_NODES
+    table = {key: min(v) for key, v in times.items()}
+    for k in ks[1:]:
+        for T in Ts:
+            if T < k:
+                table[k, T] = table[k, next(T2 for T2 in Ts if T2 >= k)]
+    for T in Ts[1:]:
+        table[1, T] = table[min(2, n_future), T] if n_future > 1 else table[1, 1]
+    return PassCosts(table, stepwise=stepwise)
+
+
+class CalibratedCosts:
+    """One decoder's pass costs by (batch size, compiled step). Given costs (tests) are used as
+    they are and never calibrated; otherwise the costs this process measured, or for the
+    compiled step those an earlier process recorded in the compile cache."""
+
+    def __init__(self, model, *, stacked: bool, given: PassCosts | None = None):
+        self.model, self.stacked, self.given = model, stacked, given
+        self.known: dict[tuple[int, bool], PassCosts] = {}  # by (batch size, compiled)
+
+    def lookup(self, batch_size: int, *, static: bool) -> PassCosts | None:
+        """The costs at hand: given, measured in this process, or recorded by an earlier one."""
+        if self.given is not None:
+            return self.given
+        key = (batch_size, static)
+        if key not in self.known and static:  # measured by an earlier process that compiled the step
+            table = cached_costs(self.model, stacked=self.stacked, batch_size=batch_size)
+            if table is not None:
+                self.known[key] = PassCosts.from_dict(table, stepwise=True)
+        return self.known.get(key)
+
+    def add(self, batch_size: int, costs: PassCosts, *, static: bool) -> PassCosts:
+        """Keep costs just measured (on the compiled step, also for later processes)."""
+        self.known[batch_size, static] = costs
+        if static:
+            record_costs(self.model, stacked=self.stacked, batch_size=batch_size, costs_ms=costs.to_dict())
+        return costs
+
+    def for_run(self, batch_size: int, *, static: bool) -> PassCosts | None:
+        """The costs that a run's passes calibrate: none when they were given, else those measured."""
+        return None if self.given is not None else self.known.get((batch_size, static))
