@@ -33,6 +33,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
 
 
+@pytest.fixture
+def one_thread():
+    """Decoding runs thousands of tiny tensor ops; with an intra-op thread pool some of them
+    (softmax) wait on the pool's other thread, which on a busy machine costs a scheduler tick
+    each (seen: 30x slower). Decoding tests run single-threaded."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def code_corpus(tmp_path_factory):
     """A small prepared corpus of generated Python files, with a val split."""

@@ -1,20 +1,17 @@
-import dataclasses
 import itertools
 import types
 
 import pytest
 import torch
+from doubles import tiny_model
 
-from bytemtp import config as C
 from bytemtp.decoding import decode
 from bytemtp.decoding.drafting import Draft
-from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import EOS, PAD, TextStream
 
 
 def _model(seed=0, **kw):
-    model = ByteMTP(dataclasses.replace(C.tiny().model, **kw)).eval()
-    model.init_weights(generator=torch.Generator().manual_seed(seed))
+    model = tiny_model(seed, **kw).eval()
     with torch.no_grad():  # make EOS rare so outputs run long
         for unembed in model.unembed:
             unembed.weight[EOS] = 0.0  # EOS logit 0 against random others: rare

@@ -5,22 +5,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_speculative import _SONGS, FITTED, TEXT, ScriptedModel, _fitted_model
+from doubles import CPU_LIKE, FITTED, FLAT, SONGS, TEXT, ScriptedModel, fitted_model
 
 from bytemtp.decoding import decode
 from bytemtp.decoding.drafting import AcceptanceProfile, Draft, DraftTree, PassCosts, best_tree, choose
 
-FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})  # every pass costs alike
-# a plain pass costs 1; drafting heads and fed nodes cost more (the shape of a CPU's costs)
-CPU_LIKE = PassCosts({(1, 1): 1.0, (1, 16): 1.5, (8, 1): 1.45, (8, 16): 2.4})
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- the pieces ---------------------------------------------------------------------------------
@@ -102,7 +92,7 @@ def test_auto_drafts_long_chains_when_drafts_are_always_right():
 @pytest.mark.slow
 @FITTED
 def test_a_decoder_measures_costs_once_and_keeps_its_profile():
-    model = _fitted_model(0, "transformer")
+    model = fitted_model(0, "transformer")
     dec = decode.Decoder(model)
     a = dec.generate([b"one t"], max_bytes=30)[0]
     costs = dec.pass_costs(1)
@@ -117,11 +107,11 @@ def test_a_decoder_measures_costs_once_and_keeps_its_profile():
 @FITTED
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 1), head_type=st.sampled_from(["transformer", "linear", "causal"]),
-       prompts=st.lists(st.one_of(st.binary(max_size=30), st.sampled_from(_SONGS)), min_size=1, max_size=3),
+       prompts=st.lists(st.one_of(st.binary(max_size=30), st.sampled_from(SONGS)), min_size=1, max_size=3),
        mode=st.sampled_from([("auto", None), ("tree", 4), ("tree", 8), ("chain", None)]),
        costs=st.sampled_from([FLAT, CPU_LIKE]), max_bytes=st.integers(0, 30))
 def test_tree_and_auto_greedy_equal_plain_greedy(seed, head_type, prompts, mode, costs, max_bytes):
-    model = _fitted_model(seed, head_type)
+    model = fitted_model(seed, head_type)
     draft, heads = mode
     batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(heads, draft), costs=costs)
     for p, got in zip(prompts, batch):
@@ -134,7 +124,7 @@ def test_tree_and_auto_greedy_equal_plain_greedy(seed, head_type, prompts, mode,
 @pytest.mark.slow
 @FITTED
 def test_trees_accept_more_bytes_per_pass_than_chains_on_a_fitted_model():
-    model = _fitted_model(1, "transformer")
+    model = fitted_model(1, "transformer")
     prompts = [b"one two", b"la la", b"0123", b"four five"]
     chain = decode.generate_batch(model, prompts, max_bytes=40, draft=Draft(4))
     tree = decode.generate_batch(model, prompts, max_bytes=40, draft=Draft(4, "tree"), costs=FLAT)
@@ -153,8 +143,8 @@ def test_trees_accept_more_bytes_per_pass_than_chains_on_a_fitted_model():
 def test_the_window_slides_and_speculative_equals_plain(head_type, prompt_len):
     """seq_len is 64: 200 bytes need several slides, and a 150-byte prompt starts beyond the
     context; plain and speculative greedy follow the same window rule and agree byte for byte."""
-    model = _fitted_model(0, head_type)
-    prompt = (b"".join(_SONGS) * 4)[:prompt_len]
+    model = fitted_model(0, head_type)
+    prompt = (b"".join(SONGS) * 4)[:prompt_len]
     plain = decode.generate(model, prompt, max_bytes=200)
     assert plain.stats.bytes_out == 200 or plain.stats.stopped_by == "eos"
     for heads, draft in ((None, "auto"), (8, "chain"), (4, "tree")):
@@ -206,7 +196,7 @@ def test_verify_greedy_walks_the_tree_along_head_1():
 
 @FITTED
 def test_accept_emits_counts_and_compacts_the_path():
-    model = _fitted_model(0, "transformer")
+    model = fitted_model(0, "transformer")
     cache = decode.KVCache.for_model(model, 1, max_len=80)
     cache.k[:, 0, :, 10:15] = torch.arange(5, dtype=cache.k.dtype)[:, None]  # slot s holds s - 10
     cache.lengths = [10]

@@ -1,21 +1,13 @@
-import dataclasses
 
 import pytest
 import torch
+from doubles import tiny_model
 
 from bytemtp import config as C
 from bytemtp.model.kvcache import KVCache
-from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import VOCAB_SIZE
 
 HEAD_TYPES = ["transformer", "linear", "causal"]
-
-
-def tiny_model(seed: int = 0, **overrides) -> ByteMTP:
-    cfg = dataclasses.replace(C.tiny().model, **overrides)
-    model = ByteMTP(cfg)
-    model.init_weights(generator=torch.Generator().manual_seed(seed))
-    return model
 
 
 @pytest.mark.parametrize("head_type", HEAD_TYPES)

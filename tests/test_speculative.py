@@ -1,59 +1,16 @@
 """Self-speculative greedy decoding against plain greedy decoding, its slow reference."""
 
-import dataclasses
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from doubles import (FITTED, MARKOV_SYMBOLS, MARKOV_TARGET, SONGS, TEXT, MarkovModel, ScriptedBatchModel, ScriptedModel,
+                     fitted_model)
 
-from bytemtp import config as C
 from bytemtp.decoding import decode
 from bytemtp.decoding.drafting import Draft, PassCosts
-from bytemtp.model.model import ByteMTP
-from bytemtp.vocab import EOS, VOCAB_SIZE
-
-# Tests that share the fitted models (made once a process) run on one test worker.
-FITTED = pytest.mark.xdist_group("fitted-models")
-
-
-class ScriptedModel:
-    """Knows a text: head 1 always predicts its next byte; head j > 1 predicts the byte j ahead
-    when `right(j)` says so, else a wrong byte. Positions count from the leading EOS."""
-
-    def __init__(self, text: bytes, right, n_future: int = 8):
-        self.config = dataclasses.replace(C.tiny().model, n_future=n_future, seq_len=128)
-        self.embed = torch.nn.Embedding(1, 1)  # only its device is read
-        self.rope_cos = self.rope_sin = torch.zeros(self.config.seq_len, 1)
-        self.stream = [EOS, *text, EOS]
-        self.right = right
-        self.calls = 0
-
-    def _byte(self, position: int) -> int:
-        return self.stream[position] if position < len(self.stream) else EOS
-
-    def stack_heads(self):
-        return None
-
-    def logits(self, ids, cache, heads=None, stacked=None, *, layout=None, last=None):
-        assert layout is None or layout.chain
-        self.calls += 1
-        K = heads or self.config.n_future
-        B, T = ids.shape
-        out = torch.zeros(B, T, K, VOCAB_SIZE)
-        for b in range(B):
-            for t in range(T):
-                pos = cache.lengths[b] + t
-                for j in range(K):
-                    target = self._byte(pos + j + 1)
-                    if j > 0 and not self.right(j + 1):
-                        target = (target + 1) % 256
-                    out[b, t, j, target] = 10.0
-        cache.advance(T)
-        return out if last is None else out[torch.arange(B), last][:, None]
-
-
-TEXT = b"def main():\n    return 42\n"
+from bytemtp.vocab import EOS
 
 
 @pytest.mark.parametrize("name,right,per_forward", [
@@ -116,37 +73,12 @@ def test_heads_must_exist():
         decode.generate_speculative(ScriptedModel(TEXT, lambda j: True), b"", max_bytes=5, draft=Draft(9))
 
 
-_MODELS = {}
-_SONGS = [b"one two three four five six seven eight\n", b"la la la, la la lo\n", b"0123456789abcdef"]
-
-
-def _fitted_model(seed: int, head_type: str) -> ByteMTP:
-    """A tiny model fitted for a few seconds to repetitive text, so that its heads' drafts are
-    often, but not always, accepted (an untrained model's drafts never are)."""
-    key = (seed, head_type)
-    if key not in _MODELS:
-        from bytemtp.training.step import forward_backward
-
-        cfg = dataclasses.replace(C.tiny().model, head_type=head_type)
-        model = ByteMTP(cfg)
-        model.init_weights(generator=torch.Generator().manual_seed(seed))
-        text = list(b"".join(_SONGS[(seed + i) % 3] for i in range(12)))
-        windows = torch.tensor([text[i:i + cfg.seq_len + cfg.n_future] for i in range(0, 120, 15)])
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        for _ in range(60 + 20 * seed):
-            forward_backward(model, windows, loss_cfg=C.LossConfig())
-            opt.step()
-            opt.zero_grad()
-        _MODELS[key] = model.double().eval()  # float64: chunked and single-step logits tie-free
-    return _MODELS[key]
-
-
 @pytest.mark.slow
 @FITTED
 def test_fitted_models_accept_some_drafts_but_not_all():
     rates = []
     for head_type in ("transformer", "causal", "linear"):
-        got = decode.generate_speculative(_fitted_model(0, head_type), b"one t", max_bytes=40, draft=Draft(8))
+        got = decode.generate_speculative(fitted_model(0, head_type), b"one t", max_bytes=40, draft=Draft(8))
         rates += got.stats.acceptance
     assert 0.1 < sum(rates) / len(rates) < 1.0
 
@@ -156,27 +88,16 @@ def test_fitted_models_accept_some_drafts_but_not_all():
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 1), head_type=st.sampled_from(["transformer", "causal", "linear"]),
        prompt=st.one_of(st.just(b""), st.binary(min_size=1, max_size=1), st.binary(max_size=40),
-                        st.sampled_from(_SONGS), st.binary(min_size=55, max_size=60)),
+                        st.sampled_from(SONGS), st.binary(min_size=55, max_size=60)),
        k=st.integers(1, 8), max_bytes=st.integers(0, 20))
 def test_speculative_greedy_equals_plain_greedy(seed, head_type, prompt, k, max_bytes):
-    model = _fitted_model(seed, head_type)
+    model = fitted_model(seed, head_type)
     max_bytes = min(max_bytes, model.config.seq_len - len(prompt) - 1)  # near the context end too
     plain = decode.generate(model, prompt, max_bytes=max_bytes)
     spec = decode.generate_speculative(model, prompt, max_bytes=max_bytes, draft=Draft(k))
     assert spec.output == plain.output
     assert spec.stats.stopped_by == plain.stats.stopped_by
     assert spec.stats.forward_passes <= plain.stats.forward_passes
-
-
-@pytest.fixture
-def one_thread():
-    """Decoding runs thousands of tiny tensor ops; with an intra-op thread pool some of them
-    (softmax) wait on the pool's other thread, which on a busy machine costs a scheduler tick
-    each (seen: 30x slower). The new tests below run single-threaded."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # --- batches: every row equals that row decoded alone ------------------------------------------
@@ -188,7 +109,7 @@ def _batch_prompts(seq_len: int, max_bytes: int) -> list[bytes]:
     """Prompts of different lengths: empty, one byte, song fragments, random bytes, and two that
     end near the context end (the longest fills it exactly: 1 + len + max_bytes == seq_len)."""
     longest = seq_len - 1 - max_bytes
-    filler = _SONGS[0] * 3
+    filler = SONGS[0] * 3
     return [b"", b"o", b"one two t", b"la la la, la la", bytes(range(200, 212)),
             filler[:longest - 3], filler[5:5 + longest]]
 
@@ -197,7 +118,7 @@ def _batch_prompts(seq_len: int, max_bytes: int) -> list[bytes]:
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("head_type", _HEAD_TYPES)
 def test_greedy_batch_equals_each_row_alone(head_type):
-    model = _fitted_model(0, head_type)
+    model = fitted_model(0, head_type)
     max_bytes = 16
     prompts = _batch_prompts(model.config.seq_len, max_bytes)
     assert len(prompts[-1]) + 1 + max_bytes == model.config.seq_len
@@ -229,70 +150,16 @@ def test_greedy_batch_equals_each_row_alone(head_type):
 @pytest.mark.usefixtures("one_thread")
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(head_type=st.sampled_from(_HEAD_TYPES),
-       prompts=st.lists(st.one_of(st.binary(max_size=30), st.sampled_from(_SONGS),
-                                  st.sampled_from(_SONGS).map(lambda s: s[:7])), min_size=1, max_size=5),
+       prompts=st.lists(st.one_of(st.binary(max_size=30), st.sampled_from(SONGS),
+                                  st.sampled_from(SONGS).map(lambda s: s[:7])), min_size=1, max_size=5),
        k=st.integers(1, 8), max_bytes=st.integers(0, 24), stacked=st.booleans())
 def test_greedy_batch_equals_rows_alone_property(head_type, prompts, k, max_bytes, stacked):
-    model = _fitted_model(0, head_type)
+    model = fitted_model(0, head_type)
     max_bytes = min(max_bytes, model.config.seq_len - 1 - max(map(len, prompts)))
     batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(k), stacked=stacked)
     for p, got in zip(prompts, batch):
         ref = decode.generate(model, p, max_bytes=max_bytes)
         assert (got.output, got.stats.stopped_by) == (ref.output, ref.stats.stopped_by)
-
-
-# --- scripted rows with their own texts and acceptance patterns ---------------------------------
-
-class ScriptedBatchModel:
-    """A batch version of ScriptedModel: knows several documents (prompt + text), and each row
-    follows the one its own prefix selects. Head 1 predicts the document's next byte; head j > 1
-    the byte j ahead when that document's `right(j)` says so, else a wrong byte.
-
-    The stub keeps each row's ids in the KV cache it is given (layer 0, head 0, feature 0), so
-    it sees every row's prefix exactly as the decoder's cache bookkeeping (per-row lengths,
-    rewinds, dropped rows) leaves it; a prefix that matches no document predicts '?' bytes."""
-
-    def __init__(self, docs: list[tuple[bytes, bytes, object]], n_future: int = 8):
-        self.config = dataclasses.replace(C.tiny().model, head_type="linear", n_layers=1, d_model=2,
-                                          n_attn_heads=1, n_future=n_future, seq_len=128)
-        self.embed = torch.nn.Embedding(1, 1, dtype=torch.float64)  # cache dtype: ids stored exactly
-        self.rope_cos = self.rope_sin = torch.zeros(self.config.seq_len, 1)
-        self.docs = [([EOS, *prompt, *text, EOS], right) for prompt, text, right in docs]
-        self.calls = 0
-
-    def stack_heads(self):
-        return None
-
-    def _doc(self, prefix: list[int]):
-        for stream, right in self.docs:
-            if (stream + [EOS] * len(prefix))[:len(prefix)] == prefix:  # EOS after the end
-                return stream, right
-        return None, None
-
-    def logits(self, ids, cache, heads=None, stacked=None, *, layout=None, last=None):
-        assert layout is None or layout.chain
-        self.calls += 1
-        K = heads or self.config.n_future
-        B, T = ids.shape
-        assert len(cache.lengths) == B
-        history = cache.k[0, :, 0, :, 0]  # (B, L)
-        out = torch.zeros(B, T, K, VOCAB_SIZE)
-        for b in range(B):
-            start = cache.lengths[b]
-            history[b, start:start + T] = ids[b].to(history.dtype)
-            for t in range(T):
-                pos = start + t
-                stream, right = self._doc([int(i) for i in history[b, :pos + 1].tolist()])
-                for j in range(K):
-                    if stream is None:
-                        target = ord("?")
-                    else:
-                        target = stream[pos + j + 1] if pos + j + 1 < len(stream) else EOS
-                        if j > 0 and not right(j + 1):
-                            target = (target + 1) % 256
-                    out[b, t, j, target] = 10.0
-        cache.advance(T)
-        return out if last is None else out[torch.arange(B), last][:, None]
 
 
 _DOCS = [  # prompt, text, which draft heads are right
@@ -415,54 +282,9 @@ def test_scripted_batch_rows_equal_rows_alone_property(docs, k, max_bytes, data)
     assert model.calls == max(g.stats.forward_passes for g in batch)
 
 
-# --- speculative sampling has exactly the target distribution -----------------------------------
-
-_SYMBOLS = list(b"abc")
-# head 1's distribution over a, b, c given the previous id, at even and odd positions
-_TARGET = {
-    0: {EOS: (0.5, 0.3, 0.2), 97: (0.6, 0.3, 0.1), 98: (0.2, 0.2, 0.6), 99: (0.3, 0.45, 0.25)},
-    1: {EOS: (0.4, 0.4, 0.2), 97: (0.15, 0.5, 0.35), 98: (0.7, 0.1, 0.2), 99: (0.25, 0.25, 0.5)},
-}
-# the draft heads' distributions: deliberately far from the target (head 3 reversed)
-_DRAFT = {EOS: (0.1, 0.3, 0.6), 97: (0.2, 0.6, 0.2), 98: (0.5, 0.4, 0.1), 99: (0.6, 0.2, 0.2)}
 # chi-square critical value at p = 0.001 for 3 ** 3 - 1 = 26 degrees of freedom (standard
 # table; scipy.stats.chi2.ppf(0.999, 26) = 54.052), checked below against torch's gammaincc
 _CHI2_26_P001 = 54.052
-
-
-class MarkovModel:
-    """A stub whose head 1 samples from a table indexed by the previous id and the cache slot mod
-    the number of tables (`head1`, one {previous id: probabilities over `ids`} per phase; every
-    other id at -inf); heads 2..K draft from `drafts` (head 3 and every other one reversed). The
-    default: a, b or c (EOS excluded) by the position's parity. Vectorized over the batch, so
-    thousands of rows decode in seconds."""
-
-    def __init__(self, n_future: int = 3, *, head1=(_TARGET[0], _TARGET[1]), drafts=_DRAFT, ids=_SYMBOLS,
-                 seq_len: int = 8):
-        self.config = dataclasses.replace(C.tiny().model, head_type="linear", n_layers=1, d_model=2,
-                                          n_attn_heads=1, n_future=n_future, seq_len=seq_len)
-        self.embed = torch.nn.Embedding(1, 1)
-        self.rope_cos = self.rope_sin = torch.zeros(self.config.seq_len, 1)
-        table = torch.full((len(head1), VOCAB_SIZE, n_future, VOCAB_SIZE), float("-inf"))
-        table[..., ids] = 0.0  # ids that never occur: uniform over the ids
-        for phase, rows in enumerate(head1):
-            for prev, probs in rows.items():
-                table[phase, prev, 0, ids] = torch.tensor(probs).log()
-                for j in range(1, n_future):
-                    q = drafts[prev] if j % 2 else drafts[prev][::-1]
-                    table[phase, prev, j, ids] = torch.tensor(q).log()
-        self.table = table
-
-    def stack_heads(self):
-        return None
-
-    def logits(self, ids, cache, heads=None, stacked=None, *, layout=None, last=None):
-        assert layout is None or layout.chain
-        B, T = ids.shape
-        slot_BT = torch.tensor(cache.lengths)[:, None] + torch.arange(T)
-        out = self.table[slot_BT % len(self.table), ids.cpu()][:, :, :heads or self.config.n_future]
-        cache.advance(T)
-        return out if last is None else out[torch.arange(B), last][:, None]
 
 
 def _target_probs() -> dict[bytes, float]:
@@ -472,8 +294,8 @@ def _target_probs() -> dict[bytes, float]:
     for a in range(3):
         for b in range(3):
             for c in range(3):
-                x = [_SYMBOLS[a], _SYMBOLS[b], _SYMBOLS[c]]
-                probs[bytes(x)] = (_TARGET[0][EOS][a] * _TARGET[1][x[0]][b] * _TARGET[0][x[1]][c])
+                x = [MARKOV_SYMBOLS[a], MARKOV_SYMBOLS[b], MARKOV_SYMBOLS[c]]
+                probs[bytes(x)] = (MARKOV_TARGET[0][EOS][a] * MARKOV_TARGET[1][x[0]][b] * MARKOV_TARGET[0][x[1]][c])
     return probs
 
 
@@ -567,7 +389,7 @@ def _sampling(seed: int, **kw) -> decode.Sampling:
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("head_type", _HEAD_TYPES)
 def test_batch_sampling_is_reproducible_from_the_seed(head_type):
-    model = _fitted_model(0, head_type)
+    model = fitted_model(0, head_type)
     runs = {}
     for seed in (1, 1, 2):
         for stacked in (True, False):
@@ -585,7 +407,7 @@ def test_batch_sampling_is_reproducible_from_the_seed(head_type):
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("head_type", _HEAD_TYPES)
 def test_plain_batch_sampling_runs_and_matches_plain_decoding(head_type):
-    model = _fitted_model(0, head_type)
+    model = fitted_model(0, head_type)
     batch = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, draft="plain",
                                   sampling=_sampling(3, temperature=0.9, top_p=0.9))
     again = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, draft="plain",
@@ -609,7 +431,7 @@ def test_plain_batch_sampling_runs_and_matches_plain_decoding(head_type):
 @pytest.mark.parametrize("sampling", [None, "sampled"])
 @pytest.mark.parametrize("head_type", _HEAD_TYPES)
 def test_streamed_pieces_per_row_equal_the_outputs(head_type, sampling):
-    model = _fitted_model(0, head_type)
+    model = fitted_model(0, head_type)
     for k, speculative in ((4, True), (8, True), (1, False)):
         pieces = {}
         batch = decode.generate_batch(
@@ -647,7 +469,7 @@ def _exact_output_probs(model: "MarkovModel", sampling: decode.Sampling, n_bytes
         for prefix, pr in probs.items():
             prev = prefix[-1] if prefix else EOS
             dist = decode.distribution(model.table[pos % 2, prev, 0], sampling)
-            for x in _SYMBOLS:
+            for x in MARKOV_SYMBOLS:
                 if float(dist[x]) > 0:
                     nxt[prefix + bytes([x])] = pr * float(dist[x])
         probs = nxt

@@ -20,7 +20,8 @@ from collections import defaultdict
 
 import pytest
 import torch
-from test_speculative import MarkovModel, _chi2_critical, _sampling
+from test_speculative import _chi2_critical, _sampling
+from doubles import EOS_MARKOV_IDS, EosMarkovModel
 
 from bytemtp.decoding import decode, sampling
 from bytemtp.decoding.drafting import Draft
@@ -135,30 +136,6 @@ def test_a_rejection_where_no_residual_is_left_draws_from_p(monkeypatch):
     assert 0 < rejected < 20
 
 
-# --- whole decodings: the distribution of the first bytes ---------------------------------------
-
-_IDS = [*b"abc", EOS]
-_HEAD1 = [  # head 1's distribution over a, b, c, EOS by the previous id, at slots 0, 1, 2 mod 3
-    {EOS: (.5, .3, .15, .05), 97: (.5, .2, .1, .2), 98: (.2, .2, .5, .1), 99: (.3, .4, .2, .1)},
-    {EOS: (.4, .3, .2, .1), 97: (.15, .5, .3, .05), 98: (.6, .1, .15, .15), 99: (.2, .25, .45, .1)},
-    {EOS: (.2, .2, .5, .1), 97: (.1, .2, .6, .1), 98: (.3, .5, .1, .1), 99: (.6, .1, .1, .2)},
-]
-_DRAFTS = {EOS: (.1, .3, .5, .1), 97: (.2, .5, .1, .2), 98: (.4, .4, .1, .1), 99: (.5, .2, .2, .1)}
-
-
-class EosMarkovModel(MarkovModel):
-    """A stub like test_speculative's MarkovModel, with EOS among its ids: head 1 draws a, b, c
-    or EOS from a table indexed by the previous id and its cache slot mod 3; the draft heads
-    from other tables (head 3 reversed). Vectorized over the batch.
-
-    Its window is 8 ids and a slide keeps 4, so a decoder that keeps a stale cache length after
-    a slide (slot 8 where 4 is right) or drafts past the window's end (slot 8 where a slide
-    would give 3) draws from another table: slots mod 3 tell them apart."""
-
-    def __init__(self, n_future: int = 4, seq_len: int = 8):
-        super().__init__(n_future, head1=_HEAD1, drafts=_DRAFTS, ids=_IDS, seq_len=seq_len)
-
-
 def _plain_probs(model: EosMarkovModel, prompt: bytes, sampling: decode.Sampling,
                  max_bytes: int) -> dict[bytes, float]:
     """Exact probability of every output of plain sampling: each id drawn by head 1 at the slot
@@ -169,7 +146,7 @@ def _plain_probs(model: EosMarkovModel, prompt: bytes, sampling: decode.Sampling
         start = window_start(len(tokens), start, seq_len)
         dist = decode.distribution(model.table[(len(tokens) - 1 - start) % 3, tokens[-1], 0], sampling)
         out = bytes(tokens[1 + len(prompt):])
-        for x in _IDS:
+        for x in EOS_MARKOV_IDS:
             px = pr * float(dist[x])
             if px == 0.0:
                 continue
