@@ -42,6 +42,15 @@ def tiny_model(seed: int = 0, **overrides) -> ByteMTP:
     return build_model(dataclasses.replace(C.tiny().model, **overrides), seed)
 
 
+def rare_eos_model(seed=0, **kw):
+    """A tiny model in eval mode whose EOS logit is 0 against random others, so its outputs run long."""
+    model = tiny_model(seed, **kw).eval()
+    with torch.no_grad():  # make EOS rare so outputs run long
+        for unembed in model.unembed:
+            unembed.weight[EOS] = 0.0  # EOS logit 0 against random others: rare
+    return model
+
+
 # --- fitted models --------------------------------------------------------------------------------
 
 # Tests that share the fitted models (made once a process) run on one test worker.
@@ -385,3 +394,22 @@ def bigram_model() -> ByteMTP:
         nxt = model.unembed[0].weight
         nxt[ord("\n"), 0] = nxt[ord("#"), 1] = nxt[ord("1"), 2] = 10.0
     return model
+
+
+# --- sampling: seeded settings and the chi-square test's critical value --------------------------
+
+
+def seeded_sampling(seed: int, **kw) -> decode.Sampling:
+    return decode.Sampling(**{"temperature": 1.0, **kw}, generator=torch.Generator().manual_seed(seed))
+
+
+def chi2_critical(df: int, p: float = 0.001) -> float:
+    """The chi-square value that a statistic with df degrees of freedom exceeds with
+    probability p (bisection on torch's regularized upper incomplete gamma)."""
+    lo, hi = 0.0, 10.0 * df + 100.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        tail = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                             torch.tensor(mid / 2, dtype=torch.float64)))
+        lo, hi = (mid, hi) if tail > p else (lo, mid)
+    return lo

@@ -3,19 +3,11 @@ import types
 
 import pytest
 import torch
-from doubles import tiny_model
+from doubles import rare_eos_model
 
 from bytemtp.decoding import decode
 from bytemtp.decoding.drafting import Draft
 from bytemtp.vocab import EOS, PAD, TextStream
-
-
-def _model(seed=0, **kw):
-    model = tiny_model(seed, **kw).eval()
-    with torch.no_grad():  # make EOS rare so outputs run long
-        for unembed in model.unembed:
-            unembed.weight[EOS] = 0.0  # EOS logit 0 against random others: rare
-    return model
 
 
 def _greedy_without_cache(model, prompt: bytes, max_bytes: int) -> bytes:
@@ -37,7 +29,7 @@ def _greedy_without_cache(model, prompt: bytes, max_bytes: int) -> bytes:
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])
 @pytest.mark.parametrize("prompt", [b"", b"d", b"def main():\n    "])
 def test_cached_greedy_equals_full_recompute(head_type, prompt):
-    model = _model(head_type=head_type)
+    model = rare_eos_model(head_type=head_type)
     got = decode.generate(model, prompt, max_bytes=30)
     assert got.output == _greedy_without_cache(model, prompt, 30)
     eos = got.stats.stopped_by == "eos"
@@ -45,7 +37,7 @@ def test_cached_greedy_equals_full_recompute(head_type, prompt):
 
 
 def test_limits_and_stops():
-    model = _model()
+    model = rare_eos_model()
     full = decode.generate(model, b"x", max_bytes=40).output
     assert decode.generate(model, b"x", max_bytes=0).output == b""
     assert decode.generate(model, b"x", max_bytes=1).output == full[:1]
@@ -55,7 +47,7 @@ def test_limits_and_stops():
     assert full.startswith(cut.output)
     # no context wall: a prompt near or past the context of 64 slides the window (twice here);
     # weights large enough that each byte depends on the whole window, not on the last few bytes
-    model = _model(init_std=0.3)
+    model = rare_eos_model(init_std=0.3)
     for prompt in (b"y" * 60, b"y" * 100):
         long = decode.generate(model, prompt, max_bytes=40)
         assert long.output == _greedy_without_cache(model, prompt, 40) and len(long.output) == 40
@@ -74,7 +66,7 @@ def test_never_emits_pad_or_special_ids():
 
 
 def test_sampling_is_seeded_and_truncated():
-    model = _model()
+    model = rare_eos_model()
     def run(seed):
         gen = torch.Generator().manual_seed(seed)
         return decode.generate(model, b"a", max_bytes=30,
@@ -101,7 +93,7 @@ def test_text_stream_keeps_characters_whole():
 
 
 def test_the_python_api_takes_str_prompts_as_utf8():
-    model = _model()
+    model = rare_eos_model()
     want = decode.generate_batch(model, [b"def parse(", "é".encode()], max_bytes=12, draft=Draft(4))
     got = decode.generate_batch(model, ["def parse(", "é"], max_bytes=12, draft=Draft(4), stop=())
     assert [g.output for g in got] == [w.output for w in want]
@@ -139,7 +131,7 @@ def test_compare_decoding_measures_plain_against_speculative(monkeypatch):
     # 0.25 s then 0.4 s, so the speedup is 0.8 / 0.65 (total over total; the mean of the ratios
     # 0.8 and 1.5 would be 1.15)
     monkeypatch.setattr(speed, "time", _clock([0.2, 0.25, 0.6, 0.4]))
-    model = _model(n_future=4)
+    model = rare_eos_model(n_future=4)
     draft = Draft(4, "chain")  # four heads every pass: no choice that a timing could sway
     res = speed.compare_decoding(decode.Decoder(model, compile="off"), "def ", max_bytes=24, draft=draft, rounds=2)
     plain = decode.generate(model, b"def ", max_bytes=24)

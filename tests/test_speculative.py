@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from doubles import (FITTED, MARKOV_SYMBOLS, MARKOV_TARGET, SONGS, TEXT, MarkovModel, ScriptedBatchModel, ScriptedModel,
-                     fitted_model)
+                     chi2_critical, fitted_model, seeded_sampling)
 
 from bytemtp.decoding import decode
 from bytemtp.decoding.drafting import Draft, PassCosts
@@ -381,10 +381,6 @@ def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch, wrong_rule, n):
 _SAMPLE_PROMPTS = [b"", b"o", b"la la", b"one two three", bytes(range(240, 250))]
 
 
-def _sampling(seed: int, **kw) -> decode.Sampling:
-    return decode.Sampling(**{"temperature": 1.0, **kw}, generator=torch.Generator().manual_seed(seed))
-
-
 @FITTED
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("head_type", _HEAD_TYPES)
@@ -394,7 +390,7 @@ def test_batch_sampling_is_reproducible_from_the_seed(head_type):
     for seed in (1, 1, 2):
         for stacked in (True, False):
             batch = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=24, draft=Draft(4), stacked=stacked,
-                                          sampling=_sampling(seed, temperature=1.3, top_k=40, top_p=0.97))
+                                          sampling=seeded_sampling(seed, temperature=1.3, top_k=40, top_p=0.97))
             runs.setdefault(seed, []).append([g.output for g in batch])
             assert all(len(g.output) <= 24 and 0.0 <= min(g.stats.acceptance, default=0.0)
                        and max(g.stats.acceptance, default=0.0) <= 1.0 for g in batch)
@@ -409,9 +405,9 @@ def test_batch_sampling_is_reproducible_from_the_seed(head_type):
 def test_plain_batch_sampling_runs_and_matches_plain_decoding(head_type):
     model = fitted_model(0, head_type)
     batch = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, draft="plain",
-                                  sampling=_sampling(3, temperature=0.9, top_p=0.9))
+                                  sampling=seeded_sampling(3, temperature=0.9, top_p=0.9))
     again = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, draft="plain",
-                                  sampling=_sampling(3, temperature=0.9, top_p=0.9))
+                                  sampling=seeded_sampling(3, temperature=0.9, top_p=0.9))
     assert [g.output for g in batch] == [g.output for g in again]
     for got in batch:
         stats = got.stats
@@ -421,8 +417,8 @@ def test_plain_batch_sampling_runs_and_matches_plain_decoding(head_type):
     # one row with k = 1 draws from the generator exactly as plain decoding does, byte for byte
     for prompt in _SAMPLE_PROMPTS[:3]:
         row = decode.generate_batch(model, [prompt], max_bytes=20, draft="plain",
-                                    sampling=_sampling(5, temperature=1.1))[0]
-        plain = decode.generate(model, prompt, max_bytes=20, sampling=_sampling(5, temperature=1.1))
+                                    sampling=seeded_sampling(5, temperature=1.1))[0]
+        plain = decode.generate(model, prompt, max_bytes=20, sampling=seeded_sampling(5, temperature=1.1))
         assert row.output == plain.output
 
 
@@ -436,7 +432,7 @@ def test_streamed_pieces_per_row_equal_the_outputs(head_type, sampling):
         pieces = {}
         batch = decode.generate_batch(
             model, _SAMPLE_PROMPTS, max_bytes=20, draft=Draft(k) if speculative else "plain",
-            sampling=_sampling(4) if sampling else None, stop=(b"la l",),
+            sampling=seeded_sampling(4) if sampling else None, stop=(b"la l",),
             on_bytes=lambda r, piece: pieces.setdefault(r, []).append(piece))
         assert set(pieces) <= set(range(len(_SAMPLE_PROMPTS))) and any(g.output for g in batch)
         for r, got in enumerate(batch):
@@ -447,18 +443,6 @@ def test_streamed_pieces_per_row_equal_the_outputs(head_type, sampling):
 # --- longer outputs: draft positions >= 3, the bonus byte at k >= 3, temperature, top-k, top-p ----
 
 _FLAT_COSTS = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (5, 1): 1.0, (5, 16): 1.0})  # drafting is free
-
-
-def _chi2_critical(df: int, p: float = 0.001) -> float:
-    """The chi-square value that a statistic with df degrees of freedom exceeds with
-    probability p (bisection on torch's regularized upper incomplete gamma)."""
-    lo, hi = 0.0, 10.0 * df + 100.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        tail = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                             torch.tensor(mid / 2, dtype=torch.float64)))
-        lo, hi = (mid, hi) if tail > p else (lo, mid)
-    return lo
 
 
 def _exact_output_probs(model: "MarkovModel", sampling: decode.Sampling, n_bytes: int) -> dict[bytes, float]:
@@ -487,7 +471,7 @@ def _exact_output_probs(model: "MarkovModel", sampling: decode.Sampling, n_bytes
 def test_longer_speculative_sampling_has_the_target_distribution(heads, kw):
     n_bytes, n = 4, 12000
     model = MarkovModel(n_future=5)
-    sampling = _sampling(17 + (heads or 0), **kw)
+    sampling = seeded_sampling(17 + (heads or 0), **kw)
     expected = _exact_output_probs(model, sampling, n_bytes)
     assert sum(expected.values()) == pytest.approx(1.0)
     outputs, stats = [], []
@@ -512,7 +496,7 @@ def test_longer_speculative_sampling_has_the_target_distribution(heads, kw):
     if n * rest_p >= 5:
         chi2 += (rest - n * rest_p) ** 2 / (n * rest_p)
         bins += 1
-    assert chi2 < _chi2_critical(bins - 1), (chi2, bins)
+    assert chi2 < chi2_critical(bins - 1), (chi2, bins)
     # deep drafts were offered and used, and some bytes came as the bonus after all drafts
     drafted = [sum(s.drafted[j] for s in stats) for j in range(3)]
     accepted = [sum(s.accepted[j] for s in stats) for j in range(3)]
@@ -521,5 +505,5 @@ def test_longer_speculative_sampling_has_the_target_distribution(heads, kw):
 
 
 def test_the_chi_square_critical_values_match_the_table():
-    assert _chi2_critical(26) == pytest.approx(_CHI2_26_P001, abs=0.01)
-    assert _chi2_critical(80) == pytest.approx(124.839, abs=0.01)  # standard table value
+    assert chi2_critical(26) == pytest.approx(_CHI2_26_P001, abs=0.01)
+    assert chi2_critical(80) == pytest.approx(124.839, abs=0.01)  # standard table value

@@ -20,8 +20,7 @@ from collections import defaultdict
 
 import pytest
 import torch
-from test_speculative import _chi2_critical, _sampling
-from doubles import EOS_MARKOV_IDS, EosMarkovModel
+from doubles import EOS_MARKOV_IDS, EosMarkovModel, chi2_critical, seeded_sampling
 
 from bytemtp.decoding import decode, sampling
 from bytemtp.decoding.drafting import Draft
@@ -194,7 +193,7 @@ PROMPTS = [b"", b"a", b"cab", b"bcabca", b"abcabca"]
 def test_speculative_sampling_has_plain_samplings_distribution_per_row(heads, max_bytes, kw):
     n_per_prompt, batch = 3000, 2500
     model = EosMarkovModel()
-    sampling_ = _sampling(100 + heads + max_bytes, **kw)
+    sampling_ = seeded_sampling(100 + heads + max_bytes, **kw)
     expected = {p: _plain_probs(model, p, sampling_, max_bytes) for p in PROMPTS}
     assert all(sum(e.values()) == pytest.approx(1.0) for e in expected.values())
     prompts = PROMPTS * (batch // len(PROMPTS))
@@ -208,7 +207,7 @@ def test_speculative_sampling_has_plain_samplings_distribution_per_row(heads, ma
         stats += [g.stats for g in got]
     for p in PROMPTS:
         chi2, df = _chi_square(outputs[p], expected[p])
-        assert chi2 < _chi2_critical(df), (p, chi2, df)
+        assert chi2 < chi2_critical(df), (p, chi2, df)
     assert any(s.stopped_by == "eos" for s in stats) and any(s.slides for s in stats)
     if heads > 1:  # drafts were accepted and rejected at every depth that max_bytes leaves, none deeper
         drafted = [sum(s.drafted[j] for s in stats) for j in range(heads - 1)]
