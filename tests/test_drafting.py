@@ -1,8 +1,7 @@
-"""Cost-aware drafting, tree drafts and the sliding window, each against its slow reference:
+"""Cost-aware drafting and tree drafts (bytemtp.decoding.drafting), each against its slow reference:
 plain greedy decoding (`decode.generate`), which knows nothing of drafts, trees or costs."""
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from doubles import CPU_LIKE, FITTED, FLAT, SONGS, TEXT, ScriptedModel, fitted_model
@@ -132,78 +131,3 @@ def test_trees_accept_more_bytes_per_pass_than_chains_on_a_fitted_model():
     rate = lambda gens: sum(g.stats.bytes_out for g in gens) / sum(g.stats.forward_passes for g in gens)  # noqa: E731
     assert rate(tree) > rate(chain)  # here 160 bytes in 58 passes against 70: second guesses were right
     assert any(shape.startswith("tree") for g in tree for shape in g.stats.shapes)
-
-
-# --- no context wall ------------------------------------------------------------------------------
-
-@pytest.mark.slow
-@FITTED
-@pytest.mark.parametrize("head_type", ["transformer", "causal"])
-@pytest.mark.parametrize("prompt_len", [0, 10, 63, 150])
-def test_the_window_slides_and_speculative_equals_plain(head_type, prompt_len):
-    """seq_len is 64: 200 bytes need several slides, and a 150-byte prompt starts beyond the
-    context; plain and speculative greedy follow the same window rule and agree byte for byte."""
-    model = fitted_model(0, head_type)
-    prompt = (b"".join(SONGS) * 4)[:prompt_len]
-    plain = decode.generate(model, prompt, max_bytes=200)
-    assert plain.stats.bytes_out == 200 or plain.stats.stopped_by == "eos"
-    for heads, draft in ((None, "auto"), (8, "chain"), (4, "tree")):
-        got = decode.generate_batch(model, [prompt, prompt[:5]], max_bytes=200, draft=Draft(heads, draft),
-                                    costs=FLAT)
-        assert got[0].output == plain.output
-        assert got[1].output == decode.generate(model, prompt[:5], max_bytes=200).output
-        if plain.stats.bytes_out == 200:
-            assert got[0].stats.slides >= 2
-
-
-def test_window_rule():
-    assert decode.window_start(64, 0, 64) == 0
-    assert decode.window_start(65, 0, 64) == 65 - 32
-    assert decode.window_start(33 + 64, 33, 64) == 33  # 64 positions: still fits
-    assert decode.window_start(200, 0, 64) == 200 - 32
-
-
-# --- the steps of a pass, each on its own ---------------------------------------------------------
-
-def _row(cand):
-    row = decode._Row(b"", decode.Output(decode.SpeculativeStats(), max_bytes=100, stop=(), on_bytes=None))
-    row.nxt, row.cand = ord("a"), cand
-    return row
-
-
-def _logits(picks_TK):
-    """Logits (1, T, K, V) whose argmax at node t, head k is picks_TK[t][k]."""
-    T, K = len(picks_TK), len(picks_TK[0])
-    out = torch.zeros(1, T, K, 264)
-    for t in range(T):
-        for k in range(K):
-            out[0, t, k, picks_TK[t][k]] = 5.0
-    return out
-
-
-def test_verify_greedy_walks_the_tree_along_head_1():
-    tree = DraftTree.from_paths([(0,), (1,), (1, 0), (0, 0)])  # nodes: root, (0), (0,0), (1), (1,0)
-    assert tree.ranks == (0, 0, 0, 1, 0) and tree.parents == (-1, 0, 1, 0, 3)
-    row = _row([[ord("x"), ord("b")], [ord("c"), ord("y")]])  # head 2: x, b; head 3: c, y
-    dec = decode.Decoder.__new__(decode.Decoder)
-    # head 1 after the root says b (rank 1 of head 2: node 3), after b says c (node 4), then d
-    picks = [[ord("b"), 1, 2], [ord("q"), 1, 2], [ord("q"), 1, 2], [ord("c"), 1, 2], [ord("d"), 7, 8]]
-    (path, nxt, cand), = dec.verify_greedy(_logits(picks), [row], tree, offered=[2])
-    assert path == [0, 3, 4] and nxt == ord("d") and [c[0] for c in cand] == [7, 8]
-    (path, nxt, _), = dec.verify_greedy(_logits(picks), [row], tree, offered=[1])  # depth 2 not usable
-    assert path == [0, 3] and nxt == ord("c")
-
-
-@FITTED
-def test_accept_emits_counts_and_compacts_the_path():
-    model = fitted_model(0, "transformer")
-    cache = decode.KVCache.for_model(model, 1, max_len=80)
-    cache.k[:, 0, :, 10:15] = torch.arange(5, dtype=cache.k.dtype)[:, None]  # slot s holds s - 10
-    cache.lengths = [10]
-    tree = DraftTree.from_paths([(0,), (1,), (1, 0), (0, 0)])
-    row = _row([[ord("x"), ord("b")], [ord("c"), ord("y")]])
-    dec = decode.Decoder.__new__(decode.Decoder)
-    done = dec.accept(row, 0, [0, 3, 4], tree, cache, start=10, layers=model.config.total_layers, offered=2)
-    assert not done and bytes(row.out.data) == b"bc"
-    assert row.stats.drafted == [1, 1] and row.stats.accepted == [1, 1] and row.stats.forward_passes == 1
-    assert cache.lengths == [13] and cache.k[0, 0, 0, 10:13, 0].tolist() == [0.0, 3.0, 4.0]

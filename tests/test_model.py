@@ -138,17 +138,6 @@ def test_rows_at_different_lengths_equal_each_row_alone(head_type):
     torch.testing.assert_close(got[1], full[0, 18:20])
 
 
-def test_cache_rewind_is_a_pointer_move():
-    model = tiny_model()
-    cache = KVCache.for_model(model, batch_size=1)
-    k_ptr = cache.k.data_ptr()
-    model.logits(torch.randint(0, 256, (1, 8)), cache)
-    cache.rewind(3)
-    assert cache.k.data_ptr() == k_ptr and cache.length == 5
-    with pytest.raises(AssertionError):
-        cache.rewind(6)
-
-
 def test_context_overflow_is_a_clear_error():
     model = tiny_model()
     with pytest.raises(ValueError, match="exceeds the context of 64"):

@@ -1,6 +1,8 @@
-"""Speculative sampling keeps the model's distribution: one verify step enumerated exactly, and
-whole decodings (rows of different lengths, EOS, a max_bytes cut inside a draft, a window
-slide) against the exact distribution of plain sampling.
+"""Choosing bytes (bytemtp.decoding.sampling): greedy and sampled picks never emit special ids, a seed
+repeats a sampling, top-k and top-p truncate; and speculative sampling keeps the model's
+distribution: one verify step enumerated exactly, and whole decodings (rows of different lengths,
+EOS, a max_bytes cut inside a draft, a window slide) against the exact distribution of plain
+sampling.
 
 The exact test calls `sampling.verify_sampled` with controlled randomness. It draws one uniform
 a draft (`torch.rand(n)` from the generator, before anything else) and accepts draft j while
@@ -20,12 +22,12 @@ from collections import defaultdict
 
 import pytest
 import torch
-from doubles import EOS_MARKOV_IDS, EosMarkovModel, chi2_critical, seeded_sampling
+from doubles import EOS_MARKOV_IDS, EosMarkovModel, chi2_critical, rare_eos_model, seeded_sampling
 
 from bytemtp.decoding import decode, sampling
 from bytemtp.decoding.drafting import Draft
 from bytemtp.model.kvcache import window_start
-from bytemtp.vocab import EOS
+from bytemtp.vocab import EOS, PAD
 
 # --- one verify step, enumerated exactly --------------------------------------------------------
 
@@ -215,3 +217,33 @@ def test_speculative_sampling_has_plain_samplings_distribution_per_row(heads, ma
         usable = min(heads, max_bytes) - 1
         assert all(0 < a < d for a, d in zip(accepted[:usable], drafted[:usable]))
         assert drafted[usable:] == [0] * (heads - 1 - usable)
+
+
+def test_never_emits_pad_or_special_ids():
+    logits = torch.zeros(264)
+    logits[PAD] = 100.0
+    logits[256] = 99.0
+    logits[260] = 98.0
+    logits[65] = 1.0
+    assert decode.next_byte(logits, decode.Sampling()) == 65
+    probs = decode.distribution(logits, decode.Sampling(temperature=1.0))
+    assert probs[PAD] == 0 and probs[256] == 0 and probs[259:].sum() == 0
+
+
+def test_sampling_is_seeded_and_truncated():
+    model = rare_eos_model()
+    def run(seed):
+        gen = torch.Generator().manual_seed(seed)
+        return decode.generate(model, b"a", max_bytes=30,
+                               sampling=decode.Sampling(temperature=1.0, generator=gen)).output
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+    logits = torch.arange(264, dtype=torch.float32) / 10
+    top2 = decode.distribution(logits, decode.Sampling(temperature=1.0, top_k=2))
+    assert (top2 > 0).sum() == 2 and top2[EOS] > 0
+    nucleus = decode.distribution(logits, decode.Sampling(temperature=1.0, top_p=0.3))
+    kept = nucleus > 0
+    full = decode.distribution(logits, decode.Sampling(temperature=1.0))
+    assert full[kept].sum() >= 0.3 and full[kept].sum() - full[kept].min() < 0.3
+    with pytest.raises(ValueError, match="top_p"):
+        decode.Sampling(top_p=0.0)
