@@ -12,7 +12,6 @@ import dataclasses
 import json
 import math
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -25,58 +24,21 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
+from train_runs import BATCH, BYTES_PER_STEP, SEQ_LEN, ckpt_step, cli, loss_lines, read_metrics, tiny_cfg
 
 import bytemtp.training.train as train_lib
 from bytemtp import config as config_lib
 from bytemtp.config import TrainConfig
-from bytemtp.data import prep
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_train_state
 from bytemtp.training import runs
 from bytemtp_cli.main import main
 from bytemtp_cli.options import parse_duration, parse_size
 
-BATCH = 4
-SEQ_LEN = 64  # the tiny preset's
-BYTES_PER_STEP = BATCH * SEQ_LEN
 TIMING_KEYS = ("bytes_per_s", "elapsed_s")
-WORDS = ("the quick brown fox jumps over a lazy dog while every byte model predicts eight heads "
-         "of future tokens from one shared trunk").split()
 
 
-# --- fixtures and helpers ---------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def corpus_dir(tmp_path_factory) -> Path:
-    """A prepared corpus of 40 small documents with a train and a val split."""
-    root = tmp_path_factory.mktemp("train-corpus")
-    src = root / "src"
-    src.mkdir()
-    rng = random.Random(0)
-    for i in range(40):
-        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 200)))
-        (src / f"doc{i:02d}.txt").write_text(f"document {i}\n{words}\n")
-    manifest = prep.prepare([src], root / "corpus", val_fraction=0.2)
-    assert manifest["splits"]["val"]["documents"] > 0 and manifest["splits"]["train"]["documents"] > 20
-    return root / "corpus"
-
-
-def tiny_cfg(corpus_dir: Path, *sets: str) -> config_lib.Config:
-    return config_lib.resolve("tiny", overrides=[f"data.path={corpus_dir}", f"data.batch_size={BATCH}",
-                                                 "train.log_every=1", *sets])
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def loss_lines(records: list[dict]) -> list[dict]:
-    return [r for r in records if "loss" in r]
-
-
-def ckpt_step(path: Path) -> int:
-    return json.loads((path / "train_state.json").read_text())["step"]
+# --- helpers ---------------------------------------------------------------------------------
 
 
 def cli_cmd(*args: str) -> list[str]:
@@ -153,10 +115,6 @@ def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, log: Path, timeou
         time.sleep(0.005)
     proc.kill()
     pytest.fail(f"no checkpoint in {run_dir} after {timeout} s")
-
-
-def cli(*args: str):
-    return CliRunner().invoke(main, ["train", *map(str, args)])
 
 
 # --- 1. resume after SIGKILL equals the uninterrupted run ------------------------------------
@@ -490,15 +448,6 @@ def test_the_train_command_shows_out_of_memory_as_one_line(tmp_path, corpus_dir,
 
 
 # --- 5. the train command's errors ----------------------------------------------------------------
-
-
-@pytest.fixture
-def short_run(tmp_path, corpus_dir) -> Path:
-    """A run of two steps with its checkpoint."""
-    run = tmp_path / "short"
-    train_lib.train(tiny_cfg(corpus_dir, "train.steps=2"), run, show_progress=False, say=lambda m: None)
-    assert latest_checkpoint(run) is not None
-    return run
 
 
 @pytest.mark.parametrize("case,words", [
