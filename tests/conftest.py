@@ -60,6 +60,15 @@ def code_corpus(tmp_path_factory):
     return root / "corpus"
 
 
+@pytest.fixture
+def root(tmp_path):
+    """For the guard and execution tests: a working directory (a real path, as the child's is) beside a file and a directory outside it."""
+    (tmp_path / "work").mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "victim.txt").write_text("keep me")
+    return os.path.realpath(tmp_path / "work")
+
+
 # --- training runs (tests/train_runs.py has their helpers) -----------------------------------------
 
 WORDS = ("the quick brown fox jumps over a lazy dog while every byte model predicts eight heads "

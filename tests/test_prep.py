@@ -124,7 +124,6 @@ prep.iter_documents = slow
 prep.prepare([sys.argv[1]], sys.argv[2])
 """
 
-
 def test_a_prep_stopped_by_sigterm_leaves_nothing(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
