@@ -168,8 +168,8 @@ def test_tree_decoding_slides_its_window_as_plain_decoding_does(draft, costs):
 @FITTED
 @pytest.mark.parametrize("head_type", ["transformer", "linear", "causal"])
 def test_tree_decoding_of_a_fitted_model_equals_plain_greedy(head_type):
-    """Through the real model's tree masks, rotary positions and stacked heads (test_speculative's
-    fitted models, whose drafts are often right as their heads' top byte and sometimes as the
+    """Through the real model's tree masks, rotary positions and stacked heads (the fitted
+    models of doubles.py, whose drafts are often right as their heads' top byte and sometimes as the
     second); the last prompt nearly fills the context of 64, so its window slides."""
     model = fitted_model(0, head_type)
     prompts = [b"one two", b"la la", b"0123", (b"".join(SONGS) * 2)[:60]]
