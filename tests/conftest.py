@@ -1,4 +1,6 @@
 import os
+import random
+from pathlib import Path
 
 # One thread per test process, and per process a test starts (torchrun's ranks inherit it): the
 # suite runs in parallel processes (pytest -n auto), and more threads than cores only wait.
@@ -33,6 +35,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
 
 
+@pytest.fixture
+def one_thread():
+    """Decoding runs thousands of tiny tensor ops; with an intra-op thread pool some of them
+    (softmax) wait on the pool's other thread, which on a busy machine costs a scheduler tick
+    each (seen: 30x slower). Decoding tests run single-threaded."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def code_corpus(tmp_path_factory):
     """A small prepared corpus of generated Python files, with a val split."""
@@ -45,3 +58,49 @@ def code_corpus(tmp_path_factory):
         (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + {i * 7}  # {'pad ' * 10}\n" * (2 + i % 5))
     prepare([src], root / "corpus", val_fraction=0.2)
     return root / "corpus"
+
+
+@pytest.fixture
+def root(tmp_path):
+    """For the guard and execution tests: a working directory (a real path, as the child's is) beside a file and a directory outside it."""
+    (tmp_path / "work").mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "victim.txt").write_text("keep me")
+    return os.path.realpath(tmp_path / "work")
+
+
+# --- training runs (tests/train_runs.py has their helpers) -----------------------------------------
+
+WORDS = ("the quick brown fox jumps over a lazy dog while every byte model predicts eight heads "
+         "of future tokens from one shared trunk").split()
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory) -> Path:
+    """A prepared corpus of 40 small documents with a train and a val split."""
+    from bytemtp.data import prep
+
+    root = tmp_path_factory.mktemp("train-corpus")
+    src = root / "src"
+    src.mkdir()
+    rng = random.Random(0)
+    for i in range(40):
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 200)))
+        (src / f"doc{i:02d}.txt").write_text(f"document {i}\n{words}\n")
+    manifest = prep.prepare([src], root / "corpus", val_fraction=0.2)
+    assert manifest["splits"]["val"]["documents"] > 0 and manifest["splits"]["train"]["documents"] > 20
+    return root / "corpus"
+
+
+@pytest.fixture
+def short_run(tmp_path, corpus_dir) -> Path:
+    """A run of two steps with its checkpoint."""
+    from train_runs import tiny_cfg
+
+    import bytemtp.training.train as train_lib
+    from bytemtp.runtime.checkpoint import latest_checkpoint
+
+    run = tmp_path / "short"
+    train_lib.train(tiny_cfg(corpus_dir, "train.steps=2"), run, show_progress=False, say=lambda m: None)
+    assert latest_checkpoint(run) is not None
+    return run

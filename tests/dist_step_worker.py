@@ -12,8 +12,8 @@ import torch
 from bytemtp import config as C
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime import distributed as dist_lib
-from bytemtp.training.step import forward_backward, plain_forward_backward
 from bytemtp.training.optimizer import build_optimizer
+from bytemtp.training.step import forward_backward, plain_forward_backward
 from bytemtp.training.train import accumulate_gradients
 
 CASES = [  # parallel, head_type, unembed, memory_efficient, grad_accum

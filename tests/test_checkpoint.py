@@ -8,20 +8,18 @@ import shutil
 
 import pytest
 import torch
+from doubles import build_model
 from safetensors import SafetensorError, safe_open
 
 from bytemtp.config import ModelConfig, tiny
 from bytemtp.model.layout import build_layout
-from bytemtp.model.model import ByteMTP
 from bytemtp.runtime import checkpoint
 from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_config, load_model,
                                         load_train_state, resolve_checkpoint, save_checkpoint)
 
 
 def make_model(cfg, seed=0):
-    model = ByteMTP(cfg.model)
-    model.init_weights(torch.Generator().manual_seed(seed))
-    return model
+    return build_model(cfg.model, seed)
 
 
 def make_optimizer(model):

@@ -1,12 +1,11 @@
 """The static decode step (bytemtp.decoding.compiled) against its references: the eager `ByteMTP.logits`
 pass, and plain greedy decoding; compiled and uncompiled."""
 
-import dataclasses
 
 import pytest
 import torch
+from doubles import tiny_model
 
-from bytemtp import config as C
 from bytemtp.decoding import decode
 from bytemtp.decoding.compiled import Compile, StaticStep, head_bucket, head_buckets, node_bucket, worth_compiling
 from bytemtp.decoding.drafting import DraftTree, PassCosts
@@ -19,10 +18,7 @@ COMPILED = pytest.mark.xdist_group("processes")  # not beside the torchrun tests
 
 
 def _model(head_type="transformer", seed=0, dtype=torch.float64, **kw) -> ByteMTP:
-    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, **kw)
-    model = ByteMTP(cfg)
-    model.init_weights(generator=torch.Generator().manual_seed(seed))
-    return model.to(dtype).eval()
+    return tiny_model(seed, head_type=head_type, **kw).to(dtype).eval()
 
 
 def test_buckets():

@@ -1,25 +1,15 @@
-import dataclasses
-import itertools
-import types
+"""Plain decoding (`decode.generate`, the reference) against a full recompute of every byte, and the
+decoder against it: the sliding window, and the steps of a pass (verify, accept) each on its own."""
 
 import pytest
 import torch
+from doubles import FITTED, FLAT, SONGS, fitted_model, rare_eos_model
 
-from bytemtp import config as C
 from bytemtp.decoding import decode
+from bytemtp.decoding.drafting import DraftTree
 from bytemtp.decoding.strategy import Draft
 from bytemtp.model.layout import build_layout
-from bytemtp.model.model import ByteMTP
-from bytemtp.vocab import EOS, PAD, TextStream
-
-
-def _model(seed=0, **kw):
-    model = ByteMTP(dataclasses.replace(C.tiny().model, **kw)).eval()
-    model.init_weights(generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():  # make EOS rare so outputs run long
-        for unembed in model.unembed:
-            unembed.weight[EOS] = 0.0  # EOS logit 0 against random others: rare
-    return model
+from bytemtp.vocab import EOS
 
 
 def _greedy_without_cache(model, prompt: bytes, max_bytes: int) -> bytes:
@@ -42,7 +32,7 @@ def _greedy_without_cache(model, prompt: bytes, max_bytes: int) -> bytes:
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])
 @pytest.mark.parametrize("prompt", [b"", b"d", b"def main():\n    "])
 def test_cached_greedy_equals_full_recompute(head_type, prompt):
-    model = _model(head_type=head_type)
+    model = rare_eos_model(head_type=head_type)
     got = decode.generate(model, prompt, max_bytes=30)
     assert got.output == _greedy_without_cache(model, prompt, 30)
     eos = got.stats.stopped_by == "eos"
@@ -50,7 +40,7 @@ def test_cached_greedy_equals_full_recompute(head_type, prompt):
 
 
 def test_limits_and_stops():
-    model = _model()
+    model = rare_eos_model()
     full = decode.generate(model, b"x", max_bytes=40).output
     assert decode.generate(model, b"x", max_bytes=0).output == b""
     assert decode.generate(model, b"x", max_bytes=1).output == full[:1]
@@ -60,101 +50,79 @@ def test_limits_and_stops():
     assert full.startswith(cut.output)
     # no context wall: a prompt near or past the context of 64 slides the window (twice here);
     # weights large enough that each byte depends on the whole window, not on the last few bytes
-    model = _model(init_std=0.3)
+    model = rare_eos_model(init_std=0.3)
     for prompt in (b"y" * 60, b"y" * 100):
         long = decode.generate(model, prompt, max_bytes=40)
         assert long.output == _greedy_without_cache(model, prompt, 40) and len(long.output) == 40
         assert long.stats.forward_passes == 40 and long.stats.stopped_by == "max_bytes"
 
 
-def test_never_emits_pad_or_special_ids():
-    logits = torch.zeros(264)
-    logits[PAD] = 100.0
-    logits[256] = 99.0
-    logits[260] = 98.0
-    logits[65] = 1.0
-    assert decode.next_byte(logits, decode.Sampling()) == 65
-    probs = decode.distribution(logits, decode.Sampling(temperature=1.0))
-    assert probs[PAD] == 0 and probs[256] == 0 and probs[259:].sum() == 0
+# --- no context wall ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@FITTED
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+@pytest.mark.parametrize("prompt_len", [0, 10, 63, 150])
+def test_the_window_slides_and_speculative_equals_plain(head_type, prompt_len):
+    """seq_len is 64: 200 bytes need several slides, and a 150-byte prompt starts beyond the
+    context; plain and speculative greedy follow the same window rule and agree byte for byte."""
+    model = fitted_model(0, head_type)
+    prompt = (b"".join(SONGS) * 4)[:prompt_len]
+    plain = decode.generate(model, prompt, max_bytes=200)
+    assert plain.stats.bytes_out == 200 or plain.stats.stopped_by == "eos"
+    for heads, draft in ((None, "auto"), (8, "chain"), (4, "tree")):
+        got = decode.generate_batch(model, [prompt, prompt[:5]], max_bytes=200, draft=Draft(heads, draft),
+                                    costs=FLAT)
+        assert got[0].output == plain.output
+        assert got[1].output == decode.generate(model, prompt[:5], max_bytes=200).output
+        if plain.stats.bytes_out == 200:
+            assert got[0].stats.slides >= 2
 
 
-def test_sampling_is_seeded_and_truncated():
-    model = _model()
-    def run(seed):
-        gen = torch.Generator().manual_seed(seed)
-        return decode.generate(model, b"a", max_bytes=30,
-                               sampling=decode.Sampling(temperature=1.0, generator=gen)).output
-    assert run(1) == run(1)
-    assert run(1) != run(2)
-    logits = torch.arange(264, dtype=torch.float32) / 10
-    top2 = decode.distribution(logits, decode.Sampling(temperature=1.0, top_k=2))
-    assert (top2 > 0).sum() == 2 and top2[EOS] > 0
-    nucleus = decode.distribution(logits, decode.Sampling(temperature=1.0, top_p=0.3))
-    kept = nucleus > 0
-    full = decode.distribution(logits, decode.Sampling(temperature=1.0))
-    assert full[kept].sum() >= 0.3 and full[kept].sum() - full[kept].min() < 0.3
-    with pytest.raises(ValueError, match="top_p"):
-        decode.Sampling(top_p=0.0)
+# --- the steps of a pass, each on its own ---------------------------------------------------------
+
+def _row(cand):
+    row = decode._Row(b"", decode.Output(decode.SpeculativeStats(), max_bytes=100, stop=(), on_bytes=None))
+    row.nxt, row.cand = ord("a"), cand
+    return row
 
 
-def test_text_stream_keeps_characters_whole():
-    data = "naïve ☃ 🎉".encode() + b"\xff" + "ok".encode()
-    stream = TextStream()
-    pieces = [stream.feed(data[i:i + 1]) for i in range(len(data))] + [stream.finish()]
-    assert "".join(pieces) == data.decode("utf-8", errors="replace")
-    assert all("\ufffd" not in p for p in pieces[: len(data) - 3])
+def _logits(picks_TK):
+    """Logits (1, T, K, V) whose argmax at node t, head k is picks_TK[t][k]."""
+    T, K = len(picks_TK), len(picks_TK[0])
+    out = torch.zeros(1, T, K, 264)
+    for t in range(T):
+        for k in range(K):
+            out[0, t, k, picks_TK[t][k]] = 5.0
+    return out
 
 
-def test_the_python_api_takes_str_prompts_as_utf8():
-    model = _model()
-    want = decode.generate_batch(model, [b"def parse(", "é".encode()], max_bytes=12, draft=Draft(4))
-    got = decode.generate_batch(model, ["def parse(", "é"], max_bytes=12, draft=Draft(4), stop=())
-    assert [g.output for g in got] == [w.output for w in want]
-    assert decode.generate(model, "def parse(", max_bytes=12).output == want[0].output
-    assert decode.generate_speculative(model, "é", max_bytes=12, draft=Draft(4)).output == want[1].output
-    with pytest.raises(TypeError, match=r"for one prompt pass \[prompt\]"):
-        decode.generate_batch(model, "def parse(", max_bytes=4)
-    with pytest.raises(TypeError, match="a prompt is bytes or str, not int"):
-        decode.generate_batch(model, [7], max_bytes=4)
-    with pytest.raises(ValueError, match=r"^heads=9 is not allowed") as error:
-        decode.generate_batch(model, ["x"], max_bytes=4, draft=Draft(9))
-    assert "--" not in str(error.value)  # library errors name arguments, not the CLI's flags
+@pytest.mark.usefixtures("one_thread")
+def test_verify_greedy_walks_the_tree_along_head_1():
+    tree = DraftTree.from_paths([(0,), (1,), (1, 0), (0, 0)])  # nodes: root, (0), (0,0), (1), (1,0)
+    assert tree.ranks == (0, 0, 0, 1, 0) and tree.parents == (-1, 0, 1, 0, 3)
+    row = _row([[ord("x"), ord("b")], [ord("c"), ord("y")]])  # head 2: x, b; head 3: c, y
+    dec = decode.Decoder.__new__(decode.Decoder)
+    # head 1 after the root says b (rank 1 of head 2: node 3), after b says c (node 4), then d
+    picks = [[ord("b"), 1, 2], [ord("q"), 1, 2], [ord("q"), 1, 2], [ord("c"), 1, 2], [ord("d"), 7, 8]]
+    (path, nxt, cand), = dec.verify_greedy(_logits(picks), [row], tree, offered=[2])
+    assert path == [0, 3, 4] and nxt == ord("d") and [c[0] for c in cand] == [7, 8]
+    (path, nxt, _), = dec.verify_greedy(_logits(picks), [row], tree, offered=[1])  # depth 2 not usable
+    assert path == [0, 3] and nxt == ord("c")
 
 
-def test_context_left_is_what_the_window_slides_by():
-    seq_len = 8
-    assert decode.context_left(5, 0, seq_len) == 3 and decode.context_left(8, 0, seq_len) == 0
-    for n in range(1, 40):
-        start = decode.window_start(n, 0, seq_len)
-        assert decode.context_left(n, start, seq_len) >= 0  # after a slide the context fits again
-        assert (start == 0) == (decode.context_left(n, 0, seq_len) >= 0)
-
-
-def _clock(seconds):
-    """A stand-in for the `time` module whose perf_counter, read at the start and the end of each
-    timed call, makes the calls last `seconds` in turn."""
-    reads = iter(itertools.accumulate(x for s in seconds for x in (0.0, s)))
-    return types.SimpleNamespace(perf_counter=lambda: next(reads))
-
-
-def test_compare_decoding_measures_plain_against_speculative(monkeypatch):
-    from bytemtp.decoding import speed
-
-    # the modes take turns, plain first, once a round: plain takes 0.2 s then 0.6 s, speculative
-    # 0.25 s then 0.4 s, so the speedup is 0.8 / 0.65 (total over total; the mean of the ratios
-    # 0.8 and 1.5 would be 1.15)
-    monkeypatch.setattr(speed, "time", _clock([0.2, 0.25, 0.6, 0.4]))
-    model = _model(n_future=4)
-    draft = Draft(4, "chain")  # four heads every pass: no choice that a timing could sway
-    res = speed.compare_decoding(decode.Decoder(model, compile="off"), "def ", max_bytes=24, draft=draft, rounds=2)
-    plain = decode.generate(model, b"def ", max_bytes=24)
-    spec = decode.generate_batch(model, [b"def "], max_bytes=24, draft=draft)[0]
-    assert res.identical and res.output == plain.output == spec.output and not res.compiled
-    assert res.figures.speedup == pytest.approx(0.8 / 0.65)
-    assert res.figures.speedup_runs == pytest.approx([0.8, 1.5])
-    assert (res.figures.speedup_min, res.figures.speedup_max) == pytest.approx((0.8, 1.5))
-    n = len(plain.output)
-    assert (res.figures.plain_bytes_s, res.figures.spec_bytes_s) == pytest.approx((2 * n / 0.8, 2 * n / 0.65))
-    assert res.figures.bytes_per_forward == pytest.approx(n / spec.stats.forward_passes)
-    assert res.figures.pass_cost == pytest.approx((0.65 / spec.stats.forward_passes) / (0.8 / plain.stats.forward_passes))
-    assert res.degenerate == (len(set(plain.output)) == 1)
+@FITTED
+@pytest.mark.usefixtures("one_thread")
+def test_accept_emits_counts_and_compacts_the_path():
+    model = fitted_model(0, "transformer")
+    cache = decode.KVCache.for_model(model, 1, max_len=80)
+    cache.k[:, 0, :, 10:15] = torch.arange(5, dtype=cache.k.dtype)[:, None]  # slot s holds s - 10
+    cache.lengths = [10]
+    tree = DraftTree.from_paths([(0,), (1,), (1, 0), (0, 0)])
+    row = _row([[ord("x"), ord("b")], [ord("c"), ord("y")]])
+    dec = decode.Decoder.__new__(decode.Decoder)
+    done = dec.accept(row, 0, [0, 3, 4], tree, cache, start=10, layers=model.config.total_layers, offered=2)
+    assert not done and bytes(row.out.data) == b"bc"
+    assert row.stats.drafted == [1, 1] and row.stats.accepted == [1, 1] and row.stats.forward_passes == 1
+    assert cache.lengths == [13] and cache.k[0, 0, 0, 10:13, 0].tolist() == [0.0, 3.0, 4.0]

@@ -1,27 +1,16 @@
-"""Cost-aware drafting, tree drafts and the sliding window, each against its slow reference:
+"""Cost-aware drafting and tree drafts (bytemtp.decoding.drafting), each against its slow reference:
 plain greedy decoding (`decode.generate`), which knows nothing of drafts, trees or costs."""
 
 import pytest
-import torch
+from doubles import CPU_LIKE, FITTED, FLAT, SONGS, TEXT, ScriptedModel, fitted_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_speculative import _SONGS, FITTED, TEXT, ScriptedModel, _fitted_model
 
 from bytemtp.decoding import decode
 from bytemtp.decoding.drafting import AcceptanceProfile, DraftTree, PassCosts, best_tree, choose
 from bytemtp.decoding.strategy import Draft
 
-FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})  # every pass costs alike
-# a plain pass costs 1; drafting heads and fed nodes cost more (the shape of a CPU's costs)
-CPU_LIKE = PassCosts({(1, 1): 1.0, (1, 16): 1.5, (8, 1): 1.45, (8, 16): 2.4})
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- the pieces ---------------------------------------------------------------------------------
@@ -103,7 +92,7 @@ def test_auto_drafts_long_chains_when_drafts_are_always_right():
 @pytest.mark.slow
 @FITTED
 def test_a_decoder_measures_costs_once_and_keeps_its_profile():
-    model = _fitted_model(0, "transformer")
+    model = fitted_model(0, "transformer")
     dec = decode.Decoder(model)
     a = dec.generate([b"one t"], max_bytes=30)[0]
     costs = dec.pass_costs(1)
@@ -118,11 +107,11 @@ def test_a_decoder_measures_costs_once_and_keeps_its_profile():
 @FITTED
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 1), head_type=st.sampled_from(["transformer", "linear", "causal"]),
-       prompts=st.lists(st.one_of(st.binary(max_size=30), st.sampled_from(_SONGS)), min_size=1, max_size=3),
+       prompts=st.lists(st.one_of(st.binary(max_size=30), st.sampled_from(SONGS)), min_size=1, max_size=3),
        mode=st.sampled_from([("auto", None), ("tree", 4), ("tree", 8), ("chain", None)]),
        costs=st.sampled_from([FLAT, CPU_LIKE]), max_bytes=st.integers(0, 30))
 def test_tree_and_auto_greedy_equal_plain_greedy(seed, head_type, prompts, mode, costs, max_bytes):
-    model = _fitted_model(seed, head_type)
+    model = fitted_model(seed, head_type)
     draft, heads = mode
     batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(heads, draft), costs=costs)
     for p, got in zip(prompts, batch):
@@ -135,7 +124,7 @@ def test_tree_and_auto_greedy_equal_plain_greedy(seed, head_type, prompts, mode,
 @pytest.mark.slow
 @FITTED
 def test_trees_accept_more_bytes_per_pass_than_chains_on_a_fitted_model():
-    model = _fitted_model(1, "transformer")
+    model = fitted_model(1, "transformer")
     prompts = [b"one two", b"la la", b"0123", b"four five"]
     chain = decode.generate_batch(model, prompts, max_bytes=40, draft=Draft(4))
     tree = decode.generate_batch(model, prompts, max_bytes=40, draft=Draft(4, "tree"), costs=FLAT)
@@ -143,78 +132,3 @@ def test_trees_accept_more_bytes_per_pass_than_chains_on_a_fitted_model():
     rate = lambda gens: sum(g.stats.bytes_out for g in gens) / sum(g.stats.forward_passes for g in gens)  # noqa: E731
     assert rate(tree) > rate(chain)  # here 160 bytes in 58 passes against 70: second guesses were right
     assert any(shape.startswith("tree") for g in tree for shape in g.stats.shapes)
-
-
-# --- no context wall ------------------------------------------------------------------------------
-
-@pytest.mark.slow
-@FITTED
-@pytest.mark.parametrize("head_type", ["transformer", "causal"])
-@pytest.mark.parametrize("prompt_len", [0, 10, 63, 150])
-def test_the_window_slides_and_speculative_equals_plain(head_type, prompt_len):
-    """seq_len is 64: 200 bytes need several slides, and a 150-byte prompt starts beyond the
-    context; plain and speculative greedy follow the same window rule and agree byte for byte."""
-    model = _fitted_model(0, head_type)
-    prompt = (b"".join(_SONGS) * 4)[:prompt_len]
-    plain = decode.generate(model, prompt, max_bytes=200)
-    assert plain.stats.bytes_out == 200 or plain.stats.stopped_by == "eos"
-    for heads, draft in ((None, "auto"), (8, "chain"), (4, "tree")):
-        got = decode.generate_batch(model, [prompt, prompt[:5]], max_bytes=200, draft=Draft(heads, draft),
-                                    costs=FLAT)
-        assert got[0].output == plain.output
-        assert got[1].output == decode.generate(model, prompt[:5], max_bytes=200).output
-        if plain.stats.bytes_out == 200:
-            assert got[0].stats.slides >= 2
-
-
-def test_window_rule():
-    assert decode.window_start(64, 0, 64) == 0
-    assert decode.window_start(65, 0, 64) == 65 - 32
-    assert decode.window_start(33 + 64, 33, 64) == 33  # 64 positions: still fits
-    assert decode.window_start(200, 0, 64) == 200 - 32
-
-
-# --- the steps of a pass, each on its own ---------------------------------------------------------
-
-def _row(cand):
-    row = decode._Row(b"", decode.Output(decode.SpeculativeStats(), max_bytes=100, stop=(), on_bytes=None))
-    row.nxt, row.cand = ord("a"), cand
-    return row
-
-
-def _logits(picks_TK):
-    """Logits (1, T, K, V) whose argmax at node t, head k is picks_TK[t][k]."""
-    T, K = len(picks_TK), len(picks_TK[0])
-    out = torch.zeros(1, T, K, 264)
-    for t in range(T):
-        for k in range(K):
-            out[0, t, k, picks_TK[t][k]] = 5.0
-    return out
-
-
-def test_verify_greedy_walks_the_tree_along_head_1():
-    tree = DraftTree.from_paths([(0,), (1,), (1, 0), (0, 0)])  # nodes: root, (0), (0,0), (1), (1,0)
-    assert tree.ranks == (0, 0, 0, 1, 0) and tree.parents == (-1, 0, 1, 0, 3)
-    row = _row([[ord("x"), ord("b")], [ord("c"), ord("y")]])  # head 2: x, b; head 3: c, y
-    dec = decode.Decoder.__new__(decode.Decoder)
-    # head 1 after the root says b (rank 1 of head 2: node 3), after b says c (node 4), then d
-    picks = [[ord("b"), 1, 2], [ord("q"), 1, 2], [ord("q"), 1, 2], [ord("c"), 1, 2], [ord("d"), 7, 8]]
-    (path, nxt, cand), = dec.verify_greedy(_logits(picks), [row], tree, offered=[2])
-    assert path == [0, 3, 4] and nxt == ord("d") and [c[0] for c in cand] == [7, 8]
-    (path, nxt, _), = dec.verify_greedy(_logits(picks), [row], tree, offered=[1])  # depth 2 not usable
-    assert path == [0, 3] and nxt == ord("c")
-
-
-@FITTED
-def test_accept_emits_counts_and_compacts_the_path():
-    model = _fitted_model(0, "transformer")
-    cache = decode.KVCache.for_model(model, 1, max_len=80)
-    cache.k[:, 0, :, 10:15] = torch.arange(5, dtype=cache.k.dtype)[:, None]  # slot s holds s - 10
-    cache.lengths = [10]
-    tree = DraftTree.from_paths([(0,), (1,), (1, 0), (0, 0)])
-    row = _row([[ord("x"), ord("b")], [ord("c"), ord("y")]])
-    dec = decode.Decoder.__new__(decode.Decoder)
-    done = dec.accept(row, 0, [0, 3, 4], tree, cache, start=10, layers=model.config.total_layers, offered=2)
-    assert not done and bytes(row.out.data) == b"bc"
-    assert row.stats.drafted == [1, 1] and row.stats.accepted == [1, 1] and row.stats.forward_passes == 1
-    assert cache.lengths == [13] and cache.k[0, 0, 0, 10:13, 0].tolist() == [0.0, 3.0, 4.0]

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 from click.testing import CliRunner
+from doubles import tiny_model
 
 from bytemtp import config as C
 from bytemtp.config import DataConfig
@@ -17,17 +18,13 @@ from bytemtp.data.shards import CorpusError
 from bytemtp.evaluation.evaluate import evaluate
 from bytemtp.model.layout import build_layout
 from bytemtp.model.loss import IGNORE, future_targets
-from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import load_model, save_checkpoint
 from bytemtp.training.train import train
 from bytemtp_cli.main import main
 
 
 def _model(head_type="transformer", seed=2):
-    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=4)
-    model = ByteMTP(cfg)
-    model.init_weights(generator=torch.Generator().manual_seed(seed))
-    return model.eval()
+    return tiny_model(seed, head_type=head_type, n_future=4).eval()
 
 
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 from click.testing import CliRunner
-from test_speculative import FITTED, _fitted_model
+from doubles import FITTED, fitted_model
 
 from bytemtp.config import tiny
 from bytemtp.decoding import decode
@@ -38,7 +38,7 @@ def ckpt(tmp_path_factory, code_corpus):
 def fitted_ckpt(tmp_path_factory, code_corpus):
     """A checkpoint of a model fitted to songs, whose drafts are often right (float32, as saved runs are)."""
     root = tmp_path_factory.mktemp("fitted")
-    model = copy.deepcopy(_fitted_model(0, "transformer")).float()  # the shared one stays as it is
+    model = copy.deepcopy(fitted_model(0, "transformer")).float()  # the shared one stays as it is
     cfg = tiny()
     cfg = dataclasses.replace(cfg, model=model.config, data=dataclasses.replace(cfg.data, path=str(code_corpus)))
     save_checkpoint(root / "run", step=1, model=model, config=cfg, train_state={})

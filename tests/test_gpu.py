@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from test_speculative import _SONGS, FITTED, _fitted_model
+from doubles import FITTED, SONGS, build_model, fitted_model
 
 from bytemtp import config as C
 from bytemtp.model.kvcache import KVCache
@@ -23,9 +23,7 @@ BF16_GRAD_ERROR = 0.05
 
 
 def _model(cfg, seed: int = 0) -> ByteMTP:
-    model = ByteMTP(cfg)
-    model.init_weights(generator=torch.Generator().manual_seed(seed))
-    return model.cuda()
+    return build_model(cfg, seed).cuda()
 
 
 def _ids(*shape: int, seed: int = 1) -> torch.Tensor:
@@ -108,8 +106,8 @@ def test_tree_and_automatic_drafts_equal_plain_greedy_on_cuda():
     so that trees, chains and the automatic choice accept drafts, eager and compiled."""
     from bytemtp.decoding import decode
 
-    model = copy.deepcopy(_fitted_model(0, "transformer")).cuda()  # float64; the shared one stays on the CPU
-    prompts = [b"", b"one t", (b"".join(_SONGS) * 2)[:80]]  # the last one slides the window (context 64)
+    model = copy.deepcopy(fitted_model(0, "transformer")).cuda()  # float64; the shared one stays on the CPU
+    prompts = [b"", b"one t", (b"".join(SONGS) * 2)[:80]]  # the last one slides the window (context 64)
     plain = [decode.generate(model, p, max_bytes=100).output for p in prompts]
     for compile in ("off", "on"):  # eager, and the static step with CUDA graphs
         decoder = decode.Decoder(model, compile=compile)

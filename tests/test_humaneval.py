@@ -6,9 +6,8 @@ import math
 import pathlib
 
 import pytest
-import torch
+from doubles import TOY, bigram_model, tiny_model
 
-from bytemtp import config as C
 from bytemtp.evaluation import execution
 from bytemtp.evaluation import humaneval as he
 from bytemtp.evaluation.execution import TIMED_OUT, Isolation, IsolationError, Sandbox, run_programs
@@ -20,11 +19,6 @@ ANY = Isolation(allow_unsandboxed=True)
 BOTH = [pytest.param(Isolation(Sandbox.BWRAP), id="bwrap", marks=pytest.mark.skipif(
             execution.bwrap_problem() is not None, reason=f"{execution.bwrap_problem()}")),
         pytest.param(Isolation(Sandbox.GUARD, allow_unsandboxed=True), id="guard")]
-
-TOY = [he.Problem("toy/add", "def add(a, b):\n    return ", "def check(f):\n    assert f(2, 3) == 5\n", "add",
-                  canonical_solution="a + b\n"),
-       he.Problem("toy/one", "def one():\n    return ", "def check(f):\n    assert f() == 1\n", "one",
-                  canonical_solution="1\n")]
 
 
 @pytest.fixture(scope="module")
@@ -250,39 +244,8 @@ def test_no_completion_runs_without_isolation_unless_allowed(monkeypatch):
 # --- sampling ----------------------------------------------------------------------------------
 
 
-def _bigram_model() -> ByteMTP:
-    """A tiny model whose next-byte head writes "1\\n#" after any byte but "1" and "\\n": every
-    layer's output projection is zero, so the state is the last byte's embedding, and the
-    embeddings and the first unembedding make a bigram table. "\\n#" is a stop string, so after a
-    prompt that ends in a space the completion is "1" (and after a newline "#1")."""
-    model = ByteMTP(C.tiny().model).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("attn.out.weight", "mlp.out.weight")):
-                p.zero_()
-        slot = {ord("1"): 0, ord("\n"): 1}  # every other id: slot 2
-        model.embed.weight.zero_()
-        for i in range(model.embed.weight.shape[0]):
-            model.embed.weight[i, slot.get(i, 2)] = 1.0
-        for unembed in model.unembed:
-            unembed.weight.zero_()
-        nxt = model.unembed[0].weight
-        nxt[ord("\n"), 0] = nxt[ord("#"), 1] = nxt[ord("1"), 2] = 10.0
-    return model
-
-
 def _random_model() -> ByteMTP:
-    model = ByteMTP(C.tiny().model).eval()
-    model.init_weights(generator=torch.Generator().manual_seed(0))
-    return model
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # thousands of tiny ops: a thread pool only waits on a busy machine
-    yield
-    torch.set_num_threads(threads)
+    return tiny_model(0).eval()
 
 
 def _no_stop_inside(completions):
@@ -298,7 +261,7 @@ def _no_stop_inside(completions):
 def test_completions_are_cut_at_the_stop_strings(humaneval, one_thread, temperature):
     problems = humaneval[:2] + TOY[1:]
     seen = []
-    got = he.sample_completions(_bigram_model(), problems, samples=2, temperature=temperature, seed=3,
+    got = he.sample_completions(bigram_model(), problems, samples=2, temperature=temperature, seed=3,
                                 batch_size=3, max_bytes=40, progress=lambda d, t: seen.append((d, t)))
     assert list(got.completions) == [p.task_id for p in problems]
     for p in humaneval[:2]:  # the prompts end with a newline and are longer than the context
@@ -337,7 +300,7 @@ def test_a_seed_repeats_the_samples_and_another_does_not(humaneval, one_thread):
 def test_run_humaneval_end_to_end_and_its_json_rescores(humaneval, one_thread, tmp_path):
     problems = humaneval[:2] + TOY[1:]
     stages = []
-    run = he.run_humaneval(_bigram_model(), problems, samples=2, temperature=0.0, batch_size=2, max_bytes=40,
+    run = he.run_humaneval(bigram_model(), problems, samples=2, temperature=0.0, batch_size=2, max_bytes=40,
                            isolation=ANY, timeout=3.0, progress=lambda s, d, t: stages.append(s))
     assert stages[0] == "decode" and stages[-1] == "execute" and set(stages) == {"decode", "execute"}
     # "return 1" passes toy/one; a comment "#1" after a docstring returns None: HumanEval fails
@@ -361,6 +324,6 @@ def test_run_humaneval_end_to_end_and_its_json_rescores(humaneval, one_thread, t
 def test_sampling_settings_are_checked_at_the_boundary():
     for kw in ({"samples": 0}, {"batch_size": 0}, {"max_bytes": 0}):
         with pytest.raises(ValueError, match=next(iter(kw))):
-            he.sample_completions(_bigram_model(), TOY, **kw)
+            he.sample_completions(bigram_model(), TOY, **kw)
     with pytest.raises(ValueError, match="top_p"):
-        he.sample_completions(_bigram_model(), TOY, temperature=1.0, top_p=0.0)
+        he.sample_completions(bigram_model(), TOY, temperature=1.0, top_p=0.0)

@@ -4,13 +4,11 @@ import json
 import time
 
 import pytest
-import torch
 from click.testing import CliRunner
-from test_humaneval import TOY, _bigram_model
+from doubles import TOY, bigram_model, tiny_model
 
 from bytemtp.config import tiny
 from bytemtp.evaluation import execution
-from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import save_checkpoint
 from bytemtp_cli.main import main
 
@@ -30,22 +28,13 @@ def runs(tmp_path_factory):
     """A scripted tiny model that writes "1" after a prompt ending in a space (so toy/one passes
     and toy/add fails), a randomly initialised one, and a file of the two toy problems."""
     root = tmp_path_factory.mktemp("he")
-    save_checkpoint(root / "bigram", step=1, model=_bigram_model(), config=tiny(), train_state={})
-    model = ByteMTP(tiny().model)
-    model.init_weights(generator=torch.Generator().manual_seed(0))
+    save_checkpoint(root / "bigram", step=1, model=bigram_model(), config=tiny(), train_state={})
+    model = tiny_model(0)
     save_checkpoint(root / "random", step=1, model=model, config=tiny(), train_state={})
     problems = root / "toy.jsonl"
     problems.write_text("".join(json.dumps({"task_id": p.task_id, "prompt": p.prompt, "test": p.test,
                                             "entry_point": p.entry_point}) + "\n" for p in TOY))
     return root
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_a_scripted_model_scores_what_its_completions_earn(runs, one_thread, tmp_path):

@@ -5,7 +5,7 @@ import json
 
 from bytemtp.decoding.generation import Generation, SpeculativeStats
 from bytemtp.evaluation.execution import Outcome
-from bytemtp.evaluation.humaneval_records import (CheckResult, Checked, Completion, DecodingSummary, Execution,
+from bytemtp.evaluation.humaneval_records import (Checked, CheckResult, Completion, DecodingSummary, Execution,
                                                   HumanEvalRun, Settings, SpeedComparison, TaskResult)
 
 SAMPLED = Completion(completion="1", stopped_by="stop", slid=False, bytes=3, forward_passes=2)

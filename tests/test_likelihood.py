@@ -2,28 +2,22 @@
 by position, and `bytemtp eval`'s sums over the same bytes."""
 
 
-import dataclasses
 import json
 
 import pytest
 import torch
+from doubles import tiny_model
 
-from bytemtp import config as C
 from bytemtp.decoding.decode import generate
 from bytemtp.evaluation.evaluate import evaluate
 from bytemtp.evaluation.likelihood import loglikelihoods, n_windows, rolling_loglikelihoods, windows
 from bytemtp.model.layout import build_layout
 from bytemtp.model.loss import LN2
-from bytemtp.model.model import ByteMTP
-from bytemtp.runtime.checkpoint import save_checkpoint
 from bytemtp.vocab import EOS
 
 
 def _model(seq_len=32, n_future=4, seed=0):
-    cfg = dataclasses.replace(C.tiny().model, n_future=n_future, seq_len=seq_len)
-    model = ByteMTP(cfg)
-    model.init_weights(generator=torch.Generator().manual_seed(seed))
-    return model.eval()
+    return tiny_model(seed, n_future=n_future, seq_len=seq_len).eval()
 
 
 def _reference(model, context: bytes, continuation: bytes) -> tuple[float, bool]:

@@ -1,22 +1,14 @@
-import dataclasses
 
 import pytest
 import torch
+from doubles import tiny_model
 
 from bytemtp import config as C
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
-from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import VOCAB_SIZE
 
 HEAD_TYPES = ["transformer", "linear", "causal"]
-
-
-def tiny_model(seed: int = 0, **overrides) -> ByteMTP:
-    cfg = dataclasses.replace(C.tiny().model, **overrides)
-    model = ByteMTP(cfg)
-    model.init_weights(generator=torch.Generator().manual_seed(seed))
-    return model
 
 
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
@@ -151,18 +143,6 @@ def test_rows_at_different_lengths_equal_each_row_alone(head_type):
     got = model.logits(fed, cache, layout=build_layout(model, fed, cache))
     torch.testing.assert_close(got[0], full[2, 9:11])
     torch.testing.assert_close(got[1], full[0, 18:20])
-
-
-def test_cache_rewind_is_a_pointer_move():
-    model = tiny_model()
-    cache = KVCache.for_model(model, batch_size=1)
-    k_ptr = cache.k.data_ptr()
-    ids = torch.randint(0, 256, (1, 8))
-    model.logits(ids, cache, layout=build_layout(model, ids, cache))
-    cache.rewind(3)
-    assert cache.k.data_ptr() == k_ptr and cache.length == 5
-    with pytest.raises(AssertionError):
-        cache.rewind(6)
 
 
 def test_context_overflow_is_a_clear_error():

@@ -10,8 +10,7 @@ import pytest
 import zstandard
 
 from bytemtp.data.compression import StreamPos
-from bytemtp.data.readers import (READERS, JsonlFile, RawFile, RawPos, Share, ShardFile, ShardPos, file_kind,
-                                  reader_for)
+from bytemtp.data.readers import READERS, JsonlFile, RawFile, RawPos, ShardFile, ShardPos, Share, file_kind, reader_for
 from bytemtp.data.shards import CorpusError, ShardWriter
 from bytemtp.vocab import EOS
 

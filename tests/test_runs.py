@@ -222,6 +222,21 @@ def test_a_run_that_is_done_returns_without_touching_its_directory(run, code_cor
     assert snapshot(run) == before
 
 
+def test_plan_run_resolves_and_checks_before_any_work(tmp_path, corpus_dir, short_run):
+    plan = runs.plan_run(tmp_path / "new", preset="tiny", overrides=[f"data.path={corpus_dir}", "train.steps=3"])
+    assert (plan.resume, plan.checkpoint, plan.done) == (False, None, None)
+    assert plan.cfg.train.steps == 3 and os.path.isabs(plan.cfg.data.path)
+    assert not (tmp_path / "new").exists()  # planning writes nothing
+    plan = runs.plan_run(short_run / "checkpoints", resume=True, overrides=["train.steps=2"])
+    assert plan.run_dir == short_run and plan.checkpoint == latest_checkpoint(short_run)
+    assert plan.done is not None and plan.done.step == 2  # already at its limit: nothing to do
+    assert runs.plan_run(short_run, resume=True, overrides=["train.steps=5"]).done is None
+    with pytest.raises(ValueError, match="--preset tiny is for a new run"):
+        runs.plan_run(short_run, resume=True, preset="tiny")
+    with pytest.raises(ValueError, match="already exists"):
+        runs.plan_run(short_run, preset="tiny", overrides=[f"data.path={corpus_dir}", "train.steps=3"])
+
+
 # --- the train state ----------------------------------------------------------------------------
 
 

@@ -9,8 +9,8 @@ from bytemtp import config as C
 from bytemtp.evaluation.evaluate import evaluate
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
-from bytemtp.training.step import forward_backward, plain_forward_backward
 from bytemtp.training.optimizer import set_trainable
+from bytemtp.training.step import forward_backward, plain_forward_backward
 from bytemtp.vocab import EOS
 
 

@@ -1,6 +1,8 @@
-"""Speculative sampling keeps the model's distribution: one verify step enumerated exactly, and
-whole decodings (rows of different lengths, EOS, a max_bytes cut inside a draft, a window
-slide) against the exact distribution of plain sampling.
+"""Choosing bytes (bytemtp.decoding.sampling): greedy and sampled picks never emit special ids, a seed
+repeats a sampling, top-k and top-p truncate; and speculative sampling keeps the model's
+distribution: one verify step enumerated exactly, and whole decodings (rows of different lengths,
+EOS, a max_bytes cut inside a draft, a window slide) against the exact distribution of plain
+sampling.
 
 The exact test calls `sampling.verify_sampled` with controlled randomness. It draws one uniform
 a draft (`torch.rand(n)` from the generator, before anything else) and accepts draft j while
@@ -20,12 +22,12 @@ from collections import defaultdict
 
 import pytest
 import torch
-from test_speculative import MarkovModel, _chi2_critical, _sampling
+from doubles import EOS_MARKOV_IDS, EosMarkovModel, chi2_critical, rare_eos_model, seeded_sampling
 
 from bytemtp.decoding import decode, sampling
 from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import window_start
-from bytemtp.vocab import EOS
+from bytemtp.vocab import EOS, PAD
 
 # --- one verify step, enumerated exactly --------------------------------------------------------
 
@@ -135,30 +137,6 @@ def test_a_rejection_where_no_residual_is_left_draws_from_p(monkeypatch):
     assert 0 < rejected < 20
 
 
-# --- whole decodings: the distribution of the first bytes ---------------------------------------
-
-_IDS = [*b"abc", EOS]
-_HEAD1 = [  # head 1's distribution over a, b, c, EOS by the previous id, at slots 0, 1, 2 mod 3
-    {EOS: (.5, .3, .15, .05), 97: (.5, .2, .1, .2), 98: (.2, .2, .5, .1), 99: (.3, .4, .2, .1)},
-    {EOS: (.4, .3, .2, .1), 97: (.15, .5, .3, .05), 98: (.6, .1, .15, .15), 99: (.2, .25, .45, .1)},
-    {EOS: (.2, .2, .5, .1), 97: (.1, .2, .6, .1), 98: (.3, .5, .1, .1), 99: (.6, .1, .1, .2)},
-]
-_DRAFTS = {EOS: (.1, .3, .5, .1), 97: (.2, .5, .1, .2), 98: (.4, .4, .1, .1), 99: (.5, .2, .2, .1)}
-
-
-class EosMarkovModel(MarkovModel):
-    """A stub like test_speculative's MarkovModel, with EOS among its ids: head 1 draws a, b, c
-    or EOS from a table indexed by the previous id and its cache slot mod 3; the draft heads
-    from other tables (head 3 reversed). Vectorized over the batch.
-
-    Its window is 8 ids and a slide keeps 4, so a decoder that keeps a stale cache length after
-    a slide (slot 8 where 4 is right) or drafts past the window's end (slot 8 where a slide
-    would give 3) draws from another table: slots mod 3 tell them apart."""
-
-    def __init__(self, n_future: int = 4, seq_len: int = 8):
-        super().__init__(n_future, head1=_HEAD1, drafts=_DRAFTS, ids=_IDS, seq_len=seq_len)
-
-
 def _plain_probs(model: EosMarkovModel, prompt: bytes, sampling: decode.Sampling,
                  max_bytes: int) -> dict[bytes, float]:
     """Exact probability of every output of plain sampling: each id drawn by head 1 at the slot
@@ -169,7 +147,7 @@ def _plain_probs(model: EosMarkovModel, prompt: bytes, sampling: decode.Sampling
         start = window_start(len(tokens), start, seq_len)
         dist = decode.distribution(model.table[(len(tokens) - 1 - start) % 3, tokens[-1], 0], sampling)
         out = bytes(tokens[1 + len(prompt):])
-        for x in _IDS:
+        for x in EOS_MARKOV_IDS:
             px = pr * float(dist[x])
             if px == 0.0:
                 continue
@@ -217,7 +195,7 @@ PROMPTS = [b"", b"a", b"cab", b"bcabca", b"abcabca"]
 def test_speculative_sampling_has_plain_samplings_distribution_per_row(heads, max_bytes, kw):
     n_per_prompt, batch = 3000, 2500
     model = EosMarkovModel()
-    sampling_ = _sampling(100 + heads + max_bytes, **kw)
+    sampling_ = seeded_sampling(100 + heads + max_bytes, **kw)
     expected = {p: _plain_probs(model, p, sampling_, max_bytes) for p in PROMPTS}
     assert all(sum(e.values()) == pytest.approx(1.0) for e in expected.values())
     prompts = PROMPTS * (batch // len(PROMPTS))
@@ -231,7 +209,7 @@ def test_speculative_sampling_has_plain_samplings_distribution_per_row(heads, ma
         stats += [g.stats for g in got]
     for p in PROMPTS:
         chi2, df = _chi_square(outputs[p], expected[p])
-        assert chi2 < _chi2_critical(df), (p, chi2, df)
+        assert chi2 < chi2_critical(df), (p, chi2, df)
     assert any(s.stopped_by == "eos" for s in stats) and any(s.slides for s in stats)
     if heads > 1:  # drafts were accepted and rejected at every depth that max_bytes leaves, none deeper
         drafted = [sum(s.drafted[j] for s in stats) for j in range(heads - 1)]
@@ -239,3 +217,33 @@ def test_speculative_sampling_has_plain_samplings_distribution_per_row(heads, ma
         usable = min(heads, max_bytes) - 1
         assert all(0 < a < d for a, d in zip(accepted[:usable], drafted[:usable]))
         assert drafted[usable:] == [0] * (heads - 1 - usable)
+
+
+def test_never_emits_pad_or_special_ids():
+    logits = torch.zeros(264)
+    logits[PAD] = 100.0
+    logits[256] = 99.0
+    logits[260] = 98.0
+    logits[65] = 1.0
+    assert decode.next_byte(logits, decode.Sampling()) == 65
+    probs = decode.distribution(logits, decode.Sampling(temperature=1.0))
+    assert probs[PAD] == 0 and probs[256] == 0 and probs[259:].sum() == 0
+
+
+def test_sampling_is_seeded_and_truncated():
+    model = rare_eos_model()
+    def run(seed):
+        gen = torch.Generator().manual_seed(seed)
+        return decode.generate(model, b"a", max_bytes=30,
+                               sampling=decode.Sampling(temperature=1.0, generator=gen)).output
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+    logits = torch.arange(264, dtype=torch.float32) / 10
+    top2 = decode.distribution(logits, decode.Sampling(temperature=1.0, top_k=2))
+    assert (top2 > 0).sum() == 2 and top2[EOS] > 0
+    nucleus = decode.distribution(logits, decode.Sampling(temperature=1.0, top_p=0.3))
+    kept = nucleus > 0
+    full = decode.distribution(logits, decode.Sampling(temperature=1.0))
+    assert full[kept].sum() >= 0.3 and full[kept].sum() - full[kept].min() < 0.3
+    with pytest.raises(ValueError, match="top_p"):
+        decode.Sampling(top_p=0.0)

@@ -1,7 +1,7 @@
 """Tree drafts against plain greedy decoding (`decode.generate`, the reference), on a scripted
 model that computes every node's outputs from that node's own path.
 
-`PathModel` has the interface the decoder calls (`logits` with a cache, heads and a layout,
+`PathModel` (in tests/doubles.py) has the interface the decoder calls (`logits` with a cache, heads and a layout,
 `stack_heads`, `config`, `embed`, the rotary tables) and goes through the real `KVCache`,
 `Layout` and `attend`: each layer that runs writes the pass's ids into its cache slots as
 attention writes its keys, and each node then reads back the ids it attends to (the cached past
@@ -16,132 +16,12 @@ Legend: B batch, T nodes of a pass, K heads, V vocabulary, L cache slots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import pytest
-import torch
-from test_speculative import _SONGS, FITTED, _fitted_model
+from doubles import CPU_LIKE, FITTED, FLAT, SONGS, Doc, PathModel, SpyDecoder, fitted_model
 
-from bytemtp.config import ModelConfig
 from bytemtp.decoding import decode
-from bytemtp.decoding.drafting import TREE_RANKS, PassCosts
 from bytemtp.decoding.strategy import Draft
-from bytemtp.model.layout import attend
-from bytemtp.vocab import EOS, VOCAB_SIZE
-
-CONTEXT = 8  # tokens of context that say where in which document a node stands
-UNKNOWN = ord("?")  # what a node predicts from a context no document holds
-FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})  # every pass costs alike
-# a plain pass costs 1, heads and nodes cost more: automatic drafting picks 3 heads and smaller trees
-CPU_LIKE = PassCosts({(1, 1): 1.0, (1, 16): 1.5, (8, 1): 1.45, (8, 16): 2.4})
-
-
-@dataclass(frozen=True)
-class Doc:
-    """A prompt and the text that follows it; `rank(depth, index)` is where the true byte (stream
-    index `index`) stands among the candidates of the head that drafts it at `depth` (head
-    depth + 1): 0 its top byte, 1 its second, ...; None when it is not among them."""
-
-    prompt: bytes
-    text: bytes
-    rank: Callable[[int, int], int | None]
-
-
-class PathModel:
-    """The scripted model of the module docstring: documents are known by their last CONTEXT
-    tokens (fewer at a document's start), so every window of the context, slid or not,
-    predicts the same bytes."""
-
-    def __init__(self, docs: list[Doc], *, n_future: int = 4, seq_len: int = 128):
-        self.config = ModelConfig(n_layers=n_future + 1, d_model=2, n_attn_heads=1, n_future=n_future,
-                                  seq_len=seq_len)
-        self.embed = torch.nn.Embedding(1, 1, dtype=torch.float64)  # cache device and dtype: ids kept exactly
-        positions = torch.arange(seq_len, dtype=torch.float64)[:, None]
-        self.rope_cos = self.rope_sin = positions  # a layout's rotation tables then hold each node's position
-        self.docs = docs
-        self.streams = [[EOS, *d.prompt, *d.text, EOS] for d in docs]
-        self.follows: dict[tuple[int, ...], tuple[int, int]] = {}  # context -> (doc, index of the next id)
-        for n, (doc, stream) in enumerate(zip(docs, self.streams)):
-            for i in range(1 + len(doc.prompt), len(stream)):  # the text's bytes and its EOS
-                key = tuple(stream[max(0, i - CONTEXT):i])
-                assert key not in self.follows, f"{bytes(k for k in key if k < 256)!r} occurs twice"
-                self.follows[key] = (n, i)
-        self.calls = 0
-
-    def stack_heads(self):
-        return None
-
-    def logits(self, ids_BT: torch.Tensor, cache, heads: int | None = None, stacked=None, *, layout,
-               last: list[int] | None = None) -> torch.Tensor:
-        self.calls += 1
-        cfg = self.config
-        B, T = ids_BT.shape
-        K = cfg.n_future if heads is None else heads
-        layers = list(range(cfg.trunk_layers + K * cfg.layers_per_head))  # the trunk and the heads that run
-        x = ids_BT.to(torch.float64)[:, None, :, None].expand(B, 1, T, cfg.head_dim)  # (B, H, T, E)
-        for layer in layers:
-            attend(x, x, x, layout, cache.k[layer], cache.v[layer])
-        held = cache.k[layers, :, 0, :layout.L, 0].round().long().tolist()  # (layers, B, L)
-        see = self._visible(layout, B, T)
-        pos = layout.cos[..., 0].reshape(-1, T).expand(B, T).round().long().tolist()  # (B, T)
-        out_BTKV = torch.zeros(B, T, K, VOCAB_SIZE)
-        for b in range(B):
-            for t in range(T):
-                slots = [s for s, seen in enumerate(see[b][t]) if seen]
-                trunk = [held[0][b][s] for s in slots]
-                for j in range(K):
-                    own = [held[cfg.trunk_layers + j][b][s] for s in slots]
-                    ok = own == trunk and pos[b][t] == len(trunk) - 1
-                    for r, byte in enumerate(self._candidates(trunk if ok else None, j)):
-                        out_BTKV[b, t, j, byte] = 30.0 - r
-        cache.advance(T)
-        return out_BTKV if last is None else out_BTKV[torch.arange(B), last][:, None]
-
-    @staticmethod
-    def _visible(layout, B: int, T: int) -> list[list[list[bool]]]:
-        """(B, T, L): the cache slots each node attends to, read from the layout as `attend` reads it."""
-        L = layout.L
-        if layout.mask is not None:
-            see = layout.mask[:, 0].expand(B, T, L)
-        elif layout.causal:  # a chain from slot 0
-            see = torch.ones(T, L, dtype=torch.bool).tril().expand(B, T, L)
-        else:  # one node a row, at the rows' common length: it sees every slot
-            see = torch.ones(B, T, L, dtype=torch.bool)
-        return see.tolist()
-
-    def _candidates(self, context: list[int] | None, j: int) -> list[int]:
-        """Head j + 1's top candidates, best first, after this context (None: a wrong one)."""
-        hit = None if context is None else self.follows.get(tuple(context[-CONTEXT:]))
-        if hit is None:
-            return [UNKNOWN]
-        n, i = hit
-        stream = self.streams[n]
-        true = stream[i + j] if i + j < len(stream) else EOS
-        rank = 0 if j == 0 else self.docs[n].rank(j, i + j)
-        wrong = [EOS] if true != EOS else []  # a wrong EOS draft must not end the output
-        wrong += [w for w in ((true * 7 + 13 * r + 1) % 256 for r in range(1, 40)) if w != true]
-        wrong = list(dict.fromkeys(wrong))[:TREE_RANKS]
-        if rank is None:
-            return wrong
-        return (wrong[:rank] + [true] + wrong[rank:])[:TREE_RANKS]
-
-
-class SpyDecoder(decode.Decoder):
-    """The decoder (given pass costs, never compiled), keeping the path each pass accepted, by row."""
-
-    def __init__(self, model, costs: PassCosts = FLAT):
-        super().__init__(model, costs=costs, compile="off")
-        self.paths: dict[bytes, list[list[tuple[int, int]]]] = {}  # by prompt: (rank, byte) along each path
-
-    def accept(self, row, b, path, tree, cache, **kw):
-        nodes = [(tree.ranks[n], row.cand[tree.depths[n] - 1][tree.ranks[n]]) for n in path[1:]]
-        self.paths.setdefault(row.prompt, []).append(nodes)
-        return super().accept(row, b, path, tree, cache, **kw)
-
-    def branches(self) -> list[list[tuple[int, int]]]:
-        """Accepted paths that left the top-ranked chain, of every row."""
-        return [p for paths in self.paths.values() for p in paths if any(rank for rank, _ in p)]
+from bytemtp.vocab import EOS
 
 
 def _mixed(depth: int, index: int) -> int | None:
@@ -287,11 +167,11 @@ def test_tree_decoding_slides_its_window_as_plain_decoding_does(draft, costs):
 @FITTED
 @pytest.mark.parametrize("head_type", ["transformer", "linear", "causal"])
 def test_tree_decoding_of_a_fitted_model_equals_plain_greedy(head_type):
-    """Through the real model's tree masks, rotary positions and stacked heads (test_speculative's
-    fitted models, whose drafts are often right as their heads' top byte and sometimes as the
+    """Through the real model's tree masks, rotary positions and stacked heads (the fitted
+    models of doubles.py, whose drafts are often right as their heads' top byte and sometimes as the
     second); the last prompt nearly fills the context of 64, so its window slides."""
-    model = _fitted_model(0, head_type)
-    prompts = [b"one two", b"la la", b"0123", (b"".join(_SONGS) * 2)[:60]]
+    model = fitted_model(0, head_type)
+    prompts = [b"one two", b"la la", b"0123", (b"".join(SONGS) * 2)[:60]]
     want = [decode.generate(model, p, max_bytes=40) for p in prompts]
     decoder = SpyDecoder(model)
     got = decoder.generate(prompts, max_bytes=40, draft=Draft(4, "tree"))

@@ -1,0 +1,38 @@
+"""The decoding cache and its window rule (bytemtp.model.kvcache): the context left, where a slide
+starts the window, and rewinding as a pointer move."""
+
+import pytest
+import torch
+from doubles import tiny_model
+
+from bytemtp.decoding import decode
+from bytemtp.model.kvcache import KVCache
+from bytemtp.model.layout import build_layout
+
+
+def test_context_left_is_what_the_window_slides_by():
+    seq_len = 8
+    assert decode.context_left(5, 0, seq_len) == 3 and decode.context_left(8, 0, seq_len) == 0
+    for n in range(1, 40):
+        start = decode.window_start(n, 0, seq_len)
+        assert decode.context_left(n, start, seq_len) >= 0  # after a slide the context fits again
+        assert (start == 0) == (decode.context_left(n, 0, seq_len) >= 0)
+
+
+def test_window_rule():
+    assert decode.window_start(64, 0, 64) == 0
+    assert decode.window_start(65, 0, 64) == 65 - 32
+    assert decode.window_start(33 + 64, 33, 64) == 33  # 64 positions: still fits
+    assert decode.window_start(200, 0, 64) == 200 - 32
+
+
+def test_cache_rewind_is_a_pointer_move():
+    model = tiny_model()
+    cache = KVCache.for_model(model, batch_size=1)
+    k_ptr = cache.k.data_ptr()
+    ids = torch.randint(0, 256, (1, 8))
+    model.logits(ids, cache, layout=build_layout(model, ids, cache))
+    cache.rewind(3)
+    assert cache.k.data_ptr() == k_ptr and cache.length == 5
+    with pytest.raises(AssertionError):
+        cache.rewind(6)

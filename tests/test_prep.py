@@ -1,0 +1,192 @@
+"""Preparing a corpus (bytemtp.data.prep): the round trip with its counts, a stable split that ignores
+file order, an empty split named with the fix, no half corpus and no litter on any error or signal,
+and refused outputs and inputs."""
+
+import hashlib
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from corpora import make_sources, read_back
+
+from bytemtp.data import prep as prep_lib
+from bytemtp.data.corpus import corpus_files, describe
+from bytemtp.data.prep import prepare
+from bytemtp.data.readers import SKIP_REASONS
+from bytemtp.data.shards import CorpusError, read_manifest, verify
+
+
+def test_prepare_round_trip_counts_and_verify(tmp_path):
+    sources, expected = make_sources(tmp_path)
+    calls = []
+    manifest = prepare(sources, tmp_path / "out", val_fraction=0.3, source_name="test", licence="CC0",
+                       max_bad_fraction=0.1, progress=lambda b, d: calls.append((b, d)))
+    assert read_back(tmp_path / "out") == expected
+    assert manifest == read_manifest(tmp_path / "out") == read_manifest(tmp_path / "out" / "manifest.json")
+    splits = manifest["splits"]
+    assert splits["train"]["documents"] + splits["val"]["documents"] == sum(expected.values())
+    assert splits["val"]["documents"] > 0 and splits["train"]["documents"] > 0
+    assert sum(s["bytes"] for s in splits.values()) == sum(len(d) for d in expected)
+    assert manifest["duplicates"] == 3 and manifest["input_files"] == 7 and manifest["format_version"] == 2
+    assert manifest["skipped"] == dict.fromkeys(SKIP_REASONS, 0) | {"not_string": 1, "invalid_json": 1}
+    assert (manifest["source"], manifest["licence"]) == ("test", "CC0")
+    assert len(calls) >= 7 and calls[-1][1] == sum(expected.values()) + 3
+    on_disk = sum(p.stat().st_size for p in corpus_files(sources, split=None))
+    assert calls[-1][0] == on_disk and [b for b, _ in calls] == sorted(b for b, _ in calls)
+    for name, split in splits.items():
+        assert sum(read_back(tmp_path / "out", name).values()) == split["documents"]
+    verify(tmp_path / "out")
+    info = describe(tmp_path / "out")
+    assert info["prepared"] and info["splits"]["val"]["documents"] == splits["val"]["documents"]
+    plain = describe(sources)
+    assert plain["documents"] == sum(expected.values()) + 3 and plain["skipped"]["invalid_json"] == 1
+    assert sum(plain["skipped"].values()) == sum(manifest["skipped"].values())  # prep and corpus-info agree
+
+
+def test_prepare_is_stable_and_the_split_ignores_file_order(tmp_path):
+    sources, expected = make_sources(tmp_path)
+    first = prepare(sources, tmp_path / "one", val_fraction=0.3, max_bad_fraction=0.1)
+    second = prepare(sources, tmp_path / "two", val_fraction=0.3, max_bad_fraction=0.1)
+    assert {**first, "created": None} == {**second, "created": None}
+    prepare(sources[::-1], tmp_path / "rev", val_fraction=0.3, max_bad_fraction=0.1)
+    for split in ("train", "val"):
+        assert read_back(tmp_path / "one", split) == read_back(tmp_path / "rev", split)
+    val = read_back(tmp_path / "one", "val")
+    for doc in expected:
+        in_val = int.from_bytes(hashlib.sha256(doc).digest()[:8], "big") / 2**64 < 0.3
+        assert (doc in val) == in_val
+
+
+def test_an_empty_split_is_named_with_the_fix(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(5):
+        (src / f"{i}.txt").write_text(f"document {i}")
+    notes = []
+    prepare([src], tmp_path / "out", val_fraction=0.001, say=notes.append)
+    assert len(notes) == 1 and "\n" not in notes[0]
+    assert notes[0].startswith(f"warning: the val split of {tmp_path / 'out'} is empty")
+    assert "--val-fraction 0.001 of 5 documents" in notes[0] and "larger --val-fraction (e.g. 0.5)" in notes[0]
+    with pytest.raises(CorpusError, match=rf"the val split of the prepared corpus {re.escape(str(tmp_path / 'out'))} "
+                                          r"is empty \(prep "
+                                          r"put none of its 5 documents there\); read another split \(--split train "
+                                          r"or --split all\), or prepare the corpus again with a larger "
+                                          r"--val-fraction or more documents"):
+        corpus_files(tmp_path / "out", split="val")
+    assert len(corpus_files(tmp_path / "out", split=None)) == 1  # the corpus itself is fine
+    assert verify(tmp_path / "out")["documents"] == 5
+    notes.clear()
+    prepare([src], tmp_path / "with-val", val_fraction=0.5, say=notes.append)
+    assert notes == []
+
+
+# --- no litter ------------------------------------------------------------------------------------
+
+
+def _litter(tmp_path):
+    return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))
+
+
+@pytest.mark.parametrize("error", [RuntimeError("midway"), KeyboardInterrupt()])
+def test_a_prep_that_fails_midway_leaves_nothing(tmp_path, monkeypatch, error):
+    sources, _ = make_sources(tmp_path)
+    real, seen = prep_lib.iter_documents, []
+
+    def failing(path, **kw):
+        for doc in real(path, **kw):
+            seen.append(doc)
+            if len(seen) == 40:
+                assert (tmp_path / f".out.tmp-{os.getpid()}" / "train").is_dir()  # it is midway
+                raise error
+            yield doc
+
+    monkeypatch.setattr(prep_lib, "iter_documents", failing)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    with pytest.raises(type(error)):
+        prepare(sources, tmp_path / "out", max_bad_fraction=0.1, frame_bytes=64, threads=2)
+    assert len(seen) == 40 and not (tmp_path / "out").exists() and _litter(tmp_path) == []
+    assert {s: signal.getsignal(s) for s in handlers} == handlers  # prep's own handlers are gone
+
+
+_SLOW_PREP = """
+import sys, time
+from bytemtp.data import prep
+real = prep.iter_documents
+def slow(path, **kw):
+    for doc in real(path, **kw):
+        time.sleep(0.02)
+        yield doc
+prep.iter_documents = slow
+prep.prepare([sys.argv[1]], sys.argv[2])
+"""
+
+def test_a_prep_stopped_by_sigterm_leaves_nothing(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(500):
+        (src / f"{i}.txt").write_text(f"document {i}\n" * 50)
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_PREP, str(src), str(tmp_path / "out")],
+                            env=dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parent.parent)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    tmp = tmp_path / f".out.tmp-{proc.pid}"
+    deadline = time.monotonic() + 30
+    while not (tmp / "train").is_dir() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert (tmp / "train").is_dir(), proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM, err.decode()  # the default SIGTERM, after the cleanup
+    assert _litter(tmp_path) == [] and not (tmp_path / "out").exists()
+
+
+def test_the_next_prep_removes_stale_temporary_folders_and_names_live_ones(tmp_path):
+    sources, _ = make_sources(tmp_path)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for pid in (int(gone.stdout), live.pid):
+            (tmp_path / f".out.tmp-{pid}" / "train").mkdir(parents=True)
+            (tmp_path / f".out.tmp-{pid}" / "train" / "shard-00000.zst.tmp").write_bytes(b"half a shard")
+        (tmp_path / ".out.tmp-1" / "train").mkdir(parents=True)  # a running pid (1 always runs) on another host
+        (tmp_path / ".out.tmp-1" / ".prep-host").write_text("elsewhere\n")
+        (tmp_path / ".other.tmp-99999999").mkdir()  # another output's: not this prep's business
+        notes = []
+        prepare(sources, tmp_path / "out", max_bad_fraction=0.1, val_fraction=0.3, say=notes.append)
+        assert _litter(tmp_path) == [".other.tmp-99999999", ".out.tmp-1", f".out.tmp-{live.pid}"]
+        assert len(notes) == 1 and "\n" not in notes[0]
+        assert f".out.tmp-{live.pid} (process {live.pid} is running)" in notes[0]
+        assert ".out.tmp-1 (made on host elsewhere)" in notes[0] and "remove them by hand" in notes[0]
+        assert not (tmp_path / "out" / ".prep-host").exists() and verify(tmp_path / "out")["per_shard"]
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_prepare_refuses_bad_output_and_bad_input(tmp_path):
+    sources, _ = make_sources(tmp_path)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("x")
+    with pytest.raises(CorpusError, match="already exists and is not empty; remove it or choose another --out"):
+        prepare(sources, tmp_path / "full")
+    with pytest.raises(CorpusError, match=r"2 of \d+ records are bad .*invalid_json 1"):
+        prepare([tmp_path / "records.jsonl.zst"], tmp_path / "strict", max_bad_fraction=0.01)
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    with pytest.raises(CorpusError, match="no documents"):
+        prepare([tmp_path / "empty.jsonl"], tmp_path / "none")
+    assert not (tmp_path / "strict").exists() and not (tmp_path / "none").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+    (tmp_path / "ready").mkdir()  # an existing empty directory is fine
+    assert prepare(sources, tmp_path / "ready", max_bad_fraction=0.1)["input_files"] == 7
+
+
+def test_prepare_refuses_an_empty_train_split(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_bytes(b"one")
+    with pytest.raises(CorpusError, match="none to train; lower the validation fraction"):
+        prepare([tmp_path / "src"], tmp_path / "out", val_fraction=1.0)
+    assert not (tmp_path / "out").exists()
