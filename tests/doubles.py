@@ -22,6 +22,7 @@ from bytemtp import config as C
 from bytemtp.config import ModelConfig
 from bytemtp.decoding import decode
 from bytemtp.decoding.drafting import TREE_RANKS, PassCosts
+from bytemtp.decoding.sampling import Sampling
 from bytemtp.evaluation import humaneval as he
 from bytemtp.model.layout import attend
 from bytemtp.model.model import ByteMTP
@@ -396,8 +397,8 @@ def bigram_model() -> ByteMTP:
 # --- sampling: seeded settings and the chi-square test's critical value --------------------------
 
 
-def seeded_sampling(seed: int, **kw) -> decode.Sampling:
-    return decode.Sampling(**{"temperature": 1.0, **kw}, generator=torch.Generator().manual_seed(seed))
+def seeded_sampling(seed: int, **kw) -> Sampling:
+    return Sampling(**{"temperature": 1.0, **kw}, generator=torch.Generator().manual_seed(seed))
 
 
 def chi2_critical(df: int, p: float = 0.001) -> float:

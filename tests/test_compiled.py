@@ -9,6 +9,7 @@ from doubles import tiny_model
 from bytemtp.decoding import decode
 from bytemtp.decoding.compiled import Compile, StaticStep, head_bucket, head_buckets, node_bucket, worth_compiling
 from bytemtp.decoding.drafting import DraftTree, PassCosts
+from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
@@ -103,7 +104,7 @@ def test_uncompiled_static_decoding_equals_plain_greedy(head_type):
     assert any(g.stats.slides for g in got)
     draws = []
     for d in (decoder, decode.Decoder(model, compile="off")):  # seeded sampling draws alike
-        sampling = decode.Sampling(temperature=1.0, generator=torch.Generator().manual_seed(5))
+        sampling = Sampling(temperature=1.0, generator=torch.Generator().manual_seed(5))
         draws.append([g.output for g in d.generate(prompts, max_bytes=40, draft=Draft(4), sampling=sampling)])
     assert draws[0] == draws[1]
 
@@ -125,7 +126,7 @@ def test_compiled_decoding_equals_eager_and_plain_greedy():
     assert compiled.static is not None and compiled.static.graphs >= 1 and eager.static is None
     assert compiled.static.stats()["compile_s"] > 0
     for decoder in (compiled, eager):
-        decoder.last = decoder.generate(prompts, max_bytes=40, draft=Draft(4), sampling=decode.Sampling(
+        decoder.last = decoder.generate(prompts, max_bytes=40, draft=Draft(4), sampling=Sampling(
             temperature=1.0, generator=torch.Generator().manual_seed(5)))
     assert [g.output for g in compiled.last] == [g.output for g in eager.last]
 

@@ -6,8 +6,12 @@ import torch
 from doubles import FITTED, FLAT, SONGS, fitted_model, rare_eos_model
 
 from bytemtp.decoding import decode
+from bytemtp.decoding.batch import Row
 from bytemtp.decoding.drafting import DraftTree
+from bytemtp.decoding.generation import Output, SpeculativeStats
+from bytemtp.decoding.sampling import Sampling, next_byte
 from bytemtp.decoding.strategy import Draft
+from bytemtp.model.kvcache import KVCache, window_start
 from bytemtp.model.layout import build_layout
 from bytemtp.vocab import EOS
 
@@ -18,10 +22,10 @@ def _greedy_without_cache(model, prompt: bytes, max_bytes: int) -> bytes:
     ids, start = [EOS, *prompt], 0
     out = bytearray()
     while len(out) < max_bytes:
-        start = decode.window_start(len(ids), start, model.config.seq_len)
+        start = window_start(len(ids), start, model.config.seq_len)
         window = torch.tensor([ids[start:]])
         logits = model.logits(window, heads=1, layout=build_layout(model, window))[0, -1, 0]
-        byte = decode.next_byte(logits, decode.Sampling())
+        byte = next_byte(logits, Sampling())
         if byte == EOS:
             break
         out.append(byte)
@@ -83,7 +87,7 @@ def test_the_window_slides_and_speculative_equals_plain(head_type, prompt_len):
 # --- the steps of a pass, each on its own ---------------------------------------------------------
 
 def _row(cand):
-    row = decode._Row(b"", decode.Output(decode.SpeculativeStats(), max_bytes=100, stop=(), on_bytes=None))
+    row = Row(b"", Output(SpeculativeStats(), max_bytes=100, stop=(), on_bytes=None))
     row.nxt, row.cand = ord("a"), cand
     return row
 
@@ -116,7 +120,7 @@ def test_verify_greedy_walks_the_tree_along_head_1():
 @pytest.mark.usefixtures("one_thread")
 def test_accept_emits_counts_and_compacts_the_path():
     model = fitted_model(0, "transformer")
-    cache = decode.KVCache.for_model(model, 1, max_len=80)
+    cache = KVCache.for_model(model, 1, max_len=80)
     cache.k[:, 0, :, 10:15] = torch.arange(5, dtype=cache.k.dtype)[:, None]  # slot s holds s - 10
     cache.lengths = [10]
     tree = DraftTree.from_paths([(0,), (1,), (1, 0), (0, 0)])

@@ -7,6 +7,7 @@ from doubles import MARKOV_SYMBOLS, MARKOV_TARGET, MarkovModel, chi2_critical, s
 
 from bytemtp.decoding import decode
 from bytemtp.decoding.drafting import PassCosts
+from bytemtp.decoding.sampling import Sampling, _sample, distribution
 from bytemtp.decoding.strategy import Draft
 from bytemtp.vocab import EOS
 
@@ -39,7 +40,7 @@ def _chi_square(outputs: list[bytes]) -> float:
 
 def _sample_outputs(n: int, heads: int, seed: int, speculative: bool = True):
     gen = torch.Generator().manual_seed(seed)
-    sampling = decode.Sampling(temperature=1.0, generator=gen)
+    sampling = Sampling(temperature=1.0, generator=gen)
     model, outputs, stats = MarkovModel(), [], []
     for _ in range(n // 2000):  # batches of 2000 rows (one call per batch)
         batch = decode.generate_batch(model, [b""] * 2000, max_bytes=3,
@@ -83,7 +84,7 @@ def test_plain_batch_sampling_has_the_target_distribution():
 
 def _accept_all_drafts(p_TV, q_DV, drafts, generator):
     """A wrong rule: every draft accepted, the bonus byte from p (emits the draft distribution)."""
-    return len(drafts), decode._sample(p_TV[len(drafts)][None], generator)[0]
+    return len(drafts), _sample(p_TV[len(drafts)][None], generator)[0]
 
 
 def _resample_target_on_reject(p_TV, q_DV, drafts, generator):
@@ -91,8 +92,8 @@ def _resample_target_on_reject(p_TV, q_DV, drafts, generator):
     for j, d in enumerate(drafts):
         if float(torch.rand((), generator=generator)) < min(1.0, float(p_TV[j, d]) / float(q_DV[j, d])):
             continue
-        return j, decode._sample(p_TV[j][None], generator)[0]
-    return len(drafts), decode._sample(p_TV[len(drafts)][None], generator)[0]
+        return j, _sample(p_TV[j][None], generator)[0]
+    return len(drafts), _sample(p_TV[len(drafts)][None], generator)[0]
 
 
 @pytest.mark.slow
@@ -109,14 +110,14 @@ def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch, wrong_rule, n):
 _FLAT_COSTS = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (5, 1): 1.0, (5, 16): 1.0})  # drafting is free
 
 
-def _exact_output_probs(model: "MarkovModel", sampling: decode.Sampling, n_bytes: int) -> dict[bytes, float]:
+def _exact_output_probs(model: "MarkovModel", sampling: Sampling, n_bytes: int) -> dict[bytes, float]:
     """Exact probability of every n-byte output under head 1 with the sampling transform."""
     probs = {b"": 1.0}
     for pos in range(n_bytes):
         nxt = {}
         for prefix, pr in probs.items():
             prev = prefix[-1] if prefix else EOS
-            dist = decode.distribution(model.table[pos % 2, prev, 0], sampling)
+            dist = distribution(model.table[pos % 2, prev, 0], sampling)
             for x in MARKOV_SYMBOLS:
                 if float(dist[x]) > 0:
                     nxt[prefix + bytes([x])] = pr * float(dist[x])

@@ -20,6 +20,7 @@ import pytest
 from doubles import CPU_LIKE, FITTED, FLAT, SONGS, Doc, PathModel, SpyDecoder, fitted_model
 
 from bytemtp.decoding import decode
+from bytemtp.decoding.generation import Generation
 from bytemtp.decoding.strategy import Draft
 from bytemtp.vocab import EOS
 
@@ -37,13 +38,13 @@ DOCS = [
 ]
 
 
-def _plain(model_docs: list[Doc], prompts: list[bytes], **kw) -> list[decode.Generation]:
+def _plain(model_docs: list[Doc], prompts: list[bytes], **kw) -> list[Generation]:
     model = PathModel(model_docs, **{k: v for k, v in kw.items() if k in ("n_future", "seq_len")})
     gen = {k: v for k, v in kw.items() if k not in ("n_future", "seq_len")}
     return [decode.generate(model, p, **gen) for p in prompts]
 
 
-def _assert_equal_rows(got: list[decode.Generation], want: list[decode.Generation], key) -> None:
+def _assert_equal_rows(got: list[Generation], want: list[Generation], key) -> None:
     assert len(got) == len(want)
     for r, (g, w) in enumerate(zip(got, want)):
         assert (g.output, g.stats.stopped_by) == (w.output, w.stats.stopped_by), (key, r)

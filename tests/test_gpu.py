@@ -10,6 +10,7 @@ import torch
 from doubles import FITTED, SONGS, build_model, fitted_model
 
 from bytemtp import config as C
+from bytemtp.decoding.sampling import Sampling
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
@@ -96,7 +97,7 @@ def test_batched_decoding_on_cuda_with_a_cuda_generator():
     assert [g.output for g in decode.generate_batch(model, prompts, max_bytes=16)] == plain
     gen = torch.Generator(device="cuda").manual_seed(0)
     sampled = decode.generate_batch(model, prompts, max_bytes=16,
-                                    sampling=decode.Sampling(temperature=1.0, generator=gen))
+                                    sampling=Sampling(temperature=1.0, generator=gen))
     assert all(len(g.output) <= 16 for g in sampled)
 
 

@@ -9,6 +9,7 @@ from doubles import TOY, bigram_model, tiny_model
 
 from bytemtp.config import tiny
 from bytemtp.evaluation import execution
+from bytemtp.evaluation.guard import PASSED
 from bytemtp.runtime.checkpoint import save_checkpoint
 from bytemtp_cli.main import main
 
@@ -181,7 +182,7 @@ def test_an_interrupted_execution_drops_the_programs_not_started(monkeypatch):
     def slow(source, **kw):
         started.append(source)
         time.sleep(0.2)
-        return execution.Outcome(execution.PASSED)
+        return execution.Outcome(PASSED)
 
     def progress(done, total):
         if done:

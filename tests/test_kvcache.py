@@ -5,25 +5,24 @@ import pytest
 import torch
 from doubles import tiny_model
 
-from bytemtp.decoding import decode
-from bytemtp.model.kvcache import KVCache
+from bytemtp.model.kvcache import KVCache, context_left, window_start
 from bytemtp.model.layout import build_layout
 
 
 def test_context_left_is_what_the_window_slides_by():
     seq_len = 8
-    assert decode.context_left(5, 0, seq_len) == 3 and decode.context_left(8, 0, seq_len) == 0
+    assert context_left(5, 0, seq_len) == 3 and context_left(8, 0, seq_len) == 0
     for n in range(1, 40):
-        start = decode.window_start(n, 0, seq_len)
-        assert decode.context_left(n, start, seq_len) >= 0  # after a slide the context fits again
-        assert (start == 0) == (decode.context_left(n, 0, seq_len) >= 0)
+        start = window_start(n, 0, seq_len)
+        assert context_left(n, start, seq_len) >= 0  # after a slide the context fits again
+        assert (start == 0) == (context_left(n, 0, seq_len) >= 0)
 
 
 def test_window_rule():
-    assert decode.window_start(64, 0, 64) == 0
-    assert decode.window_start(65, 0, 64) == 65 - 32
-    assert decode.window_start(33 + 64, 33, 64) == 33  # 64 positions: still fits
-    assert decode.window_start(200, 0, 64) == 200 - 32
+    assert window_start(64, 0, 64) == 0
+    assert window_start(65, 0, 64) == 65 - 32
+    assert window_start(33 + 64, 33, 64) == 33  # 64 positions: still fits
+    assert window_start(200, 0, 64) == 200 - 32
 
 
 def test_cache_rewind_is_a_pointer_move():

@@ -25,6 +25,7 @@ import torch
 from doubles import EOS_MARKOV_IDS, EosMarkovModel, chi2_critical, rare_eos_model, seeded_sampling
 
 from bytemtp.decoding import decode, sampling
+from bytemtp.decoding.sampling import Sampling, distribution, next_byte
 from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import window_start
 from bytemtp.vocab import EOS, PAD
@@ -137,7 +138,7 @@ def test_a_rejection_where_no_residual_is_left_draws_from_p(monkeypatch):
     assert 0 < rejected < 20
 
 
-def _plain_probs(model: EosMarkovModel, prompt: bytes, sampling: decode.Sampling,
+def _plain_probs(model: EosMarkovModel, prompt: bytes, sampling: Sampling,
                  max_bytes: int) -> dict[bytes, float]:
     """Exact probability of every output of plain sampling: each id drawn by head 1 at the slot
     that the window rule (`window_start`) gives the context's last id."""
@@ -145,7 +146,7 @@ def _plain_probs(model: EosMarkovModel, prompt: bytes, sampling: decode.Sampling
 
     def walk(tokens: list[int], start: int, pr: float) -> None:
         start = window_start(len(tokens), start, seq_len)
-        dist = decode.distribution(model.table[(len(tokens) - 1 - start) % 3, tokens[-1], 0], sampling)
+        dist = distribution(model.table[(len(tokens) - 1 - start) % 3, tokens[-1], 0], sampling)
         out = bytes(tokens[1 + len(prompt):])
         for x in EOS_MARKOV_IDS:
             px = pr * float(dist[x])
@@ -225,8 +226,8 @@ def test_never_emits_pad_or_special_ids():
     logits[256] = 99.0
     logits[260] = 98.0
     logits[65] = 1.0
-    assert decode.next_byte(logits, decode.Sampling()) == 65
-    probs = decode.distribution(logits, decode.Sampling(temperature=1.0))
+    assert next_byte(logits, Sampling()) == 65
+    probs = distribution(logits, Sampling(temperature=1.0))
     assert probs[PAD] == 0 and probs[256] == 0 and probs[259:].sum() == 0
 
 
@@ -235,15 +236,15 @@ def test_sampling_is_seeded_and_truncated():
     def run(seed):
         gen = torch.Generator().manual_seed(seed)
         return decode.generate(model, b"a", max_bytes=30,
-                               sampling=decode.Sampling(temperature=1.0, generator=gen)).output
+                               sampling=Sampling(temperature=1.0, generator=gen)).output
     assert run(1) == run(1)
     assert run(1) != run(2)
     logits = torch.arange(264, dtype=torch.float32) / 10
-    top2 = decode.distribution(logits, decode.Sampling(temperature=1.0, top_k=2))
+    top2 = distribution(logits, Sampling(temperature=1.0, top_k=2))
     assert (top2 > 0).sum() == 2 and top2[EOS] > 0
-    nucleus = decode.distribution(logits, decode.Sampling(temperature=1.0, top_p=0.3))
+    nucleus = distribution(logits, Sampling(temperature=1.0, top_p=0.3))
     kept = nucleus > 0
-    full = decode.distribution(logits, decode.Sampling(temperature=1.0))
+    full = distribution(logits, Sampling(temperature=1.0))
     assert full[kept].sum() >= 0.3 and full[kept].sum() - full[kept].min() < 0.3
     with pytest.raises(ValueError, match="top_p"):
-        decode.Sampling(top_p=0.0)
+        Sampling(top_p=0.0)

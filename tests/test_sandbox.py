@@ -27,6 +27,7 @@ import pytest
 
 from bytemtp.evaluation import execution, guard
 from bytemtp.evaluation.execution import Isolation, IsolationError, Sandbox, bwrap_argv, run_program
+from bytemtp.evaluation.guard import FAILED
 
 SECRET = f"secret-{uuid.uuid4().hex}"
 BWRAP_PROBLEM = execution.bwrap_problem()
@@ -398,7 +399,7 @@ def test_a_sandbox_that_fails_to_start_says_why(monkeypatch):
     monkeypatch.setattr(execution, "bwrap_argv", lambda **kw: [*argv(**kw)[:1], "--no-such-option", *argv(**kw)[1:]])
     outcome = run_program("pass", isolation=Isolation(Sandbox.BWRAP))
     assert (outcome.verdict, outcome.detail) == \
-        (execution.FAILED, "exited with status 1 before it finished (bwrap: Unknown option --no-such-option)")
+        (FAILED, "exited with status 1 before it finished (bwrap: Unknown option --no-such-option)")
 
 
 @pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "guard"])

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from bytemtp import config as C
 from bytemtp.data.corpus import corpus_files, iter_documents
+from bytemtp.decoding.generation import Generation
 from bytemtp.evaluation import tasks as T
 from bytemtp.evaluation.evaluate import task_accuracy
 from bytemtp.model.layout import build_layout
@@ -129,7 +130,7 @@ def test_task_accuracy_counts_exact_matches(monkeypatch):
     answers = {p.prompt.encode(): p.answer.encode() for ps in test.values() for p in ps}
 
     def oracle(model, prompts, **kw):  # right on every other problem
-        return [decode.Generation(answers[p] if i % 2 == 0 else b"0") for i, p in enumerate(prompts)]
+        return [Generation(answers[p] if i % 2 == 0 else b"0") for i, p in enumerate(prompts)]
 
     monkeypatch.setattr(decode.Decoder, "generate", oracle)  # (decoder, prompts, ...)
     assert task_accuracy(model, test, batch_size=2) == {1: 0.6, 2: 0.6}
@@ -218,12 +219,12 @@ def test_induction_accuracy_scores_the_second_part_only(monkeypatch):
             text = p.decode()
             first = text.rsplit(" ", 2)[-2]
             second = re.search(rf"\b{first} (\w+)", text)[1]
-            outs.append(decode.Generation((second + " went home.").encode()[:max_bytes]))
+            outs.append(Generation((second + " went home.").encode()[:max_bytes]))
         return outs
 
     def guesser(model, prompts, *, max_bytes, **kw):  # a name's shape, no copying
         rng = random.Random(0)
-        return [decode.Generation(T.made_up_name(rng, 2).encode()) for _ in prompts]
+        return [Generation(T.made_up_name(rng, 2).encode()) for _ in prompts]
 
     monkeypatch.setattr(decode.Decoder, "generate", copier)
     assert task_accuracy(model, test, batch_size=7, until_eos=False) == {"2": 1.0, "3": 1.0, "4+": 1.0}

@@ -3,30 +3,29 @@
 `generate` is the reference: one prompt, one byte per forward pass, greedy or sampled (temperature,
 top-k, top-p through a seeded `torch.Generator`), until EOS, a stop string or `max_bytes`.
 
-`Decoder` is the fast path for many prompts at once: a short loop (`Decoder.decode`) over small
-named steps, in the manner of gpt-fast. `prefill` runs the prompts and `propose` takes each
-row's next byte and the heads' candidates; a pass (`step`) lays them out as a chain or tree
-(`draft`), runs them (`forward`), says which path survives (`verify`: `verify_greedy`, or
-`verify_sampled` on chains) and `accept`s it (its bytes, its cache slots; the acceptance profile
-learns); `emit_next` emits the next byte, sliding full windows. How it drafts is a
-`strategy.Draft`; one that adapts has its heads and tree chosen (`plan`) from what a pass costs
-here (`calibration`, timed by `measure_pass_costs` on the decoder's own step) and how often each
-head has been right (`drafting`), so speculation does not cost more than it returns (untrained
-heads: plain decoding). Passes run eagerly or, where compiling pays (`compiled.CompilePolicy`),
-on the compiled static step. Greedy output equals plain greedy output; sampled output has
-exactly the model's distribution (the speculative sampling rule, on chains).
+`Decoder` is the fast path for many prompts at once: a short loop (`Decoder.decode`) over small named
+steps, in the manner of gpt-fast. `prefill` runs the prompts and `propose` takes each row's next byte
+and the heads' candidates; a pass (`step`) lays them out as a chain or tree (`draft`), runs them
+(`forward`), says which path survives (`verify`: `verify_greedy`, or `verify_sampled` on chains) and
+`accept`s it (its bytes, its cache slots; the acceptance profile learns); `emit_next` emits the next
+byte, sliding full windows. How it drafts is a `strategy.Draft`; one that adapts has its heads and tree
+chosen (`plan`) from what a pass costs here (`calibration`, timed by `measure_pass_costs` on the
+decoder's own step) and how often each head has been right (`drafting`), so speculation does not cost
+more than it returns (untrained heads: plain decoding). Passes run eagerly or, where compiling pays
+(`compiled.CompilePolicy`), on the compiled static step. Greedy output equals plain greedy output;
+sampled output has exactly the model's distribution (the speculative sampling rule, on chains).
 
-Generation starts a new document: the prompt is preceded by EOS, as every document is in the
-packed training stream. The model never emits BOS, PAD or the padding ids above them; EOS ends
-the output and is not part of it. Generation is not limited by the context: when the next
-prediction would need more than `seq_len` positions, the window slides (the newest half of the
-context is kept and run through the model again), by one rule (`window_start`) that plain and
-speculative decoding share, so their greedy outputs stay equal.
+Generation starts a new document: the prompt is preceded by EOS, as every document is in the packed
+training stream. The model never emits BOS, PAD or the padding ids above them; EOS ends the output and
+is not part of it. Generation is not limited by the context: when the next prediction would need more
+than `seq_len` positions, the window slides (the newest half of the context is kept and run through the
+model again), by one rule (`window_start`) that plain and speculative decoding share, so their greedy
+outputs stay equal.
 
-Exactness: greedy speculative output equals plain greedy output wherever a verify pass over T
-bytes computes the same next-byte choices as T one-byte passes; in float32 and float64 they
-differ only at exact ties, in bf16 rounding can flip a choice. Plain and speculative decoding
-of a batch share one prefill, so comparing them never mixes in the batch's own rounding.
+Exactness: greedy speculative output equals plain greedy output wherever a verify pass over T bytes
+computes the same next-byte choices as T one-byte passes; in float32 and float64 they differ only at
+exact ties, in bf16 rounding can flip a choice. Plain and speculative decoding of a batch share one
+prefill, so comparing them never mixes in the batch's own rounding.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from typing import Callable
 
 import torch
 
+from bytemtp.decoding.batch import Batch, Row
 from bytemtp.decoding.calibration import CalibratedCosts, cost_table, timing_grid
 from bytemtp.decoding.compiled import Compile, CompilePolicy, StaticStep
 from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts, choose
@@ -81,30 +81,6 @@ def generate(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, sampling: S
         logits = model.logits(ids, cache, heads=1, layout=build_layout(model, ids, cache))[0, -1, 0]
         out.stats.forward_passes += 1
     return out.result(t0)
-
-
-class _Row:
-    """One prompt's decoding: its output rules, its window, the byte due next and the candidates
-    of the heads after it (greedy: each head's top bytes; sampling: one draft each and its q)."""
-
-    def __init__(self, prompt: bytes, out: Output):
-        self.prompt, self.out = prompt, out
-        self.start = 0  # window start, in tokens from the leading EOS
-        self.nxt = EOS
-        self.cand: list[list[int]] = []  # [depth - 1][rank]
-        self.q: torch.Tensor | None = None  # (depths, V) draft distributions when sampling
-
-    @property
-    def stats(self) -> SpeculativeStats:
-        return self.out.stats
-
-    def tokens(self) -> list[int]:
-        return [EOS, *self.prompt, *self.out.data]
-
-    @property
-    def n_tokens(self) -> int:
-        """Tokens so far, the leading EOS and the byte due next (already emitted) included."""
-        return 1 + len(self.prompt) + len(self.out.data)
 
 
 class Decoder:
@@ -200,7 +176,7 @@ class Decoder:
         draft = (Draft.parse(draft) if isinstance(draft, str) else draft).for_model(self.model.config.n_future)
         t0 = time.perf_counter()
         depths = draft.max_depth(self.model.config.n_future)
-        rows = [_Row(p, Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
+        rows = [Row(p, Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
                                 max_bytes=max_bytes, stop=stop,
                                 on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))))
                 for r, p in enumerate(prompts)]
@@ -211,14 +187,14 @@ class Decoder:
             self.decode(rows, draft, sampling, max_bytes=max_bytes, cancel=cancel)
         return [row.out.result(t0) for row in rows]
 
-    def decode(self, rows: list[_Row], draft: Draft, sampling: Sampling, *, max_bytes: int,
+    def decode(self, rows: list[Row], draft: Draft, sampling: Sampling, *, max_bytes: int,
                cancel: Callable[[], bool] | None) -> None:
         """Prefill, then emit and step pass after pass until every row is finished (or `cancel()`)."""
         greedy, batch_size = sampling.greedy, len(rows)
         static = self.use_static(batch_size, max_bytes)
         choice = self.last_choice = self.plan(draft, batch_size=batch_size, static=static, greedy=greedy)
         cache = KVCache.for_model(self.model, batch_size=batch_size, max_len=self.model.config.seq_len + MAX_NODES)
-        state = _Batch(rows, cache, warm=choice.heads, sampling=sampling, profile=self.profiles[greedy],
+        state = Batch(rows, cache, warm=choice.heads, sampling=sampling, profile=self.profiles[greedy],
                        static=static, costs=self.calibration.for_run(batch_size, static=static))
         self.prefill(rows, state.cache, state.warm, sampling)
         passes = 0
@@ -232,7 +208,7 @@ class Decoder:
             self.step(state, choice)
             passes += 1
 
-    def step(self, state: _Batch, choice: Choice) -> None:
+    def step(self, state: Batch, choice: Choice) -> None:
         """One speculative pass over the batch: draft, forward, verify, then accept (or propose
         anew) row by row; its time calibrates the pass costs (under automatic choice)."""
         t0 = time.perf_counter()
@@ -275,7 +251,7 @@ class Decoder:
 
     # --- the steps of a pass ---------------------------------------------------------------------
 
-    def prefill(self, rows: list[_Row], cache: KVCache, heads: int, sampling: Sampling) -> None:
+    def prefill(self, rows: list[Row], cache: KVCache, heads: int, sampling: Sampling) -> None:
         """Run each row's window (EOS + prompt, or its newest part) through the model, right-
         padded into one batch, and take the next byte and the candidates at its last position."""
         model, seq_len = self.model, self.model.config.seq_len
@@ -298,7 +274,7 @@ class Decoder:
             row.stats.forward_passes += 1
 
     @staticmethod
-    def propose(row: _Row, logits_KV: torch.Tensor, nxt: int | None, sampling: Sampling,
+    def propose(row: Row, logits_KV: torch.Tensor, nxt: int | None, sampling: Sampling,
                  cand: list[list[int]] | None = None) -> None:
         """The next byte (head 1's choice, unless verification already made it) and the heads'
         candidates after it, from the logits (K, V) at the row's last accepted node."""
@@ -314,7 +290,7 @@ class Decoder:
         row.q = probs[1:]
         row.cand = [[d] for d in _sample(row.q, sampling.generator)] if len(probs) > 1 else []
 
-    def draft(self, rows: list[_Row], tree: DraftTree) -> torch.Tensor:
+    def draft(self, rows: list[Row], tree: DraftTree) -> torch.Tensor:
         """The ids of one pass (B, T): each row's next byte and its candidates laid out as the tree."""
         ids = [[row.nxt] + [row.cand[d - 1][r] for d, r in zip(tree.depths[1:], tree.ranks[1:])]
                for row in rows]
@@ -333,7 +309,7 @@ class Decoder:
                               ancestors=None if chain else tree.ancestors, drafts=True)
         return model.logits(ids_BT, cache, heads=heads, stacked=self.stacked, layout=layout)
 
-    def verify(self, logits_BTKV: torch.Tensor, state: _Batch, rows: list[_Row], tree: DraftTree,
+    def verify(self, logits_BTKV: torch.Tensor, state: Batch, rows: list[Row], tree: DraftTree,
                offered: list[int]) -> list[tuple[list[int], int, list[list[int]] | None]]:
         """For each row of the pass: the accepted path, the byte after it and (greedy) the heads'
         candidates there, by `verify_greedy` or (sampling, a chain) `verify_sampled`."""
@@ -343,7 +319,7 @@ class Decoder:
         verdicts = self.verify_sampled(logits_BTKV, rows, offered, state.sampling, live)
         return [(path, nxt, None) for path, nxt in verdicts]
 
-    def verify_greedy(self, logits_BTKV: torch.Tensor, rows: list[_Row], tree: DraftTree,
+    def verify_greedy(self, logits_BTKV: torch.Tensor, rows: list[Row], tree: DraftTree,
                       offered: list[int]) -> list[tuple[list[int], int, list[list[int]]]]:
         """For each row: the accepted path (node indices from the root), head 1's byte after it
         and the heads' candidates there. A child is accepted when its byte is head 1's choice at
@@ -367,7 +343,7 @@ class Decoder:
         return out
 
     @staticmethod
-    def verify_sampled(logits_BTKV: torch.Tensor, rows: list[_Row], offered: list[int],
+    def verify_sampled(logits_BTKV: torch.Tensor, rows: list[Row], offered: list[int],
                        sampling: Sampling, live: list[bool]) -> list[tuple[list[int], int]]:
         """For each row (a chain): the accepted path and the byte after it, by `verify_sampled`.
         Finished rows draw nothing, so a row's draws do not depend on whether the finished rows
@@ -383,7 +359,7 @@ class Decoder:
             out.append((list(range(n_ok + 1)), nxt))
         return out
 
-    def accept(self, row: _Row, b: int, path: list[int], tree: DraftTree, cache: KVCache, *,
+    def accept(self, row: Row, b: int, path: list[int], tree: DraftTree, cache: KVCache, *,
                start: int, layers: int, offered: int) -> bool:
         """Emit the accepted drafts (until the output ends), count them, record what the heads
         got right, and keep the path's cache slots; True when the row is finished."""
@@ -402,7 +378,7 @@ class Decoder:
         cache.lengths[b] = start + len(path)
         return done
 
-    def emit_next(self, state: _Batch) -> bool:
+    def emit_next(self, state: Batch) -> bool:
         """Emit each row's next byte, sliding the windows that are full (a slide runs the row's
         newest context again, which chooses its next byte anew); False when all are finished."""
         seq_len = self.model.config.seq_len
@@ -423,32 +399,6 @@ class Decoder:
         return len(state.finished) < len(state.rows)
 
 
-class _Batch:
-    """The rows being decoded together in one call, and how: cache row b holds rows[active[b]];
-    finished rows stay in the cache (fed, never accepted) until half of them are, then the cache
-    drops them (not on the static step, whose batch shape stays). `profile` learns from the
-    passes and `costs` are calibrated by them (None: not)."""
-
-    def __init__(self, rows: list[_Row], cache: KVCache, *, warm: int, sampling: Sampling,
-                 profile: AcceptanceProfile | None, costs: PassCosts | None, static: bool = False):
-        self.rows, self.cache, self.warm = rows, cache, warm  # warm: heads whose caches are complete
-        self.sampling, self.profile, self.costs, self.static = sampling, profile, costs, static
-        self.active = list(range(len(rows)))
-        self.finished: set[int] = set()
-
-    def drop_finished(self) -> None:
-        live = [b for b, r in enumerate(self.active) if r not in self.finished]
-        if not self.static and len(live) * 2 <= len(self.active) and len(live) < len(self.active):
-            self.cache.keep(live)
-            self.active = [self.active[b] for b in live]
-
-    def interrupt(self) -> None:
-        """Decoding ends here: the rows not finished stop by "interrupted"."""
-        for r, row in enumerate(self.rows):
-            if r not in self.finished:
-                row.out.stats.stopped_by = "interrupted"
-
-
 def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5,
                        static: bool = False) -> PassCosts | None:
     """Seconds per decoding step (draft, forward pass, verify, accept) of k heads over T nodes,
@@ -460,11 +410,11 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5,
     model = decoder.model
     n, seq_len = model.config.n_future, model.config.seq_len
     shapes = timing_grid(n)
-    rows = [_Row(b"", Output(SpeculativeStats(), max_bytes=1 << 30, stop=(), on_bytes=None))
+    rows = [Row(b"", Output(SpeculativeStats(), max_bytes=1 << 30, stop=(), on_bytes=None))
             for _ in range(batch_size)]
     cache = KVCache.for_model(model, batch_size=batch_size, max_len=seq_len + MAX_NODES)
     # the dummy rows teach no profile and calibrate nothing
-    state = _Batch(rows, cache, warm=n, sampling=Sampling(), profile=None, costs=None, static=static)
+    state = Batch(rows, cache, warm=n, sampling=Sampling(), profile=None, costs=None, static=static)
     device = model.embed.weight.device
     times: dict[tuple[int, int], list[float]] = {key: [] for key in shapes}
     for rep in range(repeats + 1):
