@@ -1,6 +1,7 @@
 """Floor 4, decoding: generation results (`generation`), sampling and its lossless
 verification (`sampling`), the draft strategy as a typed value (`strategy`), draft shapes and the
 cost-aware chooser (`drafting`), the compiled static step and the compile policy (`compiled`),
-pass costs measured and calibrated (`calibration`), plain and self-speculative decoding
-(`decode`) and interleaved speed measurements (`speed`).
+pass costs measured and calibrated (`calibration`), the state of a decoding call (`batch`),
+plain and self-speculative decoding (`decode`) and interleaved speed measurements with their
+figures (`speed`).
 """
