@@ -195,3 +195,11 @@ def test_import_of_the_package_has_no_torch_side_effect():
     code = "import sys, bytemtp, bytemtp.config, bytemtp.vocab; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_package_list_names_every_subpackage():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert on_disk <= listed, f"add to pyproject's [tool.setuptools] packages: {sorted(on_disk - listed)}"
