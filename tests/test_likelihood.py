@@ -13,7 +13,7 @@ from bytemtp.evaluation.evaluate import evaluate
 from bytemtp.evaluation.likelihood import loglikelihoods, n_windows, rolling_loglikelihoods, windows
 from bytemtp.model.layout import build_layout
 from bytemtp.model.loss import LN2
-from bytemtp.vocab import EOS
+from bytemtp.vocab import BOS, EOS, PAD, VOCAB_SIZE
 
 
 def _model(seq_len=32, n_future=4, seed=0):
@@ -28,7 +28,8 @@ def _reference(model, context: bytes, continuation: bytes) -> tuple[float, bool]
     start = len(context)  # position of the last context id: it predicts the continuation's first byte
     logp = torch.log_softmax(logits, -1)[start:]
     targets = ids[0, start + 1:]
-    return float(logp[torch.arange(len(targets)), targets].double().sum()), bool((logits[start:].argmax(-1) == targets).all())
+    emitted = logits[start:, [*range(256), EOS]]  # the ids decoding may write: bytes, then EOS at 256
+    return float(logp[torch.arange(len(targets)), targets].double().sum()), bool((emitted.argmax(-1) == targets).all())
 
 
 @pytest.mark.parametrize("n_context,n_cont", [(0, 1), (0, 40), (5, 3), (40, 5), (70, 70), (31, 33), (0, 64)])
@@ -73,6 +74,27 @@ def test_greedy_flag_is_true_exactly_for_the_greedy_continuation():
     greedy = generate(model, prompt, max_bytes=6).output
     assert len(greedy) == 6  # no EOS: all six bytes are the greedy choices
     wrong = greedy[:3] + bytes([(greedy[3] + 1) % 256]) + greedy[4:]
+    (_, is_greedy), (_, not_greedy) = loglikelihoods(model, [(prompt, greedy), (prompt, wrong)])
+    assert is_greedy and not not_greedy
+
+
+@pytest.mark.parametrize("special", [BOS, PAD, VOCAB_SIZE - 1])
+def test_greedy_flag_follows_decoding_past_ids_it_never_emits(special):
+    """A model that ranks an id decoding never writes (BOS, PAD, a padding row) first everywhere:
+    greedy decoding writes the best byte instead, and the flag says so."""
+    model = _model()
+    plain = model.logits
+
+    def ranked_first(*args, **kwargs):
+        logits = plain(*args, **kwargs).clone()
+        logits[..., special] = logits.amax(-1) + 10.0
+        return logits
+
+    model.logits = ranked_first  # generate and the likelihood both ask the model through it
+    prompt = b"hello"
+    greedy = generate(model, prompt, max_bytes=6).output
+    assert len(greedy) == 6
+    wrong = greedy[:2] + bytes([(greedy[2] + 1) % 256]) + greedy[3:]
     (_, is_greedy), (_, not_greedy) = loglikelihoods(model, [(prompt, greedy), (prompt, wrong)])
     assert is_greedy and not not_greedy
 

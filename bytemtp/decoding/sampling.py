@@ -1,7 +1,9 @@
 """Choosing bytes from the next-byte head: greedy picks, sampling (temperature, top-k, top-p
 through a seeded `torch.Generator`, on the logits' device), and the speculative sampling rule.
+The ids generation may emit (the bytes and EOS) are named once, here; the likelihood's greedy
+flag asks `greedy_picks` too, so it says what greedy decoding would write.
 
-Legend: T positions, D drafts, V vocabulary.
+Legend: N rows (any leading dimensions), T positions, D drafts, V vocabulary.
 """
 
 from __future__ import annotations
@@ -61,6 +63,12 @@ def _masked(logits: torch.Tensor) -> torch.Tensor:
     return logits.float().masked_fill(~_ALLOWED.to(logits.device), float("-inf"))
 
 
+def greedy_picks(logits_NV: torch.Tensor) -> torch.Tensor:
+    """The ids greedy decoding picks from logits (N, V): the top one of each row among the ids
+    generation emits (the 256 bytes and EOS; never BOS, PAD or the padding rows), shape (N,)."""
+    return _masked(logits_NV).argmax(-1)
+
+
 def _sample(probs_NV: torch.Tensor, generator: torch.Generator | None) -> list[int]:
     if generator is not None and generator.device != probs_NV.device:
         probs_NV = probs_NV.to(generator.device)
@@ -70,7 +78,7 @@ def _sample(probs_NV: torch.Tensor, generator: torch.Generator | None) -> list[i
 def next_byte(logits_V: torch.Tensor, sampling: Sampling) -> int:
     """One id from the next-byte head's logits (V,)."""
     if sampling.greedy:
-        return int(_masked(logits_V).argmax())
+        return int(greedy_picks(logits_V))
     return _sample(distribution(logits_V, sampling)[None], sampling.generator)[0]
 
 
