@@ -124,6 +124,33 @@ def test_generation_settings_sampling_and_limits(harness_run):
 
 
 @pytest.mark.slow
+def test_top_k_and_top_p_reach_the_decoder(harness_run, monkeypatch):
+    """top_k=1, or a top_p below any byte's probability, leaves sampling one choice at any
+    temperature: greedy's. And the sampling rule handed to the decoder carries what was asked."""
+    from bytemtp.interop.harness import ByteMTPLM
+
+    root, model, _ = harness_run
+    lm = ByteMTPLM.create_from_arg_string(f"ckpt={root / 'run'},device=cpu,batch_size=2,seed=7")
+    prompts = ["x = ", "def f(", "import "]
+    greedy = [generate(model, p, max_bytes=20).output.decode("utf-8", "replace") for p in prompts]
+    for truncation in ({"top_k": 1}, {"top_p": 1e-6}):
+        kw = {"do_sample": True, "temperature": 2.0, "max_gen_toks": 20, **truncation}
+        assert lm.generate_until(_requests(*[(p, kw) for p in prompts]), disable_tqdm=True) == greedy, truncation
+    handed = []
+    decode_rows = lm._decoder.generate
+
+    def spy(prompts, *, sampling, **kw):
+        handed.append(sampling)
+        return decode_rows(prompts, sampling=sampling, **kw)
+
+    monkeypatch.setattr(lm._decoder, "generate", spy)
+    kw = {"do_sample": True, "temperature": 0.7, "top_k": 5, "top_p": 0.9, "max_gen_toks": 3}
+    lm.generate_until(_requests(("x", kw), ("y", {**kw, "top_k": None, "top_p": None})), disable_tqdm=True)
+    assert [(s.temperature, s.top_k, s.top_p) for s in handed] == [(0.7, 5, 0.9), (0.7, 0, 1.0)]
+    assert all(s.generator is lm.generator for s in handed)
+
+
+@pytest.mark.slow
 def test_model_args_win_over_lm_evals_defaults_and_errors_are_one_line(harness_run, tmp_path):
     from bytemtp.interop.harness import ByteMTPLM
 
