@@ -14,7 +14,8 @@ fails there instead of passing everywhere.
 What the guard alone cannot stop is GUARD_LIMITS: those tests are expected to fail under the guard
 (xfail, strict, on an AssertionError) and pass under bubblewrap. Neither stops a program from
 forging its own verdict (xfail in both). The bubblewrap runs skip, with the reason, where
-bubblewrap is missing or cannot make namespaces. Below them: what the sandbox holds, the kill at
+bubblewrap is missing or cannot make namespaces, but fail under CI=true unless
+BYTEMTP_ALLOW_NO_BWRAP=1 (tests/conftest.py). Below them: what the sandbox holds, the kill at
 the time limit, and the choice of sandbox (`Isolation`).
 """
 
@@ -35,7 +36,7 @@ from bytemtp.evaluation.guard import FAILED
 
 SECRET = f"secret-{uuid.uuid4().hex}"
 BWRAP_PROBLEM = execution.bwrap_problem()
-needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"{BWRAP_PROBLEM}")
+needs_bwrap = pytest.mark.bwrap  # skips without bubblewrap, fails under CI=true unless opted out (conftest)
 MODES = {"bwrap": needs_bwrap, "bwrap-without-guard": needs_bwrap, "guard": None}
 
 # what the guard alone lets through; under bubblewrap the same programs find nothing
@@ -433,6 +434,20 @@ def test_a_bubblewrap_that_cannot_make_its_sandbox_is_named_with_its_reason(tmp_
     finally:
         monkeypatch.undo()
         execution.bwrap_problem.cache_clear()
+
+
+@pytest.mark.slow
+def test_without_bubblewrap_its_tests_skip_but_fail_under_ci_unless_it_opts_out(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "BYTEMTP_ALLOW_NO_BWRAP")}
+    env["PATH"] = str(tmp_path)  # no bwrap on it
+    test = "tests/test_sandbox.py::test_a_sandbox_that_fails_to_start_says_why"
+    for extra, status, said in (({}, 0, "1 skipped"), ({"CI": "true"}, 1, "set BYTEMTP_ALLOW_NO_BWRAP=1 to let"),
+                                ({"CI": "true", "BYTEMTP_ALLOW_NO_BWRAP": "1"}, 0, "1 skipped")):
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                              cwd=pathlib.Path(__file__).parent.parent, env=env | extra,
+                              capture_output=True, text=True, timeout=300)
+        assert (done.returncode, said in done.stdout) == (status, True), (extra, done.stdout[-2000:])
+        assert execution.NOT_INSTALLED in done.stdout, done.stdout[-2000:]
 
 
 @needs_bwrap
