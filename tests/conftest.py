@@ -35,6 +35,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
 
 
+def pytest_runtest_setup(item):
+    """Tests marked bwrap need bubblewrap working here: without it they skip, with the reason; under
+    CI=true they fail instead, unless BYTEMTP_ALLOW_NO_BWRAP=1 says this CI may go without it."""
+    if item.get_closest_marker("bwrap") is None:
+        return
+    from bytemtp.evaluation.execution import bwrap_problem
+
+    problem = bwrap_problem()
+    if problem is None:
+        return
+    if os.environ.get("CI", "").lower() == "true" and os.environ.get("BYTEMTP_ALLOW_NO_BWRAP") != "1":
+        pytest.fail(f"CI=true needs bubblewrap for this test: {problem}; "
+                    "set BYTEMTP_ALLOW_NO_BWRAP=1 to let the bubblewrap tests skip", pytrace=False)
+    pytest.skip(problem)
+
+
 @pytest.fixture
 def one_thread():
     """Decoding runs thousands of tiny tensor ops; with an intra-op thread pool some of them

@@ -1,5 +1,6 @@
 """bytemtp.evaluation.execution's child end to end: its limits, what it disables, what its audit hook
-refuses and says, and what it imports. The guard's parts in the test process are in
+refuses and says, what it imports, and how its end reads (the wall-clock kill, the CPU limit, a
+signal), the same under both sandboxes. The guard's parts in the test process are in
 tests/test_guard.py; the escapes themselves, under both sandboxes, in tests/test_sandbox.py."""
 
 import os
@@ -12,9 +13,7 @@ from bytemtp.evaluation.execution import Isolation, Sandbox, run_program
 from bytemtp.evaluation.guard import FAILED, PASSED
 
 GUARD = Isolation(Sandbox.GUARD, allow_unsandboxed=True)  # the guard alone: its messages name host paths
-BWRAP = pytest.param(Isolation(Sandbox.BWRAP), id="bwrap", marks=pytest.mark.skipif(
-    execution.bwrap_problem() is not None, reason=f"{execution.bwrap_problem()}"))
-BOTH = [BWRAP, pytest.param(GUARD, id="guard")]
+BOTH = [pytest.param(Isolation(Sandbox.BWRAP), id="bwrap", marks=pytest.mark.bwrap), pytest.param(GUARD, id="guard")]
 
 
 # --- the child, end to end ---------------------------------------------------------------------
@@ -89,3 +88,31 @@ def test_the_child_imports_neither_bytemtp_nor_torch_and_its_directory_is_off_sy
               "assert numpy.arange(3).sum() == 3\n")
     outcome = run_program(source, isolation=isolation)
     assert (outcome.verdict, outcome.detail) == (PASSED, "")
+
+
+# --- how a program ends: the limits and deaths, in the same words under both sandboxes ----------
+
+
+@pytest.mark.parametrize("isolation", BOTH)
+def test_a_sleeping_program_is_killed_at_the_wall_clock(isolation):
+    # it uses no CPU, so only the wall-clock kill stops it (the CPU limit would stop a busy loop too)
+    outcome = run_program("import time\ntime.sleep(20)\n", isolation=isolation, timeout=1.0)
+    assert (outcome.verdict, outcome.detail) == (execution.TIMED_OUT, "still running after 1 s (wall clock)")
+    assert outcome.seconds < 10
+
+
+DEATHS = {  # program -> (verdict, detail), whatever the sandbox
+    "CPU limit": ("while True:\n    pass\n", (execution.TIMED_OUT, "used its 1 s of CPU time")),
+    "SIGABRT": ("import os\nos.abort()\n", (FAILED, "killed by SIGABRT")),
+    "SIGSEGV": ("import faulthandler\nfaulthandler._sigsegv()\n", (FAILED, "killed by SIGSEGV")),
+    "exit status": ("import os\nos._exit(3)\n", (FAILED, "exited with status 3 before it finished")),
+}
+
+
+@pytest.mark.parametrize("death", DEATHS)
+@pytest.mark.parametrize("isolation", BOTH)
+def test_a_death_reads_the_same_whatever_the_sandbox(monkeypatch, isolation, death):
+    monkeypatch.setattr(execution, "cpu_seconds", lambda timeout: 1)  # the CPU limit long before the wall clock
+    source, want = DEATHS[death]
+    outcome = run_program(source, isolation=isolation, timeout=30.0)
+    assert (outcome.verdict, outcome.detail) == want

@@ -16,8 +16,7 @@ from bytemtp.model.model import ByteMTP
 
 # bubblewrap where it works, else the guard alone: what these tests check does not depend on it
 ANY = Isolation(allow_unsandboxed=True)
-BOTH = [pytest.param(Isolation(Sandbox.BWRAP), id="bwrap", marks=pytest.mark.skipif(
-            execution.bwrap_problem() is not None, reason=f"{execution.bwrap_problem()}")),
+BOTH = [pytest.param(Isolation(Sandbox.BWRAP), id="bwrap", marks=pytest.mark.bwrap),
         pytest.param(Isolation(Sandbox.GUARD, allow_unsandboxed=True), id="guard")]
 
 

@@ -21,9 +21,6 @@ def run(*args, allow: bool = True):
     return CliRunner().invoke(main, ["eval-task", "humaneval", *map(str, args), *flags])
 
 
-BWRAP_PROBLEM = execution.bwrap_problem()
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A scripted tiny model that writes "1" after a prompt ending in a space (so toy/one passes
@@ -150,7 +147,7 @@ def test_the_guard_alone_runs_when_the_command_allows_it_and_the_report_says_so(
         assert data["execution"]["sandbox"] == "guard" and data["pass_at_k"] == {"pass@1": 0.5}
 
 
-@pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"{BWRAP_PROBLEM}")
+@pytest.mark.bwrap
 def test_programs_run_under_bubblewrap_by_default_and_the_report_says_so(runs, one_thread, tmp_path):
     for args in ((), ("--sandbox", "bwrap")):
         out = tmp_path / "b.json"

@@ -6,13 +6,17 @@ process of the user's, or to read a secret planted in a fake home (HOME points a
 another process. Each runs in three ways: under bubblewrap as bytemtp runs it (the guard inside),
 under bubblewrap without the guard (`bwrap_argv` and a bare interpreter: the OS layer alone), and
 under the guard alone. Every run must leave the test's folder as it was, show nothing of the
-secret, reach no listener and kill no process.
+secret, reach no listener and kill no process. Each program's positive control runs it with no
+sandbox at all and checks that it does change the world (creates the file, kills the process,
+reaches the listener, reads the secret), so that a program aimed at a wrong path, pid or port
+fails there instead of passing everywhere.
 
 What the guard alone cannot stop is GUARD_LIMITS: those tests are expected to fail under the guard
-(xfail, strict) and pass under bubblewrap. Neither stops a program from forging its own verdict
-(xfail in both). The bubblewrap runs skip, with the reason, where bubblewrap is missing or cannot
-make namespaces. Below them: what the sandbox holds, the kill at the time limit, and the choice
-of sandbox (`Isolation`).
+(xfail, strict, on an AssertionError) and pass under bubblewrap. Neither stops a program from
+forging its own verdict (xfail in both). The bubblewrap runs skip, with the reason, where
+bubblewrap is missing or cannot make namespaces, but fail under CI=true unless
+BYTEMTP_ALLOW_NO_BWRAP=1 (tests/conftest.py). Below them: what the sandbox holds, the kill at
+the time limit, and the choice of sandbox (`Isolation`).
 """
 
 import os
@@ -21,6 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -31,7 +36,7 @@ from bytemtp.evaluation.guard import FAILED
 
 SECRET = f"secret-{uuid.uuid4().hex}"
 BWRAP_PROBLEM = execution.bwrap_problem()
-needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"{BWRAP_PROBLEM}")
+needs_bwrap = pytest.mark.bwrap  # skips without bubblewrap, fails under CI=true unless opted out (conftest)
 MODES = {"bwrap": needs_bwrap, "bwrap-without-guard": needs_bwrap, "guard": None}
 
 # what the guard alone lets through; under bubblewrap the same programs find nothing
@@ -213,6 +218,19 @@ LIMITS = {
                   "        n += 1\nexcept OSError:\n    pass\nraise ValueError(f'{{n}} half-MiB files')",
 }
 
+# what each program does run with no sandbox at all (its positive control): "file" changes the
+# test's folder, "signal" kills the user's process, "network" reaches a listener, and any other
+# value is what its output shows (the secret, a listing of the home, what the guard lets through)
+EFFECTS = {
+    **dict.fromkeys(list(ESCAPES)[:list(ESCAPES).index("tcp")], "file"),  # the files and processes
+    "tcp": "network", "udp": "network", "kill": "signal", "killpg": "signal", "pidfd": "signal",
+    **dict.fromkeys(["read by open", "read by os.open", "read by ctypes", "read by import", "read by HOME",
+                     "another process", "the environment"], SECRET),
+    "list the home": "secret_module",
+    "metadata": "found", "C library": "accounts", "total size": "8 half-MiB files",
+}
+assert set(EFFECTS) == {*ESCAPES, *LIMITS}
+
 
 def _params(cases: dict, limits: dict) -> list:
     params = []
@@ -220,7 +238,8 @@ def _params(cases: dict, limits: dict) -> list:
         for name in cases:
             marks = [needs] if needs else []
             if mode == "guard" and name in limits:
-                marks.append(pytest.mark.xfail(strict=True, reason=f"a known limit of the guard: {limits[name]}"))
+                marks.append(pytest.mark.xfail(strict=True, raises=AssertionError,
+                                               reason=f"a known limit of the guard: {limits[name]}"))
             params.append(pytest.param(mode, name, id=f"{mode}-{name}", marks=marks))
     return params
 
@@ -255,6 +274,31 @@ def test_what_the_guard_alone_lets_through(world, mode, name):
     assert {"metadata": "absent", "C library": "none"}.get(name, "") in text
     if name == "total size":  # at most 1 MiB in all
         assert any(f"{n} half-MiB files" in text for n in (0, 1, 2)), text
+
+
+def _changed(world: World, effect: str, text: str) -> bool:
+    if effect == "file":
+        return world.snapshot() != world.before
+    if effect == "signal":
+        return world.process.poll() is not None
+    if effect == "network":
+        return world.heard() != []
+    return effect in text
+
+
+@pytest.mark.parametrize("name", [*ESCAPES, *LIMITS])
+def test_each_program_changes_the_world_when_nothing_stops_it(world, tmp_path_factory, name):
+    # the control of the tests above: a program aimed at a wrong path, pid or port would pass them
+    # all, so each must do what it tries when run by a bare interpreter, in a folder of its own
+    # beside the test's (HOME the fake one, the secret in the environment)
+    source = world.fill({**ESCAPES, **LIMITS}[name])
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", source], cwd=tmp_path_factory.mktemp("work"),
+                          capture_output=True, text=True, timeout=60)
+    text = f"status {done.returncode}\n{done.stdout}\n{done.stderr}"
+    deadline = time.monotonic() + 10  # a signal lands, a process left behind acts, a little later
+    while not (changed := _changed(world, EFFECTS[name], text)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert changed, text
 
 
 # --- the OS layer ------------------------------------------------------------------------------
@@ -392,6 +436,20 @@ def test_a_bubblewrap_that_cannot_make_its_sandbox_is_named_with_its_reason(tmp_
         execution.bwrap_problem.cache_clear()
 
 
+@pytest.mark.slow
+def test_without_bubblewrap_its_tests_skip_but_fail_under_ci_unless_it_opts_out(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "BYTEMTP_ALLOW_NO_BWRAP")}
+    env["PATH"] = str(tmp_path)  # no bwrap on it
+    test = "tests/test_sandbox.py::test_a_sandbox_that_fails_to_start_says_why"
+    for extra, status, said in (({}, 0, "1 skipped"), ({"CI": "true"}, 1, "set BYTEMTP_ALLOW_NO_BWRAP=1 to let"),
+                                ({"CI": "true", "BYTEMTP_ALLOW_NO_BWRAP": "1"}, 0, "1 skipped")):
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                              cwd=pathlib.Path(__file__).parent.parent, env=env | extra,
+                              capture_output=True, text=True, timeout=300)
+        assert (done.returncode, said in done.stdout) == (status, True), (extra, done.stdout[-2000:])
+        assert execution.NOT_INSTALLED in done.stdout, done.stdout[-2000:]
+
+
 @needs_bwrap
 def test_a_sandbox_that_fails_to_start_says_why(monkeypatch):
     argv = execution.bwrap_argv
@@ -403,7 +461,7 @@ def test_a_sandbox_that_fails_to_start_says_why(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "guard"])
-@pytest.mark.xfail(strict=True, reason="a known limit of both: the verdict comes from the program's own process, "
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a known limit of both: the verdict comes from the program's own process, "
                                        "which can write a report of its own to the descriptor the guard reports on")
 def test_a_program_cannot_forge_its_verdict(mode):
     forged = "import os\nos.write(3, b'passed\\n')\nos._exit(0)\nassert False, 'the tests fail'\n"

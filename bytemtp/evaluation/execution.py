@@ -35,7 +35,11 @@ canonical solutions, two at a time, took 1.05-1.23x the guard alone's wall time)
 
 Verdicts: "passed" (the program ran to its end), "failed" (it raised, ran out of memory, or
 exited or died without finishing), "timed out" (wall-clock or CPU limit), "did not parse" (a
-SyntaxError when compiled). A verdict's detail says why in one line.
+SyntaxError when compiled). A verdict's detail says why in one line, in the same words whatever
+the sandbox: "still running after 3 s (wall clock)", "used its 4 s of CPU time", "killed by
+SIGABRT". Bubblewrap reports a death by signal N as exit status 128 + N, which is therefore read
+as that death; under bubblewrap a program that exits with such a status itself (os._exit(134))
+reads as killed too, where the guard alone says "exited with status 134".
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ NO_NAMESPACES = ("unprivileged user namespaces may be off here (sysctl kernel.un
 OPT_IN = ("or allow them to run with the guard alone, which is not a security boundary: "
           "--allow-unsandboxed-execution (allow_unsandboxed=True in Python)")
 SANDBOX_DIR = "/tmp"  # under bubblewrap: the working directory, TMPDIR and HOME, a fresh tmpfs
+SIGNAL_NAMES = {s.value: s.name for s in signal.Signals}  # 6: "SIGABRT"
 
 
 class Sandbox(enum.Enum):
@@ -225,7 +230,7 @@ def run_program(source: str | bytes, *, isolation: Isolation = Isolation(), time
     _check_limits(timeout, memory_mb)
     sandbox = isolation.resolve()
     source = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else bytes(source)
-    limits = [str(memory_mb << 20), str(math.ceil(timeout) + 1), str(file_mb << 20),
+    limits = [str(memory_mb << 20), str(cpu_seconds(timeout)), str(file_mb << 20),
               os.pathsep.join(site.getsitepackages())]
     # the guard runs by path: -S skips site (its .pth files cost most of the start-up), so the
     # site-packages directories go to it in `limits`; -I (which implies -P) keeps the guard's
@@ -253,17 +258,32 @@ def run_program(source: str | bytes, *, isolation: Isolation = Isolation(), time
         finally:
             _kill_group(child)  # whatever it left behind in its session
         seconds = time.perf_counter() - t0
-    # guard.format_report's "verdict\ndetail" last, or no report when the child died before it
-    text = output.decode("utf-8", "replace")
+    return _outcome(child.returncode, output.decode("utf-8", "replace"), sandbox=sandbox,
+                    cpu_limit=limits[1], seconds=seconds)
+
+
+def cpu_seconds(timeout: float) -> int:
+    """The CPU seconds a program gets (SIGXCPU then): its wall-clock limit rounded up, plus one, so
+    that the wall clock stops a single-threaded program first and the CPU limit a multi-threaded one."""
+    return math.ceil(timeout) + 1
+
+
+def _outcome(code: int, text: str, *, sandbox: Sandbox, cpu_limit: str, seconds: float) -> Outcome:
+    """How a program that ended by itself ended: the guard's report (guard.format_report's
+    "verdict\ndetail" last in `text`), else its death or its exit status `code`, in the same
+    words whatever the sandbox: bubblewrap exits with 128 + N when the program dies of signal N,
+    as a shell reports it, so under bubblewrap such a status reads as that death."""
     head, _, detail = text.rpartition("\n")
     verdict = head.rpartition("\n")[2]
     if verdict in VERDICTS:
         return Outcome(verdict, detail, seconds)
-    code = child.returncode
-    if code == -signal.SIGXCPU:
-        return Outcome(TIMED_OUT, f"used its {limits[1]} s of CPU time", seconds)
-    if code is not None and code < 0:
-        return Outcome(FAILED, f"killed by {signal.Signals(-code).name}", seconds)
+    died = -code if code < 0 else None
+    if sandbox is Sandbox.BWRAP and code - 128 in SIGNAL_NAMES:
+        died = code - 128
+    if died == signal.SIGXCPU:
+        return Outcome(TIMED_OUT, f"used its {cpu_limit} s of CPU time", seconds)
+    if died is not None:
+        return Outcome(FAILED, f"killed by {SIGNAL_NAMES.get(died, f'signal {died}')}", seconds)
     said = text.strip().splitlines()[-1:]  # bubblewrap's error, the interpreter's last word
     return Outcome(FAILED, f"exited with status {code} before it finished" + "".join(f" ({s[:200]})" for s in said),
                    seconds)
