@@ -63,15 +63,63 @@ def test_a_tune_trains_only_the_draft_heads_and_reports_before_and_after(source,
     assert "before" in res.output and "after" in res.output and "chain-all bytes/pass" in res.output
 
 
-def test_a_tune_resumes_exactly(source, tmp_path):
-    _tune(["--ckpt", str(source), "--out", str(tmp_path / "once"), "--steps", "6", "--report-prompts", "0"])
-    _tune(["--ckpt", str(source), "--out", str(tmp_path / "twice"), "--steps", "6", "--report-prompts", "0",
-           "--set", "train.max_time=0", "--set", "train.ckpt_every=3", "--set", "train.steps=3"])
-    _tune(["--resume", "--out", str(tmp_path / "twice"), "--steps", "6", "--report-prompts", "0"])
+def test_a_tune_resumes_exactly(source, tmp_path, monkeypatch):
+    """A tune stopped at step 3 by its own train.steps and resumed to 6 ends where an uninterrupted
+    tune of 6 steps does (one schedule over 6 steps in both): the same checkpoints, weights and
+    optimizer state, the same rollouts at every step. The resume restores its checkpoint, not
+    train.init (the source is gone by then), into an optimizer over the draft heads alone."""
+    import shutil
+
+    from bytemtp.runtime.checkpoint import OPTIMIZER_FILE, list_checkpoints
+    from bytemtp.training import train as train_lib
+
+    rollouts, restored = [], []
+    real_rollout, real_restore = train_lib.greedy_rollout, train_lib._Run.restore
+
+    def rollout(model, ids, n):
+        rollouts.append(real_rollout(model, ids, n))
+        return rollouts[-1]
+
+    def restore(run, ckpt):
+        real_restore(run, ckpt)
+        draft = {id(p) for m in run.model.draft_heads() for p in m.parameters()}
+        optimized = [p for g in run.optimizer.param_groups for p in g["params"]]
+        restored.append((ckpt.name, {id(p) for p in optimized} == draft and len(optimized) == len(draft),
+                         all(p.requires_grad for p in run.optimizer.state)))
+
+    monkeypatch.setattr(train_lib, "greedy_rollout", rollout)
+    monkeypatch.setattr(train_lib._Run, "restore", restore)
+    copy = tmp_path / "source"
+    shutil.copytree(source, copy)
+    common = ["--report-prompts", "0", "--set", "train.ckpt_every=3", "--set", "train.schedule_steps=6"]
+    _tune(["--ckpt", str(copy), "--out", str(tmp_path / "once"), "--steps", "6", *common])
+    once_rollouts, rollouts[:] = list(rollouts), []
+    first = _tune(["--ckpt", str(copy), "--out", str(tmp_path / "twice"), "--set", "train.steps=3", *common])
+    assert "stopped by steps at step 3" in first.output, first.output
+    assert [p.name for p in list_checkpoints(tmp_path / "twice")] == ["step-00000003"]
+    shutil.rmtree(copy)  # the resume needs its checkpoint alone, not the weights it started from
+    second = _tune(["--resume", "--out", str(tmp_path / "twice"), "--steps", "6", "--report-prompts", "0"])
+    assert f"resumed {tmp_path / 'twice'} from step-00000003: step 3" in second.output, second.output
+    assert "starting from the weights" not in second.output
+    assert restored == [("step-00000003", True, True)]
+    names = ["step-00000003", "step-00000006"]
+    assert [p.name for p in list_checkpoints(tmp_path / "once")] == names
+    assert [p.name for p in list_checkpoints(tmp_path / "twice")] == names
+    assert len(rollouts) == len(once_rollouts) == 6
+    for step, (a, b) in enumerate(zip(once_rollouts, rollouts), 1):
+        assert torch.equal(a, b), f"the rollout of step {step}"
     once, _ = _weights(tmp_path / "once")
     twice, _ = _weights(tmp_path / "twice")
     for (name, a), b in zip(once.state_dict().items(), twice.state_dict().values()):
         assert torch.equal(a, b), name
+    optim = [torch.load(tmp_path / run / "checkpoints" / names[-1] / OPTIMIZER_FILE, weights_only=True)
+             for run in ("once", "twice")]
+    n_draft = sum(1 for m in once.draft_heads() for _ in m.parameters())
+    assert len(optim[1]["state"]) == n_draft == sum(len(g["params"]) for g in optim[1]["param_groups"])
+    assert optim[0]["param_groups"] == optim[1]["param_groups"]
+    for i, state in optim[0]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, optim[1]["state"][i][key]), (i, key)
 
 
 def test_a_tune_on_the_teacher_term_brings_the_draft_heads_toward_head_1(source, tmp_path):
