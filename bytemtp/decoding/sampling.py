@@ -67,10 +67,16 @@ def _sample(probs_NV: torch.Tensor, generator: torch.Generator | None) -> list[i
     return torch.multinomial(probs_NV, 1, generator=generator)[:, 0].tolist()
 
 
+def greedy_ids(logits_NV: torch.Tensor) -> torch.Tensor:
+    """The greedy choice in each row of logits (..., V): the argmax over the ids that generation
+    may emit (the bytes and EOS; never BOS, PAD or the padding ids), as (...,) ids."""
+    return _masked(logits_NV).argmax(dim=-1)
+
+
 def next_byte(logits_V: torch.Tensor, sampling: Sampling) -> int:
     """One id from the next-byte head's logits (V,)."""
     if sampling.greedy:
-        return int(_masked(logits_V).argmax())
+        return int(greedy_ids(logits_V))
     return _sample(distribution(logits_V, sampling)[None], sampling.generator)[0]
 
 
