@@ -122,6 +122,25 @@ def test_a_tune_resumes_exactly(source, tmp_path, monkeypatch):
             assert torch.equal(value, optim[1]["state"][i][key]), (i, key)
 
 
+def test_a_tune_with_a_shared_unembedding_keeps_head_1s_logits(code_corpus, tmp_path):
+    """With model.unembed=shared the one unembedding is head 1's too: a tune leaves it frozen, so
+    head 1's logits are the source's to the bit, while the draft heads' change."""
+    from bytemtp.model.layout import build_layout
+
+    cfg = C.apply_overrides(C.tiny(), [f"data.path={code_corpus}", "model.n_future=4", "model.unembed=shared",
+                                       "train.steps=2", "data.batch_size=2", "train.eval_batches=1"])
+    train(cfg, tmp_path / "source", show_progress=False, say=lambda m: None)
+    _tune(["--ckpt", str(tmp_path / "source"), "--out", str(tmp_path / "tuned"), "--steps", "2",
+           "--report-prompts", "0", "--set", "train.lr=1e-2"])
+    (before, _), (after, _) = _weights(tmp_path / "source"), _weights(tmp_path / "tuned")
+    assert len(after.unembed) == 1
+    ids = torch.randint(0, 256, (2, cfg.model.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = (m.eval().logits(ids, layout=build_layout(m, ids)) for m in (before, after))
+    assert torch.equal(a[:, :, 0], b[:, :, 0]), "head 1's logits changed"
+    assert all(not torch.equal(a[:, :, k], b[:, :, k]) for k in range(1, 4))
+
+
 def test_a_tune_on_the_teacher_term_brings_the_draft_heads_toward_head_1(source, tmp_path):
     """The term it trains on falls, and with it the heads' disagreement with head 1: the sign,
     the shift and the detach of the teacher are right."""
