@@ -152,6 +152,32 @@ def test_a_tune_on_the_teacher_term_brings_the_draft_heads_toward_head_1(source,
     assert last < 0.5 * first, (first, last)
 
 
+def test_a_tune_trains_on_a_corpus_whose_val_split_is_empty(tmp_path):
+    """40 files prepared with the default --val-fraction leave the val split empty: the tune
+    trains anyway and says in one line that it has no held-out text to report on."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(40):
+        (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 20)
+    res = CliRunner().invoke(main, ["prep", str(src), "--out", str(tmp_path / "corpus")])
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((tmp_path / "corpus" / "manifest.json").read_text())
+    assert manifest["splits"]["val"]["documents"] == 0
+    cfg = C.apply_overrides(C.tiny(), [f"data.path={tmp_path / 'corpus'}", "model.n_future=4", "train.steps=2",
+                                       "data.batch_size=2"])
+    train(cfg, tmp_path / "source", show_progress=False, say=lambda m: None)
+    report = tmp_path / "tune.json"
+    for prompts in ("16", "0"):
+        out = tmp_path / f"tuned-{prompts}"
+        res = _tune(["--ckpt", str(tmp_path / "source"), "--out", str(out), "--steps", "2", "--report-prompts",
+                     prompts, "--json", str(report)])
+        assert "stopped by steps at step 2" in res.output and load_model(out)[1].train.trainable == "draft-heads"
+        assert "val split of" in res.output and "no report before and after the tune" in res.output, res.output
+        assert "--split" not in res.output
+        data = json.loads(report.read_text())
+        assert data["before"] is None and data["after"] is None and data["tuned"].endswith("step-00000002")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--steps", "2"], "name the run to tune"),
     (["--ckpt", "{source}"], "no stop condition"),
