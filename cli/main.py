@@ -377,8 +377,12 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, 
         raise click.ClickException(f"{data} is not a prepared corpus, so it has no splits (no {split} split); "
                                    "evaluate every file with --split all, or prepare it with bytemtp prep")
     with tqdm(total=batches, desc="eval", unit="batch", disable=os.environ.get("RANK", "0") != "0") as bar:
-        res = evaluate_checkpoint(ckpt, data, split=None if split == "all" else split, batches=batches,
-                                  batch_size=batch_size, device=device, dtype=dtype, progress=bar.update)
+        try:
+            res = evaluate_checkpoint(ckpt, data, split=None if split == "all" else split, batches=batches,
+                                      batch_size=batch_size, device=device, dtype=dtype, progress=bar.update)
+        except ValueError as e:  # an empty split: the splits to read instead, as this command's options
+            other = "train" if split == "val" else "val"
+            raise empty_split_error(e, f"read another split (--split {other} or --split all)") from None
     if res is not None:  # rank 0 reports
         out = {"ckpt": str(ckpt), "data": str(data), "split": split, **res.to_json()}
         echo(f"{res.bytes:,} bytes of {data} ({split})")
