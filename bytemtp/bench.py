@@ -168,11 +168,11 @@ def ratio_spread(ratios: list[float]) -> dict:
     note = None
     if len(ratios) < MIN_ROUNDS:
         note = (f"{len(ratios)} timed round(s) cannot show how noisy the time ratio is; "
-                f"take {MIN_ROUNDS} or more (--steps)")
+                f"take {MIN_ROUNDS} or more (`bytemtp bench train-step --steps`)")
     elif spread > NOISY_SPREAD:
         note = (f"the time ratio is noise: its pair ratios run from {ratios[0]:.3f} to {ratios[-1]:.3f}, "
                 f"{100 * spread:.0f}% of their median (more than {100 * NOISY_SPREAD:.0f}%); rerun on a "
-                "quieter machine or with more --steps")
+                "quieter machine or with more rounds (`bytemtp bench train-step --steps`)")
     return {"min": ratios[0], "median": median, "max": ratios[-1], "runs": ratios, "spread": spread,
             "noisy": note is not None, "note": note}
 

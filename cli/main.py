@@ -240,7 +240,8 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
     distribution where its byte is next (--teacher-weight). The embedding, trunk and head 1 do not
     change, so next-byte quality is the source's to the last digit. Reports the agreement with
     head 1 and the bytes per pass of greedy decoding (chain and tree of all heads) on held-out
-    prompts before and after; the tuned run loads everywhere a run does and resumes like `train`.
+    prompts before and after (no report where the corpus's val split is empty); the tuned run
+    loads everywhere a run does and resumes like `train`.
     """
     if nproc is not None:
         _relaunch_with_torchrun(nproc)
@@ -269,6 +270,11 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
             echo(f"{plan.run_dir} is already done at step {plan.done.step}; raise --steps to tune on")
         return
     report_args = dict(cfg=cfg, prompts=report_prompts) if main_rank else None
+    if report_args and _empty_val_split(cfg.data):
+        echo(f"note: the val split of {cfg.data.path} is empty, so no report before and after the tune (it is "
+             "measured on held-out text); prepare the corpus again with a larger `bytemtp prep --val-fraction` "
+             "to have one")
+        report_args = None
     before = _draft_report(cfg.train.init, **report_args) if report_args else None
     if main_rank:
         echo(report.train_header(cfg, plan.run_dir, resume=plan.resume))
@@ -284,10 +290,20 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
         return
     echo(f"stopped by {result.stopped_by} at step {result.step} ({result.bytes_seen:,} bytes)\n"
          f"checkpoint {result.checkpoint}")
-    after = _draft_report(result.checkpoint, **report_args)
-    echo(report.tune_table(before, after))
+    after = _draft_report(result.checkpoint, **report_args) if report_args else None
+    if after is not None:
+        echo(report.tune_table(before, after))
     write_json(json_path, {"source": cfg.train.init, "tuned": str(result.checkpoint), "before": before,
                            "after": after})
+
+
+def _empty_val_split(data) -> bool:
+    """Whether the corpus is a prepared one whose val split holds no document (a tune trains on
+    it, but has no held-out text to report on)."""
+    from bytemtp.evaluation.evaluate import has_splits
+    from bytemtp.training.train import has_val_split
+
+    return has_splits(data.path) and not has_val_split(data)
 
 
 def _draft_report(ckpt: str, *, cfg, prompts: int):
@@ -361,8 +377,12 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, 
         raise click.ClickException(f"{data} is not a prepared corpus, so it has no splits (no {split} split); "
                                    "evaluate every file with --split all, or prepare it with bytemtp prep")
     with tqdm(total=batches, desc="eval", unit="batch", disable=os.environ.get("RANK", "0") != "0") as bar:
-        res = evaluate_checkpoint(ckpt, data, split=None if split == "all" else split, batches=batches,
-                                  batch_size=batch_size, device=device, dtype=dtype, progress=bar.update)
+        try:
+            res = evaluate_checkpoint(ckpt, data, split=None if split == "all" else split, batches=batches,
+                                      batch_size=batch_size, device=device, dtype=dtype, progress=bar.update)
+        except ValueError as e:  # an empty split: the splits to read instead, as this command's options
+            other = "train" if split == "val" else "val"
+            raise empty_split_error(e, f"read another split (--split {other} or --split all)") from None
     if res is not None:  # rank 0 reports
         out = {"ckpt": str(ckpt), "data": str(data), "split": split, **res.to_json()}
         echo(f"{res.bytes:,} bytes of {data} ({split})")

@@ -168,5 +168,5 @@ def empty_split_error(e: ValueError, instead: str) -> ValueError:
     if "split of the prepared corpus" not in str(e) or "is empty" not in str(e):
         return e
     return ValueError(f"{str(e).split('; ')[0]}; {instead}, or prepare the corpus again with a larger "
-                      "--val-fraction or more documents")
+                      "`bytemtp prep --val-fraction` or more documents")
 

@@ -1,10 +1,15 @@
+import ast
+import inspect
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import types
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -209,3 +214,141 @@ def test_bench_quality_takes_a_device(code_corpus, tmp_path):
     assert data["teacher_bpb_gap"] == pytest.approx(data["teacher_head_bpb"][0] - data["mtp_bpb"])
     assert set(data["drafts"]) == {"mtp", "mtp_teacher"}
     assert set(data["drafts"]["mtp"]["decoded_bytes_per_forward"]) == {"chain-all", "tree-all"}
+
+
+# --- every option a message suggests is one its command has ---------------------------------------
+
+_OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+# a program named in a message, with the arguments after it: `bytemtp eval --split train`, torchrun ...
+_PROGRAM = re.compile(r"\b(bytemtp|torchrun|zstd)((?:\s+(?:--[\w-]+(?:=[^\s;,()`]*)?,?|[^\s;,()`'\"-][^\s;,()`'\"]*))*)")
+ANY = "every command"
+# The library functions (and constants) whose messages name options, and the commands that show
+# them; a new one fails the test until it is listed here.
+LIBRARY_MESSAGES = {
+    "bytemtp.bench.ratio_spread": ("bench train-step", "bench all"),
+    "bytemtp.data.compression._zstd_error": ANY,
+    "bytemtp.data.corpus._empty_split": ANY,
+    "bytemtp.data.prep.prepare": ("prep", "task-corpus"),
+    "bytemtp.data.prep._build": ("prep",),  # its --field message needs no documents: task-corpus writes some
+    "bytemtp.evaluation.execution.OPT_IN": ("eval-task humaneval",),
+    "bytemtp.evaluation.execution.Isolation.resolve": ("eval-task humaneval",),
+    "bytemtp.interop.export.export_hf": ("export",),
+    "bytemtp.interop.export.model_card": ("export",),
+    "bytemtp.training.runs.plan_config": ("train", "tune-heads"),
+    "bytemtp.training.runs.plan_run": ("train",),  # tune-heads passes no preset: its --preset message is train's
+    "bytemtp.training.runs.plan_tune": ("tune-heads",),
+    "bytemtp.training.train.TrainState.load_state_dict": ("train", "tune-heads"),
+}
+
+
+def _commands(group, path=()):
+    """{"bench decode": command, ...}: every command under the group, by the words that run it."""
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*path, name))
+        else:
+            yield " ".join((*path, name)), cmd
+
+
+def _options(cmd) -> set[str]:
+    return {o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")} | {"--help"}
+
+
+def _messages(node) -> list[str]:
+    """The texts in a piece of code that could be messages (with a space; docstrings left out), an
+    f-string as one text."""
+    docs = {id(n.body[0].value) for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Module))
+            and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    inner = {id(v) for n in ast.walk(node) if isinstance(n, ast.JoinedStr) for v in n.values}
+    texts = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.JoinedStr):
+            texts.append("".join(v.value if isinstance(v, ast.Constant) else "{}" for v in n.values))
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs | inner:
+            texts.append(n.value)
+    return [t for t in texts if _OPTION.search(t) and re.search(r"\s", t)]
+
+
+def _suggested(text: str, command: str, commands: dict) -> list[tuple[str, str]]:
+    """(command, option) for each option in a message: the command it names (`bytemtp eval --split`),
+    or the one that shows it; options of other programs (torchrun, zstd) left out."""
+    got, spans = [], []
+    for m in _PROGRAM.finditer(text):
+        spans.append(m.span())
+        if m[1] == "bytemtp":
+            words = m[2].split()
+            named = max((" ".join(words[:i]) for i in range(1, len(words) + 1) if " ".join(words[:i]) in commands),
+                        key=len, default=None)
+            assert named or not _OPTION.search(m[2]), f"{text!r}: `bytemtp {m[2].strip()}` is not a command"
+            got += [(named, o) for o in _OPTION.findall(m[2])]
+    for m in _OPTION.finditer(text):
+        if not any(a <= m.start() < b for a, b in spans):
+            got.append((command, m[0]))
+    return got
+
+
+def _reachable_cli_code(func) -> list:
+    """The syntax trees of a command's function and of the CLI functions and constants it uses,
+    directly or through others (option callbacks too)."""
+    seen, trees, todo = set(), [], [func]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+        if inspect.isfunction(obj):
+            tree.body[0].decorator_list = [k.value for d in tree.body[0].decorator_list
+                                           for k in getattr(d, "keywords", []) if k.arg == "callback"]
+        trees.append(tree)
+        scope = vars(sys.modules[obj.__module__])
+        for n in ast.walk(tree):
+            target = scope.get(n.id) if isinstance(n, ast.Name) else None
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
+                module = scope.get(n.value.id)
+                target = getattr(module, n.attr, None) if inspect.ismodule(module) else None
+            if inspect.isfunction(target) and target.__module__.startswith("bytemtp_cli"):
+                todo.append(target)
+            elif isinstance(n, ast.Name) and isinstance(target, (str, dict, tuple)):
+                assign = [a for a in ast.parse(inspect.getsource(sys.modules[obj.__module__])).body
+                          if isinstance(a, ast.Assign) and any(getattr(t, "id", None) == n.id for t in a.targets)]
+                trees += assign
+    return trees
+
+
+def _library_messages() -> dict[str, list[str]]:
+    """{qualified name: messages} of every library function, method or constant whose messages
+    name an option."""
+    import bytemtp
+
+    found = {}
+    root = pathlib.Path(bytemtp.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        for node in ast.parse(path.read_text()).body:
+            inside = node.body if isinstance(node, ast.ClassDef) else [node]
+            for item in inside:
+                name = getattr(item, "name", None) or next((t.id for t in getattr(item, "targets", [])
+                                                            if isinstance(t, ast.Name)), None)
+                prefix = f"{module}.{node.name}." if isinstance(node, ast.ClassDef) else f"{module}."
+                if name and (messages := _messages(item)):
+                    found[prefix + name] = messages
+    return found
+
+
+def test_every_option_a_message_suggests_is_one_its_command_has():
+    """A message that names a fix names one that exists: each --option in what a command can print
+    (its code, the CLI code it uses, the library messages listed above) is an option of that
+    command, or of the command the message names (`bytemtp prep --val-fraction`)."""
+    commands = dict(_commands(main))
+    library = _library_messages()
+    assert set(library) == set(LIBRARY_MESSAGES), "list each library message that names options, with its commands"
+    wrong = []
+    for command, cmd in commands.items():
+        texts = [t for tree in _reachable_cli_code(cmd.callback) for t in _messages(tree)]
+        texts += [t for name, shown in LIBRARY_MESSAGES.items() if shown == ANY or command in shown
+                  for t in library[name]]
+        for text in texts:
+            wrong += [f"{named}: {option} in {text!r}" for named, option in _suggested(text, command, commands)
+                      if option not in _options(commands[named])]
+    assert not wrong, "\n".join(sorted(set(wrong)))

@@ -99,6 +99,6 @@ def test_an_empty_split_is_one_line_that_names_it_and_the_fix(run_on_empty_val, 
     run_dir, corpus = run_on_empty_val
     line = _error_line(run(*[c.format(run=run_dir) for c in command]))
     assert f"the val split of the prepared corpus {corpus} is empty" in line
-    assert fix in line and "larger --val-fraction" in line
+    assert fix in line and "larger `bytemtp prep --val-fraction`" in line
     assert "no files found" not in line
     assert ("read another split (--split" in line) == (command[0] == "eval")  # only eval has --split

@@ -71,12 +71,13 @@ def test_an_empty_split_is_named_with_the_fix(tmp_path):
     prepare([src], tmp_path / "out", val_fraction=0.001, say=notes.append)
     assert len(notes) == 1 and "\n" not in notes[0]
     assert notes[0].startswith(f"warning: the val split of {tmp_path / 'out'} is empty")
-    assert "--val-fraction 0.001 of 5 documents" in notes[0] and "larger --val-fraction (e.g. 0.5)" in notes[0]
+    assert "a val fraction of 0.001 of 5 documents" in notes[0]
+    assert "larger `bytemtp prep --val-fraction` (e.g. 0.5)" in notes[0] and "`bytemtp eval --split train`" in notes[0]
     with pytest.raises(CorpusError, match=rf"the val split of the prepared corpus {re.escape(str(tmp_path / 'out'))} "
                                           r"is empty \(prep "
-                                          r"put none of its 5 documents there\); read another split \(--split train "
-                                          r"or --split all\), or prepare the corpus again with a larger "
-                                          r"--val-fraction or more documents"):
+                                          r"put none of its 5 documents there\); read another split \(train "
+                                          r"or all files\), or prepare the corpus again with a larger "
+                                          r"`bytemtp prep --val-fraction` or more documents"):
         corpus_files(tmp_path / "out", split="val")
     assert len(corpus_files(tmp_path / "out", split=None)) == 1  # the corpus itself is fine
     assert verify(tmp_path / "out")["documents"] == 5

@@ -1,34 +1,60 @@
-"""Self-generated targets (bytemtp.training.rollout): a greedy rollout is head 1's greedy
-continuation, and rollouts need a frozen trunk."""
+"""Self-generated targets (bytemtp.training.rollout): a greedy rollout writes what plain greedy
+decoding writes (`decode.generate`, its next-byte rule), in eval mode whatever the model's mode,
+and rollouts need a frozen trunk."""
 
 import pytest
 import torch
+from doubles import tiny_model
 
 from bytemtp import config as C
+from bytemtp.decoding.decode import generate
+from bytemtp.decoding.sampling import Sampling, next_byte
 from bytemtp.model.layout import build_layout
+from bytemtp.training.rollout import greedy_rollout
+from bytemtp.vocab import BOS, EOS, PAD, VOCAB_SIZE
 
 
-def test_a_greedy_rollout_is_head_1s_greedy_continuation_position_by_position():
-    from bytemtp.model.model import ByteMTP
-    from bytemtp.training.rollout import greedy_rollout
-    from bytemtp.vocab import EOS, PAD
+def _never_emitted_first(seed: int = 3, **overrides):
+    """A tiny model with dropout whose next-byte head ranks the ids that decoding never emits (BOS,
+    PAD, the padding ids) above every byte and EOS below them, so that a rollout that chose from
+    all ids, or stopped short of masking them, writes ids no greedy decoding writes."""
+    model = tiny_model(seed, n_future=4, dropout=0.1, **overrides)
+    old = model.unembed[0]
+    new = torch.nn.Linear(old.in_features, VOCAB_SIZE, bias=True)
+    with torch.no_grad():
+        new.weight.copy_(old.weight)
+        new.bias.zero_()
+        new.bias[BOS] = new.bias[PAD] = 100.0
+        new.bias[EOS + 2:] = 100.0
+        new.bias[EOS] = -100.0  # no EOS: plain decoding writes all the bytes the rollout does
+    model.unembed[0] = new
+    return model
 
-    cfg = C.apply_overrides(C.tiny(), ["model.n_future=4"]).model
-    model = ByteMTP(cfg)
-    model.init_weights(generator=torch.Generator().manual_seed(3))
-    model.train()
-    ids = torch.randint(0, 256, (3, cfg.window), generator=torch.Generator().manual_seed(4))
-    ids[1, 5] = EOS
+
+def test_a_greedy_rollout_writes_what_plain_greedy_decoding_writes():
+    model = _never_emitted_first()
+    cfg = model.config
     T, n = cfg.seq_len, 20
+    start = T + 1 - n
+    ids = torch.randint(0, 256, (3, cfg.window), generator=torch.Generator().manual_seed(4))
+    ids[:, 0] = EOS  # each window starts a document, as decoding's context does
+    ids[1, 5] = EOS  # and one holds a second document
+    model.train()
     got = greedy_rollout(model, ids, n)
     assert model.training  # mode kept
-    assert torch.equal(got[:, :T + 1 - n], ids[:, :T + 1 - n]) and (got[:, T + 1:] == PAD).all()
+    assert torch.equal(got[:, :start], ids[:, :start]) and (got[:, T + 1:] == PAD).all()
+    assert (got[:, start:T + 1] < 256).all(), "a rollout wrote an id that decoding never emits"
+    model.eval()
     with torch.no_grad():
-        model.eval()
-        for j in range(T + 1 - n, T + 1):  # each written byte: head 1's argmax after the ids before it
+        for j in range(start, T + 1):  # each written byte: decoding's rule after the ids before it
             prefix = got[:, :j]
-            want = model.logits(prefix, heads=1, layout=build_layout(model, prefix))[:, -1, 0, :EOS + 1].argmax(-1)
-            assert torch.equal(got[:, j], want), j
+            logits = model.logits(prefix, heads=1, layout=build_layout(model, prefix))[:, -1, 0]
+            want = [next_byte(logits[b], Sampling()) for b in range(len(ids))]
+            assert got[:, j].tolist() == want, j
+    for b in (0, 2):  # one document a window: plain greedy decoding of its start writes the same bytes
+        prompt = bytes(ids[b, 1:start].tolist())
+        assert generate(model, prompt, max_bytes=n).output == bytes(got[b, start:T + 1].tolist()), b
+    assert torch.equal(greedy_rollout(model, ids, n), got) and not model.training  # eval kept too
     with pytest.raises(ValueError, match="does not fit"):
         greedy_rollout(model, ids, T + 1)
 

@@ -25,7 +25,7 @@ import torch
 from doubles import EOS_MARKOV_IDS, EosMarkovModel, chi2_critical, rare_eos_model, seeded_sampling
 
 from bytemtp.decoding import decode, sampling
-from bytemtp.decoding.sampling import Sampling, distribution, greedy_picks, next_byte
+from bytemtp.decoding.sampling import Sampling, distribution, greedy_ids, next_byte
 from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import window_start
 from bytemtp.vocab import EOS, PAD
@@ -228,7 +228,7 @@ def test_never_emits_pad_or_special_ids():
     logits[65] = 1.0
     assert next_byte(logits, Sampling()) == 65
     rows = torch.stack([logits, logits.roll(1)])  # the second ranks 259 first, then EOS
-    assert greedy_picks(rows).tolist() == [65, EOS]
+    assert greedy_ids(rows).tolist() == [65, EOS]
     probs = distribution(logits, Sampling(temperature=1.0))
     assert probs[PAD] == 0 and probs[256] == 0 and probs[259:].sum() == 0
 

@@ -21,10 +21,12 @@ from train_runs import BATCH, BYTES_PER_STEP, SEQ_LEN, ckpt_step, cli, loss_line
 import bytemtp.training.train as train_lib
 from bytemtp import config as config_lib
 from bytemtp.config import TrainConfig
+from bytemtp.data.loader import ByteLoader
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_train_state
 from bytemtp.training import runs
 from bytemtp.training.optimizer import lr_at, schedule_horizon
+from bytemtp.training.rollout import greedy_rollout
 
 # --- 3. non-finite steps are skipped, then abort -------------------------------------------------
 
@@ -359,6 +361,34 @@ def test_resume_survives_a_torn_last_metrics_line(tmp_path, corpus_dir):
     result = train_lib.train(cfg, run, resume=True, show_progress=False, say=lambda m: None)
     assert result.step == 10
     assert [r["step"] for r in loss_lines(read_metrics(run))] == list(range(1, 11))
+
+
+# --- 6b. self-generated targets reach the step ----------------------------------------------------
+
+
+def test_the_step_trains_on_each_batch_with_its_rollout(tmp_path, corpus_dir, monkeypatch):
+    """With loss.rollout_bytes, the batch that the step function gets is the loader's batch with
+    its end written by the model (`greedy_rollout` of it), and the model that then trains with
+    dropout is back in training mode."""
+    seen = []
+    real = train_lib.forward_backward
+
+    def forward_backward(model, batch, **kw):
+        seen.append((model, batch.clone(), model.training))
+        return real(model, batch, **kw)
+
+    monkeypatch.setattr(train_lib, "forward_backward", forward_backward)
+    cfg = tiny_cfg(corpus_dir, "train.steps=2", "model.n_future=4", "model.dropout=0.1",
+                   "train.trainable=draft-heads", "loss.rollout_bytes=16")
+    train_lib.train(cfg, tmp_path / "run", show_progress=False, say=lambda m: None)
+    loader = ByteLoader(cfg.data, cfg.model)
+    assert len(seen) == 2
+    for step, (model, batch, training) in enumerate(seen, 1):
+        raw = next(loader)
+        assert training, step
+        assert not torch.equal(batch, raw), f"step {step} trained on the corpus's bytes"
+        # the trunk and head 1 are frozen: a rollout after the run is the one the step saw
+        assert torch.equal(batch, greedy_rollout(model, raw, 16)), step
 
 
 # --- 7. the learning-rate schedule ----------------------------------------------------------------

@@ -63,15 +63,82 @@ def test_a_tune_trains_only_the_draft_heads_and_reports_before_and_after(source,
     assert "before" in res.output and "after" in res.output and "chain-all bytes/pass" in res.output
 
 
-def test_a_tune_resumes_exactly(source, tmp_path):
-    _tune(["--ckpt", str(source), "--out", str(tmp_path / "once"), "--steps", "6", "--report-prompts", "0"])
-    _tune(["--ckpt", str(source), "--out", str(tmp_path / "twice"), "--steps", "6", "--report-prompts", "0",
-           "--set", "train.max_time=0", "--set", "train.ckpt_every=3", "--set", "train.steps=3"])
-    _tune(["--resume", "--out", str(tmp_path / "twice"), "--steps", "6", "--report-prompts", "0"])
+def test_a_tune_resumes_exactly(source, tmp_path, monkeypatch):
+    """A tune stopped at step 3 by its own train.steps and resumed to 6 ends where an uninterrupted
+    tune of 6 steps does (one schedule over 6 steps in both): the same checkpoints, weights and
+    optimizer state, the same rollouts at every step. The resume restores its checkpoint, not
+    train.init (the source is gone by then), into an optimizer over the draft heads alone."""
+    import shutil
+
+    from bytemtp.runtime.checkpoint import OPTIMIZER_FILE, list_checkpoints
+    from bytemtp.training import train as train_lib
+
+    rollouts, restored = [], []
+    real_rollout, real_restore = train_lib.greedy_rollout, train_lib._Run.restore
+
+    def rollout(model, ids, n):
+        rollouts.append(real_rollout(model, ids, n))
+        return rollouts[-1]
+
+    def restore(run, ckpt):
+        real_restore(run, ckpt)
+        draft = {id(p) for m in run.model.draft_heads() for p in m.parameters()}
+        optimized = [p for g in run.optimizer.param_groups for p in g["params"]]
+        restored.append((ckpt.name, {id(p) for p in optimized} == draft and len(optimized) == len(draft),
+                         all(p.requires_grad for p in run.optimizer.state)))
+
+    monkeypatch.setattr(train_lib, "greedy_rollout", rollout)
+    monkeypatch.setattr(train_lib._Run, "restore", restore)
+    copy = tmp_path / "source"
+    shutil.copytree(source, copy)
+    common = ["--report-prompts", "0", "--set", "train.ckpt_every=3", "--set", "train.schedule_steps=6"]
+    _tune(["--ckpt", str(copy), "--out", str(tmp_path / "once"), "--steps", "6", *common])
+    once_rollouts, rollouts[:] = list(rollouts), []
+    first = _tune(["--ckpt", str(copy), "--out", str(tmp_path / "twice"), "--set", "train.steps=3", *common])
+    assert "stopped by steps at step 3" in first.output, first.output
+    assert [p.name for p in list_checkpoints(tmp_path / "twice")] == ["step-00000003"]
+    shutil.rmtree(copy)  # the resume needs its checkpoint alone, not the weights it started from
+    second = _tune(["--resume", "--out", str(tmp_path / "twice"), "--steps", "6", "--report-prompts", "0"])
+    assert f"resumed {tmp_path / 'twice'} from step-00000003: step 3" in second.output, second.output
+    assert "starting from the weights" not in second.output
+    assert restored == [("step-00000003", True, True)]
+    names = ["step-00000003", "step-00000006"]
+    assert [p.name for p in list_checkpoints(tmp_path / "once")] == names
+    assert [p.name for p in list_checkpoints(tmp_path / "twice")] == names
+    assert len(rollouts) == len(once_rollouts) == 6
+    for step, (a, b) in enumerate(zip(once_rollouts, rollouts), 1):
+        assert torch.equal(a, b), f"the rollout of step {step}"
     once, _ = _weights(tmp_path / "once")
     twice, _ = _weights(tmp_path / "twice")
     for (name, a), b in zip(once.state_dict().items(), twice.state_dict().values()):
         assert torch.equal(a, b), name
+    optim = [torch.load(tmp_path / run / "checkpoints" / names[-1] / OPTIMIZER_FILE, weights_only=True)
+             for run in ("once", "twice")]
+    n_draft = sum(1 for m in once.draft_heads() for _ in m.parameters())
+    assert len(optim[1]["state"]) == n_draft == sum(len(g["params"]) for g in optim[1]["param_groups"])
+    assert optim[0]["param_groups"] == optim[1]["param_groups"]
+    for i, state in optim[0]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, optim[1]["state"][i][key]), (i, key)
+
+
+def test_a_tune_with_a_shared_unembedding_keeps_head_1s_logits(code_corpus, tmp_path):
+    """With model.unembed=shared the one unembedding is head 1's too: a tune leaves it frozen, so
+    head 1's logits are the source's to the bit, while the draft heads' change."""
+    from bytemtp.model.layout import build_layout
+
+    cfg = C.apply_overrides(C.tiny(), [f"data.path={code_corpus}", "model.n_future=4", "model.unembed=shared",
+                                       "train.steps=2", "data.batch_size=2", "train.eval_batches=1"])
+    train(cfg, tmp_path / "source", show_progress=False, say=lambda m: None)
+    _tune(["--ckpt", str(tmp_path / "source"), "--out", str(tmp_path / "tuned"), "--steps", "2",
+           "--report-prompts", "0", "--set", "train.lr=1e-2"])
+    (before, _), (after, _) = _weights(tmp_path / "source"), _weights(tmp_path / "tuned")
+    assert len(after.unembed) == 1
+    ids = torch.randint(0, 256, (2, cfg.model.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = (m.eval().logits(ids, layout=build_layout(m, ids)) for m in (before, after))
+    assert torch.equal(a[:, :, 0], b[:, :, 0]), "head 1's logits changed"
+    assert all(not torch.equal(a[:, :, k], b[:, :, k]) for k in range(1, 4))
 
 
 def test_a_tune_on_the_teacher_term_brings_the_draft_heads_toward_head_1(source, tmp_path):
@@ -83,6 +150,32 @@ def test_a_tune_on_the_teacher_term_brings_the_draft_heads_toward_head_1(source,
     steps = [line for line in lines if "head_teacher_kl" in line]
     first, last = (sum(s["head_teacher_kl"][1:]) for s in (steps[0], steps[-1]))
     assert last < 0.5 * first, (first, last)
+
+
+def test_a_tune_trains_on_a_corpus_whose_val_split_is_empty(tmp_path):
+    """40 files prepared with the default --val-fraction leave the val split empty: the tune
+    trains anyway and says in one line that it has no held-out text to report on."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(40):
+        (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 20)
+    res = CliRunner().invoke(main, ["prep", str(src), "--out", str(tmp_path / "corpus")])
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((tmp_path / "corpus" / "manifest.json").read_text())
+    assert manifest["splits"]["val"]["documents"] == 0
+    cfg = C.apply_overrides(C.tiny(), [f"data.path={tmp_path / 'corpus'}", "model.n_future=4", "train.steps=2",
+                                       "data.batch_size=2"])
+    train(cfg, tmp_path / "source", show_progress=False, say=lambda m: None)
+    report = tmp_path / "tune.json"
+    for prompts in ("16", "0"):
+        out = tmp_path / f"tuned-{prompts}"
+        res = _tune(["--ckpt", str(tmp_path / "source"), "--out", str(out), "--steps", "2", "--report-prompts",
+                     prompts, "--json", str(report)])
+        assert "stopped by steps at step 2" in res.output and load_model(out)[1].train.trainable == "draft-heads"
+        assert "val split of" in res.output and "no report before and after the tune" in res.output, res.output
+        assert "--split" not in res.output
+        data = json.loads(report.read_text())
+        assert data["before"] is None and data["after"] is None and data["tuned"].endswith("step-00000002")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -59,12 +59,12 @@ def _expand(path: pathlib.Path, split: str | None) -> list[pathlib.Path]:
 
 
 def _empty_split(corpus: pathlib.Path, name: str, splits: dict) -> str:
-    others = " or ".join(f"--split {s}" for s in [*(s for s in splits if s != name), "all"])
+    others = " or ".join([*(s for s in splits if s != name), "all files"])
     total = sum(s.get("documents", 0) for s in splits.values())
     fraction = "a larger" if name == "val" else "a smaller"
     return (f"the {name} split of the prepared corpus {corpus} is empty (prep put none of its {total:,} "
             f"documents there); read another split ({others}), or prepare the corpus again with {fraction} "
-            f"--val-fraction or more documents")
+            "`bytemtp prep --val-fraction` or more documents")
 
 
 def spec_items(spec) -> list:

@@ -161,9 +161,9 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
     if val == 0 and say is not None:
         total = manifest["splits"]["train"]["documents"]
         wanted = min(0.5, 10 / total)
-        say(f"warning: the val split of {out} is empty: --val-fraction {val_fraction:g} of {total:,} documents "
-            f"expects {val_fraction * total:.2g} there; prepare again with a larger --val-fraction (e.g. "
-            f"{wanted:.2g}) or more documents, or evaluate with --split train or --split all")
+        say(f"warning: the val split of {out} is empty: a val fraction of {val_fraction:g} of {total:,} documents "
+            f"expects {val_fraction * total:.2g} there; prepare again with a larger `bytemtp prep --val-fraction` "
+            f"(e.g. {wanted:.2g}) or more documents, or evaluate the train split (`bytemtp eval --split train`)")
     return manifest
 
 

@@ -63,22 +63,22 @@ def _masked(logits: torch.Tensor) -> torch.Tensor:
     return logits.float().masked_fill(~_ALLOWED.to(logits.device), float("-inf"))
 
 
-def greedy_picks(logits_NV: torch.Tensor) -> torch.Tensor:
-    """The ids greedy decoding picks from logits (N, V): the top one of each row among the ids
-    generation emits (the 256 bytes and EOS; never BOS, PAD or the padding rows), shape (N,)."""
-    return _masked(logits_NV).argmax(-1)
-
-
 def _sample(probs_NV: torch.Tensor, generator: torch.Generator | None) -> list[int]:
     if generator is not None and generator.device != probs_NV.device:
         probs_NV = probs_NV.to(generator.device)
     return torch.multinomial(probs_NV, 1, generator=generator)[:, 0].tolist()
 
 
+def greedy_ids(logits_NV: torch.Tensor) -> torch.Tensor:
+    """The greedy choice in each row of logits (..., V): the argmax over the ids that generation
+    may emit (the bytes and EOS; never BOS, PAD or the padding ids), as (...,) ids."""
+    return _masked(logits_NV).argmax(dim=-1)
+
+
 def next_byte(logits_V: torch.Tensor, sampling: Sampling) -> int:
     """One id from the next-byte head's logits (V,)."""
     if sampling.greedy:
-        return int(greedy_picks(logits_V))
+        return int(greedy_ids(logits_V))
     return _sample(distribution(logits_V, sampling)[None], sampling.generator)[0]
 
 

@@ -5,7 +5,7 @@ Two questions, both over bytes (no tokenizer: the text's UTF-8 bytes are the ids
 
 - `loglikelihoods`: for (context, continuation) pairs, log p(continuation | context) and whether
   greedy decoding from the context would write the continuation (every byte of it head 1's top
-  choice among the ids decoding emits, `bytemtp.decoding.sampling.greedy_picks`, given the true
+  choice among the ids decoding emits, `bytemtp.decoding.sampling.greedy_ids`, given the true
   bytes before it);
 - `rolling_loglikelihoods`: log p(text) of whole texts, for perplexity and bits per byte.
 
@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from bytemtp.decoding.sampling import greedy_picks
+from bytemtp.decoding.sampling import greedy_ids
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import EOS
@@ -90,7 +90,7 @@ def score_windows(model: ByteMTP, wins: list[Window], n_requests: int, *, batch_
             positions = torch.arange(w.first, w.first + len(w.targets), device=device)
             targets = torch.tensor(w.targets, device=device)
             logprob[w.request] += float(logp_BTV[r, positions, targets].double().sum())
-            greedy[w.request] &= bool((greedy_picks(logits_BTV[r, positions]) == targets).all())
+            greedy[w.request] &= bool((greedy_ids(logits_BTV[r, positions]) == targets).all())
         if progress is not None:
             progress(len(batch))
     model.train(was_training)

@@ -5,10 +5,11 @@ Greedy self-speculative decoding keeps head k's byte when it equals the byte hea
 there, and the bytes before that one are head 1's own choices too. On text the model wrote
 greedily, a draft head's data targets are exactly those choices, each a function of the context:
 nothing is left to chance, where on the corpus the bytes between t and t + k are. `greedy_rollout`
-makes such text from each window's own beginning, under no gradient, with a KV cache and only
-the next-byte head running; the trunk and head 1 must be frozen for it to mean the same thing
-from step to step (`train.trainable=draft-heads`), and it is deterministic, so a run that uses
-it resumes exactly.
+makes such text from each window's own beginning, under no gradient, in eval mode (no dropout),
+with a KV cache and only the next-byte head running, each byte chosen as plain greedy decoding
+chooses it (`sampling.greedy_ids`: the bytes and EOS, never BOS or PAD); the trunk and head 1
+must be frozen for it to mean the same thing from step to step (`train.trainable=draft-heads`),
+and it is deterministic, so a run that uses it resumes exactly.
 
 Legend: B batch, W window (T + n_future ids), T inputs.
 """
@@ -17,10 +18,11 @@ from __future__ import annotations
 
 import torch
 
+from bytemtp.decoding.sampling import greedy_ids
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
-from bytemtp.vocab import EOS, PAD
+from bytemtp.vocab import PAD
 
 
 @torch.no_grad()
@@ -42,7 +44,7 @@ def greedy_rollout(model: ByteMTP, ids_BW: torch.Tensor, n_bytes: int) -> torch.
     logits = model.logits(prefix_BT, cache, heads=1, layout=build_layout(model, prefix_BT, cache),
                           last=[start - 1] * B)
     for j in range(start, T + 1):
-        ids[:, j] = logits[:, -1, 0, :EOS + 1].argmax(dim=-1)
+        ids[:, j] = greedy_ids(logits[:, -1, 0])
         if j < T:
             byte_B1 = ids[:, j:j + 1]
             logits = model.logits(byte_B1, cache, heads=1, layout=build_layout(model, byte_B1, cache))

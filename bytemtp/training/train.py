@@ -66,7 +66,7 @@ from tqdm import tqdm
 from bytemtp.config import Config, DataConfig
 from bytemtp.data import shards
 from bytemtp.data.loader import ByteLoader, combine_stats
-from bytemtp.evaluation.evaluate import evaluate
+from bytemtp.evaluation.evaluate import evaluate, has_splits
 from bytemtp.model.flops import peak_gpu_flops, step_flops
 from bytemtp.model.loss import LN2
 from bytemtp.model.model import Block, ByteMTP
@@ -217,8 +217,9 @@ class _Run:
         self.loader = ByteLoader(cfg.data, mc, rank=d.rank, world_size=d.world_size)
         self.has_val = has_val_split(cfg.data)
         if not self.has_val:
-            say(f"note: {cfg.data.path} has no val split (prepare it with `bytemtp prep`); "
-                "no validation in this run")
+            empty = has_splits(cfg.data.path)  # prepared, with no document in val
+            say(f"note: {cfg.data.path} " + ("has an empty val split" if empty else "has no val split (prepare it "
+                "with `bytemtp prep`)") + "; no validation in this run")
         self.state = TrainState(self.loader, d)
         if checkpoint is None and tc.init:
             say(f"starting from the weights of {start_from(self.model, tc.init, d.device)}")
