@@ -1,7 +1,7 @@
 """Choosing bytes from the next-byte head: greedy picks, sampling (temperature, top-k, top-p
 through a seeded `torch.Generator`, on the logits' device), and the speculative sampling rule.
 The ids generation may emit (the bytes and EOS) are named once, here; the likelihood's greedy
-flag asks `greedy_picks` too, so it says what greedy decoding would write.
+flag asks `greedy_ids` too, so it says what greedy decoding would write.
 
 Legend: N rows (any leading dimensions), T positions, D drafts, V vocabulary.
 """
