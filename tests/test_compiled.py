@@ -2,12 +2,17 @@
 pass, and plain greedy decoding; compiled and uncompiled."""
 
 
+import json
+import pathlib
+import threading
+
 import pytest
 import torch
 from doubles import tiny_model
 
 from bytemtp.decoding import decode
-from bytemtp.decoding.compiled import Compile, StaticStep, head_bucket, head_buckets, node_bucket, worth_compiling
+from bytemtp.decoding.compiled import (Compile, StaticStep, cached_costs, head_bucket, head_buckets, node_bucket,
+                                      record_costs, record_path, worth_compiling)
 from bytemtp.decoding.drafting import DraftTree, PassCosts
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.strategy import Draft
@@ -153,3 +158,108 @@ def test_costs_measured_on_the_static_step_serve_the_next_process(tmp_path, monk
     assert later.use_static(2, max_bytes=8)  # little work, but the step is compiled already
     assert later.pass_costs(2, static=True).to_dict() == costs.to_dict()
     assert not decode.Decoder(other).use_static(3, max_bytes=8)  # another batch size is not
+
+
+# --- the compile-cost record: no content of the cache breaks decoding ----------------------------
+
+
+def _record(model, costs_ms: dict | None = None, **fields) -> dict:
+    """A valid record of `model`'s step at batch size 2 (stacked heads), as `record_costs` writes
+    it, with `fields` replaced."""
+    path = record_path(model, stacked=True, batch_size=2)
+    record_costs(model, stacked=True, batch_size=2, costs_ms=_GOOD if costs_ms is None else costs_ms)
+    return {**json.loads(path.read_text()), **fields}
+
+
+_COSTS = PassCosts({(k, T): 1.0 + k * 0.1 + T * 0.01 for k in (1, 2, 4, 8) for T in (1, 2, 4, 8, 16)},
+                   stepwise=True)
+_GOOD = _COSTS.to_dict()
+BAD_RECORDS = {  # what a user's cache may hold, by what it does today
+    "no costs": lambda m: _record(m, costs_ms={}),  # IndexError
+    "a string cost": lambda m: _record(m, costs_ms={**_GOOD, "1x1": "0.5"}),  # TypeError
+    "a bad key": lambda m: _record(m, costs_ms={**_GOOD, "one-by-one": 0.5}),  # ValueError
+    "a list of costs": lambda m: _record(m, costs_ms=list(_GOOD.items())),  # AttributeError
+    "a list": lambda m: [1, 2],
+    "null": lambda m: None,
+    "a cost of nan": lambda m: _record(m, costs_ms={**_GOOD, "2x4": float("nan")}),
+    "a cost of zero": lambda m: _record(m, costs_ms={**_GOOD, "2x4": 0}),
+    "a boolean cost": lambda m: _record(m, costs_ms={**_GOOD, "2x4": True}),
+    "a grid point missing": lambda m: _record(m, costs_ms={k: v for k, v in _GOOD.items() if k != "4x8"}),
+    "too few heads": lambda m: _record(m, costs_ms={k: v for k, v in _GOOD.items() if not k.startswith("8x")}),
+    "another torch": lambda m: _record(m, key=[*_record(m)["key"][:3], "1.0.0", *_record(m)["key"][4:]]),
+    "another CPU": lambda m: _record(m, machine="cpu: a machine that shares the cache"),
+    "another model's": lambda m: _record(_model(n_future=4)),
+    "no machine": lambda m: {k: v for k, v in _record(m).items() if k != "machine"},
+    "truncated": lambda m: json.dumps(_record(m))[:200],
+    "not UTF-8": lambda m: b"\xff\xfe{" * 10,
+    "nested too deep": lambda m: "[" * 100_000,
+    "a folder": lambda m: pathlib.Path,
+}
+
+
+def _write_bad(path: pathlib.Path, what) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    if what is pathlib.Path:
+        path.mkdir()
+    elif isinstance(what, bytes):
+        path.write_bytes(what)
+    else:
+        path.write_text(what if isinstance(what, str) else json.dumps(what))
+
+
+@pytest.mark.parametrize("bad", BAD_RECORDS)
+def test_a_bad_record_is_absent_measured_again_and_rewritten(bad, monkeypatch):
+    """A record that is malformed, truncated, foreign or unreadable is no record: `auto` does not
+    take the step as compiled, the costs are measured again on the step and the record is
+    rewritten, and a default decode of that model shape runs."""
+    model = _model()
+    path = record_path(model, stacked=True, batch_size=2)
+    _write_bad(path, BAD_RECORDS[bad](model))
+    assert cached_costs(model, stacked=True, batch_size=2) is None
+    assert not decode.Decoder(model).use_static(2, max_bytes=8)  # not "compiled already"
+    measured = []
+    monkeypatch.setattr(decode, "measure_pass_costs", lambda decoder, batch_size, static=False, **kw:
+                        measured.append(static) or _COSTS)
+    got = decode.Decoder(model).generate([b"a", b"bc"], max_bytes=8)  # auto, eager: bad record or not
+    assert [g.output for g in got] == [decode.generate(model, p, max_bytes=8).output for p in (b"a", b"bc")]
+    on = decode.Decoder(model, compile="on")
+    on.static = StaticStep(model, on.stacked, compiled=False)
+    assert on.pass_costs(2, static=True).to_dict() == _GOOD and measured == [False, True]
+    if bad != "a folder":  # in its place: left as it is, and measured again next time
+        assert cached_costs(model, stacked=True, batch_size=2) == _GOOD
+        assert decode.Decoder(model).use_static(2, max_bytes=8)
+
+
+def test_writers_at_once_leave_a_valid_record():
+    """Two threads rewrite the record over and over while a third reads it: every read finds
+    the whole record (temp file + rename), and a valid record is left."""
+    model = _model()
+    record_costs(model, stacked=True, batch_size=2, costs_ms=_GOOD)
+    stop, reads = threading.Event(), []
+
+    def write():
+        for _ in range(150):
+            record_costs(model, stacked=True, batch_size=2, costs_ms=_GOOD)
+
+    def read():
+        while not stop.is_set():
+            reads.append(cached_costs(model, stacked=True, batch_size=2))
+
+    reader = threading.Thread(target=read)
+    writers = [threading.Thread(target=write) for _ in range(2)]
+    reader.start()
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    reader.join()
+    assert reads and all(r == _GOOD for r in reads), sum(r != _GOOD for r in reads)
+    assert cached_costs(model, stacked=True, batch_size=2) == _GOOD
+    assert [p.name for p in record_path(model, stacked=True, batch_size=2).parent.iterdir()] == \
+        [record_path(model, stacked=True, batch_size=2).name]  # no temp file left behind
+
+
+def test_tests_use_a_compile_cache_of_their_own(compile_cache):
+    assert record_path(_model(), stacked=True, batch_size=1).is_relative_to(compile_cache)
