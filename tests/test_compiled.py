@@ -4,14 +4,16 @@ pass, and plain greedy decoding; compiled and uncompiled."""
 
 import json
 import pathlib
+import re
 import threading
+import types
 
 import pytest
 import torch
 from doubles import tiny_model
 
 from bytemtp.decoding import decode
-from bytemtp.decoding.compiled import (Compile, StaticStep, cached_costs, head_bucket, head_buckets, node_bucket,
+from bytemtp.decoding.compiled import (Compile, CompilePolicy, StaticStep, cached_costs, head_bucket, head_buckets, node_bucket,
                                       record_costs, record_path, worth_compiling)
 from bytemtp.decoding.drafting import DraftTree, PassCosts
 from bytemtp.decoding.sampling import Sampling
@@ -40,9 +42,57 @@ def test_compile_modes_and_when_auto_compiles():
     cpu = torch.device("cpu")
     assert worth_compiling(Compile.ON, device=cpu, work_bytes=1, ready=False)
     assert not worth_compiling(Compile.OFF, device=cpu, work_bytes=10**9, ready=True)
-    assert not worth_compiling(Compile.AUTO, device=cpu, work_bytes=1000, ready=False)
     assert worth_compiling(Compile.AUTO, device=cpu, work_bytes=1000, ready=True)  # compiled already: cheap
-    assert worth_compiling(Compile.AUTO, device=cpu, work_bytes=10**6, ready=False)
+
+
+def _documented_thresholds() -> dict[str, int]:
+    """What README.md says `auto` compiles from, in bytes of output by device type."""
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    found = re.search(r"\((\d+) KB of output on a\s+CPU, (\d+) KB on a GPU\)", readme)
+    assert found, "README.md no longer says when auto compiles"
+    return {"cpu": int(found[1]) * 1024, "cuda": int(found[2]) * 1024}
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])  # a cuda device object: nothing runs on it
+def test_auto_compiles_from_the_documented_output(device, monkeypatch):
+    """`auto` at README.md's thresholds (32 KB of output on a CPU, 8 KB on a GPU), one byte
+    short of them and past them, through `worth_compiling` and a policy's `settle` (which fixes
+    the mode for the job); never under TORCHDYNAMO_DISABLE=1, even when the step is compiled."""
+    least = _documented_thresholds()[device]
+    dev = torch.device(device)
+    for work, want in ((least - 1, False), (least, True), (10 * least, True), (1, False)):
+        assert worth_compiling(Compile.AUTO, device=dev, work_bytes=work, ready=False) is want, work
+        config = _model().config  # a model that says it lives on the device (only its shape is read)
+        model = types.SimpleNamespace(config=config, embed=types.SimpleNamespace(
+            weight=types.SimpleNamespace(device=dev, dtype=torch.float32)))
+        policy = CompilePolicy(model, None)
+        assert policy.settle(batch_size=1, work_bytes=work) is want, work
+        assert policy.mode is (Compile.ON if want else Compile.OFF)
+        assert policy.worth(1, 10**9 if not want else 1) is want  # settled: the job's share does not matter
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    for ready in (False, True):
+        assert not worth_compiling(Compile.AUTO, device=dev, work_bytes=10**9, ready=ready)
+    assert worth_compiling(Compile.ON, device=dev, work_bytes=1, ready=False)  # asked for: the step runs
+    policy = CompilePolicy(model, None)
+    assert not policy.settle(batch_size=1, work_bytes=10 * least) and policy.mode is Compile.OFF
+
+
+def test_settle_compile_on_a_decoder(monkeypatch):
+    """`Decoder.settle_compile` decides once for a job: a short one stays eager whatever its
+    calls ask, a long one (or one whose step is recorded as compiled) runs the static step."""
+    model = _model()
+    least = _documented_thresholds()["cpu"]
+    short = decode.Decoder(model)
+    assert not short.settle_compile(batch_size=2, work_bytes=least - 1) and short.compile is Compile.OFF
+    assert not short.use_static(2, max_bytes=least) and short.static is None
+    long = decode.Decoder(model)
+    assert long.settle_compile(batch_size=2, work_bytes=least) and long.compile is Compile.ON
+    assert long.use_static(2, max_bytes=1) and long.static is not None and long.static.compiled
+    record_costs(model, stacked=True, batch_size=2, costs_ms=_GOOD)
+    assert decode.Decoder(model).settle_compile(batch_size=2, work_bytes=1)  # compiled already
+    assert not decode.Decoder(model).settle_compile(batch_size=3, work_bytes=1)
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    assert not decode.Decoder(model).settle_compile(batch_size=2, work_bytes=10 * least)
 
 
 def test_stepwise_costs_charge_the_bucket_a_pass_runs_as():
