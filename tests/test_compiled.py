@@ -1,5 +1,7 @@
-"""The static decode step (bytemtp.decoding.compiled) against its references: the eager `ByteMTP.logits`
-pass, and plain greedy decoding; compiled and uncompiled."""
+"""The static decode step (bytemtp.decoding.compiled) against its references: the eager
+`ByteMTP.logits` pass, and plain greedy decoding; compiled and uncompiled, on a fitted model whose
+drafts are accepted. Also when `auto` compiles (README's thresholds), and the compile-cost record:
+no content of the compile cache breaks decoding."""
 
 
 import json
@@ -10,14 +12,14 @@ import types
 
 import pytest
 import torch
-from doubles import tiny_model
+from doubles import FITTED, FLAT, SONGS, fitted_model, seeded_sampling, tiny_model
 
 from bytemtp.decoding import decode
 from bytemtp.decoding.compiled import (Compile, CompilePolicy, StaticStep, cached_costs, head_bucket, head_buckets, node_bucket,
                                       record_costs, record_path, worth_compiling)
 from bytemtp.decoding.drafting import DraftTree, PassCosts
 from bytemtp.decoding.sampling import Sampling
-from bytemtp.decoding.strategy import Draft
+from bytemtp.decoding.strategy import Draft, Shape
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
@@ -164,26 +166,84 @@ def test_uncompiled_static_decoding_equals_plain_greedy(head_type):
     assert draws[0] == draws[1]
 
 
+# --- a fitted model, whose drafts are accepted: chain, padded bucket and tree ----------------------
+
+# A batch of rows at different lengths, the last sliding past the context of 64; three drafts of
+# four heads: a chain that fills its bucket (4 nodes), one that is padded (3 nodes run as 4) and
+# a tree of up to 16 nodes (every pass costs alike: the largest tree). Compiled, two graphs in all.
+_FITTED_PROMPTS = [b"one two th", b"la la la, ", b"0123456789ab", SONGS[0] * 2]
+_FITTED_DRAFTS = (Draft(4), Draft(3), Draft(4, Shape.TREE))
+
+
+def _fitted_decoding_equals_plain_greedy(model, step: StaticStep) -> None:
+    """The static step `step` decodes what plain greedy decoding does with each draft, the
+    drafts accepted (more than 1.5 bytes a pass), and each of its passes, chain, padded and tree,
+    gives the eager pass's logits and cache slots."""
+    want = [decode.generate(model, p, max_bytes=60) for p in _FITTED_PROMPTS]
+    decoder = decode.Decoder(model, costs=FLAT, compile="on")
+    decoder.static = step
+    for draft in _FITTED_DRAFTS:
+        got = decoder.generate(_FITTED_PROMPTS, max_bytes=60, draft=draft)
+        assert [g.output for g in got] == [w.output for w in want], draft
+        assert [g.stats.stopped_by for g in got] == [w.stats.stopped_by for w in want], draft
+        per_pass = sum(g.stats.bytes_out for g in got) / sum(g.stats.forward_passes for g in got)
+        assert per_pass > 1.5, (draft, per_pass)
+    assert any(g.stats.slides for g in got)
+    tree = DraftTree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)])
+    assert tree.T == 9 and tree.depth == 4  # padded to 16 nodes
+    for T, shape in ((4, None), (3, None), (tree.T, tree)):  # as decoding runs them: in inference mode
+        _pass_equals_eager(model, step, heads=4, T=T, tree=shape, lengths=[20, 9, 33, 60 - T])
+
+
+@torch.inference_mode()
+def _pass_equals_eager(model, step: StaticStep, *, heads: int, T: int, tree: DraftTree | None,
+                       lengths: list[int]) -> None:
+    """One pass of the static step against the eager `ByteMTP.logits`, on rows at `lengths`:
+    its logits and the cache slots it wrote."""
+    B, stacked = len(lengths), step.stacked
+    caches = [KVCache.for_model(model, batch_size=B, max_len=model.config.seq_len + 16) for _ in range(2)]
+    prompt = torch.tensor([list((SONGS[0] * 2)[:max(lengths)])] * B)
+    for cache in caches:
+        model.logits(prompt, cache, stacked=stacked, layout=build_layout(model, prompt, cache))
+        cache.lengths = list(lengths)
+    ids = torch.tensor([list(b"o la")[:1] + list(SONGS[b % 3][:T - 1]) for b in range(B)])
+    kw = {} if tree is None else {"depths": list(tree.depths), "ancestors": tree.ancestors}
+    want = model.logits(ids, caches[0], heads=heads, stacked=stacked,
+                        layout=build_layout(model, ids, caches[0], drafts=True, **kw))
+    got = step(ids, caches[1], heads=heads, **({} if tree is None else
+                                               {"depths": tree.depths, "ancestors": tree.ancestors}))
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    layers = model.config.trunk_layers + heads * model.config.layers_per_head
+    for b, end in enumerate(caches[0].lengths):
+        torch.testing.assert_close(caches[1].k[:layers, b, :, :end], caches[0].k[:layers, b, :, :end])
+        torch.testing.assert_close(caches[1].v[:layers, b, :, :end], caches[0].v[:layers, b, :, :end])
+
+
+@FITTED
+@pytest.mark.usefixtures("one_thread")
+def test_uncompiled_static_decoding_of_a_fitted_model_equals_plain_greedy():
+    model = fitted_model(0, "transformer")
+    _fitted_decoding_equals_plain_greedy(model, StaticStep(model, model.stack_heads(), compiled=False))
+
+
 @pytest.mark.slow
-@COMPILED
-def test_compiled_decoding_equals_eager_and_plain_greedy():
-    """Through inductor: greedy output of every draft shape (padded buckets, a tree, one head)
-    equals plain greedy decoding, on a batch whose rows stand at different lengths, one of them
-    sliding past the context; seeded sampling draws what the eager step draws."""
-    torch.manual_seed(0)
-    model = _model()  # float64: the seeded draws do not hinge on rounding
-    prompts = _prompts(model.config.seq_len)
-    want = [decode.generate(model, p, max_bytes=70).output for p in prompts]
-    compiled, eager = decode.Decoder(model, compile="on"), decode.Decoder(model, compile="off")
-    for kw in ({"draft": "plain"}, {"draft": Draft(3)}, {"draft": "tree-8"}):
-        got = compiled.generate(prompts, max_bytes=70, **kw)
-        assert [g.output for g in got] == want, kw
-    assert compiled.static is not None and compiled.static.graphs >= 1 and eager.static is None
-    assert compiled.static.stats()["compile_s"] > 0
-    for decoder in (compiled, eager):
-        decoder.last = decoder.generate(prompts, max_bytes=40, draft=Draft(4), sampling=Sampling(
-            temperature=1.0, generator=torch.Generator().manual_seed(5)))
-    assert [g.output for g in compiled.last] == [g.output for g in eager.last]
+@COMPILED  # a fitted model of its own in this test process (the fit is made once a process)
+@pytest.mark.usefixtures("one_thread")
+def test_compiled_decoding_of_a_fitted_model_equals_plain_greedy_and_the_eager_pass():
+    """Through inductor (two graphs): the fitted model's drafts accepted, on chain, padded and
+    tree passes, output equal to plain greedy decoding and every pass to the eager one; seeded
+    sampling draws what the eager step draws."""
+    model = fitted_model(0, "transformer")  # float64: the seeded draws do not hinge on rounding
+    step = StaticStep(model, model.stack_heads())
+    _fitted_decoding_equals_plain_greedy(model, step)
+    assert step.graphs == 2 and step.stats()["compile_s"] > 0, step.stats()
+    draws = []
+    for compile_mode in ("on", "off"):
+        decoder = decode.Decoder(model, compile=compile_mode)
+        decoder.static = step if compile_mode == "on" else None
+        draws.append([g.output for g in decoder.generate(_FITTED_PROMPTS, max_bytes=40, draft=Draft(4),
+                                                         sampling=seeded_sampling(5))])
+    assert draws[0] == draws[1] and step.graphs == 2
 
 
 def test_costs_measured_on_the_static_step_serve_the_next_process(tmp_path, monkeypatch):
