@@ -51,6 +51,16 @@ def pytest_runtest_setup(item):
     pytest.skip(problem)
 
 
+@pytest.fixture(autouse=True)
+def compile_cache(tmp_path_factory, monkeypatch):
+    """Each test's own inductor cache, and with it the compiled step's cost records
+    (`compiled.record_path` lives under TORCHINDUCTOR_CACHE_DIR), inherited by the processes it
+    starts: no test reads or writes the user's cache, and no test sees another's records."""
+    folder = tmp_path_factory.mktemp("compile-cache")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder))
+    return folder
+
+
 @pytest.fixture
 def one_thread():
     """Decoding runs thousands of tiny tensor ops; with an intra-op thread pool some of them

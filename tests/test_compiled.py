@@ -1,16 +1,25 @@
-"""The static decode step (bytemtp.decoding.compiled) against its references: the eager `ByteMTP.logits`
-pass, and plain greedy decoding; compiled and uncompiled."""
+"""The static decode step (bytemtp.decoding.compiled) against its references: the eager
+`ByteMTP.logits` pass, and plain greedy decoding; compiled and uncompiled, on a fitted model whose
+drafts are accepted. Also when `auto` compiles (README's thresholds), and the compile-cost record:
+no content of the compile cache breaks decoding."""
 
+
+import json
+import pathlib
+import re
+import threading
+import types
 
 import pytest
 import torch
-from doubles import tiny_model
+from doubles import FITTED, FLAT, SONGS, fitted_model, seeded_sampling, tiny_model
 
 from bytemtp.decoding import decode
-from bytemtp.decoding.compiled import Compile, StaticStep, head_bucket, head_buckets, node_bucket, worth_compiling
+from bytemtp.decoding.compiled import (Compile, CompilePolicy, StaticStep, cached_costs, head_bucket, head_buckets, node_bucket,
+                                      record_costs, record_path, worth_compiling)
 from bytemtp.decoding.drafting import DraftTree, PassCosts
 from bytemtp.decoding.sampling import Sampling
-from bytemtp.decoding.strategy import Draft
+from bytemtp.decoding.strategy import Draft, Shape
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
@@ -35,9 +44,57 @@ def test_compile_modes_and_when_auto_compiles():
     cpu = torch.device("cpu")
     assert worth_compiling(Compile.ON, device=cpu, work_bytes=1, ready=False)
     assert not worth_compiling(Compile.OFF, device=cpu, work_bytes=10**9, ready=True)
-    assert not worth_compiling(Compile.AUTO, device=cpu, work_bytes=1000, ready=False)
     assert worth_compiling(Compile.AUTO, device=cpu, work_bytes=1000, ready=True)  # compiled already: cheap
-    assert worth_compiling(Compile.AUTO, device=cpu, work_bytes=10**6, ready=False)
+
+
+def _documented_thresholds() -> dict[str, int]:
+    """What README.md says `auto` compiles from, in bytes of output by device type."""
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    found = re.search(r"\((\d+) KB of output on a\s+CPU, (\d+) KB on a GPU\)", readme)
+    assert found, "README.md no longer says when auto compiles"
+    return {"cpu": int(found[1]) * 1024, "cuda": int(found[2]) * 1024}
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])  # a cuda device object: nothing runs on it
+def test_auto_compiles_from_the_documented_output(device, monkeypatch):
+    """`auto` at README.md's thresholds (32 KB of output on a CPU, 8 KB on a GPU), one byte
+    short of them and past them, through `worth_compiling` and a policy's `settle` (which fixes
+    the mode for the job); never under TORCHDYNAMO_DISABLE=1, even when the step is compiled."""
+    least = _documented_thresholds()[device]
+    dev = torch.device(device)
+    for work, want in ((least - 1, False), (least, True), (10 * least, True), (1, False)):
+        assert worth_compiling(Compile.AUTO, device=dev, work_bytes=work, ready=False) is want, work
+        config = _model().config  # a model that says it lives on the device (only its shape is read)
+        model = types.SimpleNamespace(config=config, embed=types.SimpleNamespace(
+            weight=types.SimpleNamespace(device=dev, dtype=torch.float32)))
+        policy = CompilePolicy(model, None)
+        assert policy.settle(batch_size=1, work_bytes=work) is want, work
+        assert policy.mode is (Compile.ON if want else Compile.OFF)
+        assert policy.worth(1, 10**9 if not want else 1) is want  # settled: the job's share does not matter
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    for ready in (False, True):
+        assert not worth_compiling(Compile.AUTO, device=dev, work_bytes=10**9, ready=ready)
+    assert worth_compiling(Compile.ON, device=dev, work_bytes=1, ready=False)  # asked for: the step runs
+    policy = CompilePolicy(model, None)
+    assert not policy.settle(batch_size=1, work_bytes=10 * least) and policy.mode is Compile.OFF
+
+
+def test_settle_compile_on_a_decoder(monkeypatch):
+    """`Decoder.settle_compile` decides once for a job: a short one stays eager whatever its
+    calls ask, a long one (or one whose step is recorded as compiled) runs the static step."""
+    model = _model()
+    least = _documented_thresholds()["cpu"]
+    short = decode.Decoder(model)
+    assert not short.settle_compile(batch_size=2, work_bytes=least - 1) and short.compile is Compile.OFF
+    assert not short.use_static(2, max_bytes=least) and short.static is None
+    long = decode.Decoder(model)
+    assert long.settle_compile(batch_size=2, work_bytes=least) and long.compile is Compile.ON
+    assert long.use_static(2, max_bytes=1) and long.static is not None and long.static.compiled
+    record_costs(model, stacked=True, batch_size=2, costs_ms=_GOOD)
+    assert decode.Decoder(model).settle_compile(batch_size=2, work_bytes=1)  # compiled already
+    assert not decode.Decoder(model).settle_compile(batch_size=3, work_bytes=1)
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    assert not decode.Decoder(model).settle_compile(batch_size=2, work_bytes=10 * least)
 
 
 def test_stepwise_costs_charge_the_bucket_a_pass_runs_as():
@@ -109,26 +166,84 @@ def test_uncompiled_static_decoding_equals_plain_greedy(head_type):
     assert draws[0] == draws[1]
 
 
+# --- a fitted model, whose drafts are accepted: chain, padded bucket and tree ----------------------
+
+# A batch of rows at different lengths, the last sliding past the context of 64; three drafts of
+# four heads: a chain that fills its bucket (4 nodes), one that is padded (3 nodes run as 4) and
+# a tree of up to 16 nodes (every pass costs alike: the largest tree). Compiled, two graphs in all.
+_FITTED_PROMPTS = [b"one two th", b"la la la, ", b"0123456789ab", SONGS[0] * 2]
+_FITTED_DRAFTS = (Draft(4), Draft(3), Draft(4, Shape.TREE))
+
+
+def _fitted_decoding_equals_plain_greedy(model, step: StaticStep) -> None:
+    """The static step `step` decodes what plain greedy decoding does with each draft, the
+    drafts accepted (more than 1.5 bytes a pass), and each of its passes, chain, padded and tree,
+    gives the eager pass's logits and cache slots."""
+    want = [decode.generate(model, p, max_bytes=60) for p in _FITTED_PROMPTS]
+    decoder = decode.Decoder(model, costs=FLAT, compile="on")
+    decoder.static = step
+    for draft in _FITTED_DRAFTS:
+        got = decoder.generate(_FITTED_PROMPTS, max_bytes=60, draft=draft)
+        assert [g.output for g in got] == [w.output for w in want], draft
+        assert [g.stats.stopped_by for g in got] == [w.stats.stopped_by for w in want], draft
+        per_pass = sum(g.stats.bytes_out for g in got) / sum(g.stats.forward_passes for g in got)
+        assert per_pass > 1.5, (draft, per_pass)
+    assert any(g.stats.slides for g in got)
+    tree = DraftTree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)])
+    assert tree.T == 9 and tree.depth == 4  # padded to 16 nodes
+    for T, shape in ((4, None), (3, None), (tree.T, tree)):  # as decoding runs them: in inference mode
+        _pass_equals_eager(model, step, heads=4, T=T, tree=shape, lengths=[20, 9, 33, 60 - T])
+
+
+@torch.inference_mode()
+def _pass_equals_eager(model, step: StaticStep, *, heads: int, T: int, tree: DraftTree | None,
+                       lengths: list[int]) -> None:
+    """One pass of the static step against the eager `ByteMTP.logits`, on rows at `lengths`:
+    its logits and the cache slots it wrote."""
+    B, stacked = len(lengths), step.stacked
+    caches = [KVCache.for_model(model, batch_size=B, max_len=model.config.seq_len + 16) for _ in range(2)]
+    prompt = torch.tensor([list((SONGS[0] * 2)[:max(lengths)])] * B)
+    for cache in caches:
+        model.logits(prompt, cache, stacked=stacked, layout=build_layout(model, prompt, cache))
+        cache.lengths = list(lengths)
+    ids = torch.tensor([list(b"o la")[:1] + list(SONGS[b % 3][:T - 1]) for b in range(B)])
+    kw = {} if tree is None else {"depths": list(tree.depths), "ancestors": tree.ancestors}
+    want = model.logits(ids, caches[0], heads=heads, stacked=stacked,
+                        layout=build_layout(model, ids, caches[0], drafts=True, **kw))
+    got = step(ids, caches[1], heads=heads, **({} if tree is None else
+                                               {"depths": tree.depths, "ancestors": tree.ancestors}))
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    layers = model.config.trunk_layers + heads * model.config.layers_per_head
+    for b, end in enumerate(caches[0].lengths):
+        torch.testing.assert_close(caches[1].k[:layers, b, :, :end], caches[0].k[:layers, b, :, :end])
+        torch.testing.assert_close(caches[1].v[:layers, b, :, :end], caches[0].v[:layers, b, :, :end])
+
+
+@FITTED
+@pytest.mark.usefixtures("one_thread")
+def test_uncompiled_static_decoding_of_a_fitted_model_equals_plain_greedy():
+    model = fitted_model(0, "transformer")
+    _fitted_decoding_equals_plain_greedy(model, StaticStep(model, model.stack_heads(), compiled=False))
+
+
 @pytest.mark.slow
-@COMPILED
-def test_compiled_decoding_equals_eager_and_plain_greedy():
-    """Through inductor: greedy output of every draft shape (padded buckets, a tree, one head)
-    equals plain greedy decoding, on a batch whose rows stand at different lengths, one of them
-    sliding past the context; seeded sampling draws what the eager step draws."""
-    torch.manual_seed(0)
-    model = _model()  # float64: the seeded draws do not hinge on rounding
-    prompts = _prompts(model.config.seq_len)
-    want = [decode.generate(model, p, max_bytes=70).output for p in prompts]
-    compiled, eager = decode.Decoder(model, compile="on"), decode.Decoder(model, compile="off")
-    for kw in ({"draft": "plain"}, {"draft": Draft(3)}, {"draft": "tree-8"}):
-        got = compiled.generate(prompts, max_bytes=70, **kw)
-        assert [g.output for g in got] == want, kw
-    assert compiled.static is not None and compiled.static.graphs >= 1 and eager.static is None
-    assert compiled.static.stats()["compile_s"] > 0
-    for decoder in (compiled, eager):
-        decoder.last = decoder.generate(prompts, max_bytes=40, draft=Draft(4), sampling=Sampling(
-            temperature=1.0, generator=torch.Generator().manual_seed(5)))
-    assert [g.output for g in compiled.last] == [g.output for g in eager.last]
+@COMPILED  # a fitted model of its own in this test process (the fit is made once a process)
+@pytest.mark.usefixtures("one_thread")
+def test_compiled_decoding_of_a_fitted_model_equals_plain_greedy_and_the_eager_pass():
+    """Through inductor (two graphs): the fitted model's drafts accepted, on chain, padded and
+    tree passes, output equal to plain greedy decoding and every pass to the eager one; seeded
+    sampling draws what the eager step draws."""
+    model = fitted_model(0, "transformer")  # float64: the seeded draws do not hinge on rounding
+    step = StaticStep(model, model.stack_heads())
+    _fitted_decoding_equals_plain_greedy(model, step)
+    assert step.graphs == 2 and step.stats()["compile_s"] > 0, step.stats()
+    draws = []
+    for compile_mode in ("on", "off"):
+        decoder = decode.Decoder(model, compile=compile_mode)
+        decoder.static = step if compile_mode == "on" else None
+        draws.append([g.output for g in decoder.generate(_FITTED_PROMPTS, max_bytes=40, draft=Draft(4),
+                                                         sampling=seeded_sampling(5))])
+    assert draws[0] == draws[1] and step.graphs == 2
 
 
 def test_costs_measured_on_the_static_step_serve_the_next_process(tmp_path, monkeypatch):
@@ -153,3 +268,108 @@ def test_costs_measured_on_the_static_step_serve_the_next_process(tmp_path, monk
     assert later.use_static(2, max_bytes=8)  # little work, but the step is compiled already
     assert later.pass_costs(2, static=True).to_dict() == costs.to_dict()
     assert not decode.Decoder(other).use_static(3, max_bytes=8)  # another batch size is not
+
+
+# --- the compile-cost record: no content of the cache breaks decoding ----------------------------
+
+
+def _record(model, costs_ms: dict | None = None, **fields) -> dict:
+    """A valid record of `model`'s step at batch size 2 (stacked heads), as `record_costs` writes
+    it, with `fields` replaced."""
+    path = record_path(model, stacked=True, batch_size=2)
+    record_costs(model, stacked=True, batch_size=2, costs_ms=_GOOD if costs_ms is None else costs_ms)
+    return {**json.loads(path.read_text()), **fields}
+
+
+_COSTS = PassCosts({(k, T): 1.0 + k * 0.1 + T * 0.01 for k in (1, 2, 4, 8) for T in (1, 2, 4, 8, 16)},
+                   stepwise=True)
+_GOOD = _COSTS.to_dict()
+BAD_RECORDS = {  # what a user's cache may hold, by what it does today
+    "no costs": lambda m: _record(m, costs_ms={}),  # IndexError
+    "a string cost": lambda m: _record(m, costs_ms={**_GOOD, "1x1": "0.5"}),  # TypeError
+    "a bad key": lambda m: _record(m, costs_ms={**_GOOD, "one-by-one": 0.5}),  # ValueError
+    "a list of costs": lambda m: _record(m, costs_ms=list(_GOOD.items())),  # AttributeError
+    "a list": lambda m: [1, 2],
+    "null": lambda m: None,
+    "a cost of nan": lambda m: _record(m, costs_ms={**_GOOD, "2x4": float("nan")}),
+    "a cost of zero": lambda m: _record(m, costs_ms={**_GOOD, "2x4": 0}),
+    "a boolean cost": lambda m: _record(m, costs_ms={**_GOOD, "2x4": True}),
+    "a grid point missing": lambda m: _record(m, costs_ms={k: v for k, v in _GOOD.items() if k != "4x8"}),
+    "too few heads": lambda m: _record(m, costs_ms={k: v for k, v in _GOOD.items() if not k.startswith("8x")}),
+    "another torch": lambda m: _record(m, key=[*_record(m)["key"][:3], "1.0.0", *_record(m)["key"][4:]]),
+    "another CPU": lambda m: _record(m, machine="cpu: a machine that shares the cache"),
+    "another model's": lambda m: _record(_model(n_future=4)),
+    "no machine": lambda m: {k: v for k, v in _record(m).items() if k != "machine"},
+    "truncated": lambda m: json.dumps(_record(m))[:200],
+    "not UTF-8": lambda m: b"\xff\xfe{" * 10,
+    "nested too deep": lambda m: "[" * 100_000,
+    "a folder": lambda m: pathlib.Path,
+}
+
+
+def _write_bad(path: pathlib.Path, what) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    if what is pathlib.Path:
+        path.mkdir()
+    elif isinstance(what, bytes):
+        path.write_bytes(what)
+    else:
+        path.write_text(what if isinstance(what, str) else json.dumps(what))
+
+
+@pytest.mark.parametrize("bad", BAD_RECORDS)
+def test_a_bad_record_is_absent_measured_again_and_rewritten(bad, monkeypatch):
+    """A record that is malformed, truncated, foreign or unreadable is no record: `auto` does not
+    take the step as compiled, the costs are measured again on the step and the record is
+    rewritten, and a default decode of that model shape runs."""
+    model = _model()
+    path = record_path(model, stacked=True, batch_size=2)
+    _write_bad(path, BAD_RECORDS[bad](model))
+    assert cached_costs(model, stacked=True, batch_size=2) is None
+    assert not decode.Decoder(model).use_static(2, max_bytes=8)  # not "compiled already"
+    measured = []
+    monkeypatch.setattr(decode, "measure_pass_costs", lambda decoder, batch_size, static=False, **kw:
+                        measured.append(static) or _COSTS)
+    got = decode.Decoder(model).generate([b"a", b"bc"], max_bytes=8)  # auto, eager: bad record or not
+    assert [g.output for g in got] == [decode.generate(model, p, max_bytes=8).output for p in (b"a", b"bc")]
+    on = decode.Decoder(model, compile="on")
+    on.static = StaticStep(model, on.stacked, compiled=False)
+    assert on.pass_costs(2, static=True).to_dict() == _GOOD and measured == [False, True]
+    if bad != "a folder":  # in its place: left as it is, and measured again next time
+        assert cached_costs(model, stacked=True, batch_size=2) == _GOOD
+        assert decode.Decoder(model).use_static(2, max_bytes=8)
+
+
+def test_writers_at_once_leave_a_valid_record():
+    """Two threads rewrite the record over and over while a third reads it: every read finds
+    the whole record (temp file + rename), and a valid record is left."""
+    model = _model()
+    record_costs(model, stacked=True, batch_size=2, costs_ms=_GOOD)
+    stop, reads = threading.Event(), []
+
+    def write():
+        for _ in range(150):
+            record_costs(model, stacked=True, batch_size=2, costs_ms=_GOOD)
+
+    def read():
+        while not stop.is_set():
+            reads.append(cached_costs(model, stacked=True, batch_size=2))
+
+    reader = threading.Thread(target=read)
+    writers = [threading.Thread(target=write) for _ in range(2)]
+    reader.start()
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    reader.join()
+    assert reads and all(r == _GOOD for r in reads), sum(r != _GOOD for r in reads)
+    assert cached_costs(model, stacked=True, batch_size=2) == _GOOD
+    assert [p.name for p in record_path(model, stacked=True, batch_size=2).parent.iterdir()] == \
+        [record_path(model, stacked=True, batch_size=2).name]  # no temp file left behind
+
+
+def test_tests_use_a_compile_cache_of_their_own(compile_cache):
+    assert record_path(_model(), stacked=True, batch_size=1).is_relative_to(compile_cache)

@@ -3,16 +3,18 @@
 import base64
 import copy
 import dataclasses
+import functools
 import json
 import re
 
 import pytest
 import torch
 from click.testing import CliRunner
-from doubles import FITTED, fitted_model
+from doubles import FITTED, FLAT, fitted_model
 
 from bytemtp.config import tiny
-from bytemtp.decoding import decode
+from bytemtp.decoding import compiled, decode
+from bytemtp.decoding.compiled import record_costs, record_path
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import load_model, save_checkpoint
 from bytemtp_cli.main import main
@@ -170,6 +172,63 @@ def test_prompts_carry_any_bytes_in_base64_and_any_length(ckpt, tmp_path):
     lines = [json.loads(line) for line in res.stdout.splitlines()]
     for line, prompt in zip(lines, prompts, strict=True):
         assert base64.b64decode(line["output_base64"]) == decode.generate(model, prompt, max_bytes=12).output
+
+
+_GRID = {f"{k}x{T}": 1.0 + k + T / 10 for k in (1, 2, 4, 8) for T in (1, 2, 4, 8, 16)}
+
+
+@pytest.mark.parametrize("content", [
+    {"costs_ms": {}}, {"costs_ms": {**_GRID, "1x1": "0.5"}}, {"costs_ms": {**_GRID, "one": 0.5}},
+    {"costs_ms": list(_GRID.items())}, [], '{"costs_ms": {"1x1": 0.', "\x00\xff", "folder",
+    "of another machine", "of another torch",
+], ids=["no costs", "a string cost", "a bad key", "a list of costs", "a list", "truncated", "not UTF-8", "a folder",
+        "of another machine", "of another torch"])
+def test_no_compile_cache_content_breaks_generate(ckpt, content, monkeypatch):
+    """Whatever the compile cache holds where the compiled step's record of this model would
+    be, `generate` (under the default --compile auto, drafting by measured costs) writes the
+    library's greedy output; a short job stays eager, the record counting as absent."""
+    model, _ = load_model(ckpt)
+    path = record_path(model, stacked=True, batch_size=1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if content == "folder":
+        path.mkdir()
+    elif content in ("of another machine", "of another torch"):
+        record_costs(model, stacked=True, batch_size=1, costs_ms=_GRID)
+        record = json.loads(path.read_text())
+        if content == "of another machine":
+            record["machine"] = "cpu: another"
+        else:
+            record["key"][3] = "1.0.0"
+        path.write_text(json.dumps(record))
+    else:
+        path.write_bytes(content.encode("latin-1") if isinstance(content, str) else json.dumps(content).encode())
+    monkeypatch.setattr(decode, "measure_pass_costs", lambda decoder, batch_size, **kw: FLAT)
+    res = run("generate", "--ckpt", ckpt, "--prompt", "x = ", "--max-bytes", 12, "--raw", "--stats")
+    assert res.exit_code == 0, res.output
+    assert res.stdout_bytes == decode.generate(model, b"x = ", max_bytes=12).output
+    assert "compiled step" not in res.stderr  # not taken as compiled already
+
+
+@FITTED
+def test_compile_auto_compiles_from_32_kb_of_output_on_a_cpu(fitted_ckpt, tmp_path, monkeypatch):
+    """`--compile auto` one byte short of README's threshold (32 KB on a CPU: rows x
+    --max-bytes, here one prompt that stops at its first space) and at it; then, the step's costs
+    recorded, a short job too (compiled already); never under TORCHDYNAMO_DISABLE=1. The static
+    step runs uncompiled here: the choice is what is tested, not inductor."""
+    monkeypatch.setattr(compiled, "StaticStep", functools.partial(compiled.StaticStep, compiled=False))
+    model, _ = load_model(fitted_ckpt)
+    want = decode.generate(model, b"one t", max_bytes=40, stop=(b" ",)).output
+    out = tmp_path / "stats.json"
+    args = ("generate", "--ckpt", fitted_ckpt, "--prompt", "one t", "--stop", " ", "--raw", "--json", out)
+    for max_bytes, step in ((32 * 1024 - 1, "off"), (32 * 1024, "on"), (8, "on")):
+        res = run(*args, "--max-bytes", max_bytes)
+        assert res.exit_code == 0, res.output
+        assert res.stdout_bytes == want and want.endswith(b" ")
+        stats = json.loads(out.read_text())
+        assert stats["compile"] == step and ("compile_stats" in stats) is (step == "on"), max_bytes
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    res = run(*args, "--max-bytes", 32 * 1024)
+    assert res.exit_code == 0 and json.loads(out.read_text())["compile"] == "off", res.output
 
 
 @pytest.mark.slow

@@ -14,14 +14,18 @@ ones: a symbolic graph served every bucket but took ten times longer to trace fr
 TORCHINDUCTOR_CACHE_DIR), so a second process compiles the same graphs in a few seconds each; a
 record beside it keeps the pass costs measured on the compiled step, so that a second process
 neither measures them again nor compiles a shape before the decoder chooses it, and `auto` knows
-that the cache is warm.
+that the cache is warm. The cache is outside this process's control, so the record is checked
+when read (`cached_costs`): one that is unreadable, malformed or written for another machine or
+torch counts as absent (the costs are measured again on the step and the record rewritten,
+atomically), so no content of the cache can break decoding; the price is that a record moved
+between machines is never trusted.
 
 The eager `ByteMTP.logits` path stays the reference: `StaticStep(..., compiled=False)` runs the
 static step uncompiled, and the tests compare both with it and with plain decoding.
 
 `Compile` says when decoding uses the compiled step: `on`, `off`, or `auto`: when the work is long
 enough to repay compiling (`AUTO_MIN_BYTES` of output), or the step is compiled already (in this
-process or, by the marker, in the disk cache); `CompilePolicy` applies it for one decoder and
+process or, by its record, in the disk cache); `CompilePolicy` applies it for one decoder and
 holds the step it made.
 
 Legend: B batch, T nodes (padded to a bucket), K heads run, V vocabulary.
@@ -31,10 +35,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import json
 import os
 import pathlib
+import platform
+import tempfile
 import time
 
 import torch
@@ -210,36 +217,99 @@ class StaticStep:
                 "cache_hits": inductor["fxgraph_cache_hit"], "cache_misses": inductor["fxgraph_cache_miss"]}
 
 
+_RECORD_MAX_BYTES = 1 << 16  # a record is about 1 KB; anything far bigger is not one
+
+
 def cached_costs(model, *, stacked: bool, batch_size: int) -> dict[str, float] | None:
     """The pass costs (ms by "KxT", `PassCosts.to_dict`) that an earlier process measured on this
     model's compiled step at this batch size, on this machine, when it compiled the step into
-    inductor's disk cache; None when it never did. The graphs depend on the model's shape
-    (config, dtype, device), not on its weights, which are their inputs."""
+    inductor's disk cache; None when it never did, or when its record is not one this process can
+    trust: unreadable, truncated, malformed (a grid of costs other than finite positive numbers
+    for 1..n_future heads over 1..16 nodes), or foreign (another model shape, torch version,
+    device or CPU). The graphs depend on the model's shape (config, dtype, device), not on its
+    weights, which are their inputs."""
+    path = record_path(model, stacked=stacked, batch_size=batch_size)
     try:
-        return json.loads(_marker(model, stacked=stacked, batch_size=batch_size).read_text())["costs_ms"]
-    except (OSError, ValueError, KeyError, TypeError):
+        if not path.is_file():  # absent, or a directory or a pipe in its place
+            return None
+        with open(path, "rb") as f:
+            data = f.read(_RECORD_MAX_BYTES + 1)
+        record = json.loads(data) if len(data) <= _RECORD_MAX_BYTES else None
+    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON (truncated), nested too deep
         return None
+    weight = model.embed.weight
+    if (not isinstance(record, dict) or record.get("key") != _key(model, stacked=stacked, batch_size=batch_size)
+            or record.get("machine") != _machine(weight.device)):
+        return None
+    costs = record.get("costs_ms")
+    return costs if _valid_costs(costs, n_future=model.config.n_future) else None
+
+
+def _valid_costs(costs, *, n_future: int) -> bool:
+    """Whether `costs` is a table that `PassCosts.from_dict` makes a cost for every pass from: a
+    full grid of "KxT" keys, heads from 1 to n_future and nodes from 1 to the largest bucket,
+    each cost a finite positive number."""
+    if not isinstance(costs, dict) or not costs:
+        return False
+    grid = set()
+    for key, ms in costs.items():
+        k, x, T = key.partition("x") if isinstance(key, str) else ("", "", "")
+        if not (x and k.isdecimal() and T.isdecimal() and k.isascii() and T.isascii()):
+            return False
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 < ms < float("inf"):
+            return False
+        grid.add((int(k), int(T)))
+    ks, Ts = sorted({k for k, _ in grid}), sorted({T for _, T in grid})
+    return (len(grid) == len(ks) * len(Ts) and (ks[0], ks[-1]) == (1, n_future)
+            and (Ts[0], Ts[-1]) == (1, NODE_BUCKETS[-1]))
 
 
 def record_costs(model, *, stacked: bool, batch_size: int, costs_ms: dict[str, float]) -> None:
     """Record in the disk cache that this model's step at this batch size is compiled there, with
-    the pass costs measured on it (a read-only cache is left as it is)."""
-    path = _marker(model, stacked=stacked, batch_size=batch_size)
+    the pass costs measured on it, this machine's name and the key it is found by (a read-only
+    cache is left as it is). Written to a temporary file of its own and renamed over the record,
+    so a reader, or a process writing the same record at once, never sees it half written."""
+    path = record_path(model, stacked=stacked, batch_size=batch_size)
+    record = json.dumps({"key": _key(model, stacked=stacked, batch_size=batch_size),
+                         "machine": _machine(model.embed.weight.device), "costs_ms": costs_ms})
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"config": dataclasses.asdict(model.config), "batch_size": batch_size,
-                                   "costs_ms": costs_ms}))
-        tmp.replace(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(record)
+        os.replace(tmp, path)
     except OSError:
-        pass
+        if tmp is not None:
+            pathlib.Path(tmp).unlink(missing_ok=True)
 
 
-def _marker(model, *, stacked: bool, batch_size: int) -> pathlib.Path:
-    weight = model.embed.weight
-    key = json.dumps([dataclasses.asdict(model.config), str(weight.dtype), weight.device.type, torch.__version__,
-                      batch_size, stacked], sort_keys=True)
+def record_path(model, *, stacked: bool, batch_size: int) -> pathlib.Path:
+    """Where the record of this model's compiled step at this batch size lives: beside inductor's
+    disk cache (`TORCHINDUCTOR_CACHE_DIR`), named by a hash of the key it holds."""
+    key = json.dumps(_key(model, stacked=stacked, batch_size=batch_size), sort_keys=True)
     return _cache_dir() / "bytemtp" / f"static-step-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _key(model, *, stacked: bool, batch_size: int) -> list:
+    """What the compiled step's graphs depend on, as JSON reads it back."""
+    weight = model.embed.weight
+    return json.loads(json.dumps([dataclasses.asdict(model.config), str(weight.dtype), weight.device.type,
+                                  torch.__version__, batch_size, stacked]))
+
+
+@functools.cache
+def _machine(device: torch.device) -> str:
+    """The processor a step runs on: the GPU's name, or the CPU's model (pass costs measured on
+    another machine that shares the cache are not this one's)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        name = ""
+    return f"{device.type}: {name or platform.processor() or platform.machine()}"
 
 
 def _cache_dir() -> pathlib.Path:
