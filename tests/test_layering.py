@@ -5,6 +5,7 @@ A floor is a subpackage of bytemtp or a module at its root; the floors' order is
 (bytemtp/__init__.py draws it)."""
 
 import ast
+import functools
 import pathlib
 
 import bytemtp
@@ -116,6 +117,7 @@ def test_nothing_imports_the_cli_and_config_needs_no_torch():
             assert not any(i.split(".")[0] in ("torch", "numpy") for i in imports), name
 
 
+@functools.cache
 def _defined(path: pathlib.Path) -> set[str]:
     """Names a module defines at its top level (not the ones it imports)."""
     names = set()
@@ -135,6 +137,7 @@ def _defined(path: pathlib.Path) -> set[str]:
     return names
 
 
+@functools.cache
 def _module_file(dotted: str) -> pathlib.Path | None:
     parts = dotted.split(".")
     path = ROOT.joinpath("cli" if parts[0] == "bytemtp_cli" else parts[0], *parts[1:])
