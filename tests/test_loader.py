@@ -348,3 +348,22 @@ def test_write_ids_equals_np_insert(n, k):
     assert L.write_ids(out, data, at) == n + k
     assert np.array_equal(out[:n + k], np.insert(data.astype(np.uint16), at, EOS))
     assert (out[n + k:] == 7).all()  # nothing written past the end
+
+
+def test_a_loader_dropped_mid_stream_frees_its_workers_at_once(code_corpus):
+    # Nothing but the loader may hold its DataLoader: from a reference cycle the garbage collector
+    # can tear the DataLoader's queues down before it stops its workers, and each worker then
+    # waits out torch's 5 s join timeout (at the end of every run and validation with workers).
+    import gc
+    import weakref
+
+    loader = L.ByteLoader(DataConfig(path=str(code_corpus), batch_size=2, num_workers=2),
+                          ModelConfig(n_layers=10, d_model=32, n_attn_heads=2, seq_len=64))
+    next(loader)
+    workers = weakref.ref(loader._iter)
+    gc.disable()
+    try:
+        del loader
+        assert workers() is None, "the loader is in a reference cycle: its workers outlive it"
+    finally:
+        gc.enable()

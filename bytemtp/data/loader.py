@@ -300,6 +300,15 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
             yield slot, batch, packer.state_dict()
 
 
+def _make_packer(files: list, cfg: DataConfig, slot: int, *, rank: int, world_size: int, n_local: int,
+                 window: int, stride: int) -> WindowPacker:
+    """The packer of one reader of the corpus: local slot `slot` of `rank`."""
+    docs = DocumentStream(files, field=cfg.field, reader=rank * n_local + slot, n_readers=world_size * n_local,
+                          seed=cfg.seed, max_bad_fraction=cfg.max_bad_fraction)
+    return WindowPacker(docs, window=window, stride=stride, batch_size=cfg.batch_size,
+                        shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed)
+
+
 class ByteLoader:
     """Batches (B, model.window) of this rank's share of a corpus, forever, resumable.
 
@@ -317,15 +326,15 @@ class ByteLoader:
         self.next_slot = 0
         self._packer: WindowPacker | None = None
         self._iter = None
+        # what the workers build their packers with: it holds no reference to this loader, so a
+        # loader dropped mid-stream is freed at once and shuts its workers down cleanly (from a
+        # reference cycle the garbage collector may tear the DataLoader's queues down first,
+        # and each worker then waits out torch's 5 s join timeout)
+        self._packers = functools.partial(_make_packer, self.files, cfg, rank=rank, world_size=world_size,
+                                          n_local=self.n_local, window=self.window, stride=self.stride)
 
     def make_packer(self, slot: int) -> WindowPacker:
-        reader = self.rank * self.n_local + slot
-        docs = DocumentStream(self.files, field=self.cfg.field, reader=reader,
-                              n_readers=self.world_size * self.n_local, seed=self.cfg.seed,
-                              max_bad_fraction=self.cfg.max_bad_fraction)
-        return WindowPacker(docs, window=self.window, stride=self.stride,
-                            batch_size=self.cfg.batch_size, shuffle_buffer=self.cfg.shuffle_buffer,
-                            seed=self.cfg.seed)
+        return self._packers(slot)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         return self
@@ -340,7 +349,7 @@ class ByteLoader:
             self.states[0] = None  # the live packer holds the state
             return batch
         if self._iter is None:
-            dataset = _WorkerStreams(self.make_packer, list(self.states), self.next_slot)
+            dataset = _WorkerStreams(self._packers, list(self.states), self.next_slot)
             self._iter = iter(torch.utils.data.DataLoader(
                 dataset, batch_size=None, num_workers=self.cfg.num_workers,
                 persistent_workers=False, multiprocessing_context=_mp_context()))
