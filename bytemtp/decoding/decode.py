@@ -40,7 +40,7 @@ from bytemtp.decoding.calibration import CalibratedCosts, cost_table, timing_gri
 from bytemtp.decoding.compiled import Compile, CompilePolicy, StaticStep
 from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts, choose
 from bytemtp.decoding.generation import DecodeStats, Generation, Output, SpeculativeStats, as_bytes, as_prompt_list
-from bytemtp.decoding.sampling import Sampling, _masked, _sample, distribution, next_byte, verify_sampled
+from bytemtp.decoding.sampling import Sampling, _sample, distribution, masked_logits, next_byte, verify_sampled
 from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import KVCache, context_left, window_start
 from bytemtp.model.layout import build_layout
@@ -280,7 +280,7 @@ class Decoder:
         candidates after it, from the logits (K, V) at the row's last accepted node."""
         if sampling.greedy:
             if cand is None:
-                masked = _masked(logits_KV)
+                masked = masked_logits(logits_KV)
                 cand = masked[1:].topk(TREE_RANKS, dim=-1).indices.tolist()
                 nxt = int(masked[0].argmax()) if nxt is None else nxt
             row.nxt, row.cand = nxt, cand
@@ -324,7 +324,7 @@ class Decoder:
         """For each row: the accepted path (node indices from the root), head 1's byte after it
         and the heads' candidates there. A child is accepted when its byte is head 1's choice at
         its parent and its depth is within what the row may use (`offered`)."""
-        masked = _masked(logits_BTKV)
+        masked = masked_logits(logits_BTKV)
         picks = masked[:, :, 0].argmax(-1).tolist()  # (B, T)
         cands = masked[:, :, 1:].topk(TREE_RANKS, dim=-1).indices.tolist() if masked.shape[2] > 1 else None
         kids = tree.children

@@ -59,7 +59,9 @@ def distribution(logits_V: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return probs
 
 
-def _masked(logits: torch.Tensor) -> torch.Tensor:
+def masked_logits(logits: torch.Tensor) -> torch.Tensor:
+    """The logits (..., V) in float32 with every id generation never emits (BOS, PAD, the padding
+    ids) at -inf: what greedy choices and draft candidates rank."""
     return logits.float().masked_fill(~_ALLOWED.to(logits.device), float("-inf"))
 
 
@@ -72,7 +74,7 @@ def _sample(probs_NV: torch.Tensor, generator: torch.Generator | None) -> list[i
 def greedy_ids(logits_NV: torch.Tensor) -> torch.Tensor:
     """The greedy choice in each row of logits (..., V): the argmax over the ids that generation
     may emit (the bytes and EOS; never BOS, PAD or the padding ids), as (...,) ids."""
-    return _masked(logits_NV).argmax(dim=-1)
+    return masked_logits(logits_NV).argmax(dim=-1)
 
 
 def next_byte(logits_V: torch.Tensor, sampling: Sampling) -> int:
