@@ -33,6 +33,8 @@ MLP_TYPES = ("swiglu", "gelu")
 HEAD_WEIGHTS = ("uniform", "geometric")
 PARALLEL = ("ddp", "fsdp")  # how many processes share a model: DistributedDataParallel or FSDP2
 TRAINABLE = ("all", "draft-heads")  # what trains: the whole model, or heads 2..n only (tune-heads)
+SCHEDULES = ("cosine", "wsd", "linear")  # the learning rate's decay after warmup
+OPTIMIZERS = ("adamw", "muon")  # muon: Muon on the trunk's and heads' matrices, AdamW on the rest
 
 
 def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -225,7 +227,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The optimisation loop: AdamW, schedule, stopping, checkpoints, validation, faults."""
+    """The optimisation loop: optimizer, schedule, stopping, checkpoints, validation, faults."""
 
     steps: int = 0
     """Stop after this many optimizer steps (0: no step limit)."""
@@ -233,16 +235,28 @@ class TrainConfig:
     """Stop once this many training bytes were consumed (0: no limit)."""
     max_time: float = 0.0
     """Stop after this many seconds of training in this process (0: no limit)."""
+    optimizer: str = "adamw"
+    """adamw, or muon (Muon on the trunk's and heads' matrices; AdamW at train.lr on the embedding, norms and unembeddings)."""
     lr: float = 1e-3
-    """Peak learning rate."""
+    """Peak learning rate of AdamW."""
     min_lr_ratio: float = 0.1
-    """The cosine decay ends at this fraction of the peak."""
+    """The decay ends at this fraction of the peak."""
     warmup_steps: int = 100
     """Steps of linear warmup from 0 to the peak."""
+    schedule: str = "cosine"
+    """Decay after warmup: cosine, linear, or wsd (warmup-stable-decay: the peak, then a linear decay over the last decay_fraction of the schedule)."""
+    decay_fraction: float = 0.2
+    """The share of the schedule's steps that the wsd schedule spends decaying."""
     schedule_steps: int = 0
-    """Length of warmup plus cosine decay; 0 uses `steps`, else the bytes budget, else no decay."""
+    """Length of warmup plus decay; 0 uses `steps`, else the bytes budget, else one fitted to max_time from the measured step rate."""
     weight_decay: float = 0.1
     """Decoupled weight decay of AdamW on matrices (not on norms)."""
+    muon_lr: float = 0.02
+    """Peak learning rate of Muon (train.optimizer=muon), on the schedule's shape."""
+    muon_momentum: float = 0.95
+    """Muon's (Nesterov) momentum."""
+    muon_weight_decay: float = 0.0
+    """Muon's decoupled weight decay."""
     beta1: float = 0.9
     """AdamW beta1."""
     beta2: float = 0.95
@@ -303,6 +317,16 @@ class TrainConfig:
         _check(isinstance(self.init, str), "train.init", self.init, "expected a checkpoint or run path")
         _check(self.trainable in TRAINABLE, "train.trainable", self.trainable,
                f"choose {' or '.join(TRAINABLE)}")
+        _check(self.schedule in SCHEDULES, "train.schedule", self.schedule, f"choose one of {', '.join(SCHEDULES)}")
+        _check(0.0 < self.decay_fraction <= 1.0, "train.decay_fraction", self.decay_fraction,
+               "expected 0 < fraction <= 1")
+        _check(self.optimizer in OPTIMIZERS, "train.optimizer", self.optimizer, f"choose {' or '.join(OPTIMIZERS)}")
+        _check(self.muon_lr > 0, "train.muon_lr", self.muon_lr, "expected a number > 0")
+        _check(0.0 <= self.muon_momentum < 1.0, "train.muon_momentum", self.muon_momentum, "expected 0 <= momentum < 1")
+        _check(self.muon_weight_decay >= 0, "train.muon_weight_decay", self.muon_weight_decay, "expected >= 0")
+        _check(not (self.optimizer == "muon" and self.parallel == "fsdp"), "train.optimizer", self.optimizer,
+               "Muon does not run under train.parallel=fsdp: its Newton-Schulz step orthogonalises whole "
+               "matrices and FSDP2 shards each one over the ranks; use train.parallel=ddp or train.optimizer=adamw")
 
 
 @dataclass(frozen=True)

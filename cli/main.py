@@ -182,10 +182,15 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
     if plan.done is not None:
         if main_rank:
             done = plan.done
-            limit = (f"--steps {cfg.train.steps}" if cfg.train.steps and done.step >= cfg.train.steps
-                     else f"--bytes {cfg.train.max_bytes}")
+            if cfg.train.steps and done.step >= cfg.train.steps:
+                limit = f"--steps {cfg.train.steps}; nothing changed (raise the limit to train on)"
+            elif cfg.train.max_bytes and done.bytes_seen >= cfg.train.max_bytes:
+                limit = f"--bytes {cfg.train.max_bytes}; nothing changed (raise the limit to train on)"
+            else:
+                limit = ("the end of its schedule, fitted to its time budget; nothing changed (to train on, "
+                         "start a new run from its weights with --set train.init=RUN)")
             click.echo(f"{plan.run_dir} is already done: step {done.step} ({done.bytes_seen:,} bytes) reached "
-                       f"{limit}; nothing changed (raise the limit to train on)\ncheckpoint {done.checkpoint}")
+                       f"{limit}\ncheckpoint {done.checkpoint}")
         return
     if main_rank:
         click.echo(report.train_header(cfg, plan.run_dir, resume=plan.resume))

@@ -82,8 +82,26 @@ def train_header(cfg, run_dir, *, resume: bool) -> str:
             ("corpus", cfg.data.path),
             ("model", model_line(m, model.num_params())),
             ("device", f"{resolve_device(cfg.train.device)}" + (f" x {world} processes" if world > 1 else "")),
-            ("batch", f"{cfg.data.batch_size * m.seq_len * cfg.train.grad_accum * world:,} bytes a step")]
+            ("batch", f"{cfg.data.batch_size * m.seq_len * cfg.train.grad_accum * world:,} bytes a step"),
+            ("optim", optimizer_line(cfg.train))]
     return "\n".join(f"{name:8s} {value}" for name, value in rows)
+
+
+def optimizer_line(tc) -> str:
+    """The optimizer, its peak learning rates and the schedule's shape and length."""
+    opt = (f"muon lr {tc.muon_lr:g} on the hidden matrices, adamw lr {tc.lr:g} on the rest" if tc.optimizer == "muon"
+           else f"adamw lr {tc.lr:g}")
+    shape = f"wsd (decay over the last {tc.decay_fraction:.0%})" if tc.schedule == "wsd" else tc.schedule
+    if tc.schedule_steps:
+        length = f"{tc.schedule_steps} steps"
+    elif tc.steps or tc.max_bytes:
+        length = f"{tc.steps} steps" if tc.steps else "the bytes budget"
+        length += ", or the steps the time budget buys where fewer" if tc.max_time else ""
+    elif tc.max_time:
+        length = "fitted to the time budget"
+    else:
+        length = "none: the peak after warmup"
+    return f"{opt}; {tc.warmup_steps} warmup steps, then {shape} to {tc.min_lr_ratio:g} x the peak over {length}"
 
 
 def stats_dict(st) -> dict:

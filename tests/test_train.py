@@ -1,5 +1,5 @@
-"""The training loop (bytemtp.training.train): non-finite steps, failed saves, out of memory, stops
-and the learning-rate schedule. The `train` command's resume and errors are in test_train_cli.py.
+"""The training loop (bytemtp.training.train): non-finite steps, failed saves, out of memory and
+stops (the schedule and the time fit are in test_schedule.py). The `train` command's resume and errors are in test_train_cli.py.
 
 Runs use the tiny preset on a small prepared corpus with a val split (conftest's `corpus_dir`);
 they train in this process.
@@ -25,7 +25,7 @@ from bytemtp.data.loader import ByteLoader
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_train_state
 from bytemtp.training import runs
-from bytemtp.training.optimizer import lr_at, schedule_horizon
+from bytemtp.training.schedule import lr_scale
 from bytemtp.training.rollout import greedy_rollout
 
 # --- 3. non-finite steps are skipped, then abort -------------------------------------------------
@@ -310,7 +310,7 @@ def test_bytes_budget_keeps_two_checkpoints_and_logs_every_metric(tmp_path, corp
         assert all(math.isfinite(x) and x > 0 for x in r["head_loss"])
         assert all(0 <= x <= 1 for x in r["head_acc"])
         assert r["bpb"] == pytest.approx(r["head_loss"][0] / math.log(2))
-        assert r["lr"] == lr_at(r["step"] - 1, cfg.train, final)
+        assert r["lr"] == cfg.train.lr * lr_scale(r["step"] - 1, cfg.train, final)
         assert r["grad_norm"] > 0 and r["bytes_per_s"] > 0 and r["skipped_steps"] == 0
         assert r["data"]["documents"] > 0 and r["data"]["bytes"] > 0 and r["data"]["skipped"] == {}
     assert lines[-2]["bytes"] < budget <= lines[-1]["bytes"]
@@ -389,39 +389,3 @@ def test_the_step_trains_on_each_batch_with_its_rollout(tmp_path, corpus_dir, mo
         assert not torch.equal(batch, raw), f"step {step} trained on the corpus's bytes"
         # the trunk and head 1 are frozen: a rollout after the run is the one the step saw
         assert torch.equal(batch, greedy_rollout(model, raw, 16)), step
-
-
-# --- 7. the learning-rate schedule ----------------------------------------------------------------
-
-
-def test_lr_warms_up_linearly_then_decays_by_cosine_to_the_floor():
-    tc = TrainConfig(lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)
-    horizon = 110
-    floor = 1e-4
-    for step in range(10):
-        assert lr_at(step, tc, horizon) == pytest.approx(1e-3 * (step + 1) / 10)
-    assert lr_at(9, tc, horizon) == pytest.approx(1e-3)  # the peak ends the warmup
-    assert lr_at(10, tc, horizon) == pytest.approx(1e-3)
-    assert lr_at(60, tc, horizon) == pytest.approx(floor + 0.5 * (1e-3 - floor))  # half way
-    quarter = floor + (1e-3 - floor) * 0.5 * (1 + math.cos(math.pi / 4))
-    assert lr_at(35, tc, horizon) == pytest.approx(quarter)
-    assert lr_at(horizon, tc, horizon) == pytest.approx(floor)
-    for step in (horizon + 1, 2 * horizon, 10**6):
-        assert lr_at(step, tc, horizon) == pytest.approx(floor)
-    lrs = [lr_at(s, tc, horizon) for s in range(10, horizon + 1)]
-    assert all(a >= b for a, b in zip(lrs, lrs[1:])) and lrs[0] > lrs[-1]
-    ups = [lr_at(s, tc, horizon) for s in range(10)]
-    assert all(a < b for a, b in zip(ups, ups[1:]))
-
-
-def test_lr_horizon_0_is_constant_after_warmup():
-    tc = TrainConfig(lr=2e-3, warmup_steps=4, min_lr_ratio=0.1)
-    assert [lr_at(s, tc, 0) for s in range(4)] == pytest.approx([5e-4, 1e-3, 1.5e-3, 2e-3])
-    assert all(lr_at(s, tc, 0) == 2e-3 for s in (4, 5, 100, 10**6))
-
-
-def test_schedule_horizon_follows_the_stop_condition():
-    assert schedule_horizon(TrainConfig(steps=500), 256) == 500
-    assert schedule_horizon(TrainConfig(steps=500, schedule_steps=800), 256) == 800
-    assert schedule_horizon(TrainConfig(max_bytes=2000), 256) == 8
-    assert schedule_horizon(TrainConfig(max_time=60.0), 256) == 0

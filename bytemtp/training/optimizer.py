@@ -1,17 +1,18 @@
-"""The optimizer and its schedule, and which weights train from where: what a run's loop steps with.
+"""The optimizer, and which weights train from where: what a run's loop steps with (its
+schedule is `bytemtp.training.schedule`'s).
 
-AdamW (fused on CUDA) with decoupled weight decay on matrices only, over the parameters that
-train (`build_optimizer`); linear warmup then cosine decay to a fraction of the peak (`lr_at`), a
-function of the step alone so that a resumed run follows the same schedule, over a horizon set by
-train.schedule_steps, train.steps or train.max_bytes (`schedule_horizon`; a run stopped by time
-alone decays nothing after warmup). `set_trainable` freezes all but the draft heads for
+`build_optimizer` builds, over the parameters that train, AdamW (fused on CUDA) with decoupled
+weight decay on matrices only, or for train.optimizer=muon a `Mixed` optimizer: torch's Muon on the
+2-D matrices of the trunk and the heads (attention and feed-forward; Newton-Schulz orthogonalises
+each whole update, so FSDP2's sharded matrices are refused in the configuration) and AdamW on the
+rest (the embedding, the norms and the unembeddings, which are not hidden matrices), each at its
+own peak learning rate; `set_lr` sets each at the schedule's fraction of its peak. `set_trainable` freezes all but the draft heads for
 train.trainable=draft-heads, and `start_from` loads train.init's weights into a new run's model
 (the same model settings or an error naming those that differ).
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -19,28 +20,6 @@ import torch
 from bytemtp.config import TrainConfig
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import load_model, resolve_checkpoint
-
-
-def schedule_horizon(cfg: TrainConfig, bytes_per_step: int) -> int:
-    """Steps over which warmup plus cosine decay run (0: no decay after warmup)."""
-    if cfg.schedule_steps:
-        return cfg.schedule_steps
-    if cfg.steps:
-        return cfg.steps
-    if cfg.max_bytes:
-        return -(-cfg.max_bytes // bytes_per_step)
-    return 0
-
-
-def lr_at(step: int, cfg: TrainConfig, horizon: int) -> float:
-    """Linear warmup to the peak, then cosine decay to min_lr_ratio x peak at `horizon`."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    if horizon <= cfg.warmup_steps:
-        return cfg.lr
-    progress = min(1.0, (step - cfg.warmup_steps) / (horizon - cfg.warmup_steps))
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def set_trainable(model: ByteMTP, trainable: str) -> None:
@@ -68,12 +47,59 @@ def start_from(model: ByteMTP, init: str, device: torch.device) -> Path:
     return ckpt
 
 
-def build_optimizer(model: ByteMTP, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only, over the parameters that train; fused on CUDA."""
-    trained = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in trained if p.dim() >= 2]
-    no_decay = [p for p in trained if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             fused=device.type == "cuda")
+def build_optimizer(model: ByteMTP, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer | Mixed:
+    """train.optimizer over the parameters that train: AdamW with weight decay on matrices only
+    (fused on CUDA), or `Mixed` Muon on the trunk's and heads' matrices and AdamW on the rest."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    hidden = [p for n, p in named if cfg.optimizer == "muon" and p.dim() == 2 and n.startswith(("trunk.", "heads."))]
+    chosen = {id(p) for p in hidden}
+    rest = [p for _, p in named if id(p) not in chosen]
+    groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+    adamw = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                              fused=device.type == "cuda")
+    if not hidden:
+        return adamw
+    muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum,
+                            weight_decay=cfg.muon_weight_decay)
+    return Mixed(adamw=adamw, muon=muon)
+
+
+def set_lr(optimizer: torch.optim.Optimizer | Mixed, scale: float, cfg: TrainConfig) -> None:
+    """Every parameter group at `scale` times its optimizer's peak (train.lr, train.muon_lr)."""
+    parts = optimizer.optimizers if isinstance(optimizer, Mixed) else {"adamw": optimizer}
+    peaks = {"adamw": cfg.lr, "muon": cfg.muon_lr}
+    for name, opt in parts.items():
+        for group in opt.param_groups:
+            group["lr"] = peaks[name] * scale
+
+
+class Mixed:
+    """Two optimizers over disjoint parameters that step as one: the loop, the checkpoint and
+    the DDP wrapper see one optimizer (its param_groups are both's, AdamW's first). Its state dict
+    holds each one's under its name, so a checkpoint of one kind does not load into the other."""
+
+    def __init__(self, **optimizers: torch.optim.Optimizer):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for opt in self.optimizers.values() for g in opt.param_groups]
+
+    def step(self) -> None:
+        for opt in self.optimizers.values():
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != set(self.optimizers):
+            raise ValueError(f"it holds the state of {', '.join(sorted(state))}, and this run steps with "
+                             f"{', '.join(sorted(self.optimizers))}")
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(state[name])

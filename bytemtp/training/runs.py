@@ -48,7 +48,7 @@ LOCK = ".lock"
 class RunResult:
     step: int
     bytes_seen: int
-    stopped_by: str  # steps, bytes, time or signal; done: the run had reached its limit before
+    stopped_by: str  # steps, bytes, schedule (fitted to the time), time or signal; done: the run had reached its limit before
     checkpoint: Path
     val_bpb: list[float] | None
 
@@ -159,14 +159,16 @@ def _locked(run_dir: Path, holder: str) -> str:
 
 
 def already_done(run_dir: Path, tc: TrainConfig) -> RunResult | None:
-    """The newest checkpoint, as a result, when it has already reached the step or bytes limit
-    (then resuming changes nothing); None when there is training left or no checkpoint."""
+    """The newest checkpoint, as a result, when it has already reached the step or bytes limit or
+    the end of a schedule fitted to its time (then resuming changes nothing); None when there is
+    training left or no checkpoint."""
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         return None
     state = read_train_state(ckpt)
     step, seen = state.get("step", 0), state.get("bytes_seen", 0)
-    if not ((tc.steps and step >= tc.steps) or (tc.max_bytes and seen >= tc.max_bytes)):
+    fitted = state.get("schedule_steps", 0)
+    if not ((tc.steps and step >= tc.steps) or (tc.max_bytes and seen >= tc.max_bytes) or (fitted and step >= fitted)):
         return None
     return RunResult(step=step, bytes_seen=seen, stopped_by="done", checkpoint=ckpt,
                      val_bpb=state.get("val_bpb"))

@@ -6,8 +6,9 @@ What a run resumes besides its weights and optimizer state is one `TrainState` (
 counters, every rank's loader position and RNG state) with a state dict, like the loader's; a
 checkpoint is restored in one place, `_Run.restore`.
 
-AdamW with its warmup and cosine schedule (`bytemtp.training.optimizer`), gradient clipping and
-accumulation, bf16 autocast on CUDA, optional torch.compile of each block, and the
+AdamW or Muon (`bytemtp.training.optimizer`) on a warmup and decay schedule
+(`bytemtp.training.schedule`; one limited by time is fitted to the time from the measured step
+rate, and its length kept in the run's state), gradient clipping and accumulation, bf16 autocast on CUDA, optional torch.compile of each block, and the
 memory-efficient multi-head step by default. It stops by
 steps, by bytes or by wall time, and on SIGTERM or Ctrl-C at the next step boundary; every stop
 saves a checkpoint.
@@ -75,9 +76,10 @@ from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, load
                                         read_train_state, save_checkpoint)
 from bytemtp.runtime.devices import out_of_memory, resolve_device, rng_state, set_rng_state
 from bytemtp.training import runs
-from bytemtp.training.optimizer import build_optimizer, lr_at, schedule_horizon, set_trainable, start_from
+from bytemtp.training.optimizer import build_optimizer, set_lr, set_trainable, start_from
 from bytemtp.training.rollout import greedy_rollout
 from bytemtp.training.runs import METRICS, RunPlan, RunResult
+from bytemtp.training.schedule import TimeFit, lr_scale, schedule_horizon
 from bytemtp.training.step import forward_backward, plain_forward_backward
 
 
@@ -139,12 +141,13 @@ class TrainState:
     skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient
     bad_run: int = 0  # of those, how many in a row up to now
     val_bpb: list[float] | None = None  # the last validation
+    schedule_steps: int = 0  # the schedule's length where it was fitted to a time budget (0: not)
 
     def state_dict(self) -> dict:
         d = self.d
         return {"step": self.step, "bytes_seen": self.bytes_seen, "elapsed_s": self.elapsed_s,
                 "skipped_steps": self.skipped_steps, "bad_run": self.bad_run, "val_bpb": self.val_bpb,
-                "world_size": d.world_size, "loaders": dist_lib.gather(self.loader.state_dict(), d),
+                "schedule_steps": self.schedule_steps, "world_size": d.world_size, "loaders": dist_lib.gather(self.loader.state_dict(), d),
                 "loader_stats": combine_stats(dist_lib.gather(self.loader.stats(), d)),
                 "rngs": dist_lib.gather(_encoded_rng(d.device), d)}
 
@@ -159,6 +162,7 @@ class TrainState:
         _restore_rng(state.get("rngs", [state.get("rng")])[d.rank], d.device)
         self.step, self.bytes_seen, self.elapsed_s = state["step"], state["bytes_seen"], state["elapsed_s"]
         self.skipped_steps, self.bad_run, self.val_bpb = state["skipped_steps"], state["bad_run"], state.get("val_bpb")
+        self.schedule_steps = state.get("schedule_steps", 0)
 
 
 def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, show_progress: bool = True,
@@ -235,10 +239,15 @@ class _Run:
         self.bytes_per_step = cfg.data.batch_size * mc.seq_len * tc.grad_accum * d.world_size
         self.flops_per_step = step_flops(self.model, self.bytes_per_step, mc.seq_len)  # the model's, all ranks
         self.peak_flops = peak_gpu_flops(self.device)
-        self.horizon = schedule_horizon(tc, self.bytes_per_step)
         self.last_saved = self.last_val = -1
         if checkpoint is not None:
             self.restore(checkpoint)
+        limit = schedule_horizon(tc, self.bytes_per_step)
+        # a time budget fits the schedule unless the settings fixed it or an earlier session fitted it
+        fits = bool(tc.max_time) and not tc.schedule_steps and not self.state.schedule_steps
+        self.fit = TimeFit(tc, limit=limit, validates=self.has_val) if fits else None
+        self.horizon = self.state.schedule_steps or limit
+        self.last_tick = 0.0  # when the time fit last observed a step
         self.metrics = open(run_dir / METRICS, "a") if d.is_main else None  # one writer: two would race
         self.metrics_ok = True
 
@@ -270,6 +279,8 @@ class _Run:
                 with self._out_of_memory_stops(step=st.step + 1):
                     step_s, figures, grad_norm, lr = self._optimizer_step()
                 st.elapsed_s = time.perf_counter() - started
+                if self.fit is not None:
+                    self._fit_schedule(session_start)
                 bar.update()
                 bar.set_postfix_str(self._progress_line(figures, step_s), refresh=False)
                 if st.step % tc.log_every == 0 or st.step == tc.steps:
@@ -318,14 +329,30 @@ class _Run:
                 f"train.grad_accum as much keeps the bytes a step) or model.seq_len, in a new run{efficient}; "
                 f"step {step} was not saved and {kept}")
 
+    def _fit_schedule(self, session_start: float) -> None:
+        """Tell the time fit the wall time since the last step (validation and saving included);
+        once it answers, every rank takes rank 0's horizon."""
+        st, now = self.state, time.perf_counter()
+        wall_s, self.last_tick = now - max(self.last_tick, session_start), now
+        horizon = self.fit.observe(wall_s, step=st.step, session_s=now - session_start)
+        if not dist_lib.any_rank(horizon is not None, self.d, self.device):
+            return
+        st.schedule_steps = self.horizon = dist_lib.gather(horizon, self.d)[0]
+        self.fit = None
+        self.say(f"step {st.step}: the schedule is fitted to the time budget: {self.horizon} steps "
+                 f"(train.{self.cfg.train.schedule} decay to step {self.horizon})")
+
     def _stop_condition(self, flag: dict, session_start: float) -> str | None:
-        """steps, bytes, time or signal when the run must stop before the next step, else None."""
+        """steps, bytes, schedule (a schedule fitted to the time ended), time or signal when the run
+        must stop before the next step, else None."""
         tc, st = self.cfg.train, self.state
         out_of_time = bool(tc.max_time) and time.perf_counter() - session_start >= tc.max_time
         if tc.steps and st.step >= tc.steps:
             return "steps"
         if tc.max_bytes and st.bytes_seen >= tc.max_bytes:
             return "bytes"
+        if st.schedule_steps and st.step >= st.schedule_steps:
+            return "schedule"
         # clocks and signals differ between ranks: every rank stops when one must
         if dist_lib.any_rank(out_of_time or bool(flag["signal"]), self.d, self.device):
             return "time" if out_of_time else "signal"
@@ -335,9 +362,9 @@ class _Run:
         """One step: the learning rate of the schedule, grad_accum micro-batches forward and
         backward, clipping, and the update, or a skip when the loss or gradient is not finite."""
         tc, st = self.cfg.train, self.state
-        lr = lr_at(st.step, tc, self.horizon)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        scale = lr_scale(st.step, tc, self.horizon)
+        set_lr(self.optimizer, scale, tc)
+        lr = tc.lr * scale
         t0 = time.perf_counter()
         batches = (self._targets(next(self.loader).to(self.device, non_blocking=True)) for _ in range(tc.grad_accum))
         figures = accumulate_gradients(

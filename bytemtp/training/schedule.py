@@ -1,0 +1,88 @@
+"""The learning rate's schedule: its length (`schedule_horizon`, or `TimeFit` for a run limited by
+time) and its shape (`lr_scale`), a function of the step alone so that a resumed run follows the
+same schedule.
+
+Linear warmup to the peak, then cosine, linear or warmup-stable-decay (the peak held, then a linear
+decay over the last train.decay_fraction of the schedule) down to train.min_lr_ratio of the peak at
+the horizon. The horizon is train.schedule_steps, else train.steps, else the bytes budget. A run
+limited by time alone (or by time before its step or bytes limit) has no horizon to start with, so
+`TimeFit` measures the step rate over the run's first steps and fixes one from it: the steps that
+the time left will buy, a little short of them so that the decay ends before the clock does. The
+run's state records the fitted length; a resumed run follows it, and the run stops when it is
+reached. Until it is fixed the rate is the warmup's (or the peak once warmup is over), which does
+not depend on the horizon, so a fitted run still resumes exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from bytemtp.config import TrainConfig
+
+# Steps a session takes before TimeFit measures (allocations, caches and compilation warm up in
+# them), and what it measures over: at least this many steps and this share of the time budget.
+SKIP_STEPS = 3
+MEASURE_STEPS = 10
+MEASURE_SHARE = 0.02
+# The fitted schedule aims to end this much before the time does: step times wander (a shared
+# machine, a slower validation), and a schedule cut off before its end is what the fit is for.
+MARGIN = 0.03
+
+
+def schedule_horizon(cfg: TrainConfig, bytes_per_step: int) -> int:
+    """Steps over which warmup plus decay run when the settings fix them (0: not fixed: no decay
+    after warmup, unless `TimeFit` fits one to the time budget)."""
+    if cfg.schedule_steps:
+        return cfg.schedule_steps
+    if cfg.steps:
+        return cfg.steps
+    if cfg.max_bytes:
+        return -(-cfg.max_bytes // bytes_per_step)
+    return 0
+
+
+def lr_scale(step: int, cfg: TrainConfig, horizon: int) -> float:
+    """The fraction of each peak learning rate at `step`: linear warmup, then train.schedule's
+    decay to train.min_lr_ratio at `horizon` (the peak throughout when horizon <= warmup)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if horizon <= cfg.warmup_steps:
+        return 1.0
+    floor = cfg.min_lr_ratio
+    if cfg.schedule == "wsd":
+        decay_steps = max(1, round(cfg.decay_fraction * horizon))
+        progress = min(1.0, max(0.0, (step - (horizon - decay_steps)) / decay_steps))
+        return 1.0 - (1.0 - floor) * progress
+    progress = min(1.0, (step - cfg.warmup_steps) / (horizon - cfg.warmup_steps))
+    if cfg.schedule == "linear":
+        return 1.0 - (1.0 - floor) * progress
+    return floor + (1.0 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class TimeFit:
+    """Fits a schedule's length to a session's time budget: told the wall time of each step of
+    the session (`observe`), it answers the horizon once it has measured enough, else None.
+
+    The rate is the median step time (a step that validated, saved or compiled is an outlier),
+    raised by the share that validation takes (train.eval_batches forward passes every
+    train.eval_every steps, a forward pass counted as a third of a step) when the run validates.
+    The horizon is the steps taken plus those the time left buys at that rate, less MARGIN,
+    and no more than a step or bytes limit allows."""
+
+    def __init__(self, cfg: TrainConfig, *, limit: int, validates: bool):
+        self.cfg, self.limit = cfg, limit
+        self.overhead = cfg.eval_batches / (3 * cfg.eval_every) if validates and cfg.eval_every else 0.0
+        self.times: list[float] = []
+
+    def observe(self, step_s: float, *, step: int, session_s: float) -> int | None:
+        """The fitted horizon after the session's latest step (its wall time step_s; `step`
+        steps done in all, session_s seconds spent in this session), or None while measuring."""
+        self.times.append(step_s)
+        measured = self.times[SKIP_STEPS:]
+        if len(measured) < MEASURE_STEPS or sum(measured) < MEASURE_SHARE * self.cfg.max_time:
+            return None
+        per_step = statistics.median(measured) * (1 + self.overhead)
+        left = max(0.0, self.cfg.max_time - session_s) * (1 - MARGIN)
+        horizon = step + max(1, int(left / per_step))
+        return min(horizon, self.limit) if self.limit else horizon

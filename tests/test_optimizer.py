@@ -1,0 +1,111 @@
+"""The optimizer (bytemtp.training.optimizer): which parameters Muon and AdamW take, the learning
+rate of each, the mixed optimizer's state, and runs with the new options resuming bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from train_runs import loss_lines, read_metrics, tiny_cfg
+
+import bytemtp.training.train as train_lib
+from bytemtp import config as config_lib
+from bytemtp.config import TrainConfig
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.checkpoint import CheckpointError, latest_checkpoint, load_optimizer_state
+from bytemtp.training.optimizer import Mixed, build_optimizer, set_lr, set_trainable
+
+CPU = torch.device("cpu")
+
+
+def _model() -> ByteMTP:
+    model = ByteMTP(config_lib.tiny().model)
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    return model
+
+
+def _names(model: ByteMTP, params) -> set[str]:
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return {name_of[id(p)] for p in params}
+
+
+def test_muon_takes_the_trunks_and_heads_matrices_and_adamw_the_rest():
+    model = _model()
+    opt = build_optimizer(model, TrainConfig(optimizer="muon"), CPU)
+    assert isinstance(opt, Mixed) and list(opt.optimizers) == ["adamw", "muon"]
+    muon = _names(model, opt.optimizers["muon"].param_groups[0]["params"])
+    adamw = _names(model, [p for g in opt.optimizers["adamw"].param_groups for p in g["params"]])
+    every = {n for n, _ in model.named_parameters()}
+    assert muon | adamw == every and not muon & adamw
+    assert muon == {n for n, p in model.named_parameters() if p.dim() == 2 and n.startswith(("trunk.", "heads."))}
+    assert any(".attn.qkv." in n for n in muon) and any(".mlp.out." in n for n in muon)
+    assert {"embed.weight", "unembed.0.weight"} <= adamw and any(n.endswith("norm.weight") for n in adamw)
+    # weight decay on AdamW's matrices only, as with AdamW alone
+    decay = {g["weight_decay"]: _names(model, g["params"]) for g in opt.optimizers["adamw"].param_groups}
+    assert "embed.weight" in decay[0.1] and all(n.endswith("norm.weight") for n in decay[0.0])
+
+
+def test_adamw_alone_is_a_torch_optimizer_over_the_trained_parameters():
+    model = _model()
+    set_trainable(model, "draft-heads")
+    opt = build_optimizer(model, TrainConfig(), CPU)
+    assert isinstance(opt, torch.optim.AdamW)
+    assert _names(model, [p for g in opt.param_groups for p in g["params"]]) == {
+        n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_set_lr_scales_each_optimizer_from_its_own_peak():
+    model = _model()
+    tc = TrainConfig(optimizer="muon", lr=3e-3, muon_lr=0.05)
+    opt = build_optimizer(model, tc, CPU)
+    set_lr(opt, 0.5, tc)
+    assert {g["lr"] for g in opt.optimizers["adamw"].param_groups} == {1.5e-3}
+    assert {g["lr"] for g in opt.optimizers["muon"].param_groups} == {0.025}
+
+
+def test_a_mixed_step_moves_every_parameter_and_its_state_round_trips():
+    model = _model()
+    tc = TrainConfig(optimizer="muon")
+    opt = build_optimizer(model, tc, CPU)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    state = opt.state_dict()
+    assert set(state) == {"adamw", "muon"}
+    again = build_optimizer(model, tc, CPU)
+    again.load_state_dict(state)
+    assert torch.equal(again.optimizers["muon"].state_dict()["state"][0]["momentum_buffer"],
+                       state["muon"]["state"][0]["momentum_buffer"])
+
+
+def test_a_checkpoint_of_one_optimizer_does_not_load_into_the_other(tmp_path, corpus_dir):
+    run = tmp_path / "run"
+    train_lib.train(tiny_cfg(corpus_dir, "train.steps=2"), run, show_progress=False, say=lambda m: None)
+    model = _model()
+    with pytest.raises(CheckpointError, match="does not fit the given optimizer.*this run steps with adamw, muon"):
+        load_optimizer_state(latest_checkpoint(run), build_optimizer(model, TrainConfig(optimizer="muon"), CPU))
+
+
+def test_muon_under_fsdp_is_refused_in_one_line_saying_why():
+    with pytest.raises(ValueError, match="Newton-Schulz.*whole matrices.*train.parallel=ddp") as e:
+        TrainConfig(optimizer="muon", parallel="fsdp")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("sets", [("train.optimizer=muon",), ("train.schedule=wsd",), ("train.schedule=linear",),
+                                  ("train.optimizer=muon", "train.schedule=wsd", "train.muon_weight_decay=0.01")])
+def test_runs_with_the_new_options_resume_bit_for_bit(tmp_path, corpus_dir, sets):
+    common = (*sets, "train.schedule_steps=16", "train.warmup_steps=3", "train.ckpt_every=100", "model.dropout=0.1")
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    quiet = {"show_progress": False, "say": lambda m: None}
+    train_lib.train(tiny_cfg(corpus_dir, "train.steps=12", *common), whole, **quiet)
+    train_lib.train(tiny_cfg(corpus_dir, "train.steps=5", *common), parts, **quiet)
+    train_lib.train(tiny_cfg(corpus_dir, "train.steps=12", *common), parts, resume=True, **quiet)
+    a, b = loss_lines(read_metrics(whole)), loss_lines(read_metrics(parts))
+    assert [r["step"] for r in b] == list(range(1, 13))
+    assert [(r["loss"], r["lr"], r["grad_norm"]) for r in a] == [(r["loss"], r["lr"], r["grad_norm"]) for r in b]
+    wa = load_file(latest_checkpoint(whole) / "model.safetensors")
+    wb = load_file(latest_checkpoint(parts) / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -1,0 +1,170 @@
+"""The learning-rate schedule (bytemtp.training.schedule): its shapes, its length, and the fit of its
+length to a time budget, alone and in a run (a clock that moves only with the steps), resumed."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import types
+
+import pytest
+from train_runs import BATCH, ckpt_step, cli, loss_lines, read_metrics
+
+import bytemtp.training.train as train_lib
+from bytemtp.config import TrainConfig
+from bytemtp.runtime.checkpoint import latest_checkpoint, list_checkpoints
+from bytemtp.training import schedule
+from bytemtp.training.schedule import TimeFit, lr_scale, schedule_horizon
+
+# --- shapes ------------------------------------------------------------------------------------
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine_to_the_floor():
+    tc = TrainConfig(warmup_steps=10, min_lr_ratio=0.1)
+    horizon, floor = 110, 0.1
+    for step in range(10):
+        assert lr_scale(step, tc, horizon) == pytest.approx((step + 1) / 10)
+    assert lr_scale(9, tc, horizon) == pytest.approx(1.0)  # the peak ends the warmup
+    assert lr_scale(10, tc, horizon) == pytest.approx(1.0)
+    assert lr_scale(60, tc, horizon) == pytest.approx(floor + 0.5 * (1 - floor))  # half way
+    assert lr_scale(35, tc, horizon) == pytest.approx(floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi / 4)))
+    for step in (horizon, horizon + 1, 2 * horizon, 10**6):
+        assert lr_scale(step, tc, horizon) == pytest.approx(floor)
+    lrs = [lr_scale(s, tc, horizon) for s in range(10, horizon + 1)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:])) and lrs[0] > lrs[-1]
+
+
+def test_linear_decays_in_equal_steps_from_the_peak_to_the_floor():
+    tc = TrainConfig(warmup_steps=10, min_lr_ratio=0.1, schedule="linear")
+    assert lr_scale(10, tc, 110) == pytest.approx(1.0)
+    assert lr_scale(60, tc, 110) == pytest.approx(0.55)
+    assert lr_scale(110, tc, 110) == lr_scale(500, tc, 110) == pytest.approx(0.1)
+    drops = [lr_scale(s, tc, 110) - lr_scale(s + 1, tc, 110) for s in range(10, 110)]
+    assert drops == pytest.approx([0.9 / 100] * 100)
+
+
+def test_wsd_holds_the_peak_then_decays_linearly_over_its_last_fraction():
+    tc = TrainConfig(warmup_steps=10, min_lr_ratio=0.0, schedule="wsd", decay_fraction=0.25)
+    horizon = 200  # decays over steps 150..200
+    assert [lr_scale(s, tc, horizon) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+    assert all(lr_scale(s, tc, horizon) == 1.0 for s in range(10, 151))
+    assert lr_scale(175, tc, horizon) == pytest.approx(0.5)
+    assert lr_scale(200, tc, horizon) == lr_scale(10**6, tc, horizon) == 0.0
+    assert lr_scale(50, tc, 0) == 1.0  # no horizon: the peak after warmup, whatever the shape
+
+
+def test_lr_horizon_0_is_constant_after_warmup():
+    tc = TrainConfig(warmup_steps=4)
+    assert [lr_scale(s, tc, 0) for s in range(4)] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert all(lr_scale(s, tc, 0) == 1.0 for s in (4, 5, 100, 10**6))
+
+
+def test_schedule_horizon_follows_the_stop_condition():
+    assert schedule_horizon(TrainConfig(steps=500), 256) == 500
+    assert schedule_horizon(TrainConfig(steps=500, schedule_steps=800), 256) == 800
+    assert schedule_horizon(TrainConfig(max_bytes=2000), 256) == 8
+    assert schedule_horizon(TrainConfig(max_time=60.0), 256) == 0  # TimeFit's to fit
+
+
+# --- the time fit --------------------------------------------------------------------------------
+
+
+def test_time_fit_measures_then_answers_the_steps_the_time_left_buys():
+    fit = TimeFit(TrainConfig(max_time=100.0, eval_every=0), limit=0, validates=True)
+    times = [5.0, 2.0, 3.0] + [0.5] * 9  # the first SKIP_STEPS (warming up) are not measured
+    for step, t in enumerate(times, 1):
+        assert fit.observe(t, step=step, session_s=sum(times[:step])) is None
+    # the 10th measured step: 5 s measured, over 2% of the budget
+    spent = sum(times) + 0.5
+    horizon = fit.observe(0.5, step=13, session_s=spent)
+    assert horizon == 13 + int((100 - spent) * (1 - schedule.MARGIN) / 0.5)
+
+
+def test_time_fit_uses_the_median_counts_validation_and_keeps_under_a_step_limit():
+    cfg = TrainConfig(max_time=1000.0, eval_every=10, eval_batches=6)  # validation: 6/30 = 20% more
+    fit = TimeFit(cfg, limit=0, validates=True)
+    times = [1.0] * 3 + [1.5] * 12 + [40.0]  # a slow step (a validation) does not move the median
+    answers = [fit.observe(t, step=i, session_s=100.0) for i, t in enumerate(times, 1)]
+    assert answers[:-1] == [None] * 15  # 2% of the budget is 20 s of measured steps
+    assert answers[-1] == 16 + int(900 * (1 - schedule.MARGIN) / (1.5 * (1 + 6 / 30)))
+    limited = TimeFit(cfg, limit=50, validates=False)
+    got = [limited.observe(t, step=i, session_s=100.0) for i, t in enumerate(times, 1)]
+    assert got[-1] == 50
+
+
+# --- a run limited by time -------------------------------------------------------------------------
+
+
+def _clock(monkeypatch, tick: float = 0.125) -> list[float]:
+    """A clock that moves only when a step does its work: by `tick` a step."""
+    now = [0.0]
+    real = train_lib.accumulate_gradients
+
+    def step_work(*args, **kwargs):
+        figures = real(*args, **kwargs)
+        now[0] += tick
+        return figures
+
+    monkeypatch.setattr(train_lib, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(train_lib, "accumulate_gradients", step_work)
+    return now
+
+
+def _timed_run(run, corpus_dir, *more):
+    return cli("--preset", "tiny", "--data", corpus_dir, "--out", run, "--time", "10s",
+               "--set", f"data.batch_size={BATCH}", "--set", "train.log_every=1", "--set", "train.eval_every=0",
+               "--set", "train.ckpt_every=20", "--set", "train.warmup_steps=5", *more)
+
+
+def test_a_time_budget_fits_the_schedule_so_the_decay_ends_with_the_time(tmp_path, corpus_dir, monkeypatch):
+    _clock(monkeypatch)
+    run = tmp_path / "run"
+    res = _timed_run(run, corpus_dir)
+    assert res.exit_code == 0, res.output
+    # 0.125 s a step, measured after 13 steps (1.625 s): 8.375 s left, less 3%, buy 64 steps more
+    fitted = 13 + int((10 - 13 * 0.125) * (1 - schedule.MARGIN) / 0.125)
+    assert f"schedule is fitted to the time budget: {fitted} steps" in res.output
+    assert f"stopped by schedule at step {fitted}" in res.output
+    lines = loss_lines(read_metrics(run))
+    tc = TrainConfig(warmup_steps=5)
+    # the peak (after warmup) until the fit, then the fitted cosine
+    horizons = [0 if r["step"] <= 13 else fitted for r in lines]
+    assert [r["lr"] for r in lines] == pytest.approx([tc.lr * lr_scale(r["step"] - 1, tc, h)
+                                                      for r, h in zip(lines, horizons)])
+    assert lines[-1]["lr"] < 0.11 * tc.lr  # annealed to the floor, not cut off
+    state = json.loads((latest_checkpoint(run) / "train_state.json").read_text())
+    assert state["schedule_steps"] == fitted and state["step"] == fitted
+    # resuming a run whose fitted schedule has ended changes nothing
+    again = cli("--resume", run, "--time", "10s")
+    assert again.exit_code == 0 and "already done" in again.output and "end of its schedule" in again.output
+
+
+def test_a_step_limit_below_the_time_keeps_the_step_limit(tmp_path, corpus_dir, monkeypatch):
+    _clock(monkeypatch)
+    res = _timed_run(tmp_path / "run", corpus_dir, "--steps", "30")
+    assert res.exit_code == 0, res.output
+    assert "fitted to the time budget: 30 steps" in res.output and "stopped by steps at step 30" in res.output
+
+
+@pytest.mark.parametrize("schedule_name", ["cosine", "wsd"])
+def test_a_fitted_run_resumes_on_the_same_schedule_bit_for_bit(tmp_path, corpus_dir, monkeypatch, schedule_name):
+    _clock(monkeypatch)
+    whole = tmp_path / "whole"
+    pick = ("--set", f"train.schedule={schedule_name}", "--set", "model.dropout=0.1",
+            "--set", "train.keep_checkpoints=10")
+    assert _timed_run(whole, corpus_dir, *pick).exit_code == 0
+    fitted = ckpt_step(latest_checkpoint(whole))
+    # the same run as if it had been stopped at its checkpoint of step 40
+    parts = tmp_path / "parts"
+    shutil.copytree(whole, parts)
+    for ckpt in list_checkpoints(parts):
+        if ckpt_step(ckpt) > 40:
+            shutil.rmtree(ckpt)
+    assert ckpt_step(latest_checkpoint(parts)) == 40
+    res = cli("--resume", parts, "--time", "10s")  # a new session: the fit is not measured again
+    assert res.exit_code == 0, res.output
+    assert "fitted to the time" not in res.output and f"stopped by schedule at step {fitted}" in res.output
+    a, b = loss_lines(read_metrics(whole)), loss_lines(read_metrics(parts))
+    assert [r["step"] for r in b] == list(range(1, fitted + 1))
+    assert [(r["loss"], r["lr"]) for r in a] == [(r["loss"], r["lr"]) for r in b]
