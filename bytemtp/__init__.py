@@ -8,7 +8,8 @@ from its own floor's package or from lower floors (tests/test_layering.py keeps 
     1  data/             corpus files, prepared shards, prep, the streaming loader
     2  model/            the byte transformer and its heads, KV cache and layout, loss, flops
     3  runtime/          devices, checkpoints, torchrun processes (DDP, FSDP2)
-    4  decoding/         draft strategy, sampling, drafting, compiled step, pass costs, decoding, speed
+    4  decoding/         draft strategy, sampling, drafting, compiled step, pass costs, decoding, speed,
+                         the repetition of decoded text
     5  evaluation/       bits per byte, likelihoods, synthetic tasks, HumanEval, sandboxed execution
     6  training/         the step, rollouts, run directories, the training loop, plots
     7  interop/          lm-evaluation-harness model, Hugging Face export and its remote code

@@ -46,7 +46,7 @@ from bytemtp.decoding import decode
 from bytemtp.decoding.generation import load_prompts
 from bytemtp.decoding.speed import interleaved_decodes, speed_figures
 from bytemtp.decoding.strategy import DECODE_MODES, Draft
-from bytemtp.evaluation.evaluate import evaluate, held_out_split, val_prompts
+from bytemtp.evaluation.evaluate import evaluate, held_out_split, val_continuations
 from bytemtp.model.flops import peak_gpu_flops, step_flops
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import load_model
@@ -313,20 +313,25 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
 
     Every mode decodes with one `Decoder` (heads stacked once, pass costs measured once per batch
     size, the acceptance profile kept across calls), by `interleaved_decodes`; the outputs must be
-    identical. Per batch size and mode, the figures of `speed_figures`. The top-level keys describe
-    auto at the first batch size (or the first mode measured), with `plain_bytes_s`, `spec_bytes_s`
-    and `compile` (on or off: whether the passes ran the compiled static step); `val_bpb` is the
-    model's held-out bits per byte (next-byte head). When compiled, eager plain decoding runs in
+    identical. Per batch size and mode, the figures of `speed_figures`, with `repetition`: how
+    repetitive the decoded text is, and, for prompts cut from val documents, the same figures of
+    the bytes that follow each prompt there (the real continuation, cut to the decoded length) and
+    the ratio of the zstd ratios (a prompts file has no continuation: `real` is then None). The
+    top-level keys describe auto at the first batch size (or the first mode measured), with
+    `plain_bytes_s`, `spec_bytes_s`, `repetition` and `compile` (on or off: whether the passes ran
+    the compiled static step); `val_bpb` is the model's held-out bits per byte (next-byte head). When compiled, eager plain decoding runs in
     the same rounds as the baseline: `eager_plain_bytes_s`, `compiled_plain_speedup` (compiled
     plain over eager plain) and `eager_speedup` (the default mode over eager plain), per case too.
     """
     dev = torch.device(device)
     model, cfg = load_model(ckpt, device=dev)
     model = model.to(getattr(torch, dtype))
+    real = None  # the real continuations, where the prompts come from documents
     if prompts_path is not None:
         prompts = load_prompts(prompts_path)[:n_prompts]
     else:
-        prompts = val_prompts(cfg.data.path, n=n_prompts, prompt_bytes=prompt_bytes)
+        pairs = val_continuations(cfg.data.path, n=n_prompts, prompt_bytes=prompt_bytes, continuation_bytes=max_bytes)
+        prompts, real = [p for p, _ in pairs], [c for _, c in pairs]
     n_future = model.config.n_future
     modes = ["plain", *[m for m in modes if n_future > 1 or m == "auto"]]
     decoder = decode.Decoder(model, compile=compile)
@@ -341,7 +346,7 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
         took, outs = interleaved_decodes(runs, batches, max_bytes=max_bytes, rounds=rounds, progress=progress)
         for mode in modes[1:]:
             try:
-                figures = speed_figures(took, outs, mode)
+                figures = speed_figures(took, outs, mode, real=real)
             except RuntimeError as e:
                 raise RuntimeError(f"{e} (batch {B})") from None
             case = {"batch_size": B, **figures.to_json()}
@@ -362,7 +367,8 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
             "prompt_bytes": max(len(p) for p in prompts), "max_bytes": max_bytes, "rounds": rounds,
             "val_bpb": ev.bpb[0] if ev else None, "compile": "on" if compiled else "off",
             **{key: top[key] for key in ("speedup", "speedup_min", "speedup_max", "bytes_per_forward",
-                                          "pass_cost", "identical", "plain_bytes_s", "spec_bytes_s", *eager_keys)},
+                                          "pass_cost", "identical", "plain_bytes_s", "spec_bytes_s", "repetition",
+                                          *eager_keys)},
             "compile_stats": decoder.static.stats() if decoder.static is not None else None,
             "pass_costs_ms": costs.to_dict(),
             "all_identical": all(c["identical"] for c in cases), "cases": cases}
@@ -394,6 +400,9 @@ def all_benchmarks(*, ckpt: str, data: str = "data/corpus/stdlib", preset_name: 
         "decode.speedup": dec["speedup"], "decode.bytes_per_forward": dec["bytes_per_forward"],
         "decode.speedup_min": dec["speedup_min"], "decode.pass_cost": dec["pass_cost"],
         "decode.identical": dec["all_identical"],
+        "decode.distinct_8grams": dec["repetition"]["decoded"]["distinct_8grams"],
+        "decode.zstd_ratio": dec["repetition"]["decoded"]["zstd_ratio"],
+        "decode.zstd_ratio_over_real": dec["repetition"]["zstd_ratio_over_real"],
         "eval.bpb_head1": ev.bpb[0], f"eval.bytes_per_forward_{k}": ev.bytes_per_forward[k],
     }
     return {"summary": summary, "train_step": step, "loader": loader, "decode": dec, "eval": ev}

@@ -82,7 +82,8 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, json_pa
 @click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
 @click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False, exists=True),
               help='Prompts, one {"prompt": "..."} a line; default: the starts of val documents of the '
-                   "run's corpus (text the model did not train on).")
+                   "run's corpus (text the model did not train on), whose real continuations the decoded "
+                   "text's repetition is judged against.")
 @click.option("--n-prompts", default=16, show_default=True, type=click.IntRange(1))
 @click.option("--prompt-bytes", default=128, show_default=True, type=click.IntRange(1),
               help="Length of the val prompts.")
@@ -122,6 +123,7 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
          f"bytes each, {res['rounds']} interleaved rounds, {res['device']} {res['dtype']}, compiled step "
          f"{res['compile']}{bpb}")
     echo(report.decode_cases_table(res))
+    echo(report.repetition_line(res["repetition"]))
     if res["compile_stats"]:
         echo(report.compile_line(res["compile_stats"]))
     write_json(json_path, res)

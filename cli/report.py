@@ -6,6 +6,7 @@ A command's report goes to stdout, or to stderr when stdout carries its JSON (`-
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -119,6 +120,22 @@ def stats_lines(st) -> str:
             f"{st.wall_s:.2f} s, {st.bytes_out / max(st.wall_s, 1e-9):,.0f} bytes/s; stopped by {st.stopped_by}")
 
 
+def repetition_line(rep: dict) -> str:
+    """How repetitive the decoded text is (a `repetition.Repetition` in its JSON form): distinct
+    8-grams and zstd ratio, beside the real continuation's and the ratio of the zstd ratios where
+    the prompts had one."""
+    def figures(f: dict) -> str:
+        distinct = "-" if f["distinct_8grams"] is None else f"{f['distinct_8grams']:.2f}"
+        ratio = "-" if f["zstd_ratio"] is None else f"{f['zstd_ratio']:.2f}x"
+        return f"distinct 8-grams {distinct}, zstd ratio {ratio}"
+    line = f"repetition, decoded text ({rep['decoded']['bytes']:,} bytes): {figures(rep['decoded'])}"
+    if rep.get("real") is not None:
+        line += f"; real continuation: {figures(rep['real'])}"
+        if rep["zstd_ratio_over_real"] is not None:
+            line += f"; decoded zstd ratio {rep['zstd_ratio_over_real']:.2f}x the real's"
+    return line
+
+
 def draft_summary(st, decoder) -> str:
     """What the decoder chose: heads per pass, the commonest draft shapes, acceptance per depth."""
     total = max(1, sum(st.heads_used.values()))
@@ -139,7 +156,8 @@ def draft_summary(st, decoder) -> str:
 
 def comparison(res, mode: str) -> str:
     """`generate --compare` (a `speed.Comparison`): plain and speculative speeds, the speedup and
-    its runs, identity; on the compiled step also eager plain decoding and the speedups over it."""
+    its runs, identity, how repetitive the output is; on the compiled step also eager plain
+    decoding and the speedups over it."""
     step = "compiled" if res.compiled else "eager"
     fig = res.figures
     lines = []
@@ -148,7 +166,8 @@ def comparison(res, mode: str) -> str:
     lines += [f"plain greedy, {step + ':':15s} {fig.plain_bytes_s:8,.0f} bytes/s, 1.00 bytes/pass",
               f"speculative, {mode:16s} {fig.spec_bytes_s:8,.0f} bytes/s, {fig.bytes_per_forward:.2f} bytes/pass",
               f"speedup {fig.speedup:.2f}x over {step} plain (runs: {', '.join(f'{r:.2f}' for r in fig.speedup_runs)}); "
-              f"outputs identical: {'yes' if res.identical else 'NO'}"]
+              f"outputs identical: {'yes' if res.identical else 'NO'}",
+              repetition_line(dataclasses.asdict(fig.repetition))]
     if res.compiled:
         lines.append(f"over eager plain: compiled plain {res.compiled_plain_speedup:.2f}x, speculative "
                      f"{res.eager_speedup:.2f}x")

@@ -15,9 +15,12 @@ from doubles import FITTED, FLAT, fitted_model
 from bytemtp.config import tiny
 from bytemtp.decoding import compiled, decode
 from bytemtp.decoding.compiled import record_costs, record_path
+from bytemtp.decoding.repetition import measure_repetition
+from bytemtp.evaluation.evaluate import val_continuations
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import load_model, save_checkpoint
 from bytemtp_cli.main import main
+from bytemtp_cli.report import repetition_line
 
 
 def run(*args):
@@ -67,6 +70,9 @@ def test_generate_streams_what_the_library_returns(fitted_ckpt):
     # the drafts were right often enough to matter, and the decoder says what it chose
     assert _bytes_per_pass(res.stderr) > 1.5, res.stderr
     assert "heads run:" in res.stderr and "last plan:" in res.stderr
+    # how repetitive the output is, beside its bytes per pass
+    assert repetition_line(dataclasses.asdict(measure_repetition([want]))) + "\n" in res.stderr
+    assert "decoded text (40 bytes): distinct 8-grams" in res.stderr
     res = run(*args, "--heads", 4, "--draft", "tree", "--raw", "--stats")
     assert res.exit_code == 0, res.output
     assert res.stdout_bytes == want and _bytes_per_pass(res.stderr) > 1.5, res.stderr
@@ -79,6 +85,9 @@ def test_compare_reports_speedup_and_identity(ckpt):
     assert res.exit_code == 0, res.output
     assert "speedup" in res.stderr and "outputs identical: yes" in res.stderr
     assert "speculative, 4 heads" in res.stderr
+    model, _ = load_model(ckpt)
+    want = decode.generate(model, b"x = ", max_bytes=30).output
+    assert repetition_line(dataclasses.asdict(measure_repetition([want]))) in res.stderr
     res = run("generate", "--ckpt", ckpt, "--prompt", "x", "--compare", "--temperature", "0.5")
     assert res.exit_code != 0 and "--compare is for greedy" in res.output
 
@@ -98,6 +107,7 @@ def test_prompts_file_writes_one_line_per_prompt(ckpt, tmp_path):
         assert base64.b64decode(line["output_base64"]) == want
         assert line["output"] == want.decode("utf-8", "replace")
         assert line["stats"]["bytes"] == len(want) and line["stats"]["forward_passes"] >= 1
+        assert line["stats"]["repetition"] == dataclasses.asdict(measure_repetition([want]))
 
 
 def test_sampling_is_speculative_and_seeded(ckpt):
@@ -232,18 +242,19 @@ def test_compile_auto_compiles_from_32_kb_of_output_on_a_cpu(fitted_ckpt, tmp_pa
 
 
 @pytest.mark.slow
-def test_bench_decode_checks_identity_and_writes_keys(ckpt, tmp_path, monkeypatch):
+def test_bench_decode_checks_identity_and_writes_keys(ckpt, code_corpus, tmp_path, monkeypatch):
     import bytemtp.bench
     from bytemtp.decoding import speed
 
     # every timed call decodes for real but takes the seconds given here: 1 to 5 ms in turn, so
     # that the runs of a mode differ (5 is prime to the 7 modes of a round); one list per batch size
-    timed: list[list[tuple[str, float]]] = []
+    timed: list[list[tuple[str, float, list[bytes]]]] = []
 
     def scripted(decoder, prompts, **kwargs):
         seconds = 1e-3 * (1 + sum(map(len, timed)) % 5)
-        timed[-1].append((str(kwargs["draft"]), seconds))
-        return decoder.generate(prompts, **kwargs), seconds
+        generations = decoder.generate(prompts, **kwargs)
+        timed[-1].append((str(kwargs["draft"]), seconds, [g.output for g in generations]))
+        return generations, seconds
 
     def per_batch_size(*args, **kwargs):
         timed.append([])
@@ -253,6 +264,7 @@ def test_bench_decode_checks_identity_and_writes_keys(ckpt, tmp_path, monkeypatc
     monkeypatch.setattr(speed, "timed_generate", scripted)
     monkeypatch.setattr(bytemtp.bench, "interleaved_decodes", per_batch_size)
     out = tmp_path / "decode.json"
+    continuations = [c for _, c in val_continuations(str(code_corpus), n=3, prompt_bytes=8, continuation_bytes=80)]
     res = run("bench", "decode", "--ckpt", ckpt, "--n-prompts", 3, "--prompt-bytes", 8, "--max-bytes", 80,
               "--batch-sizes", "1,2", "--device", "cpu", "--compile", "off", "--json", out)
     assert res.exit_code == 0, res.output
@@ -263,8 +275,8 @@ def test_bench_decode_checks_identity_and_writes_keys(ckpt, tmp_path, monkeypatc
     assert [len(calls) for calls in timed] == [2 * 3 * 7, 2 * 2 * 7]  # rounds x batches x modes
     for case in data["cases"]:
         calls = timed[case["batch_size"] - 1]
-        plain = [s for mode, s in calls if mode == "plain"]
-        mine = [s for mode, s in calls if mode == case["mode"]]
+        plain = [s for mode, s, _ in calls if mode == "plain"]
+        mine = [s for mode, s, _ in calls if mode == case["mode"]]
         # the speedup is total time over total time: a mean of the runs' ratios weighted by time
         assert case["speedup"] == pytest.approx(sum(plain) / sum(mine)), case["mode"]
         assert case["speedup_runs"] == pytest.approx(sorted(p / m for p, m in zip(plain, mine)))
@@ -272,9 +284,15 @@ def test_bench_decode_checks_identity_and_writes_keys(ckpt, tmp_path, monkeypatc
                                                                             max(case["speedup_runs"])))
         assert case["spec_bytes_s"] / case["plain_bytes_s"] == pytest.approx(case["speedup"])
         assert case["heads_used"] and case["bytes_per_forward"] >= 1.0
+        # how repetitive the last round's outputs are, against the bytes after each prompt in its val document
+        decoded = [out for mode, _, outs in calls[-len(calls) // 2:] if mode == case["mode"] for out in outs]
+        assert case["repetition"] == dataclasses.asdict(measure_repetition(decoded, continuations)), case["mode"]
+        assert case["repetition"]["real"]["bytes"] == sum(min(len(d), len(r)) for d, r in zip(decoded, continuations))
     auto = data["cases"][0]
-    for key in ("speedup", "speedup_min", "speedup_max", "bytes_per_forward", "pass_cost", "plain_bytes_s"):
+    for key in ("speedup", "speedup_min", "speedup_max", "bytes_per_forward", "pass_cost", "plain_bytes_s",
+                "repetition"):
         assert data[key] == auto[key], key
+    assert repetition_line(auto["repetition"]) in res.stdout and "real continuation: distinct 8-grams" in res.stdout
     assert data["val_bpb"] > 0 and data["pass_costs_ms"]["1x1"] > 0
     assert data["prompts"] == 3 and data["max_bytes"] == 80  # past the context of 64: the window slides
     res = run("bench", "decode", "--ckpt", ckpt, "--modes", "auto,chain-x")
@@ -295,6 +313,9 @@ def test_bench_all_writes_one_json(ckpt, code_corpus, tmp_path, monkeypatch):
     data = json.loads(out.read_text())
     assert set(data) == {"summary", "train_step", "loader", "decode", "eval"}
     assert data["summary"]["decode.identical"] is True and data["summary"]["loader.ratio"] > 0
+    rep = data["decode"]["repetition"]
+    assert data["summary"]["decode.zstd_ratio_over_real"] == rep["zstd_ratio_over_real"] > 0
+    assert data["summary"]["decode.distinct_8grams"] == rep["decoded"]["distinct_8grams"]
     assert "train_step.time_ratio" in res.stdout
     res = run("bench", "all", "--ckpt", tmp_path / "none")
     assert res.exit_code != 0 and "make demo" in res.output
@@ -379,6 +400,7 @@ def test_one_set_of_flags(ckpt, code_corpus, tmp_path):
     assert res.stdout_bytes == want
     data = json.loads(stats.read_text())
     assert data["stats"]["bytes"] == 12 and data["dtype"] == "float32"
+    assert data["repetition"] == dataclasses.asdict(measure_repetition([want]))
     res = run("generate", "--ckpt", ckpt, "--prompt", "x", "--json", "-")
     assert res.exit_code != 0 and "name a file" in res.output
     # --dtype where a model is loaded for inference

@@ -1,6 +1,8 @@
 """Speed measurement of decoding (bytemtp.decoding.speed), timed by a scripted clock; the figures
-of a comparison and their JSON form (what `bench decode --json` writes in each case)."""
+of a comparison, the repetition of the text they were measured on, and their JSON form (what
+`bench decode --json` writes in each case)."""
 
+import dataclasses
 import itertools
 import types
 
@@ -9,6 +11,7 @@ from doubles import rare_eos_model
 
 from bytemtp.decoding import decode
 from bytemtp.decoding.generation import DecodeStats, Generation, SpeculativeStats
+from bytemtp.decoding.repetition import measure_repetition, repetition_figures
 from bytemtp.decoding.speed import SpeedFigures, speed_figures
 from bytemtp.decoding.strategy import Draft
 
@@ -41,17 +44,28 @@ def test_compare_decoding_measures_plain_against_speculative(monkeypatch):
     assert res.figures.bytes_per_forward == pytest.approx(n / spec.stats.forward_passes)
     assert res.figures.pass_cost == pytest.approx((0.65 / spec.stats.forward_passes) / (0.8 / plain.stats.forward_passes))
     assert res.degenerate == (len(set(plain.output)) == 1)
+    assert res.figures.repetition == measure_repetition([plain.output])  # no real continuation given
 
 
 def test_speed_figures_and_their_json_form():
-    plain = [[Generation(b"abcd", DecodeStats(bytes_out=4, forward_passes=4))]]
-    spec = [[Generation(b"abcd", SpeculativeStats(bytes_out=4, forward_passes=2, heads_used={3: 2},
-                                                    shapes={"chain-3": 2}))]]
+    out = b"abcdabcdabcdabcd"  # 16 bytes, 9 8-grams of which 4 are distinct
+    plain = [[Generation(out, DecodeStats(bytes_out=16, forward_passes=16))]]
+    spec = [[Generation(out, SpeculativeStats(bytes_out=16, forward_passes=8, heads_used={3: 8},
+                                              shapes={"chain-3": 8}))]]
     took = {"plain": [[0.4], [0.6]], "spec": [[0.25], [0.25]]}
-    got = speed_figures(took, {"plain": plain, "spec": spec}, "spec")
+    real = b"def f(x):\n    return x + 1\n"  # the real continuation: cut to the 16 bytes decoded
+    got = speed_figures(took, {"plain": plain, "spec": spec}, "spec", real=[real])
     assert isinstance(got, SpeedFigures) and got.identical and got.speedup == 1.0 / 0.5
+    assert got.repetition == measure_repetition([out], [real])
+    decoded, cut = repetition_figures([out]), repetition_figures([real[:16]])
+    assert decoded.distinct_8grams == 4 / 9 and cut.distinct_8grams == 1.0 and cut.bytes == 16
     assert list(got.to_json().items()) == [
         ("mode", "spec"), ("speedup", 2.0), ("speedup_min", 0.4 / 0.25), ("speedup_max", 0.6 / 0.25),
         ("speedup_runs", [0.4 / 0.25, 0.6 / 0.25]), ("bytes_per_forward", 2.0),
-        ("pass_cost", (0.5 / 2) / (1.0 / 4)), ("plain_bytes_s", 8 / 1.0), ("spec_bytes_s", 8 / 0.5),
-        ("identical", True), ("heads_used", {3: 2}), ("shapes", {"chain-3": 2})]
+        ("pass_cost", (0.5 / 8) / (1.0 / 16)), ("plain_bytes_s", 32 / 1.0), ("spec_bytes_s", 32 / 0.5),
+        ("identical", True), ("heads_used", {3: 8}), ("shapes", {"chain-3": 8}),
+        ("repetition", {"decoded": dataclasses.asdict(decoded), "real": dataclasses.asdict(cut),
+                        "zstd_ratio_over_real": decoded.zstd_ratio / cut.zstd_ratio})]
+    # prompts without a real continuation (a prompts file): the decoded figures alone
+    alone = speed_figures(took, {"plain": plain, "spec": spec}, "spec").to_json()["repetition"]
+    assert alone == {"decoded": dataclasses.asdict(decoded), "real": None, "zstd_ratio_over_real": None}

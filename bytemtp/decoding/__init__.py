@@ -2,6 +2,6 @@
 verification (`sampling`), the draft strategy as a typed value (`strategy`), draft shapes and the
 cost-aware chooser (`drafting`), the compiled static step and the compile policy (`compiled`),
 pass costs measured and calibrated (`calibration`), the state of a decoding call (`batch`),
-plain and self-speculative decoding (`decode`) and interleaved speed measurements with their
-figures (`speed`).
+plain and self-speculative decoding (`decode`), interleaved speed measurements with their
+figures (`speed`) and how repetitive the text they were measured on is (`repetition`).
 """

@@ -8,7 +8,9 @@ busy moment of a noisy machine hits them alike; each mode runs once first (its p
 measured, its graphs compiled, the acceptance profile learnt, the allocator warm). A mode is a
 decoder (eager or compiled) and the arguments of its `generate` call (a draft, sampling options).
 The figures are frozen dataclasses: `SpeedFigures` (its `to_json` is a case of `bench decode
---json`) and `Comparison` (`generate --compare`).
+--json`) and `Comparison` (`generate --compare`). Beside the speed, each says how repetitive the
+text it was measured on is (`repetition`, against the real continuation where the prompts have
+one): a speedup on a run of spaces is a speedup on nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 from bytemtp.decoding.decode import Decoder
 from bytemtp.decoding.generation import Generation, SpeculativeStats, as_bytes
+from bytemtp.decoding.repetition import Repetition, measure_repetition
 from bytemtp.decoding.strategy import Draft
 from bytemtp.runtime.devices import synchronize
 
@@ -86,17 +89,20 @@ class SpeedFigures:
     identical: bool  # the mode's outputs are the base's
     heads_used: dict[int, int]  # heads run in a pass -> passes, in the order first seen
     shapes: dict[str, int]  # the three commonest draft shapes -> passes
+    repetition: Repetition  # how repetitive the mode's outputs are, against the real continuations if given
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", same_step: bool = True) -> SpeedFigures:
+def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", same_step: bool = True,
+                  real: list[bytes] | None = None) -> SpeedFigures:
     """One mode against plain decoding, from `interleaved_decodes`: speedup = plain time / mode
     time over all batches and rounds, its spread (each batch and round's ratio), bytes per pass
     (output bytes over the passes each row took part in), pass cost (the mode's time per pass over
-    plain's), both speeds, whether the outputs are identical, the heads run and the commonest draft
-    shapes. A speedup above bytes per pass is impossible (a pass never costs less than a plain
+    plain's), both speeds, whether the outputs are identical, the heads run, the commonest draft
+    shapes, and how repetitive the mode's outputs are (`repetition.measure_repetition`; `real`:
+    the real continuation of each prompt, in the order of the batches' rows). A speedup above bytes per pass is impossible (a pass never costs less than a plain
     one) and is refused as a bad measurement, on runs long enough to judge (a second of plain
     decoding), where both run on the same step (`same_step`)."""
     total = SpeculativeStats.total(g.stats for got in outs[mode] for g in got)
@@ -111,7 +117,8 @@ def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", sam
         pass_cost=(mode_time / passes) / (plain_time / plain_passes),
         plain_bytes_s=total.bytes_out * rounds / plain_time, spec_bytes_s=total.bytes_out * rounds / mode_time,
         identical=[[g.output for g in got] for got in outs[mode]] == [[g.output for g in got] for got in outs[base]],
-        heads_used=total.heads_used, shapes=dict(sorted(total.shapes.items(), key=lambda kv: -kv[1])[:3]))
+        heads_used=total.heads_used, shapes=dict(sorted(total.shapes.items(), key=lambda kv: -kv[1])[:3]),
+        repetition=measure_repetition([g.output for got in outs[mode] for g in got], real))
     if same_step and plain_time > JUDGED_S and speedup_is_impossible(figures.speedup, figures.bytes_per_forward):
         raise RuntimeError(f"decode benchmark contradicts itself ({mode}): speedup {figures.speedup:.2f} at "
                            f"{figures.bytes_per_forward:.2f} bytes per pass, but a pass never costs less than "
@@ -136,8 +143,9 @@ class Comparison:
 def compare_decoding(decoder: Decoder, prompt: bytes | str, *, max_bytes: int, draft: Draft | str = Draft(),
                      stop: tuple = (), rounds: int = 3) -> Comparison:
     """Plain greedy against self-speculative greedy decoding of one prompt, interleaved (`rounds`
-    times after a warm-up): the figures of `speed_figures`, the plain output and `degenerate`,
-    whether that output is one byte repeated (a continuation that says little about speed).
+    times after a warm-up): the figures of `speed_figures` (their `repetition` that of the output,
+    with no real continuation to judge it against), the plain output and `degenerate`, whether
+    that output is one byte repeated (a continuation that says little about speed).
 
     When the decoder runs compiled, eager plain decoding runs too, as the baseline the compiled
     step is measured against: `eager_plain_bytes_s`, `compiled_plain_speedup` (compiled plain

@@ -239,17 +239,25 @@ def _result(sums, runs) -> EvalResult:
 def val_prompts(data_path: str, *, n: int, prompt_bytes: int) -> list[bytes]:
     """The first `prompt_bytes` bytes of the first n documents of a corpus's val split that are
     at least that long: held-out prompts."""
+    return [prompt for prompt, _ in val_continuations(data_path, n=n, prompt_bytes=prompt_bytes, continuation_bytes=0)]
+
+
+def val_continuations(data_path: str, *, n: int, prompt_bytes: int,
+                      continuation_bytes: int) -> list[tuple[bytes, bytes]]:
+    """The prompts of `val_prompts`, each with the `continuation_bytes` bytes that follow it in its
+    document (fewer where the document ends first): the real continuation, that decoded text is
+    judged against."""
     files = corpus_files(data_path, split="val")
-    prompts = []
+    pairs = []
     for path in files:
         for doc in iter_documents(path):
             if len(doc) >= prompt_bytes:
-                prompts.append(doc[:prompt_bytes])
-                if len(prompts) == n:
-                    return prompts
-    if not prompts:
+                pairs.append((doc[:prompt_bytes], doc[prompt_bytes:prompt_bytes + continuation_bytes]))
+                if len(pairs) == n:
+                    return pairs
+    if not pairs:
         raise CorpusError(f"the val split of {data_path} has no document of {prompt_bytes} bytes or more")
-    return prompts
+    return pairs
 
 
 def decoded_bytes_per_pass(model: ByteMTP, prompts: list[bytes], *, max_bytes: int = 150,
