@@ -227,11 +227,11 @@ def _pieces(doc: bytes, digest: bytes, *, split: dict, val_input: bool) -> list[
     return [("val" if is_val else "train", doc)]
 
 
-def _empty_split_error(split: dict, *, train: int, val: int, bad: int, reasons: str) -> str | None:
+def _empty_split_error(split: dict, *, train: int, val: int, reasons: str) -> str | None:
     """Why a split that holds no document cannot be, or None when both are allowed as they are."""
     if split["method"] == "inputs" and val == 0:
-        return (f"the val inputs {', '.join(split['val_inputs'])} hold no document after skipping {bad} bad "
-                f"records ({reasons}); check them")
+        return (f"the val inputs {', '.join(split['val_inputs'])} hold no document (bad records skipped in all "
+                f"inputs: {reasons}); check them")
     if train > 0:
         return None
     if split["method"] == "inputs":
@@ -278,7 +278,7 @@ def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, val_paths: list[path
     if train.documents + val.documents == 0:
         raise CorpusError(f"no documents in {', '.join(map(str, files))} after skipping {bad} bad records "
                           f"({reasons}) and {duplicates} duplicates; check the sources and --field")
-    if error := _empty_split_error(split, train=train.documents, val=val.documents, bad=bad, reasons=reasons):
+    if error := _empty_split_error(split, train=train.documents, val=val.documents, reasons=reasons):
         raise CorpusError(error)
     manifest = {
         "format_version": FORMAT_VERSION,
