@@ -1,5 +1,5 @@
 # bytemtp: `make test` installs what it needs and runs the tests; `make corpus` builds the
-# default corpus offline; `make bench` measures.
+# default corpus offline (`make corpus-shakespeare` the nanoGPT benchmark's); `make bench` measures.
 PYTHON ?= python3
 TORCH_CPU ?= torch==2.13.0
 BYTEMTP = $(PYTHON) -m bytemtp_cli
@@ -16,7 +16,7 @@ DEMO_TIME ?= 9m
 DEMO_TUNED ?= $(DEMO_RUN)-tuned
 DEMO_TUNE_TIME ?= 90s
 
-.PHONY: setup test test-quick corpus corpus-poly corpus-induction demo bench
+.PHONY: setup test test-quick corpus corpus-poly corpus-induction corpus-shakespeare demo bench
 
 # Installs into the interpreter that PYTHON names (activate a virtual environment first if you
 # want one). A torch that is already importable (a CUDA build, say) is kept; only when there is
@@ -58,6 +58,23 @@ corpus-poly: setup
 corpus-induction: setup
 	@if [ -f data/corpus/induction/manifest.json ]; then echo "data/corpus/induction exists (remove it to rebuild)"; \
 	else $(BYTEMTP) task-corpus induction --out data/corpus/induction --documents 100000; fi
+
+# Tiny Shakespeare with nanoGPT's split (the first 90% of its bytes train, the last 10% val), in
+# data/corpus/shakespeare, for the benchmark against nanoGPT. Nothing is downloaded: SHAKESPEARE
+# names your copy of the text (nanoGPT's data/shakespeare_char/input.txt, 1,115,394 bytes).
+SHAKESPEARE ?= ../shared/data/tinyshakespeare.txt
+
+corpus-shakespeare: setup
+	@if [ -f data/corpus/shakespeare/manifest.json ]; then \
+	  echo "data/corpus/shakespeare exists (remove it to rebuild)"; \
+	elif [ ! -f "$(SHAKESPEARE)" ]; then \
+	  echo "no Tiny Shakespeare at $(SHAKESPEARE) (nothing is downloaded): give your copy of nanoGPT's" \
+	    "data/shakespeare_char/input.txt with make corpus-shakespeare SHAKESPEARE=path/to/input.txt" >&2; \
+	  exit 1; \
+	else \
+	  $(BYTEMTP) prep "$(SHAKESPEARE)" --out data/corpus/shakespeare --val-tail 0.1 --name "Tiny Shakespeare" \
+	    --licence "public domain"; \
+	fi
 
 # The main job: the default corpus, the `small` 8-head model trained for up to nine minutes on two
 # CPU cores (500 steps; far less on a GPU), a sample from it, its draft heads tuned for decoding

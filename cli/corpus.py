@@ -1,8 +1,65 @@
-"""`bytemtp verify`: a prepared corpus checked document by document against its manifest."""
+"""`bytemtp prep` and `bytemtp verify`: a corpus prepared (deduplicated, split, written as shards) and
+a prepared corpus checked document by document against its manifest."""
 
 from __future__ import annotations
 
+import sys
+
 import click
+
+from . import report
+
+
+@click.command("prep")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="New corpus directory, e.g. data/corpus/NAME.")
+@click.option("--field", default="text", show_default=True, help="JSON field holding the text.")
+@click.option("--val-fraction", default=0.01, show_default=True, type=click.FloatRange(0, 1),
+              help="The default split: this fraction of the documents goes to val, chosen by a hash of each.")
+@click.option("--val", "val", multiple=True, metavar="PATH",
+              help="Val inputs (file, folder, glob or prepared corpus; repeatable): they go to val whole, every "
+                   "other input to train, with no hash split. --include/--exclude do not apply to them.")
+@click.option("--val-tail", default=None, metavar="F", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help="Split by bytes: the last F of each document goes to val as a document of its own, the rest "
+                   "to train (0.1 on one file is nanoGPT's 90%/10% split).")
+@click.option("--level", default=10, show_default=True, type=click.IntRange(1, 22),
+              help="zstd compression level.")
+@click.option("--include", multiple=True, metavar="GLOB",
+              help="Only files whose path below a source directory matches (repeatable).")
+@click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files that match (repeatable).")
+@click.option("--name", "source_name", default=None, help="Source name for the manifest.")
+@click.option("--licence", default="unknown", show_default=True, help="Licence for the manifest.")
+@click.option("--max-bad-fraction", default=0.01, show_default=True, type=click.FloatRange(0, 1),
+              help="Abort when more than this fraction of records is unusable.")
+def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float, val: tuple[str, ...],
+             val_tail: float | None, level: int, include: tuple[str, ...], exclude: tuple[str, ...],
+             source_name: str | None, licence: str, max_bad_fraction: float) -> None:
+    """Prepare a corpus: deduplicate, split train/val, write shards of the documents' exact bytes
+    (any bytes: raw files are documents as they are) in 1 MiB zstd frames with an index.
+
+    The split is one of: by hash (--val-fraction, the default), the --val inputs, or --val-tail."""
+    from tqdm import tqdm
+
+    from bytemtp.data import corpus, prep
+
+    given = click.get_current_context().get_parameter_source("val_fraction") != click.core.ParameterSource.DEFAULT
+    split = dict(val_fraction=val_fraction if given else None, val=list(val) or None, val_tail=val_tail)
+    prep.split_record(**split)  # a conflict is one line before any file is read
+    files = corpus.select_files(corpus.corpus_files(list(sources), split=None), include=include,
+                                exclude=exclude)
+    total = sum(f.stat().st_size for f in [*files, *(prep.val_files(list(val), inputs=files) if val else [])])
+    with tqdm(total=total, desc="prep", unit="B", unit_scale=True) as bar:
+        def progress(bytes_read: int, docs: int) -> None:
+            bar.update(min(bytes_read, total) - bar.n)  # tqdm redraws at most every 0.1 s
+            bar.set_postfix_str(f"{docs:,} docs", refresh=False)
+
+        manifest = prep.prepare(files, out, field=field, **split, level=level,
+                                source_name=source_name or " ".join(sources), licence=licence,
+                                progress=progress, max_bad_fraction=max_bad_fraction,
+                                say=lambda text: tqdm.write(text, file=sys.stderr))
+    click.echo(f"wrote {out}")
+    click.echo(report.corpus_table(manifest))
 
 
 @click.command("verify")

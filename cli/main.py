@@ -20,7 +20,7 @@ from bytemtp import config_docs
 
 from . import report
 from .bench import bench
-from .corpus import verify_cmd
+from .corpus import prep_cmd, verify_cmd
 from .eval_task import eval_task
 from .export import export_cmd
 from .generate import generate_cmd
@@ -63,46 +63,6 @@ def config_cmd(preset: str, config_file: str | None, overrides: tuple[str, ...],
     click.echo(f"\n{m.trunk_layers} trunk layers + {m.n_future} {m.head_type} heads "
                f"of {m.layers_per_head} layer(s) = {m.total_layers} layers\n")
     click.echo(table(rows, ("part", "parameters")))
-
-
-@main.command("prep")
-@click.argument("sources", nargs=-1, required=True)
-@click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="New corpus directory, e.g. data/corpus/NAME.")
-@click.option("--field", default="text", show_default=True, help="JSON field holding the text.")
-@click.option("--val-fraction", default=0.01, show_default=True, type=click.FloatRange(0, 1))
-@click.option("--level", default=10, show_default=True, type=click.IntRange(1, 22),
-              help="zstd compression level.")
-@click.option("--include", multiple=True, metavar="GLOB",
-              help="Only files whose path below a source directory matches (repeatable).")
-@click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files that match (repeatable).")
-@click.option("--name", "source_name", default=None, help="Source name for the manifest.")
-@click.option("--licence", default="unknown", show_default=True, help="Licence for the manifest.")
-@click.option("--max-bad-fraction", default=0.01, show_default=True, type=click.FloatRange(0, 1),
-              help="Abort when more than this fraction of records is unusable.")
-def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float, level: int,
-             include: tuple[str, ...], exclude: tuple[str, ...], source_name: str | None,
-             licence: str, max_bad_fraction: float) -> None:
-    """Prepare a corpus: deduplicate, split train/val, write shards of the documents' exact bytes
-    (any bytes: raw files are documents as they are) in 1 MiB zstd frames with an index."""
-    from tqdm import tqdm
-
-    from bytemtp.data import corpus, prep
-
-    files = corpus.select_files(corpus.corpus_files(list(sources), split=None), include=include,
-                                exclude=exclude)
-    total = sum(f.stat().st_size for f in files)
-    with tqdm(total=total, desc="prep", unit="B", unit_scale=True) as bar:
-        def progress(bytes_read: int, docs: int) -> None:
-            bar.update(min(bytes_read, total) - bar.n)  # tqdm redraws at most every 0.1 s
-            bar.set_postfix_str(f"{docs:,} docs", refresh=False)
-
-        manifest = prep.prepare(files, out, field=field, val_fraction=val_fraction, level=level,
-                                source_name=source_name or " ".join(sources), licence=licence,
-                                progress=progress, max_bad_fraction=max_bad_fraction,
-                                say=lambda text: tqdm.write(text, file=sys.stderr))
-    click.echo(f"wrote {out}")
-    click.echo(report.corpus_table(manifest))
 
 
 @main.command("corpus-info")
@@ -500,4 +460,5 @@ main.add_command(bench)
 main.add_command(eval_task)
 main.add_command(lm_eval_cmd)
 main.add_command(export_cmd)
+main.add_command(prep_cmd)
 main.add_command(verify_cmd)

@@ -43,13 +43,26 @@ def _json_form(value):
     return value.to_json() if hasattr(value, "to_json") else str(value)
 
 
+def split_line(manifest: dict) -> str:
+    """How a prepared corpus was split, from its manifest's record."""
+    split = manifest.get("split")
+    if split is None:
+        return "split: by document hash (not recorded: prepared before the manifest kept it)"
+    if split["method"] == "inputs":
+        return (f"split: val is {split.get('val_files', '?')} val input file(s) whole "
+                f"({', '.join(split['val_inputs'])}), train every other input")
+    if split["method"] == "tail":
+        return f"split: the last {split['val_tail']:g} of each document's bytes to val, the rest to train"
+    return f"split: by document hash, val fraction {split['val_fraction']:g}"
+
+
 def corpus_table(manifest: dict) -> str:
     rows = []
     for name, split in manifest["splits"].items():
         ratio = split["bytes"] / split["compressed_bytes"] if split["compressed_bytes"] else 0.0
         rows.append((name, f"{split['documents']:,}", f"{split['bytes']:,}",
                      f"{split['compressed_bytes']:,}", f"{ratio:.2f}", len(split["shards"])))
-    lines = [table(rows, ("split", "documents", "bytes", "compressed", "ratio", "shards"))]
+    lines = [table(rows, ("split", "documents", "bytes", "compressed", "ratio", "shards")), split_line(manifest)]
     skipped = {k: v for k, v in manifest.get("skipped", {}).items() if v}
     lines.append(f"duplicates removed: {manifest.get('duplicates', 0):,}; skipped: "
                  + (", ".join(f"{k} {v:,}" for k, v in sorted(skipped.items())) or "none"))

@@ -230,6 +230,8 @@ LIBRARY_MESSAGES = {
     "bytemtp.data.corpus._empty_split": ANY,
     "bytemtp.data.prep.prepare": ("prep", "task-corpus"),
     "bytemtp.data.prep._build": ("prep",),  # its --field message needs no documents: task-corpus writes some
+    "bytemtp.data.prep.split_record": ("prep",),  # task-corpus passes a val fraction only
+    "bytemtp.data.prep.val_files": ("prep",),
     "bytemtp.evaluation.execution.OPT_IN": ("eval-task humaneval",),
     "bytemtp.evaluation.execution.Isolation.resolve": ("eval-task humaneval",),
     "bytemtp.interop.export.export_hf": ("export",),

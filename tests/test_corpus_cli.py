@@ -1,4 +1,5 @@
-"""The corpus commands' user-facing lines: `bytemtp verify`, prep's note on an empty split, and
+"""The corpus commands' user-facing lines: `bytemtp verify`, prep's note on an empty split, prep's
+split by --val inputs and by --val-tail as prep and corpus-info show it (and its refusals), and
 eval, bench and plot on a corpus whose val split is empty (one line, exit status 1, no traceback)."""
 
 import dataclasses
@@ -71,6 +72,44 @@ def test_prep_warns_on_stderr_when_val_is_empty(tmp_path):
     assert "warning" not in res.stdout and "integrity: each shard's size and index sha256 recorded" in res.stdout
     res = run("prep", src, "--out", tmp_path / "with-val", "--val-fraction", "0.5")
     assert res.exit_code == 0 and "warning" not in res.output
+
+
+def test_prep_splits_by_val_inputs_or_byte_tail_and_says_how(tmp_path):
+    src = _texts(tmp_path / "src", 4)
+    (tmp_path / "held.txt").write_text("held out\n")
+    res = run("prep", src, "--val", tmp_path / "held.txt", "--val", src / "0.txt", "--out", tmp_path / "out")
+    assert _error_line(res) == (f"Error: {src / '0.txt'} is both an input and a --val input; give it once (a "
+                                "folder given as input keeps it for train unless you --exclude it)")
+    res = run("prep", src, "--val", tmp_path / "held.txt", "--val", src / "0.txt", "--exclude", "0.txt",
+              "--out", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    line = f"split: val is 2 val input file(s) whole ({tmp_path / 'held.txt'}, {src / '0.txt'}), train every other input"
+    assert line in res.stdout and line in run("corpus-info", tmp_path / "out").stdout
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert [manifest["splits"][s]["documents"] for s in ("train", "val")] == [3, 2]
+    res = run("prep", src / "3.txt", "--val-tail", "0.1", "--out", tmp_path / "tail")
+    assert res.exit_code == 0, res.output
+    line = "split: the last 0.1 of each document's bytes to val, the rest to train"
+    assert line in res.stdout and line in run("corpus-info", tmp_path / "tail").stdout
+    res = run("prep", src, "--out", tmp_path / "hash")
+    assert res.exit_code == 0 and "split: by document hash, val fraction 0.01" in res.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--val", "{held}", "--val-fraction", "0.01"], "--val-fraction and --val choose the val split in different "
+                                                    "ways; give one of them"),
+    (["--val", "{held}", "--val-tail", "0.1"], "--val and --val-tail choose the val split in different ways; give one "
+                                                "of them"),
+    (["--val-tail", "0.1", "--val-fraction", "0.2"], "--val-fraction and --val-tail choose the val split in "
+                                                       "different ways; give one of them"),
+    (["--val", "{tmp}/missing.txt"], "--val: {tmp}/missing.txt does not exist; check the path"),
+])
+def test_prep_refuses_a_split_given_twice_or_a_missing_val_input_in_one_line(tmp_path, args, message):
+    src = _texts(tmp_path / "src", 2)
+    (tmp_path / "held.txt").write_text("held out\n")
+    args = [a.format(held=tmp_path / "held.txt", tmp=tmp_path) for a in args]
+    assert _error_line(run("prep", src, "--out", tmp_path / "out", *args)) == "Error: " + message.format(tmp=tmp_path)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture

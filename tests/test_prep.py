@@ -1,11 +1,15 @@
 """Preparing a corpus (bytemtp.data.prep): the round trip with its counts, a stable split that ignores
-file order, an empty split named with the fix, no half corpus and no litter on any error or signal,
-and refused outputs and inputs."""
+file order, the split by val inputs and by the tail of each document's bytes (nanoGPT's cut), an
+empty split named with the fix, no half corpus and no litter on any error or signal, and refused
+outputs and inputs."""
 
+import collections
 import hashlib
 import os
 import pathlib
+import random
 import re
+import string
 import signal
 import subprocess
 import sys
@@ -15,7 +19,7 @@ import pytest
 from corpora import make_sources, read_back
 
 from bytemtp.data import prep as prep_lib
-from bytemtp.data.corpus import corpus_files, describe
+from bytemtp.data.corpus import corpus_files, describe, iter_documents
 from bytemtp.data.prep import prepare
 from bytemtp.data.readers import SKIP_REASONS
 from bytemtp.data.shards import CorpusError, read_manifest, verify
@@ -60,6 +64,97 @@ def test_prepare_is_stable_and_the_split_ignores_file_order(tmp_path):
     for doc in expected:
         in_val = int.from_bytes(hashlib.sha256(doc).digest()[:8], "big") / 2**64 < 0.3
         assert (doc in val) == in_val
+    assert first["split"] == {"method": "hash", "val_fraction": 0.3}
+    default = prepare(sources, tmp_path / "default", max_bad_fraction=0.1)
+    assert default["split"] == {"method": "hash", "val_fraction": 0.01}  # the default split is unchanged
+
+
+# --- the split by val inputs and by byte tail -----------------------------------------------------
+
+
+def _joined(corpus, split):
+    return b"".join(d for f in corpus_files(corpus, split=split) for d in iter_documents(f))
+
+
+def test_val_tail_cuts_one_document_where_nanogpt_does(tmp_path):
+    n = 1_115_394  # Tiny Shakespeare's length: nanoGPT trains on data[:int(n * 0.9)], validates on the rest
+    data = "".join(random.Random(0).choices(string.printable, k=n)).encode()
+    (tmp_path / "book.txt").write_bytes(data)
+    manifest = prepare([tmp_path / "book.txt"], tmp_path / "out", val_tail=0.1, level=1)
+    train, val = _joined(tmp_path / "out", "train"), _joined(tmp_path / "out", "val")
+    assert len(train) == int(n * 0.9) == 1_003_854 and train + val == data  # no byte lost or repeated
+    assert train == data[:int(n * 0.9)] and val == data[int(n * 0.9):]
+    assert read_back(tmp_path / "out", "train") == {train: 1} and read_back(tmp_path / "out", "val") == {val: 1}
+    assert [manifest["splits"][s]["bytes"] for s in ("train", "val")] == [len(train), len(val)]
+    assert manifest["split"] == {"method": "tail", "val_tail": 0.1}
+    assert describe(tmp_path / "out")["manifest"]["split"] == manifest["split"]
+    verify(tmp_path / "out")
+
+
+def test_val_tail_splits_every_document_and_keeps_empty_ones(tmp_path):
+    docs = {"a.txt": b"0123456789" * 7, "b.txt": b"x", "c.txt": b"", "d.txt": b"\x00\xff" * 50, "e.txt": b"x"}
+    (tmp_path / "src").mkdir()
+    for name, doc in docs.items():
+        (tmp_path / "src" / name).write_bytes(doc)
+    manifest = prepare([tmp_path / "src"], tmp_path / "out", val_tail=0.25)
+    cut = {name: int(len(doc) * 0.75) for name, doc in docs.items()}
+    assert read_back(tmp_path / "out", "train") == {docs["a.txt"][:cut["a.txt"]]: 1, b"": 1,
+                                                    docs["d.txt"][:cut["d.txt"]]: 1}
+    assert read_back(tmp_path / "out", "val") == {docs["a.txt"][cut["a.txt"]:]: 1, b"x": 1,
+                                                  docs["d.txt"][cut["d.txt"]:]: 1}
+    assert manifest["duplicates"] == 1  # e.txt is b.txt's copy: deduplicated before the cut
+    assert sum(s["bytes"] for s in manifest["splits"].values()) == sum(len(d) for d in docs.values()) - 1
+
+
+def test_val_inputs_go_to_val_whole_and_the_rest_to_train(tmp_path):
+    sources, expected = make_sources(tmp_path)
+    held = tmp_path / "held"
+    (held / "deep").mkdir(parents=True)
+    (held / "one.txt").write_bytes(b"a held-out document")
+    (held / "deep" / "two.txt").write_bytes(b"alpha text\n")  # also a train input's text: it stays in val
+    (tmp_path / "three.txt").write_bytes(b"another held-out one")
+    manifest = prepare(sources, tmp_path / "out", val=[held, tmp_path / "three.txt"], max_bad_fraction=0.1)
+    val = {b"a held-out document": 1, b"alpha text\n": 1, b"another held-out one": 1}
+    assert read_back(tmp_path / "out", "val") == val
+    assert read_back(tmp_path / "out", "train") == expected - collections.Counter([b"alpha text\n"])  # no hash split
+    assert manifest["split"] == {"method": "inputs", "val_inputs": [str(held), str(tmp_path / "three.txt")],
+                                 "val_files": 3}
+    assert manifest["duplicates"] == 4 and manifest["input_files"] == 10
+    verify(tmp_path / "out")
+
+
+def test_a_split_given_twice_or_a_bad_val_input_is_refused(tmp_path):
+    sources, _ = make_sources(tmp_path)
+    (tmp_path / "val.txt").write_text("held out")
+    refused = {
+        "--val-fraction and --val choose the val split in different ways; give one of them":
+            dict(val_fraction=0.01, val=[tmp_path / "val.txt"]),
+        "--val and --val-tail choose": dict(val=[tmp_path / "val.txt"], val_tail=0.1),
+        "--val-fraction and --val-tail choose": dict(val_fraction=0.2, val_tail=0.1),
+        "--val-tail 1.0 is not allowed; expected a fraction of each document's bytes strictly between 0 and 1":
+            dict(val_tail=1.0),
+        "--val-tail 0 is not allowed": dict(val_tail=0),
+        f"--val: {tmp_path / 'missing.txt'} does not exist; check the path": dict(val=[tmp_path / "missing.txt"]),
+        f"--val: no file matches the pattern {tmp_path}/\\*.md": dict(val=[f"{tmp_path}/*.md"]),
+        f"{tmp_path / 'texts' / 'a.txt'} is both an input and a --val input; give it once \\(a folder given as "
+        "input keeps it for train unless you --exclude it\\)": dict(val=[tmp_path / "texts" / "a.txt"]),
+    }
+    for message, split in refused.items():
+        with pytest.raises(ValueError, match=message):
+            prepare(sources, tmp_path / "out", max_bad_fraction=0.1, **split)
+    (tmp_path / "empty.jsonl").write_bytes(b"{broken\n")
+    with pytest.raises(CorpusError, match=f"the val inputs {tmp_path / 'empty.jsonl'} hold no document \\(bad "
+                                          r"records skipped in all inputs: invalid_json 2, not_string 1\); check them"):
+        prepare(sources, tmp_path / "out", val=[tmp_path / "empty.jsonl"], max_bad_fraction=1.0)
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "v.txt").write_text("held out")
+    with pytest.raises(CorpusError, match=r"no document went to train: every input is a val input or a copy of "
+                                          r"one \(1 documents in val\); give inputs besides the val ones"):
+        prepare([tmp_path / "copy"], tmp_path / "out", val=[tmp_path / "val.txt"])
+    (tmp_path / "byte.txt").write_bytes(b"x")  # int(1 * 0.9) == 0: its one byte goes to val
+    with pytest.raises(CorpusError, match=r"no byte went to train: at val_tail=0.1 every document is too short"):
+        prepare([tmp_path / "byte.txt"], tmp_path / "out", val_tail=0.1)
+    assert not (tmp_path / "out").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_an_empty_split_is_named_with_the_fix(tmp_path):

@@ -1,10 +1,15 @@
 """Preparing a corpus: the policy (dedup, split, bad records) that turns any corpus spec into a
 prepared one, written in the format of `bytemtp.data.shards` (which owns the format, and its reader).
 
-`prepare` drops exact duplicates and splits documents by a hash of their bytes, so the split is stable
-across runs and file orders and identical documents can never straddle train and val. Frames are
-compressed in parallel but written in order, so the output is the same for every thread count.
-Duplicate detection keeps one digest per unique document in memory (about 100 bytes each).
+`prepare` drops exact duplicates and splits documents one of three ways, recorded in the manifest's
+`split`. By default by a hash of their bytes, so the split is stable across runs and file orders and
+identical documents can never straddle train and val. Given val inputs, those go to val whole and
+every other input to train (val inputs are read first, so a train document equal to a val one is
+the duplicate dropped). Given a val tail F, the last F of each document's bytes go to val as a
+document of their own and the rest to train: the one split that can cut a one-document corpus (a
+novel, say) in two, at the cost of a boundary inside the text. Frames are compressed in parallel but
+written in order, so the output is the same for every thread count. Duplicate detection keeps one
+digest per unique document in memory (about 100 bytes each).
 
 No half corpus, no litter. The corpus is built in a hidden sibling folder `.NAME.tmp-PID`, fsynced
 and renamed into place, so the output never holds half a corpus. The folder goes on any error, on
@@ -113,23 +118,67 @@ def _remove_stale_temporaries(out: pathlib.Path, *, say: Callable[[str], None] |
             f"{', '.join(kept)}; remove them by hand once no prep of {out.name} runs")
 
 
-def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float = 0.01, level: int = 10,
-            source_name: str | None = None, licence: str = "unknown",
-            progress: Callable[[int, int], None] | None = None, max_bad_fraction: float = 0.01,
-            frame_bytes: int = 1 << 20, threads: int = -1, say: Callable[[str], None] | None = None) -> dict:
+def split_record(*, val_fraction: float | None = None, val=None, val_tail: float | None = None) -> dict:
+    """How `prepare` splits, as the manifest records it: {"method": "hash", "val_fraction"},
+    {"method": "inputs", "val_inputs"} or {"method": "tail", "val_tail"}; at most one of the three
+    may be given (none: the hash split at 0.01)."""
+    given = [name for name, value in (("--val-fraction", val_fraction), ("--val", val), ("--val-tail", val_tail))
+             if value is not None]
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(given)} choose the val split in different ways; give one of them")
+    if val is not None:
+        return {"method": "inputs", "val_inputs": [os.fspath(item) for item in spec_items(val)]}
+    if val_tail is not None:
+        if not (isinstance(val_tail, (int, float)) and 0.0 < val_tail < 1.0):
+            raise ValueError(f"--val-tail {val_tail!r} is not allowed; expected a fraction of each document's "
+                             f"bytes strictly between 0 and 1, e.g. 0.1")
+        return {"method": "tail", "val_tail": val_tail}
+    val_fraction = 0.01 if val_fraction is None else val_fraction
+    if not (isinstance(val_fraction, (int, float)) and 0.0 <= val_fraction <= 1.0):
+        raise ValueError(f"val_fraction={val_fraction!r} is not allowed; expected a number in [0, 1]")
+    return {"method": "hash", "val_fraction": val_fraction}
+
+
+def val_files(val, *, inputs=()) -> list[pathlib.Path]:
+    """The files of the val inputs `val` (a corpus spec), none of which may be among `inputs` (the
+    files of the other inputs)."""
+    try:
+        found = corpus_files(val, split=None)
+    except CorpusError as e:
+        raise CorpusError(f"--val: {e}") from None
+    taken = {os.path.realpath(f): f for f in inputs}
+    for path in found:
+        if (twin := taken.get(os.path.realpath(path))) is not None:
+            raise CorpusError(f"{twin} is both an input and a --val input; give it once (a folder given as "
+                              f"input keeps it for train unless you --exclude it)")
+    return found
+
+
+def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float | None = None, val=None,
+            val_tail: float | None = None, level: int = 10, source_name: str | None = None,
+            licence: str = "unknown", progress: Callable[[int, int], None] | None = None,
+            max_bad_fraction: float = 0.01, frame_bytes: int = 1 << 20, threads: int = -1,
+            say: Callable[[str], None] | None = None) -> dict:
     """Build a prepared corpus in out_dir (train/ and val/ shards plus manifest.json); return the manifest.
 
-    A document goes to val when the first 8 bytes of its sha256, read as a fraction of 2**64, are
-    below val_fraction. `progress(bytes_read, docs)` gets running totals every 1024 documents and
-    after each file: the on-disk bytes of the files read (within a file, the document bytes read
-    from it, capped at its size) and the documents read, duplicates included. `say` gets notes for
-    the user, one line each: an empty val split and how to get one, temporary folders kept. The
-    corpus is built in a hidden sibling directory and renamed into place (see the module doc).
+    The split, one of (see the module doc): by hash (the default; val_fraction, None for 0.01), where
+    a document goes to val when the first 8 bytes of its sha256, read as a fraction of 2**64, are
+    below val_fraction; `val`, a corpus spec like `sources` whose files go to val whole (none of
+    them may be among the sources' files); or `val_tail` F in (0, 1), where a document of n bytes
+    gives its first int(n * (1 - F)) bytes to train and the rest to val (an empty piece is not
+    written; an empty document goes to train). `progress(bytes_read, docs)` gets running totals
+    every 1024 documents and after each file: the on-disk bytes of the files read (within a file,
+    the document bytes read from it, capped at its size) and the documents read, duplicates
+    included. `say` gets notes for the user, one line each: an empty val split and how to get one,
+    temporary folders kept. The corpus is built in a hidden sibling directory and renamed into place
+    (see the module doc).
     """
-    for name, value in (("val_fraction", val_fraction), ("max_bad_fraction", max_bad_fraction)):
-        if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
-            raise ValueError(f"{name}={value!r} is not allowed; expected a number in [0, 1]")
+    if not (isinstance(max_bad_fraction, (int, float)) and 0.0 <= max_bad_fraction <= 1.0):
+        raise ValueError(f"max_bad_fraction={max_bad_fraction!r} is not allowed; expected a number in [0, 1]")
+    split = split_record(val_fraction=val_fraction, val=val, val_tail=val_tail)
     files = corpus_files(sources, split=None)
+    val_paths = val_files(val, inputs=files) if val is not None else []
+    files = [*val_paths, *files]  # val first: a train copy of a val document is the duplicate dropped
     out = pathlib.Path(out_dir)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         raise CorpusError(f"{out} already exists and is not empty; remove it or choose another --out")
@@ -141,7 +190,7 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
             try:
                 tmp.mkdir()
                 (tmp / HOST_FILE).write_text(socket.gethostname() + "\n")
-                manifest = _build(files, tmp, sources=sources, field=field, val_fraction=val_fraction,
+                manifest = _build(files, tmp, val_paths=val_paths, sources=sources, field=field, split=split,
                                   level=level, source_name=source_name, licence=licence, progress=progress,
                                   max_bad_fraction=max_bad_fraction, frame_bytes=frame_bytes, threads=threads)
                 (tmp / HOST_FILE).unlink()
@@ -157,9 +206,8 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
         signal.raise_signal(stop.signum)
         raise CorpusError(f"prep of {out} stopped by signal {signal.Signals(stop.signum).name}; its temporary "
                           f"folder is removed") from None
-    val = manifest["splits"]["val"]["documents"]
-    if val == 0 and say is not None:
-        total = manifest["splits"]["train"]["documents"]
+    if manifest["splits"]["val"]["documents"] == 0 and split["method"] == "hash" and say is not None:
+        total, val_fraction = manifest["splits"]["train"]["documents"], split["val_fraction"]
         wanted = min(0.5, 10 / total)
         say(f"warning: the val split of {out} is empty: a val fraction of {val_fraction:g} of {total:,} documents "
             f"expects {val_fraction * total:.2g} there; prepare again with a larger `bytemtp prep --val-fraction` "
@@ -167,13 +215,44 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
     return manifest
 
 
-def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, sources, field: str, val_fraction: float, level: int,
-           source_name: str | None, licence: str, progress, max_bad_fraction: float, frame_bytes: int,
-           threads: int) -> dict:
+def _pieces(doc: bytes, digest: bytes, *, split: dict, val_input: bool) -> list[tuple[str, bytes]]:
+    """(split name, bytes) for each piece a unique document gives under a split record."""
+    if split["method"] == "inputs":
+        return [("val" if val_input else "train", doc)]
+    if split["method"] == "tail":
+        cut = int(len(doc) * (1 - split["val_tail"]))  # nanoGPT's data[:int(n * 0.9)] at val_tail 0.1
+        head, tail = doc[:cut], doc[cut:]
+        return [("train", head)] * (bool(head) or not tail) + [("val", tail)] * bool(tail)
+    is_val = int.from_bytes(digest[:8], "big") / 2**64 < split["val_fraction"]
+    return [("val" if is_val else "train", doc)]
+
+
+def _empty_split_error(split: dict, *, train: int, val: int, reasons: str) -> str | None:
+    """Why a split that holds no document cannot be, or None when both are allowed as they are."""
+    if split["method"] == "inputs" and val == 0:
+        return (f"the val inputs {', '.join(split['val_inputs'])} hold no document (bad records skipped in all "
+                f"inputs: {reasons}); check them")
+    if train > 0:
+        return None
+    if split["method"] == "inputs":
+        return (f"no document went to train: every input is a val input or a copy of one ({val} documents "
+                f"in val); give inputs besides the val ones")
+    if split["method"] == "tail":
+        return (f"no byte went to train: at val_tail={split['val_tail']} every document is too short to keep "
+                f"one ({val} pieces in val); lower the tail")
+    return (f"all {val} documents went to val (val_fraction={split['val_fraction']}), none to train; lower the "
+            f"validation fraction")
+
+
+def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, val_paths: list[pathlib.Path], sources, field: str,
+           split: dict, level: int, source_name: str | None, licence: str, progress, max_bad_fraction: float,
+           frame_bytes: int, threads: int) -> dict:
     """Write the shards and the manifest of a prepared corpus into tmp; return the manifest."""
     skipped, seen, duplicates, read, done = {}, set(), 0, 0, 0
     kw = dict(level=level, frame_bytes=frame_bytes, threads=threads)
+    val_inputs = set(val_paths)
     with ShardWriter(tmp / "train", **kw) as train, ShardWriter(tmp / "val", **kw) as val:
+        writers = {"train": train, "val": val}
         for path in files:
             size, in_file = path.stat().st_size, 0
             for doc in iter_documents(path, field=field, counts=skipped):
@@ -185,8 +264,8 @@ def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, sources, field: str,
                     duplicates += 1
                     continue
                 seen.add(digest)
-                is_val = int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
-                (val if is_val else train).write(doc)
+                for name, piece in _pieces(doc, digest, split=split, val_input=path in val_inputs):
+                    writers[name].write(piece)
             done += size
             if progress is not None:
                 progress(done, read)
@@ -199,9 +278,8 @@ def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, sources, field: str,
     if train.documents + val.documents == 0:
         raise CorpusError(f"no documents in {', '.join(map(str, files))} after skipping {bad} bad records "
                           f"({reasons}) and {duplicates} duplicates; check the sources and --field")
-    if train.documents == 0:
-        raise CorpusError(f"all {val.documents} documents went to val (val_fraction={val_fraction}), none to "
-                          f"train; lower the validation fraction")
+    if error := _empty_split_error(split, train=train.documents, val=val.documents, reasons=reasons):
+        raise CorpusError(error)
     manifest = {
         "format_version": FORMAT_VERSION,
         "bytemtp_version": bytemtp.__version__,
@@ -211,6 +289,7 @@ def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, sources, field: str,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "frame_bytes": frame_bytes,
         "level": level,
+        "split": split | ({"val_files": len(val_paths)} if split["method"] == "inputs" else {}),
         "splits": {"train": train.summary(), "val": val.summary()},
         "skipped": {reason: skipped.get(reason, 0) for reason in SKIP_REASONS},
         "duplicates": duplicates,
