@@ -179,3 +179,33 @@ def bench_quality(preset: str, data: str, steps: int, eval_batches: int, teacher
                   device=str(resolve_device(device)), teacher_weight=teacher_weight, prompts=prompts)
     echo(report.quality_report(res))
     write_json(json_path, res)
+
+
+@bench.command("sweep")
+@click.argument("grid", type=click.Path(dir_okay=False, exists=True))
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Each candidate's run goes to OUT/NAME; a candidate with OUT/NAME/sweep.json is read back.")
+@click.option("--time", "budget", default="9m", show_default=True,
+              help="Training wall time of every candidate (the schedule is fitted to it).")
+@click.option("--tune-time", default="0s", show_default=True,
+              help="Then tune each candidate's draft heads this long and measure decoding on them (0s: no tune).")
+@click.option("--eval-bytes", default=102_400, show_default=True, type=click.IntRange(1),
+              help="Score head 1 on this many bytes of the val split, the same for every candidate.")
+@click.option("--prompts", default=8, show_default=True, type=click.IntRange(1),
+              help="Held-out prompts that the tuned models decode.")
+@click.option("--only", default=None, help="Comma-separated candidates to run (default: all, in the grid's order).")
+@json_option()
+def bench_sweep(grid: str, out: str, budget: str, tune_time: str, eval_bytes: int, prompts: int, only: str | None,
+                json_path: str | None) -> None:
+    """Train every candidate of a grid (a TOML file; see examples/sweep-small.toml) for the same wall
+    time and compare head-1 val bits/byte, and with --tune-time what the tuned draft heads give."""
+    from bytemtp import sweep
+
+    from .options import parse_duration
+
+    budget_s, tune_s = parse_duration(budget), parse_duration(tune_time)
+    names = [n.strip() for n in only.split(",") if n.strip()] if only else None
+    results = sweep.run_sweep(sweep.read_grid(grid), out, budget_s=budget_s, eval_bytes=eval_bytes, tune_s=tune_s,
+                              prompts=prompts, only=names)
+    echo(sweep.table(results))
+    write_json(json_path, results)

@@ -1,0 +1,160 @@
+"""A preset sized by measurement: every candidate of a grid trained for the same wall time on the
+same corpus, then scored on the same held-out bytes, with what its draft heads give decoding.
+
+A grid is a TOML file: a preset, settings every candidate shares, and candidates, each a name and
+its own `section.key=value` settings (the CLI's --set)::
+
+    preset = "small"
+    sets = ["data.path=data/corpus/stdlib"]
+
+    [[candidate]]
+    name = "w128-b16"
+    sets = ["model.d_model=128", "data.batch_size=16", "train.lr=3e-3"]
+
+`run_sweep` trains each candidate into OUT/NAME for `budget_s` seconds (train.max_time: the schedule
+is fitted to the time), scores head 1 on the first `eval_bytes` bytes of the val split (the same
+bytes for every context length and batch), and where `tune_s` is given tunes the draft heads for
+that long (`bytemtp tune-heads`, as `make demo` does) and reports the greedy chain's bytes per pass
+on held-out prompts and eager decoding's speed on them (`bench.decode_speed`, plain against the
+chain of every head). A candidate whose OUT/NAME/sweep.json exists is read back, not trained
+again, so a sweep stopped half way goes on where it stopped, and two processes can share the
+candidates out (`only`); one measured without a tune is tuned when a later call asks for one. The trade-off: candidates run one after another in the process, so a
+sweep of n candidates takes n budgets; the figures are comparable only within one machine and one
+sitting (run two halves at the same time, one thread each, for twice the candidates an hour).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import tomllib
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from bytemtp import config as config_lib
+from bytemtp.bench import decode_speed
+from bytemtp.evaluation.evaluate import draft_report, evaluate
+from bytemtp.runtime.checkpoint import load_model
+from bytemtp.runtime.devices import resolve_device
+from bytemtp.training import runs
+from bytemtp.training.train import run_plan, train
+
+RESULT = "sweep.json"
+EVAL_BATCH = 8  # windows a validation batch; the batches are as many as eval_bytes needs
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """A sweep's candidates: each name's settings on top of the preset and the shared ones."""
+
+    preset: str
+    sets: tuple[str, ...]
+    candidates: dict[str, tuple[str, ...]]
+
+    def config(self, name: str, *, budget_s: float) -> config_lib.Config:
+        """The candidate's configuration, limited by time alone."""
+        return config_lib.resolve(self.preset, overrides=[*self.sets, *self.candidates[name], "train.steps=0",
+                                                          "train.max_bytes=0", f"train.max_time={budget_s}"])
+
+
+def read_grid(path: str | Path) -> Grid:
+    """A grid file, every candidate's configuration checked before anything trains (ValueError)."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read the grid {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"the grid {path} is not valid TOML: {e}") from None
+    unknown = sorted(set(raw) - {"preset", "sets", "candidate"})
+    if unknown:
+        raise ValueError(f"the grid {path} has an unknown key {unknown[0]!r}; allowed: preset, sets, candidate")
+    candidates = {}
+    for i, c in enumerate(raw.get("candidate", [])):
+        name, sets = c.get("name"), c.get("sets", [])
+        if not isinstance(name, str) or not name or "/" in name or not isinstance(sets, list):
+            raise ValueError(f"the grid {path}: candidate {i + 1} needs a name (no '/') and a list of sets")
+        if name in candidates:
+            raise ValueError(f"the grid {path} names the candidate {name!r} twice")
+        candidates[name] = tuple(sets)
+    if not candidates:
+        raise ValueError(f"the grid {path} has no [[candidate]]")
+    grid = Grid(preset=raw.get("preset", "small"), sets=tuple(raw.get("sets", [])), candidates=candidates)
+    for name in candidates:
+        try:
+            grid.config(name, budget_s=1.0)
+        except ValueError as e:
+            raise ValueError(f"the grid {path}, candidate {name!r}: {e}") from None
+    return grid
+
+
+def run_candidate(grid: Grid, name: str, out: Path, *, budget_s: float, eval_bytes: int, tune_s: float,
+                  prompts: int, say=tqdm.write) -> dict:
+    """Train, score and (with tune_s) tune one candidate; its figures, also kept in OUT/NAME/sweep.json."""
+    cfg = grid.config(name, budget_s=budget_s)
+    run_dir = out / name
+    device = resolve_device(cfg.train.device)
+    if (run_dir / RESULT).is_file():  # measured before; a tune may be asked for now
+        figures = json.loads((run_dir / RESULT).read_text())
+    else:
+        result = train(cfg, run_dir, resume=(run_dir / "checkpoints").is_dir(), say=say)
+        model, _ = load_model(result.checkpoint, device=device)
+        batches = max(1, math.ceil(eval_bytes / (EVAL_BATCH * cfg.model.seq_len)))
+        ev = evaluate(model, cfg.data.path, split="val", batches=batches, batch_size=EVAL_BATCH, device=device)
+        figures = {"name": name, "sets": list(grid.candidates[name]), "params": model.num_params(),
+                   "budget_s": budget_s, "steps": result.step, "bytes_seen": result.bytes_seen,
+                   "stopped_by": result.stopped_by, "val_bytes": ev.bytes, "val_bpb": ev.bpb,
+                   "head_agreement": {str(k): v for k, v in ev.agreement.items()}}
+    if tune_s and cfg.model.n_future > 1 and "tuned_chain_bytes_per_pass" not in figures:
+        figures.update(_tuned(run_dir, budget_s=tune_s, prompts=prompts, device=device, say=say))
+    (run_dir / RESULT).write_text(json.dumps(figures, indent=2) + "\n")
+    return figures
+
+
+def _tuned(run_dir: Path, *, budget_s: float, prompts: int, device: torch.device, say) -> dict:
+    """The demo's tune of the draft heads for budget_s, then the greedy chain's bytes per pass and
+    eager decoding's speed (plain against the chain of every head) on held-out prompts."""
+    tuned = run_dir.with_name(run_dir.name + "-tuned")
+    if not (tuned / "checkpoints").is_dir():
+        run_plan(runs.plan_tune(run_dir, tuned, overrides=[f"train.max_time={budget_s}"]), say=say)
+    model, cfg = load_model(tuned, device=device)
+    report = draft_report(model, cfg.data.path, batches=4, prompts=prompts)
+    speed = decode_speed(str(tuned), n_prompts=prompts, max_bytes=128, batch_sizes=(1,), modes=("chain-all",),
+                         rounds=1, device=str(device), eval_batches=0, compile="off")
+    return {"tuned_chain_bytes_per_pass": report.decoded_bytes_per_forward["chain-all"],
+            "tuned_tree_bytes_per_pass": report.decoded_bytes_per_forward["tree-all"],
+            "eager_speedup": speed["speedup"], "plain_bytes_s": speed["plain_bytes_s"],
+            "repetition": speed.get("repetition"),
+            "decode": {k: v for k, v in speed["cases"][0].items() if k not in ("batch_size", "mode")}}
+
+
+def run_sweep(grid: Grid, out: str | Path, *, budget_s: float, eval_bytes: int = 102_400, tune_s: float = 0.0,
+              prompts: int = 8, only: list[str] | None = None) -> list[dict]:
+    """`run_candidate` of every candidate (or those named in `only`), in the grid's order."""
+    names = only or list(grid.candidates)
+    missing = [n for n in names if n not in grid.candidates]
+    if missing:
+        raise ValueError(f"no candidate {missing[0]!r} in the grid; it has {', '.join(grid.candidates)}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    say = lambda text: tqdm.write(text, file=sys.stderr)  # noqa: E731 (stdout may carry the table)
+    return [run_candidate(grid, n, out, budget_s=budget_s, eval_bytes=eval_bytes, tune_s=tune_s, prompts=prompts,
+                          say=say) for n in names]
+
+
+def table(results: list[dict]) -> str:
+    """The sweep as a Markdown table, lowest head-1 bits per byte first."""
+    rows = ["| candidate | settings | params | steps | bytes seen | head-1 val bpb | head-2 agrees | "
+            "tuned chain bytes/pass | eager speedup | decoded zstd ratio / real |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: r["val_bpb"][0]):
+        chain, speed = r.get("tuned_chain_bytes_per_pass"), r.get("eager_speedup")
+        over = (r.get("repetition") or {}).get("zstd_ratio_over_real")
+        rows.append(f"| {r['name']} | {' '.join(r['sets'])} | {r['params'] / 1e6:.2f}M | {r['steps']} | "
+                    f"{r['bytes_seen'] / 1e6:.2f} MB | {r['val_bpb'][0]:.3f} | {r['head_agreement'].get('2', 0):.3f} | "
+                    f"{'-' if chain is None else f'{chain:.2f}'} | {'-' if speed is None else f'{speed:.2f}x'} | "
+                    f"{'-' if over is None else f'{over:.2f}'} |")
+    return "\n".join(rows)
