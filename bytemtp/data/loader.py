@@ -122,29 +122,34 @@ class DocumentStream:
         whole documents from raw and JSONL files, up to CHUNK bytes at a time from prepared shards.
         The position advances as they go."""
         while True:
-            order = self.order(self.epoch)
-            while self.file_index < len(order):
-                file = self.readers[order[self.file_index]]
-                share = Share(self.reader, self.n_readers, chunk=self.CHUNK, ahead=self.AHEAD,
-                              undigested=self._unchecked)
-                for step in file.share(file.position(self.pos), record=self.record, share=share):
-                    self.pos, self.record = step.pos, step.record
-                    self.counts["lines"] += step.lines
-                    if step.skipped is not None:
-                        self._skip(step.skipped, file.path)
-                    self.counts["documents"] += step.documents
-                    self.counts["bytes"] += step.nbytes
-                    self._epoch_docs += step.documents
-                    if step.piece is not None:
-                        yield step.piece
-                self.file_index, self.pos = self.file_index + 1, START
-            self._check_bad(final=True)
-            if self._epoch_docs == 0:
-                raise CorpusError(
-                    f"reader {self.reader} of {self.n_readers} found no documents in a whole epoch of "
-                    f"{len(self.files)} file(s): the corpus has fewer documents than readers "
-                    "(ranks x workers); use fewer workers or a bigger corpus")
-            self.epoch, self.file_index, self.record, self._epoch_docs = self.epoch + 1, 0, 0, 0
+            yield from self.epoch_pieces()
+
+    def epoch_pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The pieces from the current position to the end of the current epoch; once they run out,
+        the stream stands at the start of the next epoch."""
+        order = self.order(self.epoch)
+        while self.file_index < len(order):
+            file = self.readers[order[self.file_index]]
+            share = Share(self.reader, self.n_readers, chunk=self.CHUNK, ahead=self.AHEAD,
+                          undigested=self._unchecked)
+            for step in file.share(file.position(self.pos), record=self.record, share=share):
+                self.pos, self.record = step.pos, step.record
+                self.counts["lines"] += step.lines
+                if step.skipped is not None:
+                    self._skip(step.skipped, file.path)
+                self.counts["documents"] += step.documents
+                self.counts["bytes"] += step.nbytes
+                self._epoch_docs += step.documents
+                if step.piece is not None:
+                    yield step.piece
+            self.file_index, self.pos = self.file_index + 1, START
+        self._check_bad(final=True)
+        if self._epoch_docs == 0:
+            raise CorpusError(
+                f"reader {self.reader} of {self.n_readers} found no documents in a whole epoch of "
+                f"{len(self.files)} file(s): the corpus has fewer documents than readers "
+                "(ranks x workers); use fewer workers or a bigger corpus")
+        self.epoch, self.file_index, self.record, self._epoch_docs = self.epoch + 1, 0, 0, 0
 
     def _skip(self, reason: str, path: Path) -> None:
         skipped = self.counts["skipped"]
