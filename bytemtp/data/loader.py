@@ -22,18 +22,15 @@ the same position:
   every id is an input exactly once and every target of every head is seen), shuffles them, and
   stacks them into (B, seq_len + n_future) int32 batches (half the bytes of int64; embeddings take
   int32, the loss widens its targets). The shuffle is by segments of the stream: `shuffle_buffer`
-  windows (16,384 by default: 4 MiB of text at seq_len 256), or the rest of an epoch, are read,
-  cut and handed out in one random order, so a batch mixes windows from megabytes apart, and a
-  one-document corpus the size of Tiny Shakespeare is shuffled whole every epoch. A block shuffle
-  of 256 windows, as before, kept the windows of a batch within 256 windows of one another, which
-  cost 0.06 nats on Tiny Shakespeare against one shuffle over all windows. A segment holds the
-  windows of the unshuffled tiling, ends at an epoch's end, and passes what follows its last window
-  (fewer ids than a window) on to the next, so every id is still an input once in every epoch and
-  no window joins two segments. The trade-offs: memory of about 2.5 x shuffle_buffer x seq_len bytes
-  a reader, a pause to read each segment (milliseconds on a prepared shard), and windows mixed only
-  within a segment, not across a corpus larger than one. Its state is small: where the current
-  segment started (the stream's position, the ids carried into it and the RNG state) and how many
-  of its windows went out; a resumed packer reads the segment again and skips those.
+  windows (16,384 by default: 4 MiB of text at seq_len 256), or the rest of an epoch, are read and
+  handed out in one random order, so a batch mixes windows from megabytes apart and a one-document
+  corpus the size of Tiny Shakespeare is shuffled whole every epoch (a shuffle within blocks of 256
+  neighbouring windows cost 0.06 nats there against one over all windows). A segment holds windows
+  of the unshuffled tiling and passes what follows its last one (fewer ids than a window) on to the
+  next, so every id is still an input once an epoch and no window joins two segments. The
+  trade-offs: about 2.5 x shuffle_buffer x seq_len bytes of memory a reader, a pause to read each
+  segment (milliseconds on a prepared shard), no mixing across segments. The state stays small:
+  where the segment started and how many of its windows went out (a resume reads it again).
 
 `ByteLoader` runs one such chain in the training process, or one per torch DataLoader worker:
 workers are read in strict round robin, each batch carries its worker's state, and the loader's
