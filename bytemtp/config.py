@@ -203,10 +203,10 @@ class DataConfig:
     """JSON field that holds the text in JSONL files."""
     batch_size: int = 8
     """Windows per batch (per process)."""
-    shuffle_buffer: int = 256
-    """Windows held in the shuffle buffer; 1 keeps the packing order."""
+    shuffle_buffer: int = 16384
+    """Windows shuffled together: each reader reads this many windows of its stream (fewer at an epoch's end) and hands them out in one random order, at about 2.5 x shuffle_buffer x seq_len bytes of memory; 1 keeps the packing order."""
     seed: int = 0
-    """Seed of the shard order (a new order every epoch) and of the shuffle buffer."""
+    """Seed of the shard order (a new order every epoch) and of the shuffle."""
     num_workers: int = 0
     """DataLoader worker processes per rank; 0 reads in the training process."""
     max_bad_fraction: float = 0.01

@@ -150,10 +150,11 @@ def _take(loader, n):
     return [next(loader) for _ in range(n)]
 
 
+@pytest.mark.parametrize("shuffle_buffer", [5, DataConfig.shuffle_buffer])  # segments of ~5, and whole epochs
 @pytest.mark.parametrize("workers", [0, 2])
-def test_resumed_loader_yields_the_same_batches(corpus, workers):
+def test_resumed_loader_yields_the_same_batches(corpus, workers, shuffle_buffer):
     d, _ = corpus
-    cfg = DataConfig(path=str(d), batch_size=4, shuffle_buffer=5, num_workers=workers, seed=7)
+    cfg = DataConfig(path=str(d), batch_size=4, shuffle_buffer=shuffle_buffer, num_workers=workers, seed=7)
     make = lambda: L.ByteLoader(cfg, _model(16, 4))  # noqa: E731
     first = make()
     _take(first, 9)
@@ -165,6 +166,76 @@ def test_resumed_loader_yields_the_same_batches(corpus, workers):
     got = _take(resumed, 140)
     for a, b in zip(expected, got):
         assert torch.equal(a, b)
+
+
+def test_a_loader_resumes_exactly_from_every_batch(corpus):
+    """Every position: inside a segment, at its end, and where a batch takes the rest of one
+    segment and the start of the next (batches of 3 from segments of at least 7 windows)."""
+    d, _ = corpus
+    cfg = DataConfig(path=str(d), batch_size=3, shuffle_buffer=7, seed=2)
+    first = L.ByteLoader(cfg, _model(16, 4))
+    states, batches = [], []
+    while first.epoch < 2:
+        states.append(json.loads(json.dumps(first.state_dict())))
+        batches.append(next(first))
+    segments = [state["workers"][0]["segment"] for state in states[1:]]
+    assert any(s is None for s in segments) and any(s and s["taken"] % 3 for s in segments)
+    for i in range(1, len(states)):
+        resumed = L.ByteLoader(cfg, _model(16, 4))
+        resumed.load_state_dict(states[i])
+        for k, batch in enumerate(batches[i:i + 12]):
+            assert torch.equal(next(resumed), batch), (i, k)
+
+
+def _epoch_windows(files, *, reader, n_readers, epochs):
+    """The unshuffled tiling's windows (20 ids, 16 apart), as tuples, grouped by the epoch of the
+    stream that their last id comes from."""
+    ids, ends = [], []
+    for epoch in range(epochs + 1):
+        ids += [i for doc in _epoch_docs(files, reader, n_readers, epoch) for i in [*doc, EOS]]
+        ends.append(len(ids))
+    windows = [[] for _ in range(epochs)]
+    for k in range((len(ids) - 20) // 16 + 1):
+        epoch = int(np.searchsorted(ends, 16 * k + 20))  # the first epoch that ends at or after its last id
+        if epoch < epochs:
+            windows[epoch].append(tuple(ids[16 * k:16 * k + 20]))
+    return windows
+
+
+@pytest.mark.parametrize("shuffle_buffer", [1, 50, DataConfig.shuffle_buffer])
+@pytest.mark.parametrize("reader,n_readers", [(0, 1), (1, 2)])
+def test_each_epoch_hands_out_every_window_once(corpus, shuffle_buffer, reader, n_readers):
+    """The shuffle only reorders the unshuffled tiling (no window cut where segments join, so
+    every id is an input once), and never across an epoch's end: of the windows handed out,
+    the first ones are exactly those of epoch 0, each once, then those of epoch 1."""
+    d, _ = corpus
+    files = corpus_files(str(d))
+    expected = _epoch_windows(files, reader=reader, n_readers=n_readers, epochs=2)
+    packer = L.WindowPacker(L.DocumentStream(files, reader=reader, n_readers=n_readers, seed=3),
+                            window=20, stride=16, batch_size=3, shuffle_buffer=shuffle_buffer, seed=3)
+    got = []
+    while len(got) < sum(map(len, expected)):
+        got += [tuple(row) for row in packer.next_batch().tolist()]
+    n0 = len(expected[0])
+    assert collections.Counter(got[:n0]) == collections.Counter(expected[0])
+    assert collections.Counter(got[n0:n0 + len(expected[1])]) == collections.Counter(expected[1])
+    if shuffle_buffer > 1:
+        assert got[:n0] != expected[0]  # and it did shuffle
+
+
+def test_a_one_document_corpus_mixes_windows_from_across_it(tmp_path):
+    """A single long document (as Tiny Shakespeare is) in a prepared shard of many frames: the
+    windows of each batch come from all over it, not from neighbouring stretches (a shuffle by
+    blocks of 256 windows keeps each batch within 256 x 16 bytes of its 64 KiB)."""
+    size = 1 << 16
+    doc = np.arange(size // 2, dtype=">u2").tobytes()  # every even offset spells itself
+    _write_shard(tmp_path / "a.zst", [doc], 4096)
+    loader = L.ByteLoader(DataConfig(path=str(tmp_path / "a.zst"), batch_size=8), _model(16, 4))
+    spreads = []
+    for _ in range(20):  # all within epoch 0 (4,096 windows): offsets are multiples of 16
+        offsets = [2 * (w[0] * 256 + w[1]) for w in next(loader).tolist()]
+        spreads.append(max(offsets) - min(offsets))
+    assert min(spreads) > size / 4 and np.mean(spreads) > size / 2, spreads
 
 
 def test_resume_seeks_to_its_position_mid_shard(corpus, monkeypatch):
@@ -233,6 +304,10 @@ def test_clear_errors(tmp_path, corpus):
     changed.load_state_dict(loader.state_dict())
     with pytest.raises(ValueError, match="seq_len or n_future changed"):
         next(changed)
+    ordered = L.ByteLoader(DataConfig(path=str(d), shuffle_buffer=1), _model(16, 4))
+    ordered.load_state_dict(loader.state_dict())  # saved part-way through a segment
+    with pytest.raises(ValueError, match="shuffle_buffer > 1"):
+        next(ordered)
 
 
 def test_stats_count_the_documents_and_bytes_handed_out(corpus):
@@ -320,10 +395,11 @@ def test_a_position_saved_in_another_corpus_is_refused(corpus):
     changed.load_state_dict(state)
     with pytest.raises(CorpusError, match="the corpus changed since this position was saved"):
         next(changed)
-    del state["workers"][0]["docs"]["files"]  # a state saved before fingerprints still loads
-    old = L.ByteLoader(DataConfig(path=str(d), batch_size=2), _model(16, 4))
-    old.load_state_dict(state)
-    next(old)
+    docs_state = dict(state["workers"][0]["docs"])
+    del docs_state["files"]  # a stream position saved before fingerprints still loads
+    old = L.DocumentStream(corpus_files(str(d)))
+    old.load_state_dict(docs_state)
+    next(iter(old))
 
 
 def test_a_jsonl_position_is_never_read_in_a_shard_prepared_again(tmp_path):

@@ -19,10 +19,18 @@ the same position:
   the files' names and sizes, so it is refused in a corpus that changed.
 - `WindowPacker` cuts the id stream into windows of
   seq_len + n_future ids with a stride of seq_len (consecutive windows overlap by n_future ids, so
-  every id is an input exactly once and every target of every head is seen), passes them through a
-  shuffle buffer, and stacks them into (B, seq_len + n_future) int32 batches (half the bytes of
-  int64; embeddings take int32, the loss widens its targets). Its state holds the
-  unfinished tail, the buffered windows and the buffer's RNG state.
+  every id is an input exactly once and every target of every head is seen), shuffles them, and
+  stacks them into (B, seq_len + n_future) int32 batches (half the bytes of int64; embeddings take
+  int32, the loss widens its targets). The shuffle is by segments of the stream: `shuffle_buffer`
+  windows (16,384 by default: 4 MiB of text at seq_len 256), or the rest of an epoch, are read and
+  handed out in one random order, so a batch mixes windows from megabytes apart and a one-document
+  corpus the size of Tiny Shakespeare is shuffled whole every epoch (a shuffle within blocks of 256
+  neighbouring windows cost 0.06 nats there against one over all windows). A segment holds windows
+  of the unshuffled tiling and passes what follows its last one (fewer ids than a window) on to the
+  next, so every id is still an input once an epoch and no window joins two segments. The
+  trade-offs: about 2.5 x shuffle_buffer x seq_len bytes of memory a reader, a pause to read each
+  segment (milliseconds on a prepared shard), no mixing across segments. The state stays small:
+  where the segment started and how many of its windows went out (a resume reads it again).
 
 `ByteLoader` runs one such chain in the training process, or one per torch DataLoader worker:
 workers are read in strict round robin, each batch carries its worker's state, and the loader's
@@ -51,9 +59,15 @@ from bytemtp.data.readers import Share, reader_for
 from bytemtp.data.shards import CorpusError
 from bytemtp.vocab import EOS
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: segment shuffle (1: block shuffle, its pending windows in the state)
 START = (0, 0)  # the saved position of a file's start, in every format
 _MIN_LINES_FOR_BAD_CHECK = 1000
+
+
+def _version_error(state: dict) -> str:
+    return (f"loader state version {state.get('version')!r} is not {STATE_VERSION}: it was saved by another "
+            "version of the loader (version 1 shuffled in blocks), whose position does not carry over "
+            "exactly; resume with the bytemtp that saved it, or start a new run")
 
 
 def _pack_ids(ids: np.ndarray) -> str:
@@ -122,29 +136,34 @@ class DocumentStream:
         whole documents from raw and JSONL files, up to CHUNK bytes at a time from prepared shards.
         The position advances as they go."""
         while True:
-            order = self.order(self.epoch)
-            while self.file_index < len(order):
-                file = self.readers[order[self.file_index]]
-                share = Share(self.reader, self.n_readers, chunk=self.CHUNK, ahead=self.AHEAD,
-                              undigested=self._unchecked)
-                for step in file.share(file.position(self.pos), record=self.record, share=share):
-                    self.pos, self.record = step.pos, step.record
-                    self.counts["lines"] += step.lines
-                    if step.skipped is not None:
-                        self._skip(step.skipped, file.path)
-                    self.counts["documents"] += step.documents
-                    self.counts["bytes"] += step.nbytes
-                    self._epoch_docs += step.documents
-                    if step.piece is not None:
-                        yield step.piece
-                self.file_index, self.pos = self.file_index + 1, START
-            self._check_bad(final=True)
-            if self._epoch_docs == 0:
-                raise CorpusError(
-                    f"reader {self.reader} of {self.n_readers} found no documents in a whole epoch of "
-                    f"{len(self.files)} file(s): the corpus has fewer documents than readers "
-                    "(ranks x workers); use fewer workers or a bigger corpus")
-            self.epoch, self.file_index, self.record, self._epoch_docs = self.epoch + 1, 0, 0, 0
+            yield from self.epoch_pieces()
+
+    def epoch_pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The pieces from the current position to the end of the current epoch; once they run out,
+        the stream stands at the start of the next epoch."""
+        order = self.order(self.epoch)
+        while self.file_index < len(order):
+            file = self.readers[order[self.file_index]]
+            share = Share(self.reader, self.n_readers, chunk=self.CHUNK, ahead=self.AHEAD,
+                          undigested=self._unchecked)
+            for step in file.share(file.position(self.pos), record=self.record, share=share):
+                self.pos, self.record = step.pos, step.record
+                self.counts["lines"] += step.lines
+                if step.skipped is not None:
+                    self._skip(step.skipped, file.path)
+                self.counts["documents"] += step.documents
+                self.counts["bytes"] += step.nbytes
+                self._epoch_docs += step.documents
+                if step.piece is not None:
+                    yield step.piece
+            self.file_index, self.pos = self.file_index + 1, START
+        self._check_bad(final=True)
+        if self._epoch_docs == 0:
+            raise CorpusError(
+                f"reader {self.reader} of {self.n_readers} found no documents in a whole epoch of "
+                f"{len(self.files)} file(s): the corpus has fewer documents than readers "
+                "(ranks x workers); use fewer workers or a bigger corpus")
+        self.epoch, self.file_index, self.record, self._epoch_docs = self.epoch + 1, 0, 0, 0
 
     def _skip(self, reason: str, path: Path) -> None:
         skipped = self.counts["skipped"]
@@ -193,94 +212,154 @@ class WindowPacker:
     The packed stream is held as uint16 ids (every id is below 2**16; half the memory traffic of
     int32) in one buffer that is reused, not reallocated (fresh memory costs page faults that
     would outweigh the copying), and windows are cut from it in bulk with numpy, as strided views.
-    The shuffle is by blocks: the buffer takes the next `capacity` windows (a multiple of the batch
-    size), draws one permutation for them and gathers them in that order into a reused block,
-    widened to int32 once a block; each batch is a view of B consecutive rows of it. A buffer of 1
-    keeps the packing order.
+
+    The shuffle is by segments (the module docstring says why): the packer reads `shuffle_buffer`
+    windows' worth of ids, or to the end of the epoch if that holds a whole window (else on into
+    the next epoch), cuts every whole window of it as a strided view and draws one permutation of
+    them. Windows are gathered in that order GATHER at a time (rounded up to whole batches) and
+    widened to int32 once a gather; batches are views of it, and a batch that a segment cannot fill
+    takes the first windows of the next. What follows the last whole window (at least n_future ids,
+    fewer than a window) starts the next segment. The state keeps where the segment started and
+    how many of its windows went out; a resumed packer reads the segment again and skips them. A
+    buffer of 1 keeps the packing order (the state then holds the uncut tail).
     """
 
+    GATHER = 256  # windows gathered and widened at a time
+
     def __init__(self, docs: DocumentStream, *, window: int, stride: int, batch_size: int,
-                 shuffle_buffer: int = 256, seed: int = 0):
+                 shuffle_buffer: int = 16384, seed: int = 0):
         assert 1 <= stride <= window, (stride, window)
         self.docs, self.window, self.stride = docs, window, stride
         self.batch_size = batch_size
-        self.capacity = 0 if shuffle_buffer <= 1 else batch_size * -(-shuffle_buffer // batch_size)
+        self.shuffled = shuffle_buffer > 1
+        self.segment_ids = (shuffle_buffer - 1) * stride + window  # the ids of shuffle_buffer windows
         self.tail = np.zeros(0, dtype=np.uint16)  # ids from `offset` on are not yet cut
         self.offset = 0
         self._buf = np.zeros(0, dtype=np.uint16)  # where the tail is packed
-        # The shuffled block in the order it is handed out: rows from `taken` on are due.
-        self.block, self.taken = np.zeros((0, window), dtype=np.uint16), 0
-        self._wide = None  # the block as int32
         self.rng = np.random.Generator(np.random.PCG64([seed, docs.reader]))  # a stream per reader
+        self.segment: dict | None = None  # where the current segment started
+        self._rows = self._order = None  # the segment's windows (strided views) and their order
+        # windows are gathered in the segment's order GATHER at a time (rounded up to whole
+        # batches) and widened to int32 once a gather; batches are views of it
+        self.gather = batch_size * -(-self.GATHER // batch_size)
+        self._ready = np.zeros((0, window), dtype=np.int32)  # the last gather: rows from _at on are due
+        self._at = 0
+        self._gathered = 0  # windows of the order gathered so far
         self.batches = 0
-        self._doc_iter: Iterator[tuple[np.ndarray, np.ndarray]] | None = None
+        self._pieces: Iterator[tuple[np.ndarray, np.ndarray]] | None = None  # the current epoch's
 
-    def _windows(self, n: int) -> np.ndarray:
-        """The next n windows (n, window) of uint16 ids: a strided view of the packed stream, valid
-        until the next call."""
-        need = self.offset + (n - 1) * self.stride + self.window
-        if need > len(self.tail):
-            if self._doc_iter is None:
-                self._doc_iter = iter(self.docs)
-            rest, need = self.tail[self.offset:], need - self.offset
-            buf, have = self._buf, len(rest)
-            if len(buf) < need:
-                buf = np.empty(max(need + need // 4, 2 * len(buf)), dtype=np.uint16)
-            buf[:have] = rest  # numpy copies overlapping ranges correctly
-            while have < need:
-                data, at = next(self._doc_iter)
-                if have + len(data) + len(at) > len(buf):  # a piece longer than the room left
-                    buf = np.concatenate((buf[:have], np.empty(len(data) + len(at) + len(buf), np.uint16)))
-                have += write_ids(buf[have:], data, at)
-            self._buf, self.tail, self.offset = buf, buf[:have], 0
+    def _read(self, need: int, *, to_epoch_end: bool = False) -> None:
+        """Pack pieces until the uncut tail holds `need` ids; with `to_epoch_end`, stop earlier at
+        the end of an epoch if the tail then holds a whole window."""
+        if self.offset + need <= len(self.tail):
+            return
+        rest = self.tail[self.offset:]
+        buf, have = self._buf, len(rest)
+        if len(buf) < need:
+            buf = np.empty(max(need + need // 4, 2 * len(buf)), dtype=np.uint16)
+        buf[:have] = rest  # numpy copies overlapping ranges correctly
+        while have < need:
+            if self._pieces is None:
+                self._pieces = self.docs.epoch_pieces()
+            piece = next(self._pieces, None)
+            if piece is None:  # the epoch is over: the stream stands at the next one's start
+                self._pieces = None
+                if to_epoch_end and have >= self.window:
+                    break
+                continue
+            data, at = piece
+            if have + len(data) + len(at) > len(buf):  # a piece longer than the room left
+                buf = np.concatenate((buf[:have], np.empty(len(data) + len(at) + len(buf), np.uint16)))
+            have += write_ids(buf[have:], data, at)
+        self._buf, self.tail, self.offset = buf, buf[:have], 0
+
+    def _cut(self, n: int) -> np.ndarray:
+        """The next n windows (n, window) of the tail: a strided view, valid until the next read."""
         rows = np.ndarray((n, self.window), dtype=np.uint16, buffer=self.tail, offset=self.offset * 2,
                           strides=(self.stride * 2, 2))
         self.offset += n * self.stride
         return rows
 
+    def _start_segment(self, ids: int | None = None) -> None:
+        """Read the next segment (`ids` of it, or to the epoch's end; by default shuffle_buffer
+        windows' worth) and draw the order of its windows."""
+        ids = ids or self.segment_ids
+        self.segment = {"docs": self.docs.state_dict(), "tail": _pack_ids(self.tail[self.offset:]),
+                        "rng": self.rng.bit_generator.state, "ids": ids}
+        self._read(ids, to_epoch_end=True)
+        self._rows = self._cut((len(self.tail) - self.offset - self.window) // self.stride + 1)
+        self._order = self.rng.permutation(len(self._rows))
+        self._gathered = 0
+
     def next_batch(self) -> torch.Tensor:
-        """The next (B, window) int32 batch."""
-        B = self.batch_size
+        """The next (B, window) int32 batch (a view of a gather's storage when shuffled)."""
         self.batches += 1
-        if self.capacity == 0:
-            return torch.from_numpy(self._windows(B).astype(np.int32))
-        if self.taken == len(self.block):
-            rows = self._windows(self.capacity)
-            if self.block.shape != rows.shape:
-                self.block = np.empty(rows.shape, dtype=np.uint16)
-            # mode="wrap" (the indices are in range anyway) lets numpy write to `out` unbuffered
-            np.take(rows, self.rng.permutation(self.capacity), axis=0, out=self.block, mode="wrap")
-            self.taken, self._wide = 0, None
-        if self._wide is None:  # widened once a block (or once the pending rows of a loaded state)
-            self._wide = self.block.astype(np.int32)  # batches are views of it
-        self.taken += B
-        return torch.from_numpy(self._wide[self.taken - B:self.taken])
+        if not self.shuffled:
+            self._read((self.batch_size - 1) * self.stride + self.window)
+            return torch.from_numpy(self._cut(self.batch_size).astype(np.int32))
+        at, B = self._at, self.batch_size
+        if at + B <= len(self._ready):  # the common case: a view of the last gather
+            self._at = at + B
+            return torch.from_numpy(self._ready[at:at + B])
+        parts, due = [self._ready[at:]], B - (len(self._ready) - at)
+        while due:  # the rest of this gather, then the next (of this segment or the next one)
+            self._gather()
+            self._at = min(due, len(self._ready))
+            parts.append(self._ready[:self._at])
+            due -= self._at
+        parts = [part for part in parts if len(part)]
+        return torch.from_numpy(parts[0] if len(parts) == 1 else np.concatenate(parts))
+
+    def _gather(self) -> None:
+        """Gather the next windows of the segment's order (starting the next segment once this
+        one is handed out) and widen them to int32."""
+        if self.segment is None or self._gathered == len(self._order):
+            self._start_segment()
+        picked = self._order[self._gathered:self._gathered + self.gather]
+        # indexing, not np.take: take would first copy the whole strided segment to contiguous memory
+        self._ready, self._gathered = self._rows[picked].astype(np.int32), self._gathered + len(picked)
+        self._at = 0
+
+    def _taken(self) -> int:
+        """Windows of the current segment handed out."""
+        return self._gathered - (len(self._ready) - self._at)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         while True:
             yield self.next_batch()
 
     def state_dict(self) -> dict:
-        pending = self.block[self.taken:]  # the buffer's rows in the order they will go
+        segment = self.segment
+        if segment is not None:
+            taken = self._taken()
+            # all of it went out: the next one starts from the live position
+            segment = None if taken == len(self._order) else {**segment, "taken": taken}
         return {"version": STATE_VERSION, "docs": self.docs.state_dict(),
-                "tail": _pack_ids(self.tail[self.offset:]), "buffer": _pack_ids(pending),
-                "rng": self.rng.bit_generator.state, "batches": self.batches,
+                "tail": _pack_ids(self.tail[self.offset:]), "rng": self.rng.bit_generator.state,
+                "segment": segment, "batches": self.batches,
                 "window": self.window, "stride": self.stride}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
+            raise ValueError(_version_error(state))
         if (state["window"], state["stride"]) != (self.window, self.stride):
             raise ValueError(f"loader state was saved for windows of {state['window']} ids with stride "
                              f"{state['stride']}, not {self.window} and {self.stride}: seq_len or "
                              "n_future changed since the checkpoint")
-        self.docs.load_state_dict(state["docs"])
-        self.tail, self.offset = _unpack_ids(state["tail"]), 0
-        self.block, self.taken = _unpack_ids(state["buffer"]).reshape(-1, self.window), 0
-        self._wide = None
-        self.rng.bit_generator.state = state["rng"]
-        self.batches = state["batches"]
-        self._doc_iter = None
+        segment = state["segment"]
+        if segment is not None and not self.shuffled:
+            raise ValueError("the loader state was saved part-way through a shuffled segment; resume "
+                             "with data.shuffle_buffer > 1 (any size: the segment is read as it was)")
+        start = state if segment is None else segment
+        self.docs.load_state_dict(start["docs"])
+        self.tail, self.offset, self._pieces = _unpack_ids(start["tail"]), 0, None
+        self.rng.bit_generator.state = start["rng"]
+        self.segment, self.batches = None, state["batches"]
+        self._ready, self._at = self._ready[:0], 0
+        if segment is not None:  # read it again, then skip what went out
+            self._start_segment(segment["ids"])  # its size as saved, whatever shuffle_buffer is now
+            self._gathered = segment["taken"]
+            assert self.docs.state_dict() == state["docs"], "the segment read again ended elsewhere"
 
 
 class _WorkerStreams(torch.utils.data.IterableDataset):
@@ -296,7 +375,7 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         if self.states[slot] is not None:
             packer.load_state_dict(self.states[slot])
         while True:
-            batch = packer.next_batch().clone()  # its own storage: a view would ship the whole block
+            batch = packer.next_batch().clone()  # its own storage: a view would ship the whole gather
             yield slot, batch, packer.state_dict()
 
 
@@ -368,7 +447,7 @@ class ByteLoader:
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
+            raise ValueError(_version_error(state))
         if (state["world_size"], len(state["workers"])) != (self.world_size, self.n_local):
             raise ValueError(
                 f"the loader state was saved with {state['world_size']} process(es) x "
