@@ -11,9 +11,10 @@ from its own floor's package or from lower floors (tests/test_layering.py keeps 
     4  decoding/         draft strategy, sampling, drafting, compiled step, pass costs, decoding, speed,
                          the repetition of decoded text
     5  evaluation/       bits per byte, likelihoods, synthetic tasks, HumanEval, sandboxed execution
-    6  training/         the step, rollouts, run directories, the training loop, plots
+    6  training/         the step, rollouts, optimizer and schedule, run directories, the training loop, plots
     7  interop/          lm-evaluation-harness model, Hugging Face export and its remote code
     8  bench             every benchmark
+    9  sweep             a preset sized by measurement: candidates trained for the same wall time
 
 The command line lives in the separate package `bytemtp_cli`.
 """

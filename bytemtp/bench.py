@@ -50,7 +50,7 @@ from bytemtp.evaluation.evaluate import evaluate, held_out_split, val_continuati
 from bytemtp.model.flops import peak_gpu_flops, step_flops
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import load_model
-from bytemtp.runtime.devices import resolve_device, synchronize
+from bytemtp.runtime.devices import autocast, resolve_device, synchronize
 from bytemtp.training.step import forward_backward, plain_forward_backward
 from bytemtp.training.optimizer import build_optimizer
 from bytemtp.vocab import EOS
@@ -87,12 +87,12 @@ class _Variant:
         ids[:, ::97] = EOS  # a few document ends, as in packed data
         self.ids = ids.to(device)
         self.step_fn = forward_backward if efficient else plain_forward_backward
-        self.device = device
+        self.device, self.precision = device, base.train.precision
         self.bytes_per_step = batch_size * cfg.seq_len
 
     def step(self) -> None:
         """One training step, as the training loop takes it (one micro-batch)."""
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+        with autocast(self.device, self.precision):
             self.step_fn(self.model, self.ids, loss_cfg=self.loss_cfg)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or float("inf"))
         self.optimizer.step()

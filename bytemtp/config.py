@@ -31,6 +31,7 @@ HEAD_TYPES = ("transformer", "linear", "causal")
 UNEMBED_TYPES = ("shared", "replicated")
 MLP_TYPES = ("swiglu", "gelu")
 HEAD_WEIGHTS = ("uniform", "geometric")
+PRECISIONS = ("auto", "bf16", "fp32")  # of training's matmuls (bf16: autocast; weights stay fp32)
 PARALLEL = ("ddp", "fsdp")  # how many processes share a model: DistributedDataParallel or FSDP2
 TRAINABLE = ("all", "draft-heads")  # what trains: the whole model, or heads 2..n only (tune-heads)
 SCHEDULES = ("cosine", "wsd", "linear")  # the learning rate's decay after warmup
@@ -269,6 +270,8 @@ class TrainConfig:
     """Run the heads' forward and backward one at a time (paper Fig. 2); false uses one backward."""
     compile: bool = False
     """torch.compile each transformer block."""
+    precision: str = "auto"
+    """Matmuls of training and validation: bf16 (autocast; weights and optimizer state stay fp32), fp32, or auto (bf16 on CUDA and on a CPU with native bf16, AVX512-BF16 or AMX; else fp32)."""
     device: str = "auto"
     """auto (CUDA when available, else CPU), cpu, cuda or cuda:N."""
     seed: int = 0
@@ -317,6 +320,7 @@ class TrainConfig:
         _check(isinstance(self.init, str), "train.init", self.init, "expected a checkpoint or run path")
         _check(self.trainable in TRAINABLE, "train.trainable", self.trainable,
                f"choose {' or '.join(TRAINABLE)}")
+        _check(self.precision in PRECISIONS, "train.precision", self.precision, f"choose one of {', '.join(PRECISIONS)}")
         _check(self.schedule in SCHEDULES, "train.schedule", self.schedule, f"choose one of {', '.join(SCHEDULES)}")
         _check(0.0 < self.decay_fraction <= 1.0, "train.decay_fraction", self.decay_fraction,
                "expected 0 < fraction <= 1")
@@ -355,9 +359,9 @@ class Config:
 
 
 def tiny() -> Config:
-    """A model for tests: builds and steps in milliseconds on a CPU."""
+    """A model for tests: builds and steps in milliseconds on a CPU, in fp32 on every machine."""
     return Config(model=ModelConfig(n_layers=10, d_model=32, n_attn_heads=2, seq_len=64),
-                  train=TrainConfig(warmup_steps=10, eval_every=0, eval_batches=4, ckpt_every=50))
+                  train=TrainConfig(warmup_steps=10, eval_every=0, eval_batches=4, ckpt_every=50, precision="fp32"))
 
 
 def small() -> Config:

@@ -86,16 +86,18 @@ def train_header(cfg, run_dir, *, resume: bool) -> str:
     import torch
 
     from bytemtp.model.model import ByteMTP
-    from bytemtp.runtime.devices import resolve_device
+    from bytemtp.runtime.devices import autocast, resolve_device
     from bytemtp.training.runs import RUN_CONFIG
 
     with torch.device("meta"):
         model = ByteMTP(cfg.model)
     m, world = cfg.model, int(os.environ.get("WORLD_SIZE", "1"))
+    device = resolve_device(cfg.train.device)
     rows = [("run", f"{os.path.abspath(run_dir)} ({'resumed' if resume else 'new'}; all settings in {RUN_CONFIG})"),
             ("corpus", cfg.data.path),
             ("model", model_line(m, model.num_params())),
-            ("device", f"{resolve_device(cfg.train.device)}" + (f" x {world} processes" if world > 1 else "")),
+            ("device", f"{device}" + (f" x {world} processes" if world > 1 else "") +
+             (", bf16 autocast" if isinstance(autocast(device, cfg.train.precision), torch.autocast) else ", fp32")),
             ("batch", f"{cfg.data.batch_size * m.seq_len * cfg.train.grad_accum * world:,} bytes a step"),
             ("optim", optimizer_line(cfg.train))]
     return "\n".join(f"{name:8s} {value}" for name, value in rows)

@@ -22,7 +22,8 @@ FLOOR = {
     "evaluation": 5,
     "training": 6,
     "interop": 7,
-    "bench": 8, "sweep": 8,
+    "bench": 8,
+    "sweep": 9,
 }
 # run or shipped on their own: they import nothing from bytemtp
 STANDALONE = {"evaluation.guard", "interop.remote_code"}

@@ -95,7 +95,8 @@ def test_muon_under_fsdp_is_refused_in_one_line_saying_why():
 
 
 @pytest.mark.parametrize("sets", [("train.optimizer=muon",), ("train.schedule=wsd",), ("train.schedule=linear",),
-                                  ("train.optimizer=muon", "train.schedule=wsd", "train.muon_weight_decay=0.01")])
+                                  ("train.optimizer=muon", "train.schedule=wsd", "train.muon_weight_decay=0.01"),
+                                  ("train.precision=bf16",)])
 def test_runs_with_the_new_options_resume_bit_for_bit(tmp_path, corpus_dir, sets):
     common = (*sets, "train.schedule_steps=16", "train.warmup_steps=3", "train.ckpt_every=100", "model.dropout=0.1")
     whole, parts = tmp_path / "whole", tmp_path / "parts"

@@ -8,7 +8,8 @@ checkpoint is restored in one place, `_Run.restore`.
 
 AdamW or Muon (`bytemtp.training.optimizer`) on a warmup and decay schedule
 (`bytemtp.training.schedule`; one limited by time is fitted to the time from the measured step
-rate, and its length kept in the run's state), gradient clipping and accumulation, bf16 autocast on CUDA, optional torch.compile of each block, and the
+rate, and its length kept in the run's state), gradient clipping and accumulation, bf16 autocast after train.precision (on CUDA and a CPU
+with native bf16 by default), optional torch.compile of each block, and the
 memory-efficient multi-head step by default. It stops by
 steps, by bytes or by wall time, and on SIGTERM or Ctrl-C at the next step boundary; every stop
 saves a checkpoint.
@@ -74,7 +75,7 @@ from bytemtp.model.model import Block, ByteMTP
 from bytemtp.runtime import distributed as dist_lib
 from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, load_optimizer_state, load_weights,
                                         read_train_state, save_checkpoint)
-from bytemtp.runtime.devices import out_of_memory, resolve_device, rng_state, set_rng_state
+from bytemtp.runtime.devices import autocast, out_of_memory, resolve_device, rng_state, set_rng_state
 from bytemtp.training import runs
 from bytemtp.training.optimizer import build_optimizer, set_lr, set_trainable, start_from
 from bytemtp.training.rollout import greedy_rollout
@@ -235,7 +236,7 @@ class _Run:
                 if isinstance(module, Block):
                     module.compile()
         self.step_fn = forward_backward if tc.memory_efficient else plain_forward_backward
-        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+        self.autocast = autocast(self.device, tc.precision)
         self.bytes_per_step = cfg.data.batch_size * mc.seq_len * tc.grad_accum * d.world_size
         self.flops_per_step = step_flops(self.model, self.bytes_per_step, mc.seq_len)  # the model's, all ranks
         self.peak_flops = peak_gpu_flops(self.device)

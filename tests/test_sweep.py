@@ -1,0 +1,84 @@
+"""The preset sweep (bytemtp.sweep, `bytemtp bench sweep`): its grid file, its runs on the same
+budget and held-out bytes, the read-back of a measured candidate, and the table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from bytemtp import sweep
+from bytemtp_cli.main import main
+
+
+def _grid(tmp_path, corpus_dir, body: str):
+    path = tmp_path / "grid.toml"
+    path.write_text(f'preset = "tiny"\nsets = ["data.path={corpus_dir}", "data.batch_size=4"]\n{body}')
+    return path
+
+
+TWO = '''
+[[candidate]]
+name = "adamw"
+sets = ["train.lr=3e-3"]
+
+[[candidate]]
+name = "muon"
+sets = ["train.optimizer=muon", "train.schedule=wsd"]
+'''
+
+
+@pytest.mark.parametrize("body,message", [
+    ("", "has no [[candidate]]"),
+    ('[[candidate]]\nname = "a"\nsets = ["model.width=3"]\n', "candidate 'a': unknown setting model.width"),
+    ('[[candidate]]\nname = "a"\n[[candidate]]\nname = "a"\n', "names the candidate 'a' twice"),
+    ('[[candidate]]\nsets = []\n', "candidate 1 needs a name"),
+    ('steps = 3\n[[candidate]]\nname = "a"\n', "unknown key 'steps'"),
+])
+def test_a_grid_is_checked_whole_before_anything_trains(tmp_path, corpus_dir, body, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        sweep.read_grid(_grid(tmp_path, corpus_dir, body))
+
+
+def test_every_candidate_gets_the_budget_and_the_same_held_out_bytes(tmp_path, corpus_dir):
+    grid = sweep.read_grid(_grid(tmp_path, corpus_dir, TWO))
+    cfg = grid.config("muon", budget_s=60.0)
+    assert cfg.train.max_time == 60.0 and cfg.train.steps == 0 and cfg.train.optimizer == "muon"
+    results = sweep.run_sweep(grid, tmp_path / "out", budget_s=2.0, eval_bytes=1024)
+    assert [r["name"] for r in results] == ["adamw", "muon"]
+    for r in results:
+        assert r["steps"] > 0 and r["stopped_by"] in ("time", "schedule")
+        assert r["val_bytes"] == results[0]["val_bytes"] > 0 and len(r["val_bpb"]) == 8
+        assert json.loads((tmp_path / "out" / r["name"] / sweep.RESULT).read_text()) == r
+    table = sweep.table(results).splitlines()
+    assert len(table) == 4 and table[0].startswith("| candidate |")
+    best = min(results, key=lambda r: r["val_bpb"][0])
+    assert table[2].startswith(f"| {best['name']} |") and f"{best['val_bpb'][0]:.3f}" in table[2]
+
+
+def test_a_measured_candidate_is_read_back_and_tuned_when_asked(tmp_path, corpus_dir):
+    grid = sweep.read_grid(_grid(tmp_path, corpus_dir, TWO))
+    first = sweep.run_sweep(grid, tmp_path / "out", budget_s=1.0, eval_bytes=512, only=["adamw"])
+    again = sweep.run_sweep(grid, tmp_path / "out", budget_s=1.0, eval_bytes=512, only=["adamw"])
+    assert again == first  # not trained again
+    tuned = sweep.run_sweep(grid, tmp_path / "out", budget_s=1.0, eval_bytes=512, only=["adamw"], tune_s=1.0,
+                            prompts=2)[0]
+    assert tuned["steps"] == first[0]["steps"] and (tmp_path / "out" / "adamw-tuned" / "checkpoints").is_dir()
+    assert tuned["tuned_chain_bytes_per_pass"] >= 1.0 and tuned["eager_speedup"] > 0
+    assert tuned["repetition"]["decoded"]["distinct_8grams"] is not None
+    with pytest.raises(ValueError, match="no candidate 'nope' in the grid; it has adamw, muon"):
+        sweep.run_sweep(grid, tmp_path / "out", budget_s=1.0, only=["nope"])
+
+
+def test_the_sweep_command_prints_the_table_and_refuses_a_bad_grid_in_one_line(tmp_path, corpus_dir):
+    path = _grid(tmp_path, corpus_dir, TWO)
+    res = CliRunner().invoke(main, ["bench", "sweep", str(path), "--out", str(tmp_path / "out"), "--time", "1s",
+                                    "--eval-bytes", "512", "--only", "muon", "--json", str(tmp_path / "s.json")])
+    assert res.exit_code == 0, res.output
+    assert "| muon | train.optimizer=muon train.schedule=wsd |" in res.output
+    assert json.loads((tmp_path / "s.json").read_text())[0]["name"] == "muon"
+    bad = _grid(tmp_path, corpus_dir, '[[candidate]]\nname = "a"\nsets = ["train.optimizer=sgd"]\n')
+    res = CliRunner().invoke(main, ["bench", "sweep", str(bad), "--out", str(tmp_path / "o2")])
+    assert res.exit_code == 1 and "train.optimizer='sgd' is not allowed" in res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
