@@ -27,7 +27,7 @@ MEASURE_STEPS = 10
 MEASURE_SHARE = 0.02
 # The fitted schedule aims to end this much before the time does: step times wander (a shared
 # machine, a slower validation), and a schedule cut off before its end is what the fit is for.
-MARGIN = 0.03
+MARGIN = 0.05
 
 
 def schedule_horizon(cfg: TrainConfig, bytes_per_step: int) -> int:
