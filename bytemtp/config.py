@@ -365,16 +365,22 @@ def tiny() -> Config:
 
 
 def small() -> Config:
-    """About 10M parameters: learns visibly in 10-15 minutes on two CPU cores. A 4-layer trunk
-    under 8 heads, unlike the paper's proportion: at the same parameter count a deeper, narrower
-    trunk trains and decodes several times slower per step on a CPU (BENCHMARKS.md)."""
-    return Config(model=ModelConfig(n_layers=12, d_model=256, n_attn_heads=4, seq_len=256),
-                  train=TrainConfig(lr=2e-3, warmup_steps=50, eval_every=100, ckpt_every=100))
+    """About 0.8M parameters (width 64, a 4-layer trunk under 8 one-layer heads, batch 16 x 256
+    bytes): of the shapes that a sweep trained for `make demo`'s 9 minutes on two CPU cores, the
+    one whose head 1 ended lowest (BENCHMARKS.md, `examples/sweep-small.toml`). A budget that
+    short buys a model of a few bytes a parameter; wider ones (10M at width 256) see too few."""
+    return Config(model=ModelConfig(n_layers=12, d_model=64, n_attn_heads=2, seq_len=256),
+                  data=DataConfig(batch_size=16),
+                  train=TrainConfig(lr=5e-3, warmup_steps=50, eval_every=250, ckpt_every=250))
 
 
 def base() -> Config:
-    """About 100M parameters, for one GPU: a 24-layer trunk under 8 one-layer heads, the paper's
-    7B byte model's proportion, so the heads are a quarter of every speculative pass."""
+    """About 100M parameters, for one GPU-hour: a 24-layer trunk under 8 one-layer heads, the paper's
+    7B byte model's proportion, so the heads are a quarter of every speculative pass. Sized by the
+    CPU sweep's rule: the best model there (0.8M) saw about 5 bytes a parameter; with the parameters
+    growing as the square root of the compute (Chinchilla's rule), an hour of one H100-class GPU at
+    40% model FLOP utilisation (about 6e17 FLOP, 2e4 times the sweep's) buys about 100M parameters
+    and 1 GB of bytes. Train it with `--time 1h`: the schedule is fitted to the hour."""
     return Config(model=ModelConfig(n_layers=32, d_model=512, n_attn_heads=8, seq_len=2048),
                   data=DataConfig(batch_size=16, num_workers=2),
                   train=TrainConfig(lr=6e-4, warmup_steps=500, eval_every=500, ckpt_every=1000))
