@@ -366,12 +366,14 @@ def tiny() -> Config:
 
 def small() -> Config:
     """About 0.8M parameters (width 64, a 4-layer trunk under 8 one-layer heads, batch 16 x 256
-    bytes): of the shapes that a sweep trained for `make demo`'s 9 minutes on two CPU cores, the
-    one whose head 1 ended lowest (BENCHMARKS.md, `examples/sweep-small.toml`). A budget that
-    short buys a model of a few bytes a parameter; wider ones (10M at width 256) see too few."""
+    bytes), Muon on a warmup-stable-decay schedule: of what a sweep trained for `make demo`'s 9
+    minutes on two CPU cores, the one whose head 1 ended lowest (BENCHMARKS.md,
+    `examples/sweep-small.toml`). A budget that short buys a model of a few bytes a parameter;
+    wider ones (10M at width 256) see too few."""
     return Config(model=ModelConfig(n_layers=12, d_model=64, n_attn_heads=2, seq_len=256),
                   data=DataConfig(batch_size=16),
-                  train=TrainConfig(lr=5e-3, warmup_steps=50, eval_every=250, ckpt_every=250))
+                  train=TrainConfig(optimizer="muon", schedule="wsd", lr=5e-3, warmup_steps=50, eval_every=250,
+                                    ckpt_every=250))
 
 
 def base() -> Config:
