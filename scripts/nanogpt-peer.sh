@@ -57,7 +57,7 @@ PYEOF
 }
 
 bytemtp_val() {  # nats per byte of head 1 on the whole val split
-  $PY -m bytemtp_cli eval --ckpt "$1" --split val --batches 100000 --batch-size 64 --device cpu --json "$1/val.json" >/dev/null
+  $PY -m bytemtp_cli eval --ckpt "$1" --split val --batches 100000 --batch-size 2 --device cpu --json "$1/val.json" >/dev/null
   $PY -c "import json, math, sys; print(f\"{json.load(open(sys.argv[1]))['bpb'][0] * math.log(2):.4f}\")" "$1/val.json"
 }
 
