@@ -114,7 +114,7 @@ def optimizer_line(tc) -> str:
         length = f"{tc.steps} steps" if tc.steps else "the bytes budget"
         length += ", or the steps the time budget buys where fewer" if tc.max_time else ""
     elif tc.max_time:
-        length = "fitted to the time budget"
+        length = "the steps that the time budget buys (fitted)"
     else:
         length = "none: the peak after warmup"
     return f"{opt}; {tc.warmup_steps} warmup steps, then {shape} to {tc.min_lr_ratio:g} x the peak over {length}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import types
 
@@ -147,24 +148,41 @@ def test_a_step_limit_below_the_time_keeps_the_step_limit(tmp_path, corpus_dir, 
     assert "fitted to the time budget: 30 steps" in res.output and "stopped by steps at step 30" in res.output
 
 
+def test_a_wsd_schedule_is_fitted_where_its_decay_starts(tmp_path, corpus_dir, monkeypatch):
+    _clock(monkeypatch)
+    res = _timed_run(tmp_path / "run", corpus_dir, "--set", "train.schedule=wsd")
+    assert res.exit_code == 0, res.output
+    found = re.search(r"step (\d+): the schedule is fitted to the time budget: (\d+) steps", res.output)
+    at, fitted = int(found[1]), int(found[2])
+    decay_start = fitted - round(0.2 * fitted)
+    assert decay_start - 1 <= at < decay_start  # not at step 13, as cosine is: the peak until then
+    assert f"stopped by schedule at step {fitted}" in res.output
+    lines = loss_lines(read_metrics(tmp_path / "run"))
+    assert all(r["lr"] == 1e-3 for r in lines if 5 < r["step"] <= decay_start)
+    assert lines[-1]["lr"] < 0.2e-3  # one step of the decay before its floor
+
+
 @pytest.mark.parametrize("schedule_name", ["cosine", "wsd"])
 def test_a_fitted_run_resumes_on_the_same_schedule_bit_for_bit(tmp_path, corpus_dir, monkeypatch, schedule_name):
     _clock(monkeypatch)
     whole = tmp_path / "whole"
     pick = ("--set", f"train.schedule={schedule_name}", "--set", "model.dropout=0.1",
-            "--set", "train.keep_checkpoints=10")
-    assert _timed_run(whole, corpus_dir, *pick).exit_code == 0
+            "--set", "train.keep_checkpoints=20", "--set", "train.ckpt_every=10")
+    res = _timed_run(whole, corpus_dir, *pick)
+    assert res.exit_code == 0, res.output
+    fitted_at = int(re.search(r"step (\d+): the schedule is fitted", res.output)[1])
     fitted = ckpt_step(latest_checkpoint(whole))
-    # the same run as if it had been stopped at its checkpoint of step 40
+    # the same run as if it had been stopped at its first checkpoint after the fit
     parts = tmp_path / "parts"
     shutil.copytree(whole, parts)
+    resume_at = min(ckpt_step(c) for c in list_checkpoints(parts) if ckpt_step(c) > fitted_at)
     for ckpt in list_checkpoints(parts):
-        if ckpt_step(ckpt) > 40:
+        if ckpt_step(ckpt) > resume_at:
             shutil.rmtree(ckpt)
-    assert ckpt_step(latest_checkpoint(parts)) == 40
+    assert resume_at < fitted
     res = cli("--resume", parts, "--time", "10s")  # a new session: the fit is not measured again
     assert res.exit_code == 0, res.output
-    assert "fitted to the time" not in res.output and f"stopped by schedule at step {fitted}" in res.output
+    assert "schedule is fitted" not in res.output and f"stopped by schedule at step {fitted}" in res.output
     a, b = loss_lines(read_metrics(whole)), loss_lines(read_metrics(parts))
     assert [r["step"] for r in b] == list(range(1, fitted + 1))
     assert [(r["loss"], r["lr"]) for r in a] == [(r["loss"], r["lr"]) for r in b]

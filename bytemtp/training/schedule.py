@@ -6,8 +6,9 @@ Linear warmup to the peak, then cosine, linear or warmup-stable-decay (the peak 
 decay over the last train.decay_fraction of the schedule) down to train.min_lr_ratio of the peak at
 the horizon. The horizon is train.schedule_steps, else train.steps, else the bytes budget. A run
 limited by time alone (or by time before its step or bytes limit) has no horizon to start with, so
-`TimeFit` measures the step rate over the run's first steps and fixes one from it: the steps that
-the time left will buy, a little short of them so that the decay ends before the clock does. The
+`TimeFit` measures the step rate over the run's first steps and fixes one from it (a wsd schedule
+where its decay starts): the steps that the time left will buy, a little short of them so that
+the decay ends before the clock does. The
 run's state records the fitted length; a resumed run follows it, and the run stops when it is
 reached. Until it is fixed the rate is the warmup's (or the peak once warmup is over), which does
 not depend on the horizon, so a fitted run still resumes exactly.
@@ -25,6 +26,7 @@ from bytemtp.config import TrainConfig
 SKIP_STEPS = 3
 MEASURE_STEPS = 10
 MEASURE_SHARE = 0.02
+RECENT_STEPS = 200  # the rate is the median of the latest steps measured (the machine's speed drifts)
 # The fitted schedule aims to end this much before the time does: step times wander (a shared
 # machine, a slower validation), and a schedule cut off before its end is what the fit is for.
 MARGIN = 0.05
@@ -63,12 +65,16 @@ def lr_scale(step: int, cfg: TrainConfig, horizon: int) -> float:
 class TimeFit:
     """Fits a schedule's length to a session's time budget: told the wall time of each step of
     the session (`observe`), it answers the horizon once it has measured enough, else None.
+    Cosine and linear decay from the end of warmup, so their length is fixed as soon as the rate
+    is measured; wsd holds the peak until its decay, whatever its length, so it is fixed only when
+    the decay must start, from the rate measured until then (a machine whose speed drifts in the
+    first minutes misleads it less).
 
-    The rate is the median step time (a step that validated, saved or compiled is an outlier),
-    raised by the share that validation takes (train.eval_batches forward passes every
-    train.eval_every steps, a forward pass counted as a third of a step) when the run validates.
-    The horizon is the steps taken plus those the time left buys at that rate, less MARGIN,
-    and no more than a step or bytes limit allows."""
+    The rate is the median of the latest RECENT_STEPS step times (a step that validated, saved
+    or compiled is an outlier), raised by the share that validation takes (train.eval_batches
+    forward passes every train.eval_every steps, a forward pass counted as a third of a step)
+    when the run validates. The horizon is the steps taken plus those the time left buys at that
+    rate, less MARGIN, and no more than a step or bytes limit allows."""
 
     def __init__(self, cfg: TrainConfig, *, limit: int, validates: bool):
         self.cfg, self.limit = cfg, limit
@@ -82,7 +88,10 @@ class TimeFit:
         measured = self.times[SKIP_STEPS:]
         if len(measured) < MEASURE_STEPS or sum(measured) < MEASURE_SHARE * self.cfg.max_time:
             return None
-        per_step = statistics.median(measured) * (1 + self.overhead)
+        per_step = statistics.median(measured[-RECENT_STEPS:]) * (1 + self.overhead)
         left = max(0.0, self.cfg.max_time - session_s) * (1 - MARGIN)
         horizon = step + max(1, int(left / per_step))
-        return min(horizon, self.limit) if self.limit else horizon
+        horizon = min(horizon, self.limit) if self.limit else horizon
+        if self.cfg.schedule == "wsd" and step + 1 < horizon - max(1, round(self.cfg.decay_fraction * horizon)):
+            return None  # the stable phase is the peak whatever the length: fix it where the decay starts
+        return horizon
