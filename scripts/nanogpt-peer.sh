@@ -80,7 +80,7 @@ for round in $(seq 1 "$ROUNDS"); do
   wall=$($PY -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$start" "$(date +%s.%N)")
   ms=$(grep -o 'time [0-9.]*ms' "$OUT/nanogpt-$round.log" | tail -n +3 | sed 's/time //; s/ms//' | sort -n | \
        awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-  printf '%s\tnanogpt\t%s\t%s\t2000\t%s\n' "$round" "$(nanogpt_val "$dir")" "$ms" "$wall" | tee -a "$OUT/results.tsv"
+  printf '%s\tnanogpt\t%s\t%s\t2000\t%s\n' "$round" "$(nanogpt_val "$dir" | tail -1)" "$ms" "$wall" | tee -a "$OUT/results.tsv"
 
   for arm in same best; do
     dir="$OUT/$arm-$round"; rm -rf "$dir"
