@@ -18,7 +18,8 @@ that long (`bytemtp tune-heads`, as `make demo` does) and reports the greedy cha
 on held-out prompts and eager decoding's speed on them (`bench.decode_speed`, plain against the
 chain of every head). A candidate whose OUT/NAME/sweep.json exists is read back, not trained
 again, so a sweep stopped half way goes on where it stopped, and two processes can share the
-candidates out (`only`); one measured without a tune is tuned when a later call asks for one. The trade-off: candidates run one after another in the process, so a
+candidates out (`only`); one measured without a tune is tuned when a later call asks for one.
+The trade-off: candidates run one after another in the process, so a
 sweep of n candidates takes n budgets; the figures are comparable only within one machine and one
 sitting (run two halves at the same time, one thread each, for twice the candidates an hour).
 """

@@ -10,7 +10,8 @@ same dropout, and checkpoints save it so that a resumed run draws what an uninte
 `autocast` is the context a training step and its validation run in, after train.precision:
 bf16 autocast (matmuls in bf16, weights and optimizer state in fp32) on CUDA, and on a CPU that
 does bf16 natively (AVX512-BF16 or AMX, where oneDNN's bf16 matmuls run about 1.5x faster than
-fp32 ones), else fp32; an explicit bf16 or fp32 holds on every device. `out_of_memory` tells an allocation that failed (torch.OutOfMemoryError on CUDA, a RuntimeError
+fp32 ones), else fp32; an explicit bf16 or fp32 holds on every device. `out_of_memory` tells an
+allocation that failed (torch.OutOfMemoryError on CUDA, a RuntimeError
 from the CPU allocator) from other errors, so that training can say what to lower.
 """
 
@@ -41,7 +42,8 @@ def native_bf16(device: torch.device) -> bool:
     """Whether the device multiplies bf16 matrices natively (CUDA; a CPU with AVX512-BF16 or AMX)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return (device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def autocast(device: torch.device, precision: str):

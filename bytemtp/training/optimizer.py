@@ -6,7 +6,8 @@ weight decay on matrices only, or for train.optimizer=muon a `Mixed` optimizer: 
 2-D matrices of the trunk and the heads (attention and feed-forward; Newton-Schulz orthogonalises
 each whole update, so FSDP2's sharded matrices are refused in the configuration) and AdamW on the
 rest (the embedding, the norms and the unembeddings, which are not hidden matrices), each at its
-own peak learning rate; `set_lr` sets each at the schedule's fraction of its peak. `set_trainable` freezes all but the draft heads for
+own peak learning rate; `set_lr` sets each at the schedule's fraction of its peak.
+`set_trainable` freezes all but the draft heads for
 train.trainable=draft-heads, and `start_from` loads train.init's weights into a new run's model
 (the same model settings or an error naming those that differ).
 """

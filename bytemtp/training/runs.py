@@ -48,7 +48,8 @@ LOCK = ".lock"
 class RunResult:
     step: int
     bytes_seen: int
-    stopped_by: str  # steps, bytes, schedule (fitted to the time), time or signal; done: the run had reached its limit before
+    # steps, bytes, schedule (fitted to the time), time or signal; done: the run had reached its limit before
+    stopped_by: str
     checkpoint: Path
     val_bpb: list[float] | None
 

@@ -8,8 +8,9 @@ checkpoint is restored in one place, `_Run.restore`.
 
 AdamW or Muon (`bytemtp.training.optimizer`) on a warmup and decay schedule
 (`bytemtp.training.schedule`; one limited by time is fitted to the time from the measured step
-rate, and its length kept in the run's state), gradient clipping and accumulation, bf16 autocast after train.precision (on CUDA and a CPU
-with native bf16 by default), optional torch.compile of each block, and the
+rate, and its length kept in the run's state), gradient clipping and accumulation, bf16
+autocast after train.precision (on CUDA and a CPU with native bf16 by default), optional
+torch.compile of each block, and the
 memory-efficient multi-head step by default. It stops by
 steps, by bytes or by wall time, and on SIGTERM or Ctrl-C at the next step boundary; every stop
 saves a checkpoint.
@@ -148,7 +149,8 @@ class TrainState:
         d = self.d
         return {"step": self.step, "bytes_seen": self.bytes_seen, "elapsed_s": self.elapsed_s,
                 "skipped_steps": self.skipped_steps, "bad_run": self.bad_run, "val_bpb": self.val_bpb,
-                "schedule_steps": self.schedule_steps, "world_size": d.world_size, "loaders": dist_lib.gather(self.loader.state_dict(), d),
+                "schedule_steps": self.schedule_steps, "world_size": d.world_size,
+                "loaders": dist_lib.gather(self.loader.state_dict(), d),
                 "loader_stats": combine_stats(dist_lib.gather(self.loader.stats(), d)),
                 "rngs": dist_lib.gather(_encoded_rng(d.device), d)}
 
@@ -247,7 +249,7 @@ class _Run:
         # a time budget fits the schedule unless the settings fixed it or an earlier session fitted it
         fits = bool(tc.max_time) and not tc.schedule_steps and not self.state.schedule_steps
         self.fit = TimeFit(tc, limit=limit, validates=self.has_val) if fits else None
-        self.horizon = self.state.schedule_steps or limit
+        self.limit = limit
         self.last_tick = 0.0  # when the time fit last observed a step
         self.metrics = open(run_dir / METRICS, "a") if d.is_main else None  # one writer: two would race
         self.metrics_ok = True
@@ -330,15 +332,20 @@ class _Run:
                 f"train.grad_accum as much keeps the bytes a step) or model.seq_len, in a new run{efficient}; "
                 f"step {step} was not saved and {kept}")
 
+    @property
+    def horizon(self) -> int:
+        """The schedule's length: the one fitted to the time, else the settings' (0: none yet)."""
+        return self.state.schedule_steps or self.limit
+
     def _fit_schedule(self, session_start: float) -> None:
         """Tell the time fit the wall time since the last step (validation and saving included);
-        once it answers, every rank takes rank 0's horizon."""
+        rank 0's fit decides for every rank (their clocks differ, so their answers may too)."""
         st, now = self.state, time.perf_counter()
         wall_s, self.last_tick = now - max(self.last_tick, session_start), now
-        horizon = self.fit.observe(wall_s, step=st.step, session_s=now - session_start)
-        if not dist_lib.any_rank(horizon is not None, self.d, self.device):
+        horizon = dist_lib.gather(self.fit.observe(wall_s, step=st.step, session_s=now - session_start), self.d)[0]
+        if horizon is None:
             return
-        st.schedule_steps = self.horizon = dist_lib.gather(horizon, self.d)[0]
+        st.schedule_steps = horizon
         self.fit = None
         self.say(f"step {st.step}: the schedule is fitted to the time budget: {self.horizon} steps "
                  f"(train.{self.cfg.train.schedule} decay to step {self.horizon})")
