@@ -31,6 +31,7 @@ HEAD_TYPES = ("transformer", "linear", "causal")
 UNEMBED_TYPES = ("shared", "replicated")
 MLP_TYPES = ("swiglu", "gelu")
 HEAD_WEIGHTS = ("uniform", "geometric")
+HEAD_SCHEDULES = ("constant", "forward", "reverse")  # how heads 2..n's weights follow training's progress
 PRECISIONS = ("auto", "bf16", "fp32")  # of training's matmuls (bf16: autocast; weights stay fp32)
 PARALLEL = ("ddp", "fsdp")  # how many processes share a model: DistributedDataParallel or FSDP2
 TRAINABLE = ("all", "draft-heads")  # what trains: the whole model, or heads 2..n only (tune-heads)
@@ -159,6 +160,12 @@ class LossConfig:
     """Weight of head k: uniform (1 each, the paper's plain sum) or geometric (decay ** (k - 1))."""
     geometric_decay: float = 0.8
     """Ratio between successive head weights when head_weights is geometric."""
+    head_schedule: str = "constant"
+    """How the weights of heads 2..n follow training: constant, forward (they join one by one, each ramping up from 0, over the first head_schedule_span of the schedule) or reverse (they fade one by one, the farthest first, to head_schedule_floor over the first head_schedule_span)."""
+    head_schedule_span: float = 0.5
+    """The share of the schedule's steps over which a forward or reverse head schedule moves (then it holds)."""
+    head_schedule_floor: float = 0.0
+    """The share of its weight a head keeps once a reverse schedule has faded it (0: the head stops training, and its forward and backward are skipped)."""
     mask_after_eos: bool = True
     """Ignore targets that lie beyond the end of the document the prediction starts in."""
     teacher_weight: float = 0.0
@@ -177,6 +184,12 @@ class LossConfig:
                "expected 0 < decay <= 1")
         _check(isinstance(self.mask_after_eos, bool), "loss.mask_after_eos", self.mask_after_eos,
                "expected true or false")
+        _check(self.head_schedule in HEAD_SCHEDULES, "loss.head_schedule", self.head_schedule,
+               f"choose one of {', '.join(HEAD_SCHEDULES)}")
+        _check(isinstance(self.head_schedule_span, (int, float)) and 0.0 < self.head_schedule_span <= 1.0,
+               "loss.head_schedule_span", self.head_schedule_span, "expected 0 < span <= 1")
+        _check(isinstance(self.head_schedule_floor, (int, float)) and 0.0 <= self.head_schedule_floor <= 1.0,
+               "loss.head_schedule_floor", self.head_schedule_floor, "expected 0 <= floor <= 1")
         for name in ("teacher_weight", "draft_data_weight"):
             value = getattr(self, name)
             _check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,5 +1,6 @@
-"""The learning-rate schedule (bytemtp.training.schedule): its shapes, its length, and the fit of its
-length to a time budget, alone and in a run (a clock that moves only with the steps), resumed."""
+"""The schedules of training (bytemtp.training.schedule): the learning rate's shapes, its length, and
+the fit of its length to a time budget, alone and in a run (a clock that moves only with the steps),
+resumed; and the heads' weights over training."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import pytest
 from train_runs import BATCH, ckpt_step, cli, loss_lines, read_metrics
 
 import bytemtp.training.train as train_lib
-from bytemtp.config import TrainConfig
+from bytemtp.config import LossConfig, TrainConfig
 from bytemtp.runtime.checkpoint import latest_checkpoint, list_checkpoints
 from bytemtp.training import schedule
-from bytemtp.training.schedule import TimeFit, lr_scale, schedule_horizon
+from bytemtp.training.schedule import TimeFit, head_weights, lr_scale, schedule_horizon
 
 # --- shapes ------------------------------------------------------------------------------------
 
@@ -66,6 +67,27 @@ def test_schedule_horizon_follows_the_stop_condition():
     assert schedule_horizon(TrainConfig(steps=500, schedule_steps=800), 256) == 800
     assert schedule_horizon(TrainConfig(max_bytes=2000), 256) == 8
     assert schedule_horizon(TrainConfig(max_time=60.0), 256) == 0  # TimeFit's to fit
+
+
+def test_a_forward_head_schedule_lets_the_heads_join_one_by_one_over_its_span():
+    loss = LossConfig(head_schedule="forward", head_schedule_span=0.6)  # 3 heads move, 0.2 each
+    assert head_weights(loss, 4, 0.0) == [1.0, 0.0, 0.0, 0.0]
+    assert head_weights(loss, 4, 0.1) == pytest.approx([1.0, 0.5, 0.0, 0.0])
+    assert head_weights(loss, 4, 0.3) == pytest.approx([1.0, 1.0, 0.5, 0.0])
+    assert head_weights(loss, 4, 0.6) == head_weights(loss, 4, 1.0) == [1.0] * 4
+    geometric = LossConfig(head_schedule="forward", head_schedule_span=0.6, head_weights="geometric",
+                           geometric_decay=0.5)
+    assert head_weights(geometric, 4, 0.3) == pytest.approx([1.0, 0.5, 0.125, 0.0])  # times the base weights
+
+
+def test_a_reverse_head_schedule_fades_the_farthest_head_first_to_its_floor():
+    loss = LossConfig(head_schedule="reverse", head_schedule_span=0.6, head_schedule_floor=0.25)
+    assert head_weights(loss, 4, 0.0) == [1.0] * 4
+    assert head_weights(loss, 4, 0.1) == pytest.approx([1.0, 1.0, 1.0, 1 - 0.75 * 0.5])
+    assert head_weights(loss, 4, 0.5) == pytest.approx([1.0, 1 - 0.75 * 0.5, 0.25, 0.25])
+    assert head_weights(loss, 4, 0.6) == head_weights(loss, 4, 1.0) == pytest.approx([1.0, 0.25, 0.25, 0.25])
+    assert head_weights(LossConfig(head_schedule="reverse"), 4, 0.5) == [1.0, 0.0, 0.0, 0.0]  # floor 0
+    assert head_weights(LossConfig(), 4, 0.5) == [1.0] * 4 and head_weights(loss, 1, 0.5) == [1.0]
 
 
 # --- the time fit --------------------------------------------------------------------------------
@@ -162,12 +184,29 @@ def test_a_wsd_schedule_is_fitted_where_its_decay_starts(tmp_path, corpus_dir, m
     assert lines[-1]["lr"] < 0.2e-3  # one step of the decay before its floor
 
 
-@pytest.mark.parametrize("schedule_name", ["cosine", "wsd"])
-def test_a_fitted_run_resumes_on_the_same_schedule_bit_for_bit(tmp_path, corpus_dir, monkeypatch, schedule_name):
+def test_a_head_schedule_of_a_timed_wsd_run_follows_the_first_estimate(tmp_path, corpus_dir, monkeypatch):
+    _clock(monkeypatch)
+    run = tmp_path / "run"
+    res = _timed_run(run, corpus_dir, "--set", "train.schedule=wsd", "--set", "loss.head_schedule=forward")
+    assert res.exit_code == 0, res.output
+    estimate = 13 + int((10 - 13 * 0.125) * (1 - schedule.MARGIN) / 0.125)  # as cosine's fit
+    state = json.loads((latest_checkpoint(run) / "train_state.json").read_text())
+    assert state["head_schedule_steps"] == estimate != state["schedule_steps"]
+    loss = LossConfig(head_schedule="forward")
+    for r in loss_lines(read_metrics(run)):  # step r["step"] ran at r["step"] - 1 steps done
+        length = estimate if r["step"] > 13 else 0
+        assert r["head_weights"] == pytest.approx(head_weights(loss, 8, (r["step"] - 1) / length if length else 0))
+    assert r["head_weights"] == [1.0] * 8
+
+
+@pytest.mark.parametrize("schedule_name,heads", [("cosine", "constant"), ("wsd", "constant"), ("wsd", "reverse")])
+def test_a_fitted_run_resumes_on_the_same_schedule_bit_for_bit(tmp_path, corpus_dir, monkeypatch, schedule_name,
+                                                               heads):
     _clock(monkeypatch)
     whole = tmp_path / "whole"
     pick = ("--set", f"train.schedule={schedule_name}", "--set", "model.dropout=0.1",
-            "--set", "train.keep_checkpoints=20", "--set", "train.ckpt_every=10")
+            "--set", "train.keep_checkpoints=20", "--set", "train.ckpt_every=10", "--set", f"loss.head_schedule={heads}",
+            "--set", "loss.head_schedule_span=1.0")  # the heads' weights move until the end
     res = _timed_run(whole, corpus_dir, *pick)
     assert res.exit_code == 0, res.output
     fitted_at = int(re.search(r"step (\d+): the schedule is fitted", res.output)[1])
@@ -185,4 +224,8 @@ def test_a_fitted_run_resumes_on_the_same_schedule_bit_for_bit(tmp_path, corpus_
     assert "schedule is fitted" not in res.output and f"stopped by schedule at step {fitted}" in res.output
     a, b = loss_lines(read_metrics(whole)), loss_lines(read_metrics(parts))
     assert [r["step"] for r in b] == list(range(1, fitted + 1))
-    assert [(r["loss"], r["lr"]) for r in a] == [(r["loss"], r["lr"]) for r in b]
+    assert [(r["loss"], r["lr"], r.get("head_weights")) for r in a] == [(r["loss"], r["lr"], r.get("head_weights"))
+                                                                       for r in b]
+    if heads == "reverse":
+        assert a[-1]["head_weights"][-1] == 0.0 and any(0 < w < 1 for r in a for w in r["head_weights"])
+        assert a[-1]["head_loss"][-1] is None  # skipped: NaN

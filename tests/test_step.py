@@ -54,6 +54,48 @@ def test_memory_efficient_gradients_equal_plain(head_type, mlp, unembed, dropout
     assert not efficient.total.requires_grad and not plain.total.requires_grad
 
 
+@pytest.mark.parametrize("head_type", ["transformer", "linear", "causal"])
+@pytest.mark.parametrize("teacher", [False, True])
+def test_heads_of_weight_0_do_not_run_and_get_the_references_zero_gradients(head_type, teacher):
+    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=4, head_layers=1, n_layers=8)
+    model = ByteMTP(cfg)
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 256, (3, 24 + 4), generator=torch.Generator().manual_seed(1))
+    ids[1, 9] = EOS
+    loss_cfg = C.LossConfig(**({"teacher_weight": 0.5} if teacher else {}))
+    weights = [1.0, 0.0, 0.5, 0.0]  # a head schedule's weights this step
+    calls = [0] * 4
+    for k, head in enumerate(model.heads):
+        head.register_forward_hook(lambda *_, k=k: calls.__setitem__(k, calls[k] + 1))
+
+    plain = plain_forward_backward(model, ids, loss_cfg=loss_cfg, scale=0.5, weights=weights)
+    plain_grads = _grads(model)
+    calls[:] = [0] * 4
+    efficient = forward_backward(model, ids, loss_cfg=loss_cfg, scale=0.5, weights=weights)
+    efficient_grads = _grads(model)
+
+    # independent heads skip both heads of weight 0; causal heads run up to the last head with weight
+    # (each twice: without a graph, then again for its backward)
+    assert [c > 0 for c in calls] == ([True, True, True, False] if head_type == "causal" else [True, False, True, False])
+    torch.testing.assert_close(efficient.total, plain.total)
+    ran, skipped = ([0, 1, 2], [3]) if head_type == "causal" else ([0, 2], [1, 3])
+    torch.testing.assert_close(efficient.head_loss[ran], plain.head_loss[ran])
+    assert efficient.head_loss[skipped].isnan().all() and efficient.head_accuracy[skipped].isnan().all()
+    assert efficient.head_agreement[skipped].isnan().all()
+    for name, g in plain_grads.items():  # the skipped heads' own parameters: zeros, as the reference's
+        torch.testing.assert_close(efficient_grads[name], g, atol=1e-6, rtol=1e-5, msg=name)
+    names = [n for n, _ in model.named_parameters() if n.startswith(tuple(f"heads.{k}." for k in skipped))]
+    assert names and all(efficient_grads[n].abs().sum() == 0 for n in names)
+    assert any(plain_grads[n].abs().sum() > 0 for n in plain_grads if n.startswith("heads.2."))
+
+
+def test_head_weights_must_give_head_1_a_weight():
+    model = ByteMTP(dataclasses.replace(C.tiny().model, n_future=2, n_layers=4))
+    ids = torch.randint(0, 256, (1, 16 + 2))
+    with pytest.raises(ValueError, match="expected 2 head weights, the first above 0"):
+        forward_backward(model, ids, loss_cfg=C.LossConfig(), weights=[0.0, 1.0])
+
+
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])
 def test_a_frozen_trunk_and_head_1_train_only_the_draft_heads_as_the_reference_does(head_type):
     cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=4, head_layers=1, n_layers=6)

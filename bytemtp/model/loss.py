@@ -92,6 +92,7 @@ class HeadLoss:
     kl: torch.Tensor | None = None  # summed teacher KL, nats (heads 2..n with the teacher on)
     agree: torch.Tensor | None = None  # positions whose greedy byte equals head 1's there (heads 2..n)
     pairs: torch.Tensor | None = None  # positions where head 1 is there to compare with
+    ran: bool = True  # False: the head did not run this step (its weight was 0); its figures are NaN
 
     @property
     def trained(self) -> torch.Tensor:
@@ -143,10 +144,12 @@ class LossOutput:
 
 def summarize(heads: list[HeadLoss], weights: list[float], total: torch.Tensor) -> LossOutput:
     count = torch.stack([h.count for h in heads]).detach()
+    ran = torch.tensor([h.ran for h in heads], device=count.device)
     out = LossOutput(
         total=total,
         head_loss=torch.stack([h.loss for h in heads]).detach(),
-        head_accuracy=torch.stack([h.correct for h in heads]).float() / count.clamp(min=1),
+        head_accuracy=(torch.stack([h.correct for h in heads]).float() / count.clamp(min=1)).masked_fill(
+            ~ran, float("nan")),
         head_nats=torch.stack([h.nats for h in heads]).detach(),
         head_count=count,
     )
@@ -159,8 +162,8 @@ def summarize(heads: list[HeadLoss], weights: list[float], total: torch.Tensor) 
 
 
 def total_of(heads: list[HeadLoss], weights: list[float]) -> torch.Tensor:
-    """The weighted sum of what each head trains on."""
-    return sum(w * h.trained for w, h in zip(weights, heads))
+    """The weighted sum of what each head trains on (a head that did not run has weight 0)."""
+    return sum(w * h.trained for w, h in zip(weights, heads) if h.ran)
 
 
 def mtp_loss(logits_BTKV: torch.Tensor, targets_BTK: torch.Tensor, weights: list[float],

@@ -171,12 +171,16 @@ class ByteMTP(nn.Module):
         return self.heads[k](x_BTD, layout, cache)
 
     def head_states(self, z_BTD: torch.Tensor, cache: KVCache | None = None, *, layout: Layout,
-                    heads: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+                    heads: int | None = None, skip: frozenset[int] = frozenset()) -> Iterator[tuple[int, torch.Tensor]]:
         """(k, state) of the first `heads` heads (all by default), in order: each head runs on the
         trunk state z, or, for causal heads, on the previous head's state. The one loop over heads;
-        a caller may run backward on head k before it asks for head k + 1."""
+        a caller may run backward on head k before it asks for head k + 1. Heads in `skip` do not
+        run (independent heads only: a causal head's state is the next one's input)."""
+        assert not (skip and self.config.head_type == "causal"), "causal heads cannot skip a head"
         h_BTD = None
         for k in range(self.config.n_future if heads is None else heads):
+            if k in skip:
+                continue
             h_BTD = self.head_state(k, self.head_input(k, z_BTD, h_BTD), cache, layout=layout)
             yield k, h_BTD
 
@@ -223,6 +227,11 @@ class ByteMTP(nn.Module):
         shared unembedding is head 1's too). What `tune-heads` trains."""
         own_unembed = list(self.unembed)[1:] if len(self.unembed) > 1 else []
         return list(self.heads)[1:] + own_unembed
+
+    def head_parameters(self, k: int) -> list[nn.Parameter]:
+        """The parameters only head k uses: its layers and norm, and its own unembedding unless it is shared."""
+        own = [self.unembed[k]] if len(self.unembed) > 1 else []
+        return [p for module in (self.heads[k], *own) for p in module.parameters()]
 
     def num_params(self, part: str = "all") -> int:
         """Parameters in the whole model, or in one part: embed, trunk, heads, unembed."""

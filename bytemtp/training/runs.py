@@ -312,13 +312,14 @@ def plan_config(cfg: Config, run_dir: str | os.PathLike, *, resume: bool = False
 
 def tune_config(saved: Config, ckpt: Path) -> Config:
     """The settings a heads-only tune starts from: the source run's model, data and optimiser,
-    its weights (train.init), only heads 2..n trained, with its own stop conditions and a short
-    warmup; the second half of every window is the model's own greedy continuation
+    its weights (train.init), only heads 2..n trained, with its own stop conditions, a short
+    warmup and constant head weights (a source trained with a reverse head schedule ends with its
+    draft heads at the floor); the second half of every window is the model's own greedy continuation
     (loss.rollout_bytes), and the draft heads learn it both as data and from head 1 as teacher."""
     train = dataclasses.replace(saved.train, init=str(ckpt.resolve()), trainable="draft-heads", steps=0,
                                 max_bytes=0, max_time=0.0, schedule_steps=0,
                                 warmup_steps=min(saved.train.warmup_steps, 20))
-    loss = dataclasses.replace(saved.loss, teacher_weight=1.0, draft_data_weight=1.0,
+    loss = dataclasses.replace(saved.loss, head_schedule="constant", teacher_weight=1.0, draft_data_weight=1.0,
                                rollout_bytes=saved.model.seq_len // 2)
     return dataclasses.replace(saved, train=train, loss=loss)
 

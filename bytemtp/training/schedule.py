@@ -1,6 +1,6 @@
-"""The learning rate's schedule: its length (`schedule_horizon`, or `TimeFit` for a run limited by
-time) and its shape (`lr_scale`), a function of the step alone so that a resumed run follows the
-same schedule.
+"""The schedules of training: the learning rate's length (`schedule_horizon`, or `TimeFit` for a
+run limited by time) and shape (`lr_scale`), and the heads' weights (`head_weights`), functions of
+the step alone so that a resumed run follows the same schedules.
 
 Linear warmup to the peak, then cosine, linear or warmup-stable-decay (the peak held, then a linear
 decay over the last train.decay_fraction of the schedule) down to train.min_lr_ratio of the peak at
@@ -12,6 +12,13 @@ the decay ends before the clock does. The
 run's state records the fitted length; a resumed run follows it, and the run stops when it is
 reached. Until it is fixed the rate is the warmup's (or the peak once warmup is over), which does
 not depend on the horizon, so a fitted run still resumes exactly.
+
+The heads' weights (loss.head_schedule) follow the share of the schedule done: constant (the
+paper's), forward (heads 2..n join one by one, each ramping up from 0; a curriculum that trains
+the next byte first) or reverse (they fade one by one, the farthest first, to a floor: the model
+ends as a next-byte model with heads beside it, as in modded-nanogpt's extra future-token terms).
+A run limited by time needs their length before a wsd schedule has fixed its own, so it takes
+`TimeFit.estimate`, the length the first measurement gives, and keeps it in its state.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from bytemtp.config import TrainConfig
+from bytemtp.config import LossConfig, TrainConfig
 
 # Steps a session takes before TimeFit measures (allocations, caches and compilation warm up in
 # them), and what it measures over: at least this many steps and this share of the time budget.
@@ -80,6 +87,7 @@ class TimeFit:
         self.cfg, self.limit = cfg, limit
         self.overhead = cfg.eval_batches / (3 * cfg.eval_every) if validates and cfg.eval_every else 0.0
         self.times: list[float] = []
+        self.estimate = 0  # the length the first measurement gave (0: not measured yet)
 
     def observe(self, step_s: float, *, step: int, session_s: float) -> int | None:
         """The fitted horizon after the session's latest step (its wall time step_s; `step`
@@ -92,6 +100,25 @@ class TimeFit:
         left = max(0.0, self.cfg.max_time - session_s) * (1 - MARGIN)
         horizon = step + max(1, int(left / per_step))
         horizon = min(horizon, self.limit) if self.limit else horizon
+        self.estimate = self.estimate or horizon
         if self.cfg.schedule == "wsd" and step + 1 < horizon - max(1, round(self.cfg.decay_fraction * horizon)):
             return None  # the stable phase is the peak whatever the length: fix it where the decay starts
         return horizon
+
+
+def head_weights(loss: LossConfig, n_future: int, progress: float) -> list[float]:
+    """Each head's loss weight at `progress`, the share of the schedule's steps done (0 to 1):
+    loss.head_weights's, times loss.head_schedule's share. Over the first head_schedule_span of
+    the schedule the n - 1 heads after the first move one after another, each for an equal part
+    of it: forward raises head 2, then head 3, ... from 0 to its weight; reverse lowers head n,
+    then head n - 1, ... to head_schedule_floor of its weight. Head 1 keeps its weight."""
+    base = loss.weights(n_future)
+    if loss.head_schedule == "constant" or n_future == 1:
+        return base
+    moved = min(1.0, max(0.0, progress) / loss.head_schedule_span) * (n_future - 1)  # heads moved so far
+    shares = [1.0]
+    for k in range(1, n_future):
+        order = k - 1 if loss.head_schedule == "forward" else n_future - 1 - k  # when head k + 1 moves
+        done = min(1.0, max(0.0, moved - order))
+        shares.append(done if loss.head_schedule == "forward" else 1.0 - (1.0 - loss.head_schedule_floor) * done)
+    return [w * s for w, s in zip(base, shares)]

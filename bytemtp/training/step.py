@@ -16,8 +16,16 @@ output state, then walks the heads backward from the last, recomputing each head
 to the same gradients for every head type.
 
 Both take a window ids_BW of T + n_future ids and return the detached `LossOutput`; `scale`
-multiplies the loss before backward (1 / accumulation steps). Each builds the batch's layout once
+multiplies the loss before backward (1 / accumulation steps) and `weights` are the heads' loss
+weights this step (default: loss.head_weights's; a head schedule changes them as training goes,
+`bytemtp.training.schedule.head_weights`). Each builds the batch's layout once
 (`bytemtp.model.layout.build_layout`) and hands it to the trunk and to every head.
+
+A head whose weight is 0 has nothing to learn this step, so the memory-efficient step does not run
+it: an independent head is skipped, a causal one is when no later head has weight (its state feeds
+the next head). Its parameters get zero gradients, the gradients the reference's weight of 0
+gives, so the optimizer treats them alike (Adam's moments and weight decay go on); its figures
+this step are NaN, as nothing measured them.
 
 Head 1 runs first (in the causal loop, its logits come from the graph-free forward), so its
 greedy bytes and, with the teacher term on, its detached distribution are at hand when each later
@@ -63,11 +71,30 @@ def _backward(outputs: list[torch.Tensor], grads: list[torch.Tensor | None]) -> 
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
 
 
+def _weights(model: ByteMTP, loss_cfg: LossConfig, weights: list[float] | None) -> list[float]:
+    n = model.config.n_future
+    weights = loss_cfg.weights(n) if weights is None else list(weights)
+    if len(weights) != n or weights[0] <= 0:
+        raise ValueError(f"expected {n} head weights, the first above 0; got {weights}")
+    return weights
+
+
+def _skipped(model: ByteMTP, k: int, device: torch.device) -> HeadLoss:
+    """Head k, skipped for its weight of 0: zero gradients for its own parameters (the reference's),
+    NaN figures."""
+    for p in model.head_parameters(k):
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+    nan, zero = torch.tensor(float("nan"), device=device), torch.zeros((), device=device, dtype=torch.long)
+    return HeadLoss(loss=nan, nats=nan, correct=zero, count=zero, kl=nan, agree=nan,
+                    pairs=torch.ones_like(zero), ran=False)
+
+
 def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig,
-                     scale: float = 1.0) -> LossOutput:
+                     scale: float = 1.0, weights: list[float] | None = None) -> LossOutput:
     """Memory-efficient multi-head forward and backward (paper Fig. 2)."""
     targets_BTK, T = _targets(model, ids_BW, loss_cfg)
-    weights, teacher = loss_cfg.weights(model.config.n_future), teacher_of(loss_cfg)
+    weights, teacher = _weights(model, loss_cfg, weights), teacher_of(loss_cfg)
     ids_BT = ids_BW[:, :T]
     layout = build_layout(model, ids_BT)
     z_BTD = model(ids_BT, layout=layout)
@@ -75,13 +102,16 @@ def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConf
     if model.config.head_type == "causal":
         heads = _causal_heads_backward(model, z_leaf, targets_BTK, weights, teacher, scale, layout=layout)
     else:
-        heads, ref = [], None
-        for k, h_BTD in model.head_states(z_leaf, layout=layout):  # each head's graph freed before the next is made
+        skip = frozenset(k for k, w in enumerate(weights) if w == 0)
+        heads, ref = {}, None
+        # each head's graph freed before the next is made
+        for k, h_BTD in model.head_states(z_leaf, layout=layout, skip=skip):
             logits_BTV = model.head_logits(k, h_BTD)
             ref = ref or reference(logits_BTV, teacher)
             h = head_loss(logits_BTV, targets_BTK[:, :, k], k=k, ref=ref, teacher=teacher)
             _backward([h.trained * (weights[k] * scale)], [None])
-            heads.append(_detached(h))
+            heads[k] = _detached(h)
+        heads = [heads[k] if k in heads else _skipped(model, k, z_leaf.device) for k in range(len(weights))]
     if z_BTD.requires_grad and z_leaf.grad is not None:
         z_BTD.backward(z_leaf.grad)
     return summarize(heads, weights, total_of(heads, weights))
@@ -91,16 +121,17 @@ def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: to
                            weights: list[float], teacher: Teacher, scale: float, *,
                            layout: Layout) -> list[HeadLoss]:
     device = z_leaf.device
+    runs = 1 + max(k for k, w in enumerate(weights) if w)  # the heads after the last one with weight are skipped
     states, rng = [], [rng_state(device)]  # rng[k]: the state before head k runs
     with torch.no_grad():
-        for _, h_BTD in model.head_states(z_leaf, layout=layout):
+        for _, h_BTD in model.head_states(z_leaf, layout=layout, heads=runs):
             states.append(h_BTD)
             rng.append(rng_state(device))
         ref = reference(model.head_logits(0, states[0]), teacher)  # what head 1 says, before any head's backward
     rng_after = rng.pop()
-    heads: list[HeadLoss] = [None] * len(weights)  # type: ignore[list-item]
+    heads: list[HeadLoss] = [_skipped(model, k, device) for k in range(len(weights))]
     grad_out = None  # gradient reaching head k's output state from head k+1
-    for k in reversed(range(len(weights))):
+    for k in reversed(range(runs)):
         set_rng_state(rng[k], device)
         x_BTD = z_leaf if k == 0 else states[k - 1].requires_grad_()
         h_BTD = model.head_state(k, model.head_input(k, z_leaf, x_BTD), layout=layout)
@@ -118,12 +149,12 @@ def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: to
 
 
 def plain_forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig,
-                           scale: float = 1.0) -> LossOutput:
+                           scale: float = 1.0, weights: list[float] | None = None) -> LossOutput:
     """All heads in one graph and one backward: the reference (and the memory-hungry path)."""
     targets_BTK, T = _targets(model, ids_BW, loss_cfg)
     ids_BT = ids_BW[:, :T]
     logits_BTKV = model.logits(ids_BT, layout=build_layout(model, ids_BT))
-    out = mtp_loss(logits_BTKV, targets_BTK, loss_cfg.weights(model.config.n_future), teacher_of(loss_cfg))
+    out = mtp_loss(logits_BTKV, targets_BTK, _weights(model, loss_cfg, weights), teacher_of(loss_cfg))
     if out.total.requires_grad:
         (out.total * scale).backward()
     out.total = out.total.detach()

@@ -81,7 +81,7 @@ from bytemtp.training import runs
 from bytemtp.training.optimizer import build_optimizer, set_lr, set_trainable, start_from
 from bytemtp.training.rollout import greedy_rollout
 from bytemtp.training.runs import METRICS, RunPlan, RunResult
-from bytemtp.training.schedule import TimeFit, lr_scale, schedule_horizon
+from bytemtp.training.schedule import TimeFit, head_weights, lr_scale, schedule_horizon
 from bytemtp.training.step import forward_backward, plain_forward_backward
 
 
@@ -144,12 +144,14 @@ class TrainState:
     bad_run: int = 0  # of those, how many in a row up to now
     val_bpb: list[float] | None = None  # the last validation
     schedule_steps: int = 0  # the schedule's length where it was fitted to a time budget (0: not)
+    head_schedule_steps: int = 0  # the heads' schedule's length, where the time fit's first estimate gave it
 
     def state_dict(self) -> dict:
         d = self.d
         return {"step": self.step, "bytes_seen": self.bytes_seen, "elapsed_s": self.elapsed_s,
                 "skipped_steps": self.skipped_steps, "bad_run": self.bad_run, "val_bpb": self.val_bpb,
-                "schedule_steps": self.schedule_steps, "world_size": d.world_size,
+                "schedule_steps": self.schedule_steps, "head_schedule_steps": self.head_schedule_steps,
+                "world_size": d.world_size,
                 "loaders": dist_lib.gather(self.loader.state_dict(), d),
                 "loader_stats": combine_stats(dist_lib.gather(self.loader.stats(), d)),
                 "rngs": dist_lib.gather(_encoded_rng(d.device), d)}
@@ -166,6 +168,7 @@ class TrainState:
         self.step, self.bytes_seen, self.elapsed_s = state["step"], state["bytes_seen"], state["elapsed_s"]
         self.skipped_steps, self.bad_run, self.val_bpb = state["skipped_steps"], state["bad_run"], state.get("val_bpb")
         self.schedule_steps = state.get("schedule_steps", 0)
+        self.head_schedule_steps = state.get("head_schedule_steps", 0)
 
 
 def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, show_progress: bool = True,
@@ -337,12 +340,20 @@ class _Run:
         """The schedule's length: the one fitted to the time, else the settings' (0: none yet)."""
         return self.state.schedule_steps or self.limit
 
+    def head_weights(self) -> list[float]:
+        """The heads' loss weights this step: loss.head_schedule at the share of the schedule done
+        (of the length the time fit first estimated, in a run limited by time; 0 done until then)."""
+        length = self.state.head_schedule_steps or self.horizon
+        return head_weights(self.cfg.loss, self.cfg.model.n_future, self.state.step / length if length else 0.0)
+
     def _fit_schedule(self, session_start: float) -> None:
         """Tell the time fit the wall time since the last step (validation and saving included);
         rank 0's fit decides for every rank (their clocks differ, so their answers may too)."""
         st, now = self.state, time.perf_counter()
         wall_s, self.last_tick = now - max(self.last_tick, session_start), now
-        horizon = dist_lib.gather(self.fit.observe(wall_s, step=st.step, session_s=now - session_start), self.d)[0]
+        horizon = self.fit.observe(wall_s, step=st.step, session_s=now - session_start)
+        horizon, estimate = dist_lib.gather((horizon, self.fit.estimate), self.d)[0]
+        st.head_schedule_steps = st.head_schedule_steps or estimate
         if horizon is None:
             return
         st.schedule_steps = horizon
@@ -372,12 +383,13 @@ class _Run:
         tc, st = self.cfg.train, self.state
         scale = lr_scale(st.step, tc, self.horizon)
         set_lr(self.optimizer, scale, tc)
+        self.step_weights = self.head_weights()
         lr = tc.lr * scale
         t0 = time.perf_counter()
         batches = (self._targets(next(self.loader).to(self.device, non_blocking=True)) for _ in range(tc.grad_accum))
         figures = accumulate_gradients(
             self.model, self.wrapped, batches, step_fn=self.step_fn, loss_cfg=self.cfg.loss,
-            accum=tc.grad_accum, d=self.d, autocast=self.autocast)
+            accum=tc.grad_accum, d=self.d, autocast=self.autocast, weights=self.step_weights)
         grad_norm = dist_lib.local(torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], tc.grad_clip or float("inf")))
         if torch.isfinite(figures.total) and torch.isfinite(grad_norm):
@@ -425,6 +437,8 @@ class _Run:
         heads = {"head_agree": figures.head_agreement.tolist()} if figures.head_agreement is not None else {}
         if figures.head_kl is not None and self.cfg.loss.teacher_weight:
             heads["head_teacher_kl"] = figures.head_kl.tolist()
+        if self.cfg.loss.head_schedule != "constant":
+            heads["head_weights"] = self.step_weights
         self.log({**gpu, "step": st.step, "bytes": st.bytes_seen, "loss": figures.total.item(),
                   "bpb": figures.head_loss[0].item() / LN2, "head_loss": figures.head_loss.tolist(),
                   "head_acc": figures.head_accuracy.tolist(), **heads,
@@ -499,13 +513,15 @@ class StepFigures:
 
 
 def accumulate_gradients(model: ByteMTP, wrapped, batches, *, step_fn, loss_cfg, accum: int,
-                         d: dist_lib.Dist, autocast=contextlib.nullcontext()) -> StepFigures:
-    """Forward and backward of one optimizer step's `accum` micro-batches, with the gradients
-    reduced once over the ranks; the figures averaged over the micro-batches and the ranks."""
+                         d: dist_lib.Dist, autocast=contextlib.nullcontext(),
+                         weights: list[float] | None = None) -> StepFigures:
+    """Forward and backward of one optimizer step's `accum` micro-batches (the heads' loss weights
+    `weights`, default loss.head_weights's), with the gradients reduced once over the ranks; the
+    figures averaged over the micro-batches and the ranks."""
     outs = []
     for micro, batch in enumerate(batches):
         with autocast, dist_lib.gradient_sync(wrapped, last=micro == accum - 1):
-            outs.append(step_fn(model, batch, loss_cfg=loss_cfg, scale=1 / accum))
+            outs.append(step_fn(model, batch, loss_cfg=loss_cfg, scale=1 / accum, weights=weights))
 
     def averaged(name):
         values = [getattr(o, name) for o in outs]
