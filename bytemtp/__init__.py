@@ -15,6 +15,7 @@ from its own floor's package or from lower floors (tests/test_layering.py keeps 
     7  interop/          lm-evaluation-harness model, Hugging Face export and its remote code
     8  bench             every benchmark
     9  sweep             a preset sized by measurement: candidates trained for the same wall time
+   10  quality           multi-token recipes against next-byte training, at equal wall time and over seeds
 
 The command line lives in the separate package `bytemtp_cli`.
 """

@@ -30,12 +30,9 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from bytemtp.config import DataConfig, ModelConfig, preset
 from bytemtp.data.compression import decompressed_size
@@ -50,7 +47,7 @@ from bytemtp.evaluation.evaluate import evaluate, held_out_split, val_continuati
 from bytemtp.model.flops import peak_gpu_flops, step_flops
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import load_model
-from bytemtp.runtime.devices import autocast, resolve_device, synchronize
+from bytemtp.runtime.devices import autocast, synchronize
 from bytemtp.training.step import forward_backward, plain_forward_backward
 from bytemtp.training.optimizer import build_optimizer
 from bytemtp.vocab import EOS
@@ -253,55 +250,6 @@ def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batc
             "loader_s": min(loader_s), "zstd_s": min(zstd_s),
             "loader_mb_s": loader_mb_s, "zstd_mb_s": zstd_mb_s, "ratio": loader_mb_s / zstd_mb_s,
             "pair_ratios": sorted(z / t for z, t in zip(zstd_s, loader_s))}  # run by run: the spread
-
-
-def quality(preset_name: str = "small", *, data: str = "data/corpus/stdlib", steps: int = 300,
-            eval_batches: int = 100, out_dir: str | None = None, device: str | None = None,
-            teacher_weight: float = 1.0, prompts: int = 16, show_progress: bool = True) -> dict:
-    """Train the preset with n_future=8 and the parameter-matched next-byte baseline on the same
-    bytes (same steps, batch and data order) on `device` (default: the preset's train.device), and
-    compare validation bits per byte. With teacher_weight > 0, a third arm: the 8-head model with
-    the teacher term (`loss.teacher_weight`) on the same bytes. The 8-head arms also report what
-    their heads give decoding (`evaluate.draft_report`: agreement with head 1 and the bytes per
-    pass of greedy chain and tree drafts over `prompts` held-out prompts)."""
-    from bytemtp.evaluation.evaluate import draft_report
-    from bytemtp.training.train import has_val_split, train
-
-    base = preset(preset_name)
-    if not has_val_split(dataclasses.replace(base.data, path=data)):
-        raise CorpusError(f"{data} has no val split; prepare it with `make corpus` or `bytemtp prep`")
-    root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="bytemtp-quality-"))
-    arms = {"ntp": (1, 0.0), "mtp": (8, 0.0)}
-    if teacher_weight:
-        arms["mtp_teacher"] = (8, teacher_weight)
-    results, drafts = {}, {}
-    for name, (n_future, weight) in arms.items():
-        cfg = dataclasses.replace(
-            base, model=dataclasses.replace(base.model, n_future=n_future),
-            loss=dataclasses.replace(base.loss, teacher_weight=weight),
-            data=dataclasses.replace(base.data, path=data),
-            train=dataclasses.replace(base.train, steps=steps, max_bytes=0, max_time=0.0,
-                                      eval_every=0, eval_batches=eval_batches,
-                                      device=device or base.train.device))
-        # its notes go to stderr with the progress bars: stdout may carry the result as JSON
-        results[name] = train(cfg, root / name, show_progress=show_progress,
-                              say=lambda text: tqdm.write(text, file=sys.stderr))
-        if n_future > 1:
-            dev = resolve_device(cfg.train.device)
-            model, _ = load_model(results[name].checkpoint, device=dev)
-            drafts[name] = draft_report(model, data, batches=eval_batches, batch_size=cfg.data.batch_size,
-                                        prompts=prompts, device=dev)
-    bytes_seen = results["mtp"].bytes_seen
-    out = {"preset": preset_name, "data": data, "steps": steps, "bytes": bytes_seen,
-           "device": device or base.train.device,
-           "eval_batches": eval_batches, "runs": str(root),
-           "ntp_bpb": results["ntp"].val_bpb[0], "mtp_bpb": results["mtp"].val_bpb[0],
-           "mtp_head_bpb": results["mtp"].val_bpb,
-           "bpb_gap": results["mtp"].val_bpb[0] - results["ntp"].val_bpb[0], "drafts": drafts}
-    if teacher_weight:
-        out.update(teacher_weight=teacher_weight, teacher_head_bpb=results["mtp_teacher"].val_bpb,
-                   teacher_bpb_gap=results["mtp_teacher"].val_bpb[0] - results["mtp"].val_bpb[0])
-    return out
 
 
 def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128,

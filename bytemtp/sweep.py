@@ -39,7 +39,7 @@ from tqdm import tqdm
 from bytemtp import config as config_lib
 from bytemtp.bench import decode_speed
 from bytemtp.evaluation.evaluate import draft_report, evaluate
-from bytemtp.runtime.checkpoint import load_model
+from bytemtp.runtime.checkpoint import load_model, read_train_state
 from bytemtp.runtime.devices import resolve_device
 from bytemtp.training import runs
 from bytemtp.training.train import run_plan, train
@@ -56,10 +56,11 @@ class Grid:
     sets: tuple[str, ...]
     candidates: dict[str, tuple[str, ...]]
 
-    def config(self, name: str, *, budget_s: float) -> config_lib.Config:
-        """The candidate's configuration, limited by time alone."""
-        return config_lib.resolve(self.preset, overrides=[*self.sets, *self.candidates[name], "train.steps=0",
-                                                          "train.max_bytes=0", f"train.max_time={budget_s}"])
+    def config(self, name: str, *, budget_s: float, steps: int = 0) -> config_lib.Config:
+        """The candidate's configuration, limited by time alone (or, given `steps`, by steps alone)."""
+        limit = [f"train.steps={steps}", "train.max_time=0"] if steps else ["train.steps=0", f"train.max_time={budget_s}"]
+        return config_lib.resolve(self.preset, overrides=[*self.sets, *self.candidates[name], "train.max_bytes=0",
+                                                          *limit])
 
 
 def read_grid(path: str | Path) -> Grid:
@@ -93,9 +94,9 @@ def read_grid(path: str | Path) -> Grid:
 
 
 def run_candidate(grid: Grid, name: str, out: Path, *, budget_s: float, eval_bytes: int, tune_s: float,
-                  prompts: int, say=tqdm.write) -> dict:
+                  prompts: int, steps: int = 0, say=tqdm.write) -> dict:
     """Train, score and (with tune_s) tune one candidate; its figures, also kept in OUT/NAME/sweep.json."""
-    cfg = grid.config(name, budget_s=budget_s)
+    cfg = grid.config(name, budget_s=budget_s, steps=steps)
     run_dir = out / name
     device = resolve_device(cfg.train.device)
     if (run_dir / RESULT).is_file():  # measured before; a tune may be asked for now
@@ -107,6 +108,7 @@ def run_candidate(grid: Grid, name: str, out: Path, *, budget_s: float, eval_byt
         ev = evaluate(model, cfg.data.path, split="val", batches=batches, batch_size=EVAL_BATCH, device=device)
         figures = {"name": name, "sets": list(grid.candidates[name]), "params": model.num_params(),
                    "budget_s": budget_s, "steps": result.step, "bytes_seen": result.bytes_seen,
+                   "train_s": read_train_state(result.checkpoint)["elapsed_s"],
                    "stopped_by": result.stopped_by, "val_bytes": ev.bytes, "val_bpb": ev.bpb,
                    "head_agreement": {str(k): v for k, v in ev.agreement.items()}}
     if tune_s and cfg.model.n_future > 1 and "tuned_chain_bytes_per_pass" not in figures:
@@ -133,8 +135,9 @@ def _tuned(run_dir: Path, *, budget_s: float, prompts: int, device: torch.device
 
 
 def run_sweep(grid: Grid, out: str | Path, *, budget_s: float, eval_bytes: int = 102_400, tune_s: float = 0.0,
-              prompts: int = 8, only: list[str] | None = None) -> list[dict]:
-    """`run_candidate` of every candidate (or those named in `only`), in the grid's order."""
+              prompts: int = 8, only: list[str] | None = None, steps: int = 0) -> list[dict]:
+    """`run_candidate` of every candidate (or those named in `only`), in the grid's order; with
+    `steps`, each trains that many steps instead of budget_s seconds."""
     names = only or list(grid.candidates)
     missing = [n for n in names if n not in grid.candidates]
     if missing:
@@ -143,7 +146,7 @@ def run_sweep(grid: Grid, out: str | Path, *, budget_s: float, eval_bytes: int =
     out.mkdir(parents=True, exist_ok=True)
     say = lambda text: tqdm.write(text, file=sys.stderr)  # noqa: E731 (stdout may carry the table)
     return [run_candidate(grid, n, out, budget_s=budget_s, eval_bytes=eval_bytes, tune_s=tune_s, prompts=prompts,
-                          say=say) for n in names]
+                          steps=steps, say=say) for n in names]
 
 
 def table(results: list[dict]) -> str:

@@ -7,6 +7,7 @@ import os
 import click
 
 from bytemtp.decoding.strategy import DECODE_MODES
+from bytemtp.quality import ARMS, DEFAULT_ARMS
 
 from . import report
 from .options import (OneLineErrors, check_output_dir, compile_option, device_option, empty_split_error, json_option,
@@ -157,27 +158,45 @@ def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) ->
 @bench.command("quality")
 @preset_option("small")
 @click.option("--data", default="data/corpus/stdlib", show_default=True, help="A prepared corpus with a val split.")
-@click.option("--steps", default=300, show_default=True, type=click.IntRange(1),
-              help="Training steps of each model (the same bytes for both).")
-@click.option("--eval-batches", default=100, show_default=True, type=click.IntRange(1))
-@click.option("--out", default=None, type=click.Path(file_okay=False), callback=check_output_dir,
-              help="Keep the two runs here (default: a temporary directory).")
-@click.option("--teacher-weight", default=1.0, show_default=True, type=click.FloatRange(0),
-              help="A third arm: the 8-head model with the teacher term at this weight (0: no such arm).")
-@click.option("--prompts", default=16, show_default=True, type=click.IntRange(0),
-              help="Held-out prompts the 8-head arms decode greedily to measure bytes per pass (0: none).")
+@click.option("--time", "budget", default="3m", show_default=True,
+              help="Training wall time of every arm and seed (the schedule is fitted to it).")
+@click.option("--steps", default=0, show_default=True, type=click.IntRange(0),
+              help="Train every arm this many steps instead (the same bytes; 0: equal wall time).")
+@click.option("--seeds", default=2, show_default=True, type=click.IntRange(1),
+              help="Seeds of each arm (train.seed and data.seed 0..N-1); the spread is over them.")
+@click.option("--arms", default=",".join(DEFAULT_ARMS), show_default=True,
+              help=f"Comma-separated arms, of: {', '.join(ARMS)} (ntp, the baseline, always runs).")
+@click.option("--arm", "extra", multiple=True, metavar="NAME=SETTING[,SETTING...]",
+              help="An arm of your own: settings (as --set) on top of the preset, e.g. "
+                   "span3=loss.head_schedule=reverse,loss.head_schedule_span=0.3.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="A setting every arm shares.")
+@click.option("--tune-time", default="30s", show_default=True,
+              help="Then tune each multi-head arm's draft heads this long (as make demo does) and measure the "
+                   "tuned greedy chain's bytes per pass (0s: no tune).")
+@click.option("--eval-bytes", default=102_400, show_default=True, type=click.IntRange(1),
+              help="Score head 1 on this many bytes of the val split, the same for every arm.")
+@click.option("--prompts", default=8, show_default=True, type=click.IntRange(1),
+              help="Held-out prompts that the tuned models decode.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), callback=check_output_dir,
+              help="Each arm and seed trains into OUT/ARM-sSEED; one measured before is read back.")
 @device_option()
 @json_option()
-def bench_quality(preset: str, data: str, steps: int, eval_batches: int, teacher_weight: float, prompts: int,
-                  out: str | None, device: str, json_path: str | None) -> None:
-    """Validation bits per byte: 8-head model vs the next-byte baseline, same bytes; and what the
-    teacher term gives the draft heads (bits/byte per head, bytes per pass) on the same bytes."""
-    from bytemtp.bench import quality
+def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, arms: str, extra: tuple[str, ...],
+                  overrides: tuple[str, ...], tune_time: str, eval_bytes: int, prompts: int, out: str,
+                  device: str, json_path: str | None) -> None:
+    """Head-1 val bits/byte of multi-token recipes against next-byte training at equal wall time
+    (or equal steps), with the spread over seeds, and what their tuned draft heads give decoding."""
+    from bytemtp import quality
     from bytemtp.runtime.devices import resolve_device
 
-    res = quality(preset, data=data, steps=steps, eval_batches=eval_batches, out_dir=out,
-                  device=str(resolve_device(device)), teacher_weight=teacher_weight, prompts=prompts)
-    echo(report.quality_report(res))
+    from .options import parse_duration
+
+    res = quality.compare(preset, data=data, arms=[a.strip() for a in arms.split(",") if a.strip()],
+                          extra=[quality.parse_arm(a) for a in extra],
+                          sets=[*overrides, f"train.device={resolve_device(device)}"], seeds=seeds,
+                          budget_s=parse_duration(budget), steps=steps, eval_bytes=eval_bytes,
+                          tune_s=parse_duration(tune_time), prompts=prompts, out=out)
+    echo(quality.table(res))
     write_json(json_path, res)
 
 

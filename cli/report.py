@@ -12,7 +12,6 @@ import os
 
 import click
 
-from bytemtp.decoding.strategy import EVALUATED_DRAFTS
 
 
 def table(rows: list[tuple], header: tuple) -> str:
@@ -293,27 +292,6 @@ def decode_cases_table(res: dict) -> str:
             for c in res["cases"]]
     return table(rows, ("batch", "mode", "plain B/s", "spec B/s", "speedup (spread)", "bytes/pass",
                         "pass cost", "identical", "heads:passes"))
-
-
-def quality_report(res: dict) -> str:
-    teacher = "teacher_head_bpb" in res
-    rows = [("next-byte baseline (n=1)", f"{res['ntp_bpb']:.4f}", *([""] if teacher else []))]
-    rows += [(f"multi-token n=8, head {k + 1}", f"{b:.4f}", *([f"{res['teacher_head_bpb'][k]:.4f}"] if teacher else []))
-             for k, b in enumerate(res["mtp_head_bpb"])]
-    header = ("model", "val bits/byte", *([f"with teacher {res['teacher_weight']:g}"] if teacher else []))
-    lines = [f"preset {res['preset']}, {res['steps']} steps, {res['bytes']:,} training bytes each, "
-             f"{res['data']}, {res['device']}", table(rows, header),
-             f"gap (n=8 head 1 - baseline): {res['bpb_gap']:+.4f} bits/byte"]
-    if teacher:
-        lines.append(f"teacher term, head 1: {res['teacher_bpb_gap']:+.4f} bits/byte against n=8 without it")
-    arms = {"mtp": "n=8", "mtp_teacher": "n=8 with teacher"}
-    decoded = [str(d) for d in EVALUATED_DRAFTS]  # the drafts `decoded_bytes_per_pass` decodes
-    drafts = [(arms[name], f"{d.agreed_bytes_per_forward[max(d.agreed_bytes_per_forward)]:.2f}",
-               *(f"{d.decoded_bytes_per_forward.get(m, float('nan')):.2f}" for m in decoded))
-              for name, d in res.get("drafts", {}).items()]
-    if drafts:
-        lines.append(table(drafts, ("draft heads", "agreed bytes/pass (8)", *(f"{m} bytes/pass" for m in decoded))))
-    return "\n".join(lines)
 
 
 class StageBars:

@@ -194,55 +194,6 @@ def test_bench_loader(tmp_path, monkeypatch):
     assert data["ratio"] == pytest.approx(0.25) and data["pair_ratios"] == [pytest.approx(0.25)]
 
 
-def test_bench_quality_takes_a_device(code_corpus, tmp_path):
-    # bench quality had no --device: it trained on the preset's train.device whatever the user had
-    res = run("bench", "quality", "--preset", "tiny", "--data", str(code_corpus), "--device", "gpu")
-    assert res.exit_code != 0 and "Traceback" not in res.output and "--device" in res.output
-    assert len(res.output.strip().splitlines()) == 1
-    res = run("bench", "quality", "--preset", "tiny", "--data", str(code_corpus), "--steps", "1", "--eval-batches", "1",
-              "--out", str(tmp_path / "runs"), "--device", "cpu", "--json", "-")
-    assert res.exit_code == 0, res.output
-    data = json.loads(res.stdout)
-    assert data["device"] == "cpu" and data["mtp_bpb"] > 0 and data["ntp_bpb"] > 0
-    for name, teacher in (("ntp", 0.0), ("mtp", 0.0), ("mtp_teacher", 1.0)):
-        saved = json.loads((tmp_path / "runs" / name / "run-config.json").read_text())
-        assert saved["train"]["device"] == "cpu" and saved["loss"]["teacher_weight"] == teacher
-    # the teacher arm trained on the same bytes: the same first step, so the same head-1 loss
-    first = [json.loads((tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()[0])
-             for name in ("mtp", "mtp_teacher")]
-    assert first[0]["head_loss"][0] == first[1]["head_loss"][0] and first[0]["bytes"] == first[1]["bytes"]
-    assert data["teacher_bpb_gap"] == pytest.approx(data["teacher_head_bpb"][0] - data["mtp_bpb"])
-    assert set(data["drafts"]) == {"mtp", "mtp_teacher"}
-    assert set(data["drafts"]["mtp"]["decoded_bytes_per_forward"]) == {"chain-all", "tree-all"}
-
-
-# --- every option a message suggests is one its command has ---------------------------------------
-
-_OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
-# a program named in a message, with the arguments after it: `bytemtp eval --split train`, torchrun ...
-_PROGRAM = re.compile(r"\b(bytemtp|torchrun|zstd)((?:\s+(?:--[\w-]+(?:=[^\s;,()`]*)?,?|[^\s;,()`'\"-][^\s;,()`'\"]*))*)")
-ANY = "every command"
-# The library functions (and constants) whose messages name options, and the commands that show
-# them; a new one fails the test until it is listed here.
-LIBRARY_MESSAGES = {
-    "bytemtp.bench.ratio_spread": ("bench train-step", "bench all"),
-    "bytemtp.data.compression._zstd_error": ANY,
-    "bytemtp.data.corpus._empty_split": ANY,
-    "bytemtp.data.prep.prepare": ("prep", "task-corpus"),
-    "bytemtp.data.prep._build": ("prep",),  # its --field message needs no documents: task-corpus writes some
-    "bytemtp.data.prep.split_record": ("prep",),  # task-corpus passes a val fraction only
-    "bytemtp.data.prep.val_files": ("prep",),
-    "bytemtp.evaluation.execution.OPT_IN": ("eval-task humaneval",),
-    "bytemtp.evaluation.execution.Isolation.resolve": ("eval-task humaneval",),
-    "bytemtp.interop.export.export_hf": ("export",),
-    "bytemtp.interop.export.model_card": ("export",),
-    "bytemtp.training.runs.plan_config": ("train", "tune-heads"),
-    "bytemtp.training.runs.plan_run": ("train",),  # tune-heads passes no preset: its --preset message is train's
-    "bytemtp.training.runs.plan_tune": ("tune-heads",),
-    "bytemtp.training.train.TrainState.load_state_dict": ("train", "tune-heads"),
-}
-
-
 def _commands(group, path=()):
     """{"bench decode": command, ...}: every command under the group, by the words that run it."""
     for name, cmd in group.commands.items():

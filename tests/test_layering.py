@@ -24,6 +24,7 @@ FLOOR = {
     "interop": 7,
     "bench": 8,
     "sweep": 9,
+    "quality": 10,
 }
 # run or shipped on their own: they import nothing from bytemtp
 STANDALONE = {"evaluation.guard", "interop.remote_code"}

@@ -1,0 +1,131 @@
+"""Multi-token recipes against next-byte training, measured as users compare them: `bench quality`.
+
+Each arm is a set of settings on top of a preset (the next-byte baseline, the paper's 8 heads, a
+head schedule, heads on top of the next-byte trunk, linear heads, document masking, the teacher
+term, or one of the user's). Every arm trains once per seed (train.seed and data.seed) for the same
+wall time, or the same steps, and is scored on the same held-out bytes; the arms with draft heads
+then get the demo's short tune of those heads (`tune-heads` for a fixed time) and the tuned greedy
+chain's bytes per pass on held-out prompts. An arm's head 1 is held against the baseline of the
+same seed (same initial stream of batches where the shapes allow): the ratio of their bits per
+byte, with its spread over the seeds, says whether a recipe is better beyond the noise of a seed.
+
+Built on the sweep (`bytemtp.sweep`): one candidate per arm and seed, named ARM-sSEED, trained in
+seed-major order (every arm's first seed, then every arm's second) so that a machine whose speed
+drifts slows every arm alike, and read back when measured, so an interrupted comparison goes on
+where it stopped. The arms are read without torch (the command line lists them in its help); the
+sweep, and torch with it, is imported when a comparison runs. The trade-off: equal wall time on one machine is what a user with a budget
+faces, but its figures hold for that machine only; equal steps (`steps`) compare the same bytes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+BASELINE = "ntp"
+ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ntp": ("next-byte baseline: one head, the same layers", ("model.n_future=1",)),
+    "mtp": ("8 heads, constant weights (the paper's loss)", ()),
+    "forward": ("8 heads, forward curriculum: heads 2..8 join one by one", ("loss.head_schedule=forward",)),
+    "reverse": ("8 heads, reverse curriculum: heads 8..2 fade to 0", ("loss.head_schedule=reverse",)),
+    "ontop": ("8 heads on top of the next-byte trunk", ("model.param_match=false",)),
+    "ontop-reverse": ("8 heads on top, reverse curriculum", ("model.param_match=false", "loss.head_schedule=reverse")),
+    "linear": ("8 linear heads on a trunk of every layer", ("model.head_type=linear",)),
+    "teacher": ("8 heads, head 1 teaching the others", ("loss.teacher_weight=1.0",)),
+    "docmask": ("8 heads, attention kept inside each document", ("model.doc_mask=true",)),
+    "ntp-docmask": ("next-byte baseline, attention inside each document", ("model.n_future=1", "model.doc_mask=true")),
+}
+DEFAULT_ARMS = ("ntp", "mtp", "forward", "reverse", "ontop", "ontop-reverse", "linear", "docmask")
+
+
+def parse_arm(text: str) -> tuple[str, tuple[str, ...]]:
+    """A user's arm, NAME=SETTING[,SETTING...] (each a --set), e.g.
+    `span3=loss.head_schedule=reverse,loss.head_schedule_span=0.3`."""
+    name, _, sets = text.partition("=")
+    if not name or "/" in name or not sets or name in ARMS:
+        raise ValueError(f"--arm {text!r}: expected NAME=SETTING[,SETTING...], a new name without '/' "
+                         f"(the built-in arms are {', '.join(ARMS)})")
+    return name, tuple(s.strip() for s in sets.split(",") if s.strip())
+
+
+def grid_of(preset: str, sets: list[str], arms: dict[str, tuple[str, ...]], seeds: int):
+    """The sweep grid of the comparison: every arm at every seed, seed-major, the baseline first."""
+    from bytemtp.sweep import Grid
+
+    candidates = {f"{arm}-s{seed}": (*arm_sets, f"train.seed={seed}", f"data.seed={seed}")
+                  for seed in range(seeds) for arm, arm_sets in arms.items()}
+    return Grid(preset=preset, sets=tuple(sets), candidates=candidates)
+
+
+def compare(preset: str = "small", *, data: str, arms: list[str] | None = None,
+            extra: list[tuple[str, tuple[str, ...]]] = (), sets: list[str] = (), seeds: int = 2,
+            budget_s: float = 180.0, steps: int = 0, eval_bytes: int = 102_400, tune_s: float = 30.0,
+            prompts: int = 8, out: str | Path) -> dict:
+    """Train, score and tune every arm at every seed (see the module docstring) into `out`, and
+    summarize them against the baseline (`summary`)."""
+    from bytemtp.sweep import run_sweep
+
+    names = list(arms or DEFAULT_ARMS)
+    unknown = [a for a in names if a not in ARMS]
+    if unknown:
+        raise ValueError(f"no arm {unknown[0]!r}; the arms are {', '.join(ARMS)} (or add one with --arm)")
+    chosen = {BASELINE: ARMS[BASELINE][1]}
+    chosen.update({a: ARMS[a][1] for a in names})
+    chosen.update(dict(extra))
+    grid = grid_of(preset, [f"data.path={data}", "train.eval_every=0", *sets], chosen, seeds)
+    for name in grid.candidates:  # every setting checked before anything trains
+        try:
+            grid.config(name, budget_s=budget_s, steps=steps)
+        except ValueError as e:
+            raise ValueError(f"arm {name.rsplit('-s', 1)[0]!r}: {e}") from None
+    results = run_sweep(grid, out, budget_s=budget_s, eval_bytes=eval_bytes, tune_s=tune_s, prompts=prompts,
+                        steps=steps)
+    by_arm: dict[str, list[dict]] = {arm: [] for arm in chosen}
+    for r in results:
+        by_arm[r["name"].rsplit("-s", 1)[0]].append(r)
+    labels = {**{a: ARMS[a][0] for a in chosen if a in ARMS}, **{a: " ".join(s) for a, s in extra}}
+    return {"preset": preset, "data": data, "seeds": seeds, "budget_s": 0.0 if steps else budget_s,
+            "steps": steps, "eval_bytes": eval_bytes, "tune_s": tune_s, "out": str(out),
+            "arms": {arm: summary(rs, by_arm[BASELINE], label=labels[arm], sets=list(chosen[arm]))
+                     for arm, rs in by_arm.items()}}
+
+
+def _spread(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "each": values}
+
+
+def summary(runs: list[dict], baseline: list[dict], *, label: str, sets: list[str]) -> dict:
+    """One arm over its seeds: head-1 bits per byte, its ratio to the baseline of the same seed,
+    steps and seconds a step, and (where tuned) the tuned chain's bytes per pass; `verdict` says
+    whether every seed's ratio lies below 1 (better), above 1 (worse) or some on each side."""
+    ratios = [r["val_bpb"][0] / b["val_bpb"][0] for r, b in zip(runs, baseline)]
+    out = {"label": label, "sets": sets, "params": runs[0]["params"], "bpb": _spread([r["val_bpb"][0] for r in runs]),
+           "ratio": _spread(ratios), "steps": _spread([r["steps"] for r in runs]),
+           "ms_per_step": _spread([1000 * r["train_s"] / r["steps"] for r in runs]),
+           "verdict": "better" if max(ratios) < 1 else "worse" if min(ratios) > 1 else "within the seeds' spread"}
+    if len(runs[0]["val_bpb"]) > 1:
+        out["head_bpb"] = [statistics.fmean(r["val_bpb"][k] for r in runs) for k in range(len(runs[0]["val_bpb"]))]
+    chains = [r["tuned_chain_bytes_per_pass"] for r in runs if "tuned_chain_bytes_per_pass" in r]
+    if chains:
+        out["tuned_chain_bytes_per_pass"] = _spread(chains)
+    return out
+
+
+def table(res: dict) -> str:
+    """The comparison as a Markdown table, the baseline first, then by head-1 bits per byte."""
+    arms = res["arms"]
+    order = [BASELINE] + sorted((a for a in arms if a != BASELINE), key=lambda a: arms[a]["bpb"]["mean"])
+    limit = f"{res['steps']} steps" if res["steps"] else f"{res['budget_s']:g} s"
+    lines = [f"{res['preset']} on {res['data']}, {limit} each, {res['seeds']} seed(s); head 1 on the first "
+             f"{res['eval_bytes']:,} val bytes; draft heads tuned {res['tune_s']:g} s",
+             "| arm | what | params | steps | ms/step | head-1 val bpb (seeds' range) | ratio to ntp (range) | "
+             "verdict | tuned chain-8 bytes/pass |", "|---|---|---|---|---|---|---|---|---|"]
+    for a in order:
+        s = arms[a]
+        chain = s.get("tuned_chain_bytes_per_pass")
+        lines.append(f"| {a} | {s['label']} | {s['params'] / 1e6:.2f}M | {s['steps']['mean']:.0f} | "
+                     f"{s['ms_per_step']['mean']:.0f} | {s['bpb']['mean']:.4f} ({s['bpb']['min']:.4f}-"
+                     f"{s['bpb']['max']:.4f}) | {s['ratio']['mean']:.4f} ({s['ratio']['min']:.4f}-"
+                     f"{s['ratio']['max']:.4f}) | {'-' if a == BASELINE else s['verdict']} | "
+                     f"{'-' if chain is None else '%.2f' % chain['mean']} |")
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""The comparison of multi-token recipes with next-byte training (bytemtp.quality, `bytemtp bench
+quality`): its arms and seeds, its ratios to the baseline of the same seed, and its command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from bytemtp import quality
+from bytemtp_cli.main import main
+
+
+def _run(r: float, name: str = "a-s0", **more) -> dict:
+    return {"name": name, "params": 1000, "val_bpb": [r, r + 1], "steps": 10, "train_s": 2.0, **more}
+
+
+def test_an_arm_is_better_or_worse_only_beyond_every_seed():
+    base = [_run(2.0), _run(2.2)]
+    better = quality.summary([_run(1.9), _run(2.1)], base, label="x", sets=[])
+    assert better["ratio"]["each"] == pytest.approx([0.95, 2.1 / 2.2]) and better["verdict"] == "better"
+    assert better["bpb"]["mean"] == pytest.approx(2.0) and better["ms_per_step"]["mean"] == pytest.approx(200)
+    mixed = quality.summary([_run(1.9), _run(2.3)], base, label="x", sets=[])
+    assert mixed["verdict"] == "within the seeds' spread"
+    assert quality.summary([_run(2.1), _run(2.3)], base, label="x", sets=[])["verdict"] == "worse"
+    tuned = quality.summary([_run(1.9, tuned_chain_bytes_per_pass=4.0), _run(2.0, tuned_chain_bytes_per_pass=5.0)],
+                            base, label="x", sets=[])
+    assert tuned["tuned_chain_bytes_per_pass"]["mean"] == 4.5 and tuned["head_bpb"] == pytest.approx([1.95, 2.95])
+
+
+def test_the_grid_runs_every_arm_at_every_seed_seed_major_baseline_first():
+    grid = quality.grid_of("tiny", ["data.batch_size=4"], {"ntp": ("model.n_future=1",), "mtp": ()}, 2)
+    assert list(grid.candidates) == ["ntp-s0", "mtp-s0", "ntp-s1", "mtp-s1"]
+    assert grid.candidates["mtp-s1"] == ("train.seed=1", "data.seed=1")
+    cfg = grid.config("ntp-s1", budget_s=5.0)
+    assert cfg.model.n_future == 1 and cfg.train.seed == cfg.data.seed == 1 and cfg.train.max_time == 5.0
+
+
+@pytest.mark.parametrize("text,message", [("nope", "expected NAME=SETTING"), ("ntp=model.n_future=2", "new name"),
+                                          ("a/b=model.n_future=2", "without '/'")])
+def test_a_users_arm_is_a_name_and_settings(text, message):
+    with pytest.raises(ValueError, match=message):
+        quality.parse_arm(text)
+    assert quality.parse_arm("s3=loss.head_schedule=reverse, loss.head_schedule_span=0.3") == (
+        "s3", ("loss.head_schedule=reverse", "loss.head_schedule_span=0.3"))
+
+
+def test_bench_quality_compares_arms_over_seeds_against_the_baseline_of_each_seed(corpus_dir, tmp_path):
+    out = tmp_path / "q"
+    args = ["bench", "quality", "--preset", "tiny", "--data", str(corpus_dir), "--steps", "3", "--seeds", "2",
+            "--arms", "reverse", "--arm", "geo=loss.head_weights=geometric", "--set", "data.batch_size=4",
+            "--tune-time", "1s", "--prompts", "2", "--eval-bytes", "2048", "--out", str(out), "--device", "cpu"]
+    res = CliRunner().invoke(main, [*args, "--json", str(tmp_path / "q.json")])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "q.json").read_text())
+    assert list(data["arms"]) == ["ntp", "reverse", "geo"] and data["steps"] == 3
+    for arm, s in data["arms"].items():
+        runs = [json.loads((out / f"{arm}-s{seed}" / "sweep.json").read_text()) for seed in range(2)]
+        base = [json.loads((out / f"ntp-s{seed}" / "sweep.json").read_text()) for seed in range(2)]
+        assert [r["steps"] for r in runs] == [3, 3]
+        assert s["ratio"]["each"] == pytest.approx([r["val_bpb"][0] / b["val_bpb"][0] for r, b in zip(runs, base)])
+        config = json.loads((out / f"{arm}-s1" / "run-config.json").read_text())
+        assert config["train"]["seed"] == config["data"]["seed"] == 1 and config["train"]["device"] == "cpu"
+        assert ("tuned_chain_bytes_per_pass" in s) == (arm != "ntp")  # the baseline has no draft heads
+        assert f"| {arm} |" in res.output
+    assert data["arms"]["ntp"]["ratio"]["each"] == [1.0, 1.0]
+    assert json.loads((out / "geo-s0" / "run-config.json").read_text())["loss"]["head_weights"] == "geometric"
+    assert json.loads((out / "reverse-s0" / "run-config.json").read_text())["loss"]["head_schedule"] == "reverse"
+    # measured arms are read back: the same figures, nothing trained again
+    again = CliRunner().invoke(main, [*args, "--json", str(tmp_path / "again.json")])
+    assert again.exit_code == 0 and json.loads((tmp_path / "again.json").read_text()) == data
+
+
+@pytest.mark.parametrize("more,message", [(["--device", "gpu"], "--device"), (["--arms", "mtp,nope"], "no arm 'nope'"),
+                                          (["--arms", "mtp", "--arm", "bad=model.width=3"],
+                                           "arm 'bad': unknown setting model.width")])
+def test_bench_quality_refuses_bad_arms_in_one_line_before_training(corpus_dir, tmp_path, more, message):
+    res = CliRunner().invoke(main, ["bench", "quality", "--preset", "tiny", "--data", str(corpus_dir), "--steps", "1",
+                                    "--out", str(tmp_path / "q"), *more])
+    assert res.exit_code != 0 and "Traceback" not in res.output and message in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert not list((tmp_path / "q").glob("*-s0"))
