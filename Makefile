@@ -15,7 +15,7 @@ DEMO_TIME ?= 9m
 DEMO_TUNED ?= $(DEMO_RUN)-tuned
 DEMO_TUNE_TIME ?= 90s
 
-.PHONY: setup test test-quick corpus corpus-poly corpus-induction corpus-shakespeare demo bench
+.PHONY: setup test test-quick corpus corpus-poly corpus-induction corpus-shakespeare corpus-speeches demo bench
 
 # Installs into the interpreter that PYTHON names (activate a virtual environment first if you
 # want one). A torch that is already importable (a CUDA build, say) is kept; only when there is
@@ -73,6 +73,25 @@ corpus-shakespeare: setup
 	else \
 	  $(BYTEMTP) prep "$(SHAKESPEARE)" --out data/corpus/shakespeare --val-tail 0.1 --name "Tiny Shakespeare" \
 	    --licence "public domain"; \
+	fi
+
+# Tiny Shakespeare as a corpus of short documents: each speech (the text between blank lines) a
+# JSONL record, the first 90% of them train and the rest val; for document masking (model.doc_mask).
+SPEECHES_SPLIT = import json, sys; t = open(sys.argv[1], encoding="utf-8").read(); \
+  s = [x for x in t.split("\n\n") if x.strip()]; n = int(0.9 * len(s)); \
+  [open(p, "w").write("".join(json.dumps({"text": x}) + "\n" for x in part)) \
+   for p, part in ((sys.argv[2], s[:n]), (sys.argv[3], s[n:]))]
+corpus-speeches: setup
+	@if [ -f data/corpus/speeches/manifest.json ]; then \
+	  echo "data/corpus/speeches exists (remove it to rebuild)"; \
+	elif [ ! -f "$(SHAKESPEARE)" ]; then \
+	  echo "no Tiny Shakespeare at $(SHAKESPEARE): give it with make corpus-speeches SHAKESPEARE=path/to/input.txt" >&2; \
+	  exit 1; \
+	else \
+	  tmp=$$(mktemp -d) && $(PYTHON) -c '$(SPEECHES_SPLIT)' "$(SHAKESPEARE)" $$tmp/train.jsonl $$tmp/val.jsonl && \
+	  $(BYTEMTP) prep $$tmp/train.jsonl --val $$tmp/val.jsonl --out data/corpus/speeches \
+	    --name "Tiny Shakespeare, one record a speech" --licence "public domain"; \
+	  status=$$?; rm -rf $$tmp; exit $$status; \
 	fi
 
 # The main job: the default corpus, the `small` 8-head model trained for nine minutes on two CPU

@@ -25,7 +25,8 @@ A head whose weight is 0 has nothing to learn this step, so the memory-efficient
 it: an independent head is skipped, a causal one is when no later head has weight (its state feeds
 the next head). Its parameters get zero gradients, the gradients the reference's weight of 0
 gives, so the optimizer treats them alike (Adam's moments and weight decay go on); its figures
-this step are NaN, as nothing measured them.
+this step are NaN, as nothing measured them. With dropout, a skipped head draws no random numbers,
+so the later heads' dropout masks are not the reference's (the gradients are equal without dropout).
 
 Head 1 runs first (in the causal loop, its logits come from the graph-free forward), so its
 greedy bytes and, with the teacher term on, its detached distribution are at hand when each later
