@@ -100,7 +100,8 @@ class ModelConfig:
                f"choose one of {', '.join(UNEMBED_TYPES)}")
         _check(self.mlp in MLP_TYPES, "model.mlp", self.mlp, f"choose one of {', '.join(MLP_TYPES)}")
         for name in ("param_match", "doc_mask"):
-            _check(isinstance(getattr(self, name), bool), f"model.{name}", getattr(self, name), "expected true or false")
+            value = getattr(self, name)
+            _check(isinstance(value, bool), f"model.{name}", value, "expected true or false")
         _check(self.d_model % self.n_attn_heads == 0 and (self.d_model // self.n_attn_heads) % 2 == 0,
                "model.n_attn_heads", self.n_attn_heads,
                f"d_model={self.d_model} must split into n_attn_heads heads of even size")

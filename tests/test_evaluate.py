@@ -2,6 +2,7 @@
 slow references: the training loop's validation (which is this evaluation) and a position-by-position recount."""
 
 import dataclasses
+import itertools
 import json
 import math
 import subprocess
@@ -209,7 +210,7 @@ def test_a_document_masked_model_scores_each_document_as_if_alone(tmp_path):
             ids_T = window[b, :T]
             cuts = [0] + [t for t in range(1, T) if ids_T[t] == EOS] + [T]
             assert len(cuts) > 4  # several documents a window
-            for start, end in zip(cuts, cuts[1:]):
+            for start, end in itertools.pairwise(cuts):
                 alone = ids_T[None, start:end]
                 with torch.no_grad():
                     logits = model.logits(alone, heads=1, layout=build_layout(model, alone))[0, :, 0]

@@ -12,6 +12,7 @@ whose layout was not built for the pass.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -29,7 +30,8 @@ from bytemtp.vocab import EOS
 
 FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})  # no pass costs measured
 
-def _model(head_type: str = "transformer", *, n_future: int = 3, head_layers: int = 1, doc_mask: bool = False) -> ByteMTP:
+def _model(head_type: str = "transformer", *, n_future: int = 3, head_layers: int = 1,
+           doc_mask: bool = False) -> ByteMTP:
     cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=n_future, head_layers=head_layers,
                               doc_mask=doc_mask)
     model = ByteMTP(cfg)
@@ -191,7 +193,7 @@ def _windows(T: int) -> torch.Tensor:
 def _documents(ids_T: torch.Tensor) -> list[tuple[int, int]]:
     """(start, end) of each document of a window: from each EOS (or position 0) to the next EOS."""
     cuts = [0] + [i for i in range(1, len(ids_T)) if ids_T[i] == EOS] + [len(ids_T)]
-    return list(zip(cuts, cuts[1:]))
+    return list(itertools.pairwise(cuts))
 
 
 @pytest.mark.parametrize("head_type,stacked", [("transformer", False), ("transformer", True), ("causal", False),

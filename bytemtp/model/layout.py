@@ -6,8 +6,8 @@ row's cached past and to the nodes that `ancestors[i]` names. A chain (depths 0.
 seeing those before it) is ordinary causal decoding, or, with no cache, training and scoring; a
 tree of draft candidates is the same pass with other depths and ancestors. Everything that
 depends only on the layout (rotary tables, the attention mask, write indices) is built once a
-pass, on the host's numbers, and every layer reuses it: no layer reads a length back from the
-device.
+pass, on the host's numbers (a document mask from the ids, on their device), and every layer
+reuses it: no layer reads a length back from the device.
 
 `build_layout` is the one place a pass's layout is made: the training step, evaluation,
 likelihoods, rollouts, the decoder and the compiled step each call it once a batch or pass and
@@ -24,9 +24,11 @@ documents: attention scores depend only on the distance between positions, so a 
 s scores as it would alone from 0 (up to rounding). Without a cache the mask is a (B, 1, T, T) bool
 mask for `scaled_dot_product_attention`, built only when some row has an EOS after position 0
 (one host check of the ids); otherwise, and always with the option off, the pass is the plain
-causal one (`is_causal`, no mask). FlexAttention block masks were the other candidate: on the CPU
-(torch 2.13, the only device measured) they have no backward pass, and the masked SDPA step costs
-about 1.1-1.2x the causal one at the `small` shape. A cached chain pass (rollouts, plain decoding)
+causal one (`is_causal`, no mask). FlexAttention block masks were the other candidate, but on the
+CPU (torch 2.13, the only device measured; CUDA was not) they have no backward pass. On the CPU one
+masked attention call (forward and backward) costs about 1.2x the causal one at the `small` shape
+(batch 16, 256 positions, width 64, 2 heads; 1.1x at 512 positions, width 128), and a whole `small`
+training step about 1.03x. A cached chain pass (rollouts, plain decoding)
 reads where each row's current document begins from `KVCache.doc_starts` and moves it past the
 pass's last EOS. Draft passes (`drafts`, the decoder) and the static step are left causal: the
 decoder's rows hold EOS at slot 0 only (prompts are bytes, and an accepted EOS ends generation), so
