@@ -73,8 +73,8 @@ def export_hf(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
     model, cfg = load_model(source)  # checks the files, and names the one at fault
     if cfg.model.doc_mask:
         raise ValueError(f"{source} has model.doc_mask=true, which the Hugging Face export does not carry (its forward "
-                         "attends across documents); score and decode it with bytemtp (eval, generate, lm_eval "
-                         "--model bytemtp)")
+                         "attends across documents); score and decode it with bytemtp itself (eval, generate, "
+                         "lm-evaluation-harness)")
     meta = read_config_json(source)
     dtype = dtype or _saved_dtype(source / MODEL_FILE)
     model = model.to(getattr(torch, dtype))
