@@ -75,6 +75,8 @@ class ModelConfig:
     """Unembedding: one matrix per head (replicated, the paper's byte models) or one shared by all."""
     param_match: bool = True
     """Take the heads' layers out of the trunk so the layer count does not grow with n_future."""
+    doc_mask: bool = False
+    """Attend only within each document of a packed window (an EOS starts a document); off: causal across them."""
     seq_len: int = 512
     """Context length in bytes (positions the model attends over)."""
     mlp: str = "swiglu"
@@ -98,8 +100,9 @@ class ModelConfig:
         _check(self.unembed in UNEMBED_TYPES, "model.unembed", self.unembed,
                f"choose one of {', '.join(UNEMBED_TYPES)}")
         _check(self.mlp in MLP_TYPES, "model.mlp", self.mlp, f"choose one of {', '.join(MLP_TYPES)}")
-        _check(isinstance(self.param_match, bool), "model.param_match", self.param_match,
-               "expected true or false")
+        for name in ("param_match", "doc_mask"):
+            value = getattr(self, name)
+            _check(isinstance(value, bool), f"model.{name}", value, "expected true or false")
         _check(self.d_model % self.n_attn_heads == 0 and (self.d_model // self.n_attn_heads) % 2 == 0,
                "model.n_attn_heads", self.n_attn_heads,
                f"d_model={self.d_model} must split into n_attn_heads heads of even size")

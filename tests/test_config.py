@@ -28,6 +28,7 @@ def test_defaults_and_presets_are_valid():
     ("dropout", 1.5, "model.dropout"),
     ("seq_len", 2.5, "model.seq_len"),
     ("param_match", 1, "model.param_match"),
+    ("doc_mask", "yes", "model.doc_mask"),
 ])
 def test_model_validation_names_field_and_allowed(field, value, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(")):
@@ -58,6 +59,13 @@ def test_from_dict_rejects_unknown_keys_and_wrong_types():
         C.from_dict(C.Config, {"model": {"n_layers": "12"}})
     with pytest.raises(ValueError, match="model.param_match"):
         C.from_dict(C.Config, {"model": {"param_match": "yes"}})
+
+
+def test_document_masking_is_off_unless_set_and_old_configs_load_without_it():
+    assert C.apply_overrides(C.tiny(), ["model.doc_mask=true"]).model.doc_mask
+    old = json.loads(C.to_json(C.tiny()))
+    del old["model"]["doc_mask"]  # a checkpoint written before the option existed
+    assert C.from_dict(C.Config, old).model.doc_mask is False
 
 
 def test_overrides():

@@ -43,6 +43,18 @@ def test_cached_greedy_equals_full_recompute(head_type, prompt):
     assert got.stats.forward_passes == len(got.output) + eos
 
 
+@pytest.mark.parametrize("draft", ["tree-all", "chain-all"])
+def test_a_doc_masked_models_speculative_greedy_equals_its_plain_greedy(draft):
+    """Draft passes stay causal under model.doc_mask (the rows hold EOS at slot 0 only), and the
+    prefill's EOS padding moves no row's document start that a later pass reads: right-padded
+    prompts of different lengths, windows that slide."""
+    model = rare_eos_model(doc_mask=True, n_future=4)
+    prompts = [b"def f(x):", b"ab", b"x" * 70]
+    got = decode.Decoder(model, compile="off", costs=FLAT).generate(prompts, max_bytes=80, draft=draft)
+    assert [g.output for g in got] == [decode.generate(model, p, max_bytes=80).output for p in prompts]
+    assert decode.generate(model, b"ab", max_bytes=80).output == _greedy_without_cache(model, b"ab", 80)
+
+
 def test_limits_and_stops():
     model = rare_eos_model()
     full = decode.generate(model, b"x", max_bytes=40).output

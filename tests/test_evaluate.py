@@ -2,7 +2,9 @@
 slow references: the training loop's validation (which is this evaluation) and a position-by-position recount."""
 
 import dataclasses
+import itertools
 import json
+import math
 import subprocess
 import sys
 
@@ -20,6 +22,7 @@ from bytemtp.model.layout import build_layout
 from bytemtp.model.loss import IGNORE, future_targets
 from bytemtp.runtime.checkpoint import load_model, save_checkpoint
 from bytemtp.training.train import train
+from bytemtp.vocab import EOS
 from bytemtp_cli.main import main
 
 
@@ -187,3 +190,31 @@ def test_val_continuations_are_the_bytes_after_each_prompt(tmp_path):
     # the short document is no prompt; the last one ends before its continuation does
     assert pairs == [(b"012345", b"6789abcdef"), (b"ABCDEF", b"GHIJKL")]
     assert val_prompts(str(tmp_path), n=2, prompt_bytes=6) == [b"012345", b"ABCDEF"]
+
+
+def test_a_document_masked_model_scores_each_document_as_if_alone(tmp_path):
+    """Head 1's bits per byte of a doc-masked model on windows of short documents are the nats of
+    each document of each window run alone (a document from its EOS, the first one from the
+    window's start), summed and divided by the bytes scored."""
+    for i in range(40):
+        (tmp_path / f"r{i:02d}.txt").write_text(f"{i}: {'ab' * (i % 5)}")  # 3..12 bytes
+    model = tiny_model(2, n_future=4, doc_mask=True).eval()
+    got = evaluate(model, str(tmp_path), split=None, batches=2, batch_size=2)
+    T = model.config.seq_len
+    loader = ByteLoader(DataConfig(path=str(tmp_path), batch_size=2, shuffle_buffer=1), model.config, split=None)
+    nats = count = 0
+    for _ in range(2):
+        window = next(loader)
+        targets_BT = future_targets(window, n_future=4, mask_after_eos=True)[:, :, 0]
+        for b in range(len(window)):
+            ids_T = window[b, :T]
+            cuts = [0] + [t for t in range(1, T) if ids_T[t] == EOS] + [T]
+            assert len(cuts) > 4  # several documents a window
+            for start, end in itertools.pairwise(cuts):
+                alone = ids_T[None, start:end]
+                with torch.no_grad():
+                    logits = model.logits(alone, heads=1, layout=build_layout(model, alone))[0, :, 0]
+                nats += float(torch.nn.functional.cross_entropy(logits, targets_BT[b, start:end], reduction="sum"))
+                count += end - start
+    assert got.bytes == count
+    assert got.bpb[0] == pytest.approx(nats / count / math.log(2), rel=1e-5)

@@ -207,6 +207,17 @@ def test_command_errors_are_one_line(exports, tmp_path, case):
     assert (out / "x").read_text() == "x" and not (tmp_path / "new").exists()
 
 
+def test_a_doc_masked_model_is_refused_in_one_line(tmp_path):
+    cfg = make_config()
+    save_run(tmp_path / "run", dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, doc_mask=True)))
+    with pytest.raises(ValueError, match="model.doc_mask=true"):
+        export_hf(tmp_path / "run", tmp_path / "hf")
+    res = invoke("--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf"))
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    assert [line for line in res.output.splitlines() if line.startswith("Error")] == res.output.strip().splitlines()
+    assert not (tmp_path / "hf").exists() and [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
 def test_bytemtp_generate_reads_an_export(exports):
     from bytemtp_cli.generate import generate_cmd
 

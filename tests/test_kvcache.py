@@ -7,6 +7,7 @@ from doubles import tiny_model
 
 from bytemtp.model.kvcache import KVCache, context_left, window_start
 from bytemtp.model.layout import build_layout
+from bytemtp.vocab import EOS
 
 
 def test_context_left_is_what_the_window_slides_by():
@@ -35,3 +36,17 @@ def test_cache_rewind_is_a_pointer_move():
     assert cache.k.data_ptr() == k_ptr and cache.length == 5
     with pytest.raises(AssertionError):
         cache.rewind(6)
+
+
+def test_each_rows_document_start_goes_with_the_row():
+    model = tiny_model(doc_mask=True)
+    cache = KVCache.for_model(model, batch_size=3)
+    ids = torch.randint(0, 256, (3, 8), generator=torch.Generator().manual_seed(0))
+    ids[0, 2], ids[2, 6] = EOS, EOS
+    model.logits(ids, cache, layout=build_layout(model, ids, cache))
+    assert cache.doc_starts == [2, 0, 6]
+    assert cache.row(2).doc_starts == [6]
+    cache.keep([2, 0])
+    assert cache.doc_starts == [6, 2] and cache.lengths == [8, 8]
+    cache.reset()
+    assert cache.doc_starts == [0, 0] and cache.lengths == [0, 0]

@@ -12,6 +12,7 @@ whose layout was not built for the pass.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -22,14 +23,17 @@ from bytemtp.decoding.compiled import StaticStep
 from bytemtp.decoding.drafting import DraftTree, PassCosts
 from bytemtp.evaluation import evaluate, likelihood
 from bytemtp.model.kvcache import KVCache
-from bytemtp.model.layout import Layout, StaticLayout, build_layout
+from bytemtp.model.layout import Layout, StaticLayout, build_layout, document_starts
 from bytemtp.model.model import Attention, ByteMTP, StackedHeads
 from bytemtp.training import rollout, step
+from bytemtp.vocab import EOS
 
 FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})  # no pass costs measured
 
-def _model(head_type: str = "transformer", *, n_future: int = 3, head_layers: int = 1) -> ByteMTP:
-    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=n_future, head_layers=head_layers)
+def _model(head_type: str = "transformer", *, n_future: int = 3, head_layers: int = 1,
+           doc_mask: bool = False) -> ByteMTP:
+    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=n_future, head_layers=head_layers,
+                              doc_mask=doc_mask)
     model = ByteMTP(cfg)
     model.init_weights(generator=torch.Generator().manual_seed(0))
     return model
@@ -171,3 +175,87 @@ def test_the_builder_places_a_pass():
     drafts = build_layout(model, ids, cache, depths=list(tree.depths), ancestors=tree.ancestors, drafts=True)
     assert drafts.starts == cache.lengths and not drafts.chain
     assert drafts.mask.shape == (2, 1, tree.T, seq_len - 2 + tree.T)
+
+
+# --- document masking (model.doc_mask) -------------------------------------------------------------
+
+
+def _windows(T: int) -> torch.Tensor:
+    """Three windows of documents: one starting mid-document, one opening with EOS and holding
+    consecutive EOS, one ending in EOS."""
+    ids = torch.randint(0, 256, (3, T), generator=torch.Generator().manual_seed(1))
+    ids[0, [10, 30, 31]] = EOS  # no leading EOS: the first document began before the window
+    ids[1, [0, 5, 6, 7, T // 2]] = EOS
+    ids[2, [T // 3, T - 1]] = EOS
+    return ids
+
+
+def _documents(ids_T: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of each document of a window: from each EOS (or position 0) to the next EOS."""
+    cuts = [0] + [i for i in range(1, len(ids_T)) if ids_T[i] == EOS] + [len(ids_T)]
+    return list(itertools.pairwise(cuts))
+
+
+@pytest.mark.parametrize("head_type,stacked", [("transformer", False), ("transformer", True), ("causal", False),
+                                               ("linear", False), ("linear", True)])
+def test_a_document_masked_window_scores_each_document_as_if_alone(head_type, stacked):
+    model = _model(head_type, doc_mask=True).eval()
+    ids = _windows(model.config.seq_len)
+    with torch.no_grad():
+        layout = build_layout(model, ids)
+        assert not layout.causal and layout.mask.shape == (3, 1, ids.shape[1], ids.shape[1])
+        got = model.logits(ids, stacked=model.stack_heads() if stacked else None, layout=layout)
+        for b in range(len(ids)):
+            for start, end in _documents(ids[b]):
+                alone = ids[b:b + 1, start:end]
+                want = model.logits(alone, layout=build_layout(model, alone))[0]  # (T, K, V), from position 0
+                torch.testing.assert_close(got[b, start:end], want, rtol=0, atol=1e-5, msg=f"{b}: {start}..{end}")
+
+
+def test_without_doc_mask_a_window_of_documents_is_one_causal_pass():
+    model = _model()
+    masked = _model(doc_mask=True)
+    ids = _windows(model.config.seq_len)
+    layout = build_layout(model, ids)
+    assert layout.causal and layout.mask is None  # today's path: is_causal, no mask built
+    with torch.no_grad():
+        across = model.logits(ids, layout=layout)
+        within = masked.logits(ids, layout=build_layout(masked, ids))
+    # before every row's first boundary the two agree (up to the kernels' rounding)
+    torch.testing.assert_close(across[:, :5], within[:, :5], rtol=0, atol=1e-5)
+    assert not torch.allclose(across[0, 10:], within[0, 10:])  # past a boundary, the mask matters
+
+
+def test_a_batch_of_one_document_a_row_keeps_the_causal_path_under_doc_mask():
+    model, masked = _model(), _model(doc_mask=True)
+    ids = torch.randint(0, 256, (3, model.config.seq_len), generator=torch.Generator().manual_seed(2))
+    ids[1, 0] = EOS  # an EOS at position 0 starts the row's one document
+    layout = build_layout(masked, ids)
+    assert layout.causal and layout.mask is None
+    with torch.no_grad():
+        assert torch.equal(masked.logits(ids, layout=layout), model.logits(ids, layout=build_layout(model, ids)))
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+def test_cached_chain_passes_of_a_doc_masked_model_equal_the_whole_pass(head_type):
+    """A prefill holding EOS mid-row, then one id at a time, EOS among them: each pass's logits
+    equal those of the uncached pass over everything so far."""
+    model = _model(head_type, doc_mask=True).eval()
+    ids = _windows(model.config.seq_len)
+    ids[0, 40] = ids[1, 41:43] = ids[2, 45] = EOS  # ids that a byte-by-byte pass meets
+    cache = KVCache.for_model(model, batch_size=3)
+    with torch.no_grad():
+        full = model.logits(ids, layout=build_layout(model, ids))
+        prefix = ids[:, :36]
+        got = [model.logits(prefix, cache, layout=build_layout(model, prefix, cache))]
+        assert cache.doc_starts == [31, 32, 21]
+        for j in range(36, 50):
+            got.append(model.logits(ids[:, j:j + 1], cache, layout=build_layout(model, ids[:, j:j + 1], cache)))
+    assert cache.doc_starts == [40, 42, 45]
+    torch.testing.assert_close(torch.cat(got, dim=1), full[:, :50], rtol=0, atol=1e-5)
+
+
+def test_document_starts_count_from_each_rows_latest_eos():
+    ids = torch.tensor([[1, EOS, 2, 3, EOS, EOS], [4, 5, 6, 7, 8, 9]])
+    assert document_starts(ids, [0], [0]).tolist() == [[0, 1, 1, 1, 4, 5], [0] * 6]
+    assert document_starts(ids, [10, 20], [3, 17]).tolist() == [[3, 11, 11, 11, 14, 15], [17] * 6]

@@ -1,6 +1,7 @@
 """Self-generated targets (bytemtp.training.rollout): a greedy rollout writes what plain greedy
 decoding writes (`decode.generate`, its next-byte rule), in eval mode whatever the model's mode,
-and rollouts need a frozen trunk."""
+with or without document masking (an EOS it writes starts a document), and rollouts need a frozen
+trunk."""
 
 import pytest
 import torch
@@ -31,8 +32,9 @@ def _never_emitted_first(seed: int = 3, **overrides):
     return model
 
 
-def test_a_greedy_rollout_writes_what_plain_greedy_decoding_writes():
-    model = _never_emitted_first()
+@pytest.mark.parametrize("doc_mask", [False, True])
+def test_a_greedy_rollout_writes_what_plain_greedy_decoding_writes(doc_mask):
+    model = _never_emitted_first(doc_mask=doc_mask)
     cfg = model.config
     T, n = cfg.seq_len, 20
     start = T + 1 - n
@@ -57,6 +59,29 @@ def test_a_greedy_rollout_writes_what_plain_greedy_decoding_writes():
     assert torch.equal(greedy_rollout(model, ids, n), got) and not model.training  # eval kept too
     with pytest.raises(ValueError, match="does not fit"):
         greedy_rollout(model, ids, T + 1)
+
+
+def test_a_document_masked_rollout_that_writes_eos_starts_a_document_there():
+    """A doc-masked model whose next-byte head says EOS where it would say its favourite byte:
+    the rollout writes EOS several times in every row, and each byte after one is what the
+    uncached doc-masked pass over the ids so far chooses."""
+    model = tiny_model(1, n_future=4, doc_mask=True).eval()
+    cfg = model.config
+    T, n = cfg.seq_len, 40
+    start = T + 1 - n
+    ids = torch.randint(0, 256, (3, cfg.window), generator=torch.Generator().manual_seed(4))
+    ids[0, 0] = EOS
+    ids[1, [5, 6, 20]] = EOS  # documents in the prefix too
+    with torch.no_grad():
+        model.unembed[0].weight[EOS] = model.unembed[0].weight[154] * 1.001  # 154: this model's favourite
+    got = greedy_rollout(model, ids, n)
+    written = got[:, start:T + 1]
+    assert ((written == EOS).sum(dim=1) > 1).all() and (written != EOS).any(dim=1).all()
+    with torch.no_grad():
+        for j in range(start, T + 1):
+            prefix = got[:, :j]
+            logits = model.logits(prefix, heads=1, layout=build_layout(model, prefix))[:, -1, 0]
+            assert got[:, j].tolist() == [next_byte(logits[b], Sampling()) for b in range(len(ids))], j
 
 
 def test_rollouts_need_a_frozen_trunk():

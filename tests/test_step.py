@@ -25,9 +25,10 @@ def _grads(model):
 @pytest.mark.parametrize("unembed", ["shared", "replicated"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 @pytest.mark.parametrize("teacher", [False, True])
-def test_memory_efficient_gradients_equal_plain(head_type, mlp, unembed, dropout, teacher):
+@pytest.mark.parametrize("doc_mask", [False, True])
+def test_memory_efficient_gradients_equal_plain(head_type, mlp, unembed, dropout, teacher, doc_mask):
     cfg = dataclasses.replace(C.tiny().model, head_type=head_type, mlp=mlp, unembed=unembed, dropout=dropout,
-                              n_future=4, head_layers=2, n_layers=10)
+                              n_future=4, head_layers=2, n_layers=10, doc_mask=doc_mask)
     model = ByteMTP(cfg)
     model.init_weights(generator=torch.Generator().manual_seed(0))
     ids = torch.randint(0, 256, (3, 24 + 4), generator=torch.Generator().manual_seed(1))

@@ -17,6 +17,10 @@ Writing needs no transformers (json, safetensors and copies of the code files), 
 works without the `hf` extra; only loading the folder needs it. The folder is written beside
 `out` under a temporary name and renamed into place at the end: a failure leaves no half-written
 export, and `overwrite` replaces an existing folder only once the new one is complete.
+
+A model trained with `model.doc_mask` is refused: the exported forward (its attention masks come
+from `attention_mask` and a DynamicCache that knows nothing of documents) would attend across the
+documents of an input holding EOS, so it would not compute what bytemtp computes.
 """
 
 from __future__ import annotations
@@ -67,6 +71,10 @@ def export_hf(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
     if source == out.resolve() or out.resolve() in source.parents:
         raise ValueError(f"{out} holds the checkpoint being exported ({source}); choose another folder")
     model, cfg = load_model(source)  # checks the files, and names the one at fault
+    if cfg.model.doc_mask:
+        raise ValueError(f"{source} has model.doc_mask=true, which the Hugging Face export does not carry (its forward "
+                         "attends across documents); score and decode it with bytemtp itself (eval, generate, "
+                         "lm-evaluation-harness)")
     meta = read_config_json(source)
     dtype = dtype or _saved_dtype(source / MODEL_FILE)
     model = model.to(getattr(torch, dtype))

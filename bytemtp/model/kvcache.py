@@ -3,7 +3,9 @@
 A `KVCache` holds keys and values of every layer (trunk and heads) in preallocated tensors
 with a length pointer per row, kept on the host: rewinding rejected drafts moves pointers and
 reallocates nothing, and rows of a batch may stand at different lengths. Where a pass's ids go
-in it and what each may see is the pass's layout (`bytemtp.model.layout`), not the cache's.
+in it and what each may see is the pass's layout (`bytemtp.model.layout`), not the cache's; the
+cache only keeps, per row, the slot where the row's current document begins (`doc_starts`),
+which the layout of a document-masked model's chain passes reads and moves (`build_layout`).
 
 After a tree pass the decoder keeps the accepted path (`KVCache.compact`): its slots move to
 the front, so the cache again holds one contiguous sequence per row. `context_left` and
@@ -44,6 +46,9 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
         self.lengths = [0] * batch_size
+        # per row, the slot of its current document's first id (its latest EOS, or 0): kept by the
+        # chain passes of a model with model.doc_mask; meaningful for slots below the row's length
+        self.doc_starts = [0] * batch_size
 
     @classmethod
     def for_model(cls, model, batch_size: int, max_len: int | None = None) -> KVCache:
@@ -87,13 +92,16 @@ class KVCache:
         index = torch.tensor(rows, device=self.k.device, dtype=torch.long)
         self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
         self.lengths = [self.lengths[r] for r in rows]
+        self.doc_starts = [self.doc_starts[r] for r in rows]
 
     def row(self, b: int) -> KVCache:
-        """A one-row view of row b: writes through it land in this cache."""
+        """A one-row view of row b: writes of keys and values through it land in this cache; its
+        length and document start are its own (copy them back, as the decoder does its length)."""
         view = KVCache.__new__(KVCache)
         view.k, view.v = self.k[:, b:b + 1], self.v[:, b:b + 1]
-        view.max_len, view.lengths = self.max_len, [self.lengths[b]]
+        view.max_len, view.lengths, view.doc_starts = self.max_len, [self.lengths[b]], [self.doc_starts[b]]
         return view
 
     def reset(self) -> None:
         self.lengths = [0] * len(self.lengths)
+        self.doc_starts = [0] * len(self.lengths)

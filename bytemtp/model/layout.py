@@ -6,15 +6,33 @@ row's cached past and to the nodes that `ancestors[i]` names. A chain (depths 0.
 seeing those before it) is ordinary causal decoding, or, with no cache, training and scoring; a
 tree of draft candidates is the same pass with other depths and ancestors. Everything that
 depends only on the layout (rotary tables, the attention mask, write indices) is built once a
-pass, on the host's numbers, and every layer reuses it: no layer reads a length back from the
-device.
+pass, on the host's numbers (a document mask from the ids, on their device), and every layer
+reuses it: no layer reads a length back from the device.
 
 `build_layout` is the one place a pass's layout is made: the training step, evaluation,
 likelihoods, rollouts, the decoder and the compiled step each call it once a batch or pass and
 hand the result to the trunk and to every head, which take it as a required argument and never
-build one of their own. What else attention comes to depend on (document boundaries within a
-packed window, say) is added here, and so reaches every layer of every pass; the price is that
-every caller of the model names the layout, even where it is the plain causal one.
+build one of their own. What else attention depends on is added here, and so reaches every layer
+of every pass; the price is that every caller of the model names the layout, even where it is the
+plain causal one.
+
+Document masking (`model.doc_mask`) is such an addition: a node sees only the nodes of its own
+document, a document being what lies from one EOS up to the next (an EOS starts a document, as
+the decoder's leading EOS starts generation; the last byte of a document still predicts the EOS).
+Node i sees node j iff j <= i and no EOS lies in j+1..i. Rotary positions stay continuous across
+documents: attention scores depend only on the distance between positions, so a document at offset
+s scores as it would alone from 0 (up to rounding). Without a cache the mask is a (B, 1, T, T) bool
+mask for `scaled_dot_product_attention`, built only when some row has an EOS after position 0
+(one host check of the ids); otherwise, and always with the option off, the pass is the plain
+causal one (`is_causal`, no mask). FlexAttention block masks were the other candidate, but on the
+CPU (torch 2.13, the only device measured; CUDA was not) they have no backward pass. On the CPU one
+masked attention call (forward and backward) costs about 1.2x the causal one at the `small` shape
+(batch 16, 256 positions, width 64, 2 heads; 1.1x at 512 positions, width 128), and a whole `small`
+training step about 1.03x. A cached chain pass (rollouts, plain decoding)
+reads where each row's current document begins from `KVCache.doc_starts` and moves it past the
+pass's last EOS. Draft passes (`drafts`, the decoder) and the static step are left causal: the
+decoder's rows hold EOS at slot 0 only (prompts are bytes, and an accepted EOS ends generation), so
+no output the decoder uses depends on a document boundary within the pass.
 
 `Layout` is the eager form; `StaticLayout` is the same for the compiled static step
 (bytemtp.decoding.compiled), built from device tensors so that no host number enters the step.
@@ -31,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from bytemtp.model.kvcache import KVCache
+from bytemtp.vocab import EOS
 
 
 class _Rotary:
@@ -50,12 +69,14 @@ class Layout(_Rotary):
 
     `starts` are the rows' cache lengths (host ints); `depths` (T ints) and `ancestors` (T x T
     bools, node i sees node j) describe a tree; both default to a chain. Positions past the
-    rotary table (nodes beyond the context that the decoder does not use) are clamped.
+    rotary table (nodes beyond the context that the decoder does not use) are clamped. `doc_BT`
+    (a chain's only) is the slot where each node's document begins (`document_starts`): node i of
+    row b then sees slots doc_BT[b, i] up to its own, a (B, 1, T, L) mask.
     """
 
     def __init__(self, starts: list[int], T: int, *, rope: tuple[torch.Tensor, torch.Tensor],
                  cached: bool, depths: list[int] | None = None,
-                 ancestors: torch.Tensor | None = None):
+                 ancestors: torch.Tensor | None = None, doc_BT: torch.Tensor | None = None):
         device = rope[0].device
         self.starts, self.T, self.cached = list(starts), T, cached
         self.chain = depths is None
@@ -83,6 +104,12 @@ class Layout(_Rotary):
                 mask[b, 0, :, :s] = True
                 mask[b, 0, :, s:s + T] = see_TT
             self.mask = mask.to(device)
+        if doc_BT is not None:
+            assert self.chain, "document masks are for chains"
+            slot_L = torch.arange(self.L, device=doc_BT.device)
+            own_BT = torch.tensor(starts, device=doc_BT.device)[:, None] + torch.arange(T, device=doc_BT.device)
+            self.mask = ((slot_L >= doc_BT[..., None]) & (slot_L <= own_BT[..., None]))[:, None]  # (B, 1, T, L)
+            self.causal = False
         if uniform:
             self.rows_BT = self.slots_BT = None
         else:
@@ -170,6 +197,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout,
     return y.reshape(shape) if lead else y
 
 
+def document_starts(ids_BT: torch.Tensor, starts: list[int], prior: list[int]) -> torch.Tensor:
+    """The slot where each node's document begins (B, T), on the ids' device: the slot of the
+    row's latest EOS at or before the node in this pass (row b's node i sits at slot
+    starts[b] + i), else `prior[b]`, where the row's document began before the pass."""
+    device, T = ids_BT.device, ids_BT.shape[1]
+    eos_BT = torch.where(ids_BT == EOS, torch.arange(T, device=device), -1).cummax(dim=1).values
+    starts_B1, prior_B1 = (torch.tensor(x, device=device)[:, None] for x in (starts, prior))
+    return torch.where(eos_BT >= 0, starts_B1 + eos_BT, prior_B1)
+
+
+def _cached_documents(ids_BT: torch.Tensor, cache: KVCache) -> torch.Tensor | None:
+    """`document_starts` of a chain pass after the cache, which it moves to the pass's last
+    node's document; None where every node's document begins at slot 0 (no mask needed)."""
+    prior = [d if s > 0 else 0 for s, d in zip(cache.lengths, cache.doc_starts)]  # a row from 0 has no past
+    assert all(d <= s for s, d in zip(cache.lengths, prior)), (cache.lengths, cache.doc_starts)
+    doc_BT = document_starts(ids_BT, cache.lengths, prior)
+    host_BT = doc_BT.cpu()
+    cache.doc_starts = host_BT[:, -1].tolist()
+    return doc_BT if bool(host_BT.max() > 0) else None
+
+
 def build_layout(model, ids_BT: torch.Tensor, cache: KVCache | None = None, *,
                  depths: list[int] | torch.Tensor | None = None, ancestors: torch.Tensor | None = None,
                  drafts: bool = False, starts_B: torch.Tensor | None = None) -> Layout | StaticLayout:
@@ -185,9 +233,9 @@ def build_layout(model, ids_BT: torch.Tensor, cache: KVCache | None = None, *,
 
     A pass must fit the model's context (a ValueError names its positions and the context),
     except a decoder's pass of `drafts` and the static step: their nodes past the context run at
-    clamped positions, and the decoder uses none of their outputs. Whatever else a pass's
-    attention comes to depend on (a mask that keeps it inside each document of a packed window,
-    read from the EOS ids in `ids_BT`) belongs here, where every pass of every caller gets it.
+    clamped positions, and the decoder uses none of their outputs. A model with `doc_mask` gets
+    a chain pass's document mask here, read from the EOS ids in `ids_BT` (and, with a cache, from
+    and into `cache.doc_starts`); drafts and the static step stay causal (module docstring).
     """
     rope, seq_len, T = (model.rope_cos, model.rope_sin), model.config.seq_len, ids_BT.shape[1]
     if starts_B is not None:
@@ -195,6 +243,11 @@ def build_layout(model, ids_BT: torch.Tensor, cache: KVCache | None = None, *,
     end = T if cache is None else max(cache.lengths) + T
     if end > seq_len and not drafts:
         raise ValueError(f"sequence of {end} positions exceeds the context of {seq_len} (model.seq_len)")
+    documents = model.config.doc_mask and depths is None and not drafts
     if cache is None:
-        return Layout([0], T, rope=rope, cached=False, depths=depths, ancestors=ancestors)
-    return Layout(cache.lengths, T, rope=rope, cached=True, depths=depths, ancestors=ancestors)
+        doc_BT = None
+        if documents and bool((ids_BT[:, 1:] == EOS).any()):  # else every row is one document: causal
+            doc_BT = document_starts(ids_BT, [0], [0])
+        return Layout([0], T, rope=rope, cached=False, depths=depths, ancestors=ancestors, doc_BT=doc_BT)
+    doc_BT = _cached_documents(ids_BT, cache) if documents else None
+    return Layout(cache.lengths, T, rope=rope, cached=True, depths=depths, ancestors=ancestors, doc_BT=doc_BT)

@@ -9,7 +9,9 @@ makes such text from each window's own beginning, under no gradient, in eval mod
 with a KV cache and only the next-byte head running, each byte chosen as plain greedy decoding
 chooses it (`sampling.greedy_ids`: the bytes and EOS, never BOS or PAD); the trunk and head 1
 must be frozen for it to mean the same thing from step to step (`train.trainable=draft-heads`),
-and it is deterministic, so a run that uses it resumes exactly.
+and it is deterministic, so a run that uses it resumes exactly. A document-masked model's rollout
+stays inside each document, an EOS in the prefix or one the model writes starting a new one: the
+cache's passes get their document mask from `build_layout`, as every pass does.
 
 Legend: B batch, W window (T + n_future ids), T inputs.
 """

@@ -43,6 +43,8 @@ class ByteMTPConfig(PretrainedConfig):
     """One unembedding matrix per head (replicated) or one shared by all."""
     param_match: bool = True
     """The heads' layers were taken out of the trunk (the trunk has n_layers - n_future * head_layers)."""
+    doc_mask: bool = False
+    """Always false: bytemtp does not export a model trained with attention within documents."""
     seq_len: int = 512
     """Context length in bytes: positions past it have no rotary angle, so longer inputs are refused."""
     mlp: str = "swiglu"
@@ -73,6 +75,8 @@ class ByteMTPConfig(PretrainedConfig):
                                      ("unembed", self.unembed, UNEMBED_TYPES), ("mlp", self.mlp, MLP_TYPES)):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+        if self.doc_mask:
+            raise ValueError("doc_mask=True is not supported here: this code attends across documents")
         if self.d_model % self.n_attn_heads or self.head_dim % 2:
             raise ValueError(f"d_model={self.d_model} must split into n_attn_heads={self.n_attn_heads} "
                              "heads of even size")
