@@ -18,7 +18,10 @@ that long (`bytemtp tune-heads`, as `make demo` does) and reports the greedy cha
 on held-out prompts and eager decoding's speed on them (`bench.decode_speed`, plain against the
 chain of every head). A candidate whose OUT/NAME/sweep.json exists is read back, not trained
 again, so a sweep stopped half way goes on where it stopped, and two processes can share the
-candidates out (`only`); one measured without a tune is tuned when a later call asks for one.
+candidates out (`only`); one measured without a tune is tuned when a later call asks for one. A
+signal (Ctrl-C) stops the sweep, not only the candidate training then; that candidate is trained
+again from its start by the next call (one limited by steps resumes: its steps are exact), since
+a time budget spent over two sessions is not the budget the others had.
 The trade-off: candidates run one after another in the process, so a
 sweep of n candidates takes n budgets; the figures are comparable only within one machine and one
 sitting (run two halves at the same time, one thread each, for twice the candidates an hour).
@@ -29,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -45,6 +49,12 @@ from bytemtp.training import runs
 from bytemtp.training.train import run_plan, train
 
 RESULT = "sweep.json"
+
+
+class SweepInterrupted(RuntimeError):
+    """A signal stopped a candidate's training: the sweep stops, and that candidate is not measured."""
+
+
 EVAL_BATCH = 8  # windows a validation batch; the batches are as many as eval_bytes needs
 
 
@@ -102,7 +112,13 @@ def run_candidate(grid: Grid, name: str, out: Path, *, budget_s: float, eval_byt
     if (run_dir / RESULT).is_file():  # measured before; a tune may be asked for now
         figures = json.loads((run_dir / RESULT).read_text())
     else:
+        if run_dir.exists() and not steps:  # interrupted: a time budget is not split over sessions
+            say(f"{name} was interrupted before it was measured: training it anew")
+            shutil.rmtree(run_dir)
         result = train(cfg, run_dir, resume=(run_dir / "checkpoints").is_dir(), say=say)
+        if result.stopped_by == "signal":
+            raise SweepInterrupted(f"stopped during {name}: run the same command again to go on "
+                                   f"({'it resumes' if steps else 'it trains anew'}; the candidates measured are kept)")
         model, _ = load_model(result.checkpoint, device=device)
         batches = max(1, math.ceil(eval_bytes / (EVAL_BATCH * cfg.model.seq_len)))
         ev = evaluate(model, cfg.data.path, split="val", batches=batches, batch_size=EVAL_BATCH, device=device)

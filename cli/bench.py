@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 
 import click
 
@@ -155,6 +157,18 @@ def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) ->
     write_json(json_path, res)
 
 
+@contextlib.contextmanager
+def _interrupted_in_one_line():
+    """A sweep that a signal stopped ends with one line and exit status 130 (128 + SIGINT)."""
+    from bytemtp.sweep import SweepInterrupted
+
+    try:
+        yield
+    except SweepInterrupted as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(130)
+
+
 @bench.command("quality")
 @preset_option("small")
 @click.option("--data", default="data/corpus/stdlib", show_default=True, help="A prepared corpus with a val split.")
@@ -191,11 +205,12 @@ def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, a
 
     from .options import parse_duration
 
-    res = quality.compare(preset, data=data, arms=[a.strip() for a in arms.split(",") if a.strip()],
-                          extra=[quality.parse_arm(a) for a in extra],
-                          sets=[*overrides, f"train.device={resolve_device(device)}"], seeds=seeds,
-                          budget_s=parse_duration(budget), steps=steps, eval_bytes=eval_bytes,
-                          tune_s=parse_duration(tune_time), prompts=prompts, out=out)
+    with _interrupted_in_one_line():
+        res = quality.compare(preset, data=data, arms=[a.strip() for a in arms.split(",") if a.strip()],
+                              extra=[quality.parse_arm(a) for a in extra],
+                              sets=[*overrides, f"train.device={resolve_device(device)}"], seeds=seeds,
+                              budget_s=parse_duration(budget), steps=steps, eval_bytes=eval_bytes,
+                              tune_s=parse_duration(tune_time), prompts=prompts, out=out)
     echo(quality.table(res))
     write_json(json_path, res)
 
@@ -224,7 +239,8 @@ def bench_sweep(grid: str, out: str, budget: str, tune_time: str, eval_bytes: in
 
     budget_s, tune_s = parse_duration(budget), parse_duration(tune_time)
     names = [n.strip() for n in only.split(",") if n.strip()] if only else None
-    results = sweep.run_sweep(sweep.read_grid(grid), out, budget_s=budget_s, eval_bytes=eval_bytes, tune_s=tune_s,
-                              prompts=prompts, only=names)
+    with _interrupted_in_one_line():
+        results = sweep.run_sweep(sweep.read_grid(grid), out, budget_s=budget_s, eval_bytes=eval_bytes, tune_s=tune_s,
+                                  prompts=prompts, only=names)
     echo(sweep.table(results))
     write_json(json_path, results)

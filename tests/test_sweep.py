@@ -3,6 +3,7 @@ budget and held-out bytes, the read-back of a measured candidate, and the table.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -82,3 +83,23 @@ def test_the_sweep_command_prints_the_table_and_refuses_a_bad_grid_in_one_line(t
     res = CliRunner().invoke(main, ["bench", "sweep", str(bad), "--out", str(tmp_path / "o2")])
     assert res.exit_code == 1 and "train.optimizer='sgd' is not allowed" in res.output
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_a_signal_stops_the_sweep_and_its_candidate_trains_anew_next_time(tmp_path, corpus_dir, monkeypatch):
+    real = sweep.train
+
+    def stopped(*args, **kwargs):  # the candidate's training ends as Ctrl-C ends it
+        return dataclasses.replace(real(*args, **kwargs), stopped_by="signal")
+
+    monkeypatch.setattr(sweep, "train", stopped)
+    path = _grid(tmp_path, corpus_dir, TWO)
+    res = CliRunner().invoke(main, ["bench", "sweep", str(path), "--out", str(tmp_path / "out"), "--time", "1s",
+                                    "--eval-bytes", "512"])
+    assert res.exit_code == 130 and "Traceback" not in res.output
+    assert "stopped during adamw: run the same command again to go on (it trains anew" in res.output
+    assert not (tmp_path / "out" / "adamw" / sweep.RESULT).exists() and not (tmp_path / "out" / "muon").exists()
+    monkeypatch.setattr(sweep, "train", real)
+    (tmp_path / "out" / "adamw" / "stale").write_text("")
+    results = sweep.run_sweep(sweep.read_grid(path), tmp_path / "out", budget_s=1.0, eval_bytes=512)
+    assert [r["name"] for r in results] == ["adamw", "muon"]
+    assert not (tmp_path / "out" / "adamw" / "stale").exists()  # its interrupted run was replaced
