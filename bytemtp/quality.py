@@ -34,6 +34,7 @@ ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "teacher": ("8 heads, head 1 teaching the others", ("loss.teacher_weight=1.0",)),
     "docmask": ("8 heads, attention kept inside each document", ("model.doc_mask=true",)),
     "ntp-docmask": ("next-byte baseline, attention inside each document", ("model.n_future=1", "model.doc_mask=true")),
+    "ntp-trunk": ("next-byte model as deep as the 8-head model's trunk and one head", ()),  # sized in `arm_sets`
 }
 DEFAULT_ARMS = ("ntp", "mtp", "forward", "reverse", "ontop", "ontop-reverse", "linear", "docmask")
 
@@ -46,6 +47,17 @@ def parse_arm(text: str) -> tuple[str, tuple[str, ...]]:
         raise ValueError(f"--arm {text!r}: expected NAME=SETTING[,SETTING...], a new name without '/' "
                          f"(the built-in arms are {', '.join(ARMS)})")
     return name, tuple(s.strip() for s in sets.split(",") if s.strip())
+
+
+def arm_sets(arm: str, preset: str, sets: list[str]) -> tuple[str, ...]:
+    """An arm's settings; `ntp-trunk`'s depend on the preset's shape: one head on the trunk that
+    heads 2..n share (the control that tells a gain of multi-token training from one of depth)."""
+    if arm != "ntp-trunk":
+        return ARMS[arm][1]
+    from bytemtp.config import resolve
+
+    model = resolve(preset, overrides=list(sets)).model
+    return ("model.n_future=1", f"model.n_layers={model.trunk_layers + model.layers_per_head}")
 
 
 def grid_of(preset: str, sets: list[str], arms: dict[str, tuple[str, ...]], seeds: int):
@@ -69,10 +81,11 @@ def compare(preset: str = "small", *, data: str, arms: list[str] | None = None,
     unknown = [a for a in names if a not in ARMS]
     if unknown:
         raise ValueError(f"no arm {unknown[0]!r}; the arms are {', '.join(ARMS)} (or add one with --arm)")
+    shared = [f"data.path={data}", "train.eval_every=0", *sets]
     chosen = {BASELINE: ARMS[BASELINE][1]}
-    chosen.update({a: ARMS[a][1] for a in names})
+    chosen.update({a: arm_sets(a, preset, shared) for a in names})
     chosen.update(dict(extra))
-    grid = grid_of(preset, [f"data.path={data}", "train.eval_every=0", *sets], chosen, seeds)
+    grid = grid_of(preset, shared, chosen, seeds)
     for name in grid.candidates:  # every setting checked before anything trains
         try:
             grid.config(name, budget_s=budget_s, steps=steps)

@@ -81,3 +81,10 @@ def test_bench_quality_refuses_bad_arms_in_one_line_before_training(corpus_dir, 
     assert res.exit_code != 0 and "Traceback" not in res.output and message in res.output
     assert len(res.output.strip().splitlines()) == 1
     assert not list((tmp_path / "q").glob("*-s0"))
+
+
+def test_the_trunk_control_is_a_next_byte_model_as_deep_as_the_heads_trunk_plus_one_head():
+    # tiny: 10 layers, 8 one-layer heads, so a 2-layer trunk; small: 12 layers, a 4-layer trunk
+    assert quality.arm_sets("ntp-trunk", "tiny", []) == ("model.n_future=1", "model.n_layers=3")
+    assert quality.arm_sets("ntp-trunk", "small", ["model.n_layers=16"]) == ("model.n_future=1", "model.n_layers=9")
+    assert quality.arm_sets("reverse", "tiny", []) == ("loss.head_schedule=reverse",)
