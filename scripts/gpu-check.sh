@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that the issues ask for "where an NVIDIA GPU is at hand", in one run on one GPU
-# (about 27 minutes on an H200: more than one session's device time, so run it in parts), and the loader benchmark on that machine's idle CPU cores. Logs, metrics and JSON go to $OUT (default: gpu-check/); the
+# (about 45 minutes on an H200: more than one session's device time, so run it in parts), and the loader benchmark on that machine's idle CPU cores. Logs, metrics and JSON go to $OUT (default: gpu-check/); the
 # figures then go into BENCHMARKS.md. Needs bytemtp's dependencies importable (`make setup`, or
 # wheels on PYTHONPATH where the machine has no network).
 set -uo pipefail
@@ -78,7 +78,14 @@ for preset in small base; do
   done
 done
 
-# 6. the loader against zstd -dc on this machine's idle cores (the 2-core development VM runs the
+# 6. multi-token recipes against next-byte training on base, each for the same GPU time, two seeds:
+#    the paper's 8 heads, the head schedules, the trunk-depth control and document masking; the
+#    draft heads tuned 60 s each (issue 33; about 15 minutes)
+$B bench quality --preset base --data data/corpus/stdlib --time 60s --seeds 2 --device cuda \
+  --arms mtp,forward,reverse,ntp-trunk,docmask --tune-time 60s --out runs/gpu-quality \
+  --json "$OUT/quality-base.json" 2>&1 | tee "$OUT/quality-base.log"
+
+# 7. the loader against zstd -dc on this machine's idle cores (the 2-core development VM runs the
 #    decompressing thread and the parsing side by side at about half speed)
 if command -v zstd > /dev/null; then
   for i in 1 2 3; do
