@@ -385,8 +385,12 @@ def small() -> Config:
     bytes), Muon on a warmup-stable-decay schedule: of what a sweep trained for `make demo`'s 9
     minutes on two CPU cores, the one whose head 1 ended lowest (BENCHMARKS.md,
     `examples/sweep-small.toml`). A budget that short buys a model of a few bytes a parameter;
-    wider ones (10M at width 256) see too few."""
+    wider ones (10M at width 256) see too few. Heads 2..8 fade out over the first half of the
+    schedule (a reverse head schedule): of the multi-token recipes `bench quality` compared at
+    equal wall time, the one whose head 1 ended lowest, 0.91x the next-byte baseline's bits per
+    byte on the default corpus (BENCHMARKS.md); `tune-heads` then makes the faded heads drafts."""
     return Config(model=ModelConfig(n_layers=12, d_model=64, n_attn_heads=2, seq_len=256),
+                  loss=LossConfig(head_schedule="reverse"),
                   data=DataConfig(batch_size=16),
                   train=TrainConfig(optimizer="muon", schedule="wsd", lr=5e-3, warmup_steps=50, eval_every=250,
                                     ckpt_every=250))
