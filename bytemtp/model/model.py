@@ -228,11 +228,6 @@ class ByteMTP(nn.Module):
         own_unembed = list(self.unembed)[1:] if len(self.unembed) > 1 else []
         return list(self.heads)[1:] + own_unembed
 
-    def head_parameters(self, k: int) -> list[nn.Parameter]:
-        """The parameters only head k uses: its layers and norm, and its own unembedding unless it is shared."""
-        own = [self.unembed[k]] if len(self.unembed) > 1 else []
-        return [p for module in (self.heads[k], *own) for p in module.parameters()]
-
     def num_params(self, part: str = "all") -> int:
         """Parameters in the whole model, or in one part: embed, trunk, heads, unembed."""
         modules = {"embed": self.embed, "trunk": self.trunk, "heads": self.heads,

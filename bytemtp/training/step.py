@@ -23,9 +23,10 @@ weights this step (default: loss.head_weights's; a head schedule changes them as
 
 A head whose weight is 0 has nothing to learn this step, so the memory-efficient step does not run
 it: an independent head is skipped, a causal one is when no later head has weight (its state feeds
-the next head). Its parameters get zero gradients, the gradients the reference's weight of 0
-gives, so the optimizer treats them alike (Adam's moments and weight decay go on); its figures
-this step are NaN, as nothing measured them. With dropout, a skipped head draws no random numbers,
+the next head). Its own parameters get no gradient (None where the reference's is zero), so the
+optimizer leaves them as they are: given zeros, Muon would go on moving a faded head by its
+orthogonalised momentum at full size, step after step, and AdamW would decay its weights. Its
+figures this step are NaN, as nothing measured them. With dropout, a skipped head draws no random numbers,
 so the later heads' dropout masks are not the reference's (the gradients are equal without dropout).
 
 Head 1 runs first (in the causal loop, its logits come from the graph-free forward), so its
@@ -80,12 +81,8 @@ def _weights(model: ByteMTP, loss_cfg: LossConfig, weights: list[float] | None) 
     return weights
 
 
-def _skipped(model: ByteMTP, k: int, device: torch.device) -> HeadLoss:
-    """Head k, skipped for its weight of 0: zero gradients for its own parameters (the reference's),
-    NaN figures."""
-    for p in model.head_parameters(k):
-        if p.requires_grad and p.grad is None:
-            p.grad = torch.zeros_like(p)
+def _skipped(k: int, device: torch.device) -> HeadLoss:
+    """Head k, skipped for its weight of 0: no gradient for its own parameters, NaN figures."""
     nan, zero = torch.tensor(float("nan"), device=device), torch.zeros((), device=device, dtype=torch.long)
     return HeadLoss(loss=nan, nats=nan, correct=zero, count=zero, kl=nan, agree=nan,
                     pairs=torch.ones_like(zero), ran=False)
@@ -112,7 +109,7 @@ def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConf
             h = head_loss(logits_BTV, targets_BTK[:, :, k], k=k, ref=ref, teacher=teacher)
             _backward([h.trained * (weights[k] * scale)], [None])
             heads[k] = _detached(h)
-        heads = [heads[k] if k in heads else _skipped(model, k, z_leaf.device) for k in range(len(weights))]
+        heads = [heads[k] if k in heads else _skipped(k, z_leaf.device) for k in range(len(weights))]
     if z_BTD.requires_grad and z_leaf.grad is not None:
         z_BTD.backward(z_leaf.grad)
     return summarize(heads, weights, total_of(heads, weights))
@@ -130,7 +127,7 @@ def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: to
             rng.append(rng_state(device))
         ref = reference(model.head_logits(0, states[0]), teacher)  # what head 1 says, before any head's backward
     rng_after = rng.pop()
-    heads: list[HeadLoss] = [_skipped(model, k, device) for k in range(len(weights))]
+    heads: list[HeadLoss] = [_skipped(k, device) for k in range(len(weights))]
     grad_out = None  # gradient reaching head k's output state from head k+1
     for k in reversed(range(runs)):
         set_rng_state(rng[k], device)
