@@ -13,8 +13,9 @@ Built on the sweep (`bytemtp.sweep`): one candidate per arm and seed, named ARM-
 seed-major order (every arm's first seed, then every arm's second) so that a machine whose speed
 drifts slows every arm alike, and read back when measured, so an interrupted comparison goes on
 where it stopped. The arms are read without torch (the command line lists them in its help); the
-sweep, and torch with it, is imported when a comparison runs. The trade-off: equal wall time on one machine is what a user with a budget
-faces, but its figures hold for that machine only; equal steps (`steps`) compare the same bytes.
+sweep, and torch with it, is imported when a comparison runs. The trade-off: equal wall time on
+one machine is what a user with a budget faces, but its figures hold for that machine only; equal
+steps (`steps`) compare the same bytes.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def grid_of(preset: str, sets: list[str], arms: dict[str, tuple[str, ...]], seed
     """The sweep grid of the comparison: every arm at every seed, seed-major, the baseline first."""
     from bytemtp.sweep import Grid
 
-    candidates = {f"{arm}-s{seed}": (*arm_sets, f"train.seed={seed}", f"data.seed={seed}")
-                  for seed in range(seeds) for arm, arm_sets in arms.items()}
+    candidates = {f"{arm}-s{seed}": (*settings, f"train.seed={seed}", f"data.seed={seed}")
+                  for seed in range(seeds) for arm, settings in arms.items()}
     return Grid(preset=preset, sets=tuple(sets), candidates=candidates)
 
 

@@ -46,7 +46,7 @@ from bytemtp.evaluation.evaluate import draft_report, evaluate
 from bytemtp.runtime.checkpoint import load_model, read_train_state
 from bytemtp.runtime.devices import resolve_device
 from bytemtp.training import runs
-from bytemtp.training.train import run_plan, train
+from bytemtp.training.train import has_val_split, run_plan, train
 
 RESULT = "sweep.json"
 
@@ -158,6 +158,11 @@ def run_sweep(grid: Grid, out: str | Path, *, budget_s: float, eval_bytes: int =
     missing = [n for n in names if n not in grid.candidates]
     if missing:
         raise ValueError(f"no candidate {missing[0]!r} in the grid; it has {', '.join(grid.candidates)}")
+    for name in names:  # each candidate is scored on its val split: a corpus without one stops before training
+        data = grid.config(name, budget_s=budget_s, steps=steps).data
+        if not has_val_split(data):
+            raise ValueError(f"candidate {name!r}: {data.path} has no val split to score on; prepare it with "
+                             "`make corpus` or `bytemtp prep`")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     say = lambda text: tqdm.write(text, file=sys.stderr)  # noqa: E731 (stdout may carry the table)

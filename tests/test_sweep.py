@@ -103,3 +103,13 @@ def test_a_signal_stops_the_sweep_and_its_candidate_trains_anew_next_time(tmp_pa
     results = sweep.run_sweep(sweep.read_grid(path), tmp_path / "out", budget_s=1.0, eval_bytes=512)
     assert [r["name"] for r in results] == ["adamw", "muon"]
     assert not (tmp_path / "out" / "adamw" / "stale").exists()  # its interrupted run was replaced
+
+
+def test_a_corpus_without_a_val_split_stops_the_sweep_before_anything_trains(tmp_path):
+    src = tmp_path / "files"
+    src.mkdir()
+    (src / "a.txt").write_text("some text " * 50)
+    grid = sweep.read_grid(_grid(tmp_path, src, TWO))
+    with pytest.raises(ValueError, match="candidate 'adamw': .* has no val split to score on"):
+        sweep.run_sweep(grid, tmp_path / "out", budget_s=1.0)
+    assert not (tmp_path / "out").exists()

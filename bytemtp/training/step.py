@@ -23,8 +23,8 @@ weights this step (default: loss.head_weights's; a head schedule changes them as
 
 A head whose weight is 0 has nothing to learn this step, so the memory-efficient step does not run
 it: an independent head is skipped, a causal one is when no later head has weight (its state feeds
-the next head). Its own parameters get no gradient (None where the reference's is zero), so the
-optimizer leaves them as they are: given zeros, Muon would go on moving a faded head by its
+the next head). Its own parameters get no gradient, in the reference too (its zeros are dropped),
+so the optimizer leaves them as they are: given zeros, Muon would go on moving a faded head by its
 orthogonalised momentum at full size, step after step, and AdamW would decay its weights. Its
 figures this step are NaN, as nothing measured them. With dropout, a skipped head draws no random numbers,
 so the later heads' dropout masks are not the reference's (the gradients are equal without dropout).
@@ -81,6 +81,24 @@ def _weights(model: ByteMTP, loss_cfg: LossConfig, weights: list[float] | None) 
     return weights
 
 
+def skipped_heads(model: ByteMTP, weights: list[float]) -> frozenset[int]:
+    """The heads that a step does not run for their weight of 0: every such independent head, and
+    the causal heads after the last one with weight (a causal head's state feeds the next)."""
+    if model.config.head_type == "causal":
+        return frozenset(range(1 + max(k for k, w in enumerate(weights) if w), len(weights)))
+    return frozenset(k for k, w in enumerate(weights) if w == 0)
+
+
+def _release(model: ByteMTP, skip: frozenset[int]) -> None:
+    """No gradient for what only the skipped heads use (the reference's zeros become None, as the
+    memory-efficient step leaves them): their layers and norms, and their own unembeddings."""
+    own = len(model.unembed) > 1
+    for k in skip:
+        for module in (model.heads[k], *([model.unembed[k]] if own else [])):
+            for p in module.parameters():
+                p.grad = None
+
+
 def _skipped(k: int, device: torch.device) -> HeadLoss:
     """Head k, skipped for its weight of 0: no gradient for its own parameters, NaN figures."""
     nan, zero = torch.tensor(float("nan"), device=device), torch.zeros((), device=device, dtype=torch.long)
@@ -100,7 +118,7 @@ def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConf
     if model.config.head_type == "causal":
         heads = _causal_heads_backward(model, z_leaf, targets_BTK, weights, teacher, scale, layout=layout)
     else:
-        skip = frozenset(k for k, w in enumerate(weights) if w == 0)
+        skip = skipped_heads(model, weights)
         heads, ref = {}, None
         # each head's graph freed before the next is made
         for k, h_BTD in model.head_states(z_leaf, layout=layout, skip=skip):
@@ -119,7 +137,7 @@ def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: to
                            weights: list[float], teacher: Teacher, scale: float, *,
                            layout: Layout) -> list[HeadLoss]:
     device = z_leaf.device
-    runs = 1 + max(k for k, w in enumerate(weights) if w)  # the heads after the last one with weight are skipped
+    runs = min(skipped_heads(model, weights), default=len(weights))  # the heads after the last with weight are skipped
     states, rng = [], [rng_state(device)]  # rng[k]: the state before head k runs
     with torch.no_grad():
         for _, h_BTD in model.head_states(z_leaf, layout=layout, heads=runs):
@@ -152,8 +170,10 @@ def plain_forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: Lo
     targets_BTK, T = _targets(model, ids_BW, loss_cfg)
     ids_BT = ids_BW[:, :T]
     logits_BTKV = model.logits(ids_BT, layout=build_layout(model, ids_BT))
-    out = mtp_loss(logits_BTKV, targets_BTK, _weights(model, loss_cfg, weights), teacher_of(loss_cfg))
+    weights = _weights(model, loss_cfg, weights)
+    out = mtp_loss(logits_BTKV, targets_BTK, weights, teacher_of(loss_cfg))
     if out.total.requires_grad:
         (out.total * scale).backward()
+        _release(model, skipped_heads(model, weights))
     out.total = out.total.detach()
     return out
