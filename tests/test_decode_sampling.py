@@ -172,3 +172,24 @@ def test_longer_speculative_sampling_has_the_target_distribution(heads, kw):
 def test_the_chi_square_critical_values_match_the_table():
     assert chi2_critical(26) == pytest.approx(_CHI2_26_P001, abs=0.01)
     assert chi2_critical(80) == pytest.approx(124.839, abs=0.01)  # standard table value
+
+
+# --- rows of one batch that choose bytes differently -----------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_sampled_rows_beside_greedy_rows_keep_the_target_distribution():
+    """A batch mixing greedy and sampled rows (as a server's batch does): each sampled row has
+    head 1's distribution, each greedy row writes what plain greedy decoding writes."""
+    from bytemtp.decoding.batch import Row
+    from bytemtp.decoding.generation import Output, SpeculativeStats
+
+    model = MarkovModel()
+    sampled = Sampling(temperature=1.0, generator=torch.Generator().manual_seed(5))
+    rows = [Row(b"", Output(SpeculativeStats(), max_bytes=3, stop=(), on_bytes=None),
+                sampled if r % 2 else Sampling()) for r in range(8000)]
+    decode.Decoder(model, costs=_FLAT_COSTS).decode(rows, Draft(3), max_bytes=3, cancel=None)
+    greedy = decode.generate(model, b"", max_bytes=3).output
+    assert {bytes(row.out.data) for row in rows[0::2]} == {greedy}
+    assert _chi_square([bytes(row.out.data) for row in rows[1::2]]) < _CHI2_26_P001
+    assert sum(sum(row.stats.accepted) for row in rows[1::2]) > 0  # the sampled rows' drafts were verified

@@ -50,3 +50,14 @@ def test_each_rows_document_start_goes_with_the_row():
     assert cache.doc_starts == [6, 2] and cache.lengths == [8, 8]
     cache.reset()
     assert cache.doc_starts == [0, 0] and cache.lengths == [0, 0]
+
+
+def test_grow_appends_empty_rows_and_keeps_the_old_ones():
+    cache = KVCache(n_layers=2, batch_size=2, max_len=5, n_attn_heads=1, head_dim=3, device="cpu", dtype=torch.float32)
+    cache.k.normal_(), cache.v.normal_()
+    cache.lengths, cache.doc_starts = [3, 4], [0, 2]
+    old_k = cache.k.clone()
+    cache.grow(2)
+    assert cache.k.shape[1] == cache.v.shape[1] == 4
+    assert torch.equal(cache.k[:, :2], old_k) and not cache.k[:, 2:].any() and not cache.v[:, 2:].any()
+    assert cache.lengths == [3, 4, 0, 0] and cache.doc_starts == [0, 2, 0, 0]

@@ -16,11 +16,12 @@ from bytemtp.vocab import EOS
 
 
 class Row:
-    """One prompt's decoding: its output rules, its window, the byte due next and the candidates
-    of the heads after it (greedy: each head's top bytes; sampling: one draft each and its q)."""
+    """One prompt's decoding: its output rules, how it chooses bytes (`sampling`: rows of one batch
+    may differ), its window, the byte due next and the candidates of the heads after it (greedy:
+    each head's top bytes; sampling: one draft each and its q)."""
 
-    def __init__(self, prompt: bytes, out: Output):
-        self.prompt, self.out = prompt, out
+    def __init__(self, prompt: bytes, out: Output, sampling: Sampling | None = None):
+        self.prompt, self.out, self.sampling = prompt, out, sampling or Sampling()
         self.start = 0  # window start, in tokens from the leading EOS
         self.nxt = EOS
         self.cand: list[list[int]] = []  # [depth - 1][rank]
@@ -40,17 +41,46 @@ class Row:
 
 
 class Batch:
-    """The rows being decoded together in one call, and how: cache row b holds rows[active[b]];
-    finished rows stay in the cache (fed, never accepted) until half of them are, then the cache
-    drops them (not on the static step, whose batch shape stays). `profile` learns from the
-    passes and `costs` are calibrated by them (None: not)."""
+    """The rows being decoded together, and how: cache row b holds rows[active[b]]; finished rows
+    stay in the cache (fed, never accepted) until half of them are, then the cache drops them (not
+    on the static step, whose batch shape stays). `profiles` (by whether the row is greedy) learn
+    from the passes and `costs` are calibrated by them (None: not). A batch that serves requests
+    as they come (`bytemtp.serving.engine`) `add`s rows between passes and `remove_finished` ones."""
 
-    def __init__(self, rows: list[Row], cache: KVCache, *, warm: int, sampling: Sampling,
-                 profile: AcceptanceProfile | None, costs: PassCosts | None, static: bool = False):
+    def __init__(self, rows: list[Row], cache: KVCache, *, warm: int,
+                 profiles: dict[bool, AcceptanceProfile] | None, costs: PassCosts | None, static: bool = False):
         self.rows, self.cache, self.warm = rows, cache, warm  # warm: heads whose caches are complete
-        self.sampling, self.profile, self.costs, self.static = sampling, profile, costs, static
+        self.profiles, self.costs, self.static = profiles, costs, static
         self.active = list(range(len(rows)))
         self.finished: set[int] = set()
+
+    @property
+    def greedy(self) -> bool:
+        """Whether every row not finished decodes greedily (then passes may draft trees)."""
+        return all(self.rows[r].sampling.greedy for r in self.active if r not in self.finished)
+
+    def profile(self, row: Row) -> AcceptanceProfile | None:
+        """The acceptance profile that a row's passes teach."""
+        return None if self.profiles is None else self.profiles[row.sampling.greedy]
+
+    def add(self, rows: list[Row]) -> list[int]:
+        """Append rows (their cache rows empty, at the end); their indices in the cache."""
+        self.cache.grow(len(rows))
+        first = len(self.active)
+        self.active.extend(range(len(self.rows), len(self.rows) + len(rows)))
+        self.rows.extend(rows)
+        return list(range(first, first + len(rows)))
+
+    def remove_finished(self) -> list[Row]:
+        """Drop every finished row from the batch and its cache (rows renumbered); the rows dropped."""
+        gone = [self.rows[r] for r in self.active if r in self.finished]
+        if not self.finished:
+            return gone
+        live = [b for b, r in enumerate(self.active) if r not in self.finished]
+        self.cache.keep(live)
+        self.rows = [self.rows[self.active[b]] for b in live]
+        self.active, self.finished = list(range(len(self.rows))), set()
+        return gone
 
     def drop_finished(self) -> None:
         live = [b for b, r in enumerate(self.active) if r not in self.finished]

@@ -178,25 +178,27 @@ class Decoder:
         depths = draft.max_depth(self.model.config.n_future)
         rows = [Row(p, Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
                                 max_bytes=max_bytes, stop=stop,
-                                on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))))
+                                on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))),
+                    sampling)
                 for r, p in enumerate(prompts)]
         if max_bytes == 0:
             for row in rows:
                 row.out.stats.stopped_by = "max_bytes"
         elif rows:
-            self.decode(rows, draft, sampling, max_bytes=max_bytes, cancel=cancel)
+            self.decode(rows, draft, max_bytes=max_bytes, cancel=cancel)
         return [row.out.result(t0) for row in rows]
 
-    def decode(self, rows: list[Row], draft: Draft, sampling: Sampling, *, max_bytes: int,
+    def decode(self, rows: list[Row], draft: Draft, *, max_bytes: int,
                cancel: Callable[[], bool] | None) -> None:
-        """Prefill, then emit and step pass after pass until every row is finished (or `cancel()`)."""
-        greedy, batch_size = sampling.greedy, len(rows)
+        """Prefill, then emit and step pass after pass until every row is finished (or `cancel()`).
+        Rows choose bytes by their own `sampling`; trees are drafted only when all are greedy."""
+        greedy, batch_size = all(row.sampling.greedy for row in rows), len(rows)
         static = self.use_static(batch_size, max_bytes)
         choice = self.last_choice = self.plan(draft, batch_size=batch_size, static=static, greedy=greedy)
         cache = KVCache.for_model(self.model, batch_size=batch_size, max_len=self.model.config.seq_len + MAX_NODES)
-        state = Batch(rows, cache, warm=choice.heads, sampling=sampling, profile=self.profiles[greedy],
-                       static=static, costs=self.calibration.for_run(batch_size, static=static))
-        self.prefill(rows, state.cache, state.warm, sampling)
+        state = Batch(rows, cache, warm=choice.heads, profiles=self.profiles,
+                      static=static, costs=self.calibration.for_run(batch_size, static=static))
+        self.prefill(rows, state.cache, state.warm)
         passes = 0
         while self.emit_next(state):
             if cancel is not None and cancel():
@@ -233,9 +235,10 @@ class Decoder:
                 continue
             path, nxt, cand = verdicts[b]
             gained.append(len(path))
-            if state.profile is not None:  # what the heads got right: the accepted bytes, then head 1's
+            profile = state.profile(row)
+            if profile is not None:  # what the heads got right: the accepted bytes, then head 1's
                 truth = [row.cand[tree.depths[n] - 1][tree.ranks[n]] for n in path[1:]] + [nxt]
-                state.profile.record_pass(row.cand, truth, offered=offered[b], greedy=state.sampling.greedy)
+                profile.record_pass(row.cand, truth, offered=offered[b], greedy=row.sampling.greedy)
             row.stats.heads_used[k] = row.stats.heads_used.get(k, 0) + 1
             if offered[b] not in shapes:
                 shapes[offered[b]] = tree.truncated(offered[b]).describe()
@@ -243,7 +246,7 @@ class Decoder:
             if self.accept(row, b, path, tree, cache, start=starts[b], layers=layers, offered=offered[b]):
                 state.finished.add(r)
                 continue
-            self.propose(row, logits[b, path[-1], :k], nxt, state.sampling, cand)
+            self.propose(row, logits[b, path[-1], :k], nxt, cand)
         state.warm = k
         if state.costs is not None and not (state.static and self.static.last_was_new):  # compiling: not a cost
             state.costs.observe(k, tree.T, time.perf_counter() - t0,
@@ -251,7 +254,7 @@ class Decoder:
 
     # --- the steps of a pass ---------------------------------------------------------------------
 
-    def prefill(self, rows: list[Row], cache: KVCache, heads: int, sampling: Sampling) -> None:
+    def prefill(self, rows: list[Row], cache: KVCache, heads: int) -> None:
         """Run each row's window (EOS + prompt, or its newest part) through the model, right-
         padded into one batch, and take the next byte and the candidates at its last position."""
         model, seq_len = self.model, self.model.config.seq_len
@@ -270,14 +273,15 @@ class Decoder:
                               last=[n - 1 for n in lengths])  # (B, 1, K, V)
         cache.lengths = lengths
         for row, logits_KV in zip(rows, logits[:, 0]):
-            self.propose(row, logits_KV, None, sampling)
+            self.propose(row, logits_KV, None)
             row.stats.forward_passes += 1
 
     @staticmethod
-    def propose(row: Row, logits_KV: torch.Tensor, nxt: int | None, sampling: Sampling,
-                 cand: list[list[int]] | None = None) -> None:
+    def propose(row: Row, logits_KV: torch.Tensor, nxt: int | None, cand: list[list[int]] | None = None) -> None:
         """The next byte (head 1's choice, unless verification already made it) and the heads'
-        candidates after it, from the logits (K, V) at the row's last accepted node."""
+        candidates after it, from the logits (K, V) at the row's last accepted node, by the row's
+        own sampling."""
+        sampling = row.sampling
         if sampling.greedy:
             if cand is None:
                 masked = masked_logits(logits_KV)
@@ -312,12 +316,21 @@ class Decoder:
     def verify(self, logits_BTKV: torch.Tensor, state: Batch, rows: list[Row], tree: DraftTree,
                offered: list[int]) -> list[tuple[list[int], int, list[list[int]] | None]]:
         """For each row of the pass: the accepted path, the byte after it and (greedy) the heads'
-        candidates there, by `verify_greedy` or (sampling, a chain) `verify_sampled`."""
-        if state.sampling.greedy:
-            return self.verify_greedy(logits_BTKV, rows, tree, offered)
-        live = [r not in state.finished for r in state.active]
-        verdicts = self.verify_sampled(logits_BTKV, rows, offered, state.sampling, live)
-        return [(path, nxt, None) for path, nxt in verdicts]
+        candidates there, by `verify_greedy` for greedy rows or (sampling, a chain: a batch with a
+        sampled row drafts chains) `verify_sampled` for the others."""
+        greedy = [row.sampling.greedy for row in rows]
+        out = [None] * len(rows)
+        if any(greedy):
+            b_greedy = [b for b, g in enumerate(greedy) if g]
+            for b, verdict in zip(b_greedy, self.verify_greedy(logits_BTKV[b_greedy], [rows[b] for b in b_greedy],
+                                                                tree, [offered[b] for b in b_greedy])):
+                out[b] = verdict
+        if not all(greedy):
+            live = [r not in state.finished and not g for r, g in zip(state.active, greedy)]
+            for b, (path, nxt) in enumerate(self.verify_sampled(logits_BTKV, rows, offered, live)):
+                if not greedy[b]:
+                    out[b] = (path, nxt, None)
+        return out
 
     def verify_greedy(self, logits_BTKV: torch.Tensor, rows: list[Row], tree: DraftTree,
                       offered: list[int]) -> list[tuple[list[int], int, list[list[int]]]]:
@@ -344,16 +357,16 @@ class Decoder:
 
     @staticmethod
     def verify_sampled(logits_BTKV: torch.Tensor, rows: list[Row], offered: list[int],
-                       sampling: Sampling, live: list[bool]) -> list[tuple[list[int], int]]:
-        """For each row (a chain): the accepted path and the byte after it, by `verify_sampled`.
-        Finished rows draw nothing, so a row's draws do not depend on whether the finished rows
-        of its batch are still in the cache."""
+                       live: list[bool]) -> list[tuple[list[int], int]]:
+        """For each row (a chain): the accepted path and the byte after it, by `verify_sampled`
+        under the row's sampling. Rows not `live` (finished, or greedy) draw nothing, so a row's
+        draws do not depend on whether the finished rows of its batch are still in the cache."""
         out = []
         for b, row in enumerate(rows):
             if not live[b]:
                 out.append(([0], EOS))
                 continue
-            n = offered[b]
+            n, sampling = offered[b], row.sampling
             p = distribution(logits_BTKV[b, :n + 1, 0], sampling)
             n_ok, nxt = verify_sampled(p, row.q, [c[0] for c in row.cand[:n]], sampling.generator)
             out.append((list(range(n_ok + 1)), nxt))
@@ -394,7 +407,7 @@ class Decoder:
                 row.start = moved
                 row.stats.slides += 1
                 view = state.cache.row(b)
-                self.prefill([row], view, state.warm, state.sampling)
+                self.prefill([row], view, state.warm)
                 state.cache.lengths[b] = view.lengths[0]
         return len(state.finished) < len(state.rows)
 
@@ -414,7 +427,7 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5,
             for _ in range(batch_size)]
     cache = KVCache.for_model(model, batch_size=batch_size, max_len=seq_len + MAX_NODES)
     # the dummy rows teach no profile and calibrate nothing
-    state = Batch(rows, cache, warm=n, sampling=Sampling(), profile=None, costs=None, static=static)
+    state = Batch(rows, cache, warm=n, profiles=None, costs=None, static=static)
     device = model.embed.weight.device
     times: dict[tuple[int, int], list[float]] = {key: [] for key in shapes}
     for rep in range(repeats + 1):

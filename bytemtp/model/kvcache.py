@@ -94,6 +94,16 @@ class KVCache:
         self.lengths = [self.lengths[r] for r in rows]
         self.doc_starts = [self.doc_starts[r] for r in rows]
 
+    def grow(self, n: int) -> None:
+        """Append n empty rows (a copy of the cache: rows join a running batch between passes)."""
+        if n <= 0:
+            return
+        extra = (self.k.shape[0], n, *self.k.shape[2:])
+        self.k = torch.cat([self.k, self.k.new_zeros(extra)], dim=1)
+        self.v = torch.cat([self.v, self.v.new_zeros(extra)], dim=1)
+        self.lengths += [0] * n
+        self.doc_starts += [0] * n
+
     def row(self, b: int) -> KVCache:
         """A one-row view of row b: writes of keys and values through it land in this cache; its
         length and document start are its own (copy them back, as the decoder does its length)."""
