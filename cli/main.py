@@ -25,6 +25,7 @@ from .eval_task import eval_task
 from .export import export_cmd
 from .generate import generate_cmd
 from .harness import lm_eval_cmd
+from .serve import serve_cmd
 from .options import (OneLineErrors, check_output_dir, device_option, dtype_option, empty_split_error, json_option,
                       one_target, parse_counts, parse_duration, parse_size, preset_option)
 from .report import echo, table, write_json
@@ -459,6 +460,7 @@ main.add_command(generate_cmd)
 main.add_command(bench)
 main.add_command(eval_task)
 main.add_command(lm_eval_cmd)
+main.add_command(serve_cmd)
 main.add_command(export_cmd)
 main.add_command(prep_cmd)
 main.add_command(verify_cmd)

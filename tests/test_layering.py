@@ -22,9 +22,10 @@ FLOOR = {
     "evaluation": 5,
     "training": 6,
     "interop": 7,
-    "bench": 8,
-    "sweep": 9,
-    "quality": 10,
+    "serving": 8,
+    "bench": 9,
+    "sweep": 10,
+    "quality": 11,
 }
 # run or shipped on their own: they import nothing from bytemtp
 STANDALONE = {"evaluation.guard", "interop.remote_code"}

@@ -112,3 +112,20 @@ def test_rolling_loglikelihood_equals_eval_sums_over_the_same_bytes(tmp_path):
     nats = res.bpb[0] * res.bytes * LN2
     got, = rolling_loglikelihoods(model, [text.encode()], batch_size=2)
     assert -got == pytest.approx(nats, rel=1e-5)
+
+
+def test_byte_logprobs_sum_to_the_rolling_loglikelihood_and_rank_the_top_ids():
+    from bytemtp.evaluation.likelihood import byte_logprobs
+
+    model = tiny_model(seq_len=16).eval()
+    texts = [b"", b"ab", bytes(range(40)), b"hello world, hello world!" * 2]
+    got = byte_logprobs(model, texts, top=3, batch_size=3)
+    for text, lp, total in zip(texts, got, rolling_loglikelihoods(model, texts)):
+        assert len(lp.logprobs) == len(lp.top) == len(text)
+        assert sum(lp.logprobs) == pytest.approx(total, abs=1e-4)
+        for byte, value, best in zip(text, lp.logprobs, lp.top):
+            assert len(best) == 3 and best[0][1] >= best[1][1] >= best[2][1] >= value - 1e-6 or \
+                byte in [i for i, _ in best]
+    # one text alone scores as it does among others
+    alone = byte_logprobs(model, [texts[2]], top=0)[0]
+    assert alone.logprobs == pytest.approx(got[2].logprobs, abs=1e-5) and alone.top == [[]] * 40

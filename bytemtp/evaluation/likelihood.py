@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from bytemtp.decoding.sampling import greedy_ids
+from bytemtp.decoding.sampling import greedy_ids, masked_logits
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.vocab import EOS
@@ -63,6 +63,35 @@ def windows(context: bytes, continuation: bytes, *, seq_len: int, request: int =
     return out
 
 
+def _scored(model: ByteMTP, wins: list[Window], *, batch_size: int,
+            progress: Callable[[int], None] | None):
+    """Each window's index in `wins` with the logits (T, V) and log-probabilities (T, V), float32,
+    of its scored positions: windows batched longest first and right-padded (see the module
+    docstring)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} is not allowed; expected >= 1")
+    device = model.embed.weight.device
+    was_training = model.training
+    model.eval()
+    try:
+        order = sorted(range(len(wins)), key=lambda i: -len(wins[i].inputs))
+        for first in range(0, len(order), batch_size):
+            batch = [wins[i] for i in order[first:first + batch_size]]
+            ids_BT = torch.full((len(batch), len(batch[0].inputs)), EOS, dtype=torch.long)
+            for r, w in enumerate(batch):
+                ids_BT[r, :len(w.inputs)] = torch.tensor(w.inputs)
+            ids_BT = ids_BT.to(device)
+            logits_BTV = model.logits(ids_BT, heads=1, layout=build_layout(model, ids_BT))[:, :, 0].float()
+            logp_BTV = torch.log_softmax(logits_BTV, dim=-1)
+            for r, w in enumerate(batch):
+                scored = slice(w.first, w.first + len(w.targets))
+                yield order[first + r], logits_BTV[r, scored], logp_BTV[r, scored]
+            if progress is not None:
+                progress(len(batch))
+    finally:
+        model.train(was_training)
+
+
 @torch.inference_mode()
 def score_windows(model: ByteMTP, wins: list[Window], n_requests: int, *, batch_size: int = 8,
                   progress: Callable[[int], None] | None = None) -> list[tuple[float, bool]]:
@@ -70,31 +99,45 @@ def score_windows(model: ByteMTP, wins: list[Window], n_requests: int, *, batch_
 
     Log-probabilities are taken over the whole padded vocabulary in float32 (as the loss and
     `bytemtp eval` take them) and summed in float64."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} is not allowed; expected >= 1")
-    device = model.embed.weight.device
     logprob = [0.0] * n_requests
     greedy = [True] * n_requests
-    was_training = model.training
-    model.eval()
-    order = sorted(range(len(wins)), key=lambda i: -len(wins[i].inputs))
-    for first in range(0, len(order), batch_size):
-        batch = [wins[i] for i in order[first:first + batch_size]]
-        ids_BT = torch.full((len(batch), len(batch[0].inputs)), EOS, dtype=torch.long)
-        for r, w in enumerate(batch):
-            ids_BT[r, :len(w.inputs)] = torch.tensor(w.inputs)
-        ids_BT = ids_BT.to(device)
-        logits_BTV = model.logits(ids_BT, heads=1, layout=build_layout(model, ids_BT))[:, :, 0].float()
-        logp_BTV = torch.log_softmax(logits_BTV, dim=-1)
-        for r, w in enumerate(batch):
-            positions = torch.arange(w.first, w.first + len(w.targets), device=device)
-            targets = torch.tensor(w.targets, device=device)
-            logprob[w.request] += float(logp_BTV[r, positions, targets].double().sum())
-            greedy[w.request] &= bool((greedy_ids(logits_BTV[r, positions]) == targets).all())
-        if progress is not None:
-            progress(len(batch))
-    model.train(was_training)
+    for i, logits_TV, logp_TV in _scored(model, wins, batch_size=batch_size, progress=progress):
+        w = wins[i]
+        targets = torch.tensor(w.targets, device=logp_TV.device)
+        logprob[w.request] += float(logp_TV[torch.arange(len(targets)), targets].double().sum())
+        greedy[w.request] &= bool((greedy_ids(logits_TV) == targets).all())
     return list(zip(logprob, greedy))
+
+
+@dataclass(frozen=True)
+class ByteLogprobs:
+    """Per byte of a text: log p(byte | EOS and the bytes before it, in the window's context), in
+    nats, and the `top` likeliest ids there (among those decoding may emit) with theirs."""
+
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]
+
+
+@torch.inference_mode()
+def byte_logprobs(model: ByteMTP, texts: list[bytes], *, top: int = 0, batch_size: int = 8) -> list[ByteLogprobs]:
+    """The log-probability of every byte of each text, each a new document (after EOS), scored in
+    the windows of `rolling_loglikelihoods` (whose sum over a text this is), with the `top`
+    likeliest ids at each position: what an OpenAI-style `echo` + `logprobs` request asks."""
+    wins = [w for i, t in enumerate(texts) for w in windows(b"", t, seq_len=model.config.seq_len, request=i)]
+    scored: list = [None] * len(wins)
+    for i, _, logp_TV in _scored(model, wins, batch_size=batch_size, progress=None):
+        targets = torch.tensor(wins[i].targets, device=logp_TV.device)
+        values = logp_TV[torch.arange(len(targets)), targets].tolist()
+        best: list[list[tuple[int, float]]] = [[] for _ in values]
+        if top:
+            lp, ids = masked_logits(logp_TV).topk(min(top, logp_TV.shape[-1]), dim=-1)
+            best = [list(zip(i, v)) for i, v in zip(ids.tolist(), lp.tolist())]
+        scored[i] = (values, best)
+    out = [ByteLogprobs([], []) for _ in texts]
+    for w, (values, best) in zip(wins, scored):  # a text's windows follow each other, in order
+        out[w.request].logprobs.extend(values)
+        out[w.request].top.extend(best)
+    return out
 
 
 def loglikelihoods(model: ByteMTP, pairs: list[tuple[bytes, bytes]], *, batch_size: int = 8,

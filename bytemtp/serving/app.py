@@ -1,0 +1,357 @@
+"""The HTTP side of `bytemtp serve`: an OpenAI-compatible completions endpoint on aiohttp.
+
+aiohttp is the stack: one well-kept package that is both an asyncio HTTP server and a client,
+with server-sent events as a plain streamed response, a body-size limit, and handler
+cancellation when a client disconnects, which is how a gone client cancels its rows. It parses
+HTTP; this module only routes, checks requests (`protocol`) and bridges to the decoding thread
+(`engine.Engine`): a job's callbacks, called on that thread, hand its events to the event loop
+with `call_soon_threadsafe`.
+
+Routes: `POST /v1/completions` (plain, `stream`, `echo`, `logprobs`, `n`, a list of prompts),
+`GET /v1/models`, `GET /health`, and the tokenizer pair that lm-evaluation-harness's remote
+tokenizer asks for, `GET /tokenizer_info` and `POST /tokenize` (with `POST /detokenize`): ids
+are bytes, and the special names in the text `/tokenize` reads become their ids, as a Hugging Face
+tokenizer parses special tokens. Every error is an OpenAI-style JSON body: 400 for a bad field
+(named), 404 for an unknown model or route, 413 past the prompt limit, 503 when the queue is
+full; an unexpected fault is a 500 whose body says what failed, never a traceback.
+
+Log-probabilities are those of the next-byte head at temperature 1 (the model's own
+distribution, whatever the sampling settings), scored over the prompt and the output once the
+output is done; with `stream` they come in the last chunk of each choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import signal
+import threading
+import time
+from typing import Any
+
+from aiohttp import web
+
+import torch
+
+from bytemtp.decoding.generation import Generation
+from bytemtp.decoding.sampling import Sampling
+from bytemtp.serving.engine import Engine, GenerateJob, QueueFull, ScoreJob
+from bytemtp.serving.protocol import (ApiError, Completion, StreamText, error_body, finish_reason, logprobs_body,
+                                      parse_completion, trim_stop)
+from bytemtp.vocab import EOS, SPECIAL_NAMES
+
+log = logging.getLogger("bytemtp.serve")
+
+
+class Server:
+    """The routes over one engine (see the module docstring)."""
+
+    def __init__(self, engine: Engine, *, model_name: str, max_prompt_bytes: int = 65536):
+        self.engine, self.model_name, self.max_prompt_bytes = engine, model_name, max_prompt_bytes
+        self.created = int(time.time())
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_errors], client_max_size=8 * self.max_prompt_bytes + (1 << 20))
+        app.add_routes([web.post("/v1/completions", self.completions), web.get("/v1/models", self.models),
+                        web.get("/health", self.health), web.get("/tokenizer_info", self.tokenizer_info),
+                        web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize)])
+        return app
+
+    # --- small routes ---------------------------------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        cfg = self.engine.model.config
+        return web.json_response({"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": self.created, "owned_by": "bytemtp",
+            "max_model_len": cfg.seq_len, "n_future": cfg.n_future}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        st = self.engine.stats
+        return web.json_response({"status": "ok", "running": self.engine.running, "queued": self.engine.queued,
+                                  "requests": st.requests, "bytes_out": st.bytes_out, "passes": st.passes,
+                                  "mean_batch": round(st.mean_batch, 3)})
+
+    async def tokenizer_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"tokenizer": "bytes", "vocab_size": 256 + len(SPECIAL_NAMES),
+                                  "eos_token": SPECIAL_NAMES[EOS], "bos_token": None, "pad_token": None,
+                                  "model_max_length": self.engine.model.config.seq_len})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        text = body.get("prompt", body.get("text")) if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            raise ApiError(400, "the field 'prompt' (a string) is required", param="prompt")
+        ids: list[int] = []
+        for k, part in enumerate(text.split(SPECIAL_NAMES[EOS])):
+            ids += [EOS] * (k > 0) + list(part.encode("utf-8", "surrogatepass"))
+        return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": self.engine.model.config.seq_len})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        ids = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(ids, list) or not all(isinstance(i, int) and (0 <= i < 256 or i in SPECIAL_NAMES) for i in ids):
+            raise ApiError(400, "the field 'tokens' is a list of ids (0..255 and the special ids)", param="tokens")
+        data = bytearray()
+        out = []
+        for i in ids:  # bytes as UTF-8, special ids by name
+            if i in SPECIAL_NAMES:
+                out.append(data.decode("utf-8", "replace") + SPECIAL_NAMES[i])
+                data = bytearray()
+            else:
+                data.append(i)
+        text = "".join(out) + data.decode("utf-8", "replace")
+        return web.json_response({"prompt": text})
+
+    # --- completions ----------------------------------------------------------------------------
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        req = parse_completion(await _json(request), model_name=self.model_name,
+                               max_prompt_bytes=self.max_prompt_bytes)
+        rid, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
+        runs = [_Run(self, req, index=p * req.n + j, prompt=p, seed=_seed(req.seed, j))
+                for p in range(len(req.prompts)) for j in range(req.n)]
+        try:
+            for run in runs:
+                run.submit()
+            if req.stream:
+                return await self._stream(request, req, runs, rid, created)
+            results = [await run.finish() for run in runs]
+        finally:
+            for run in runs:
+                run.cancel()  # a client gone mid-request (the handler is cancelled) frees its rows
+        usage = _usage(req, runs)
+        return web.json_response({"id": rid, "object": "text_completion", "created": created,
+                                  "model": self.model_name, "choices": results, "usage": usage})
+
+    async def _stream(self, request: web.Request, req: Completion, runs: list[_Run], rid: str,
+                      created: int) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        head = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name}
+
+        async def send(choice: dict | None, usage: dict | None = None) -> None:
+            chunk = {**head, "choices": [] if choice is None else [choice]}
+            if usage is not None:
+                chunk["usage"] = usage
+            await response.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
+
+        merged: asyncio.Queue = asyncio.Queue()
+        for run in runs:
+            run.forward_to(merged)
+        if req.echo:
+            for run in runs:
+                await send({"index": run.index, "text": run.prompt_text(), "logprobs": None, "finish_reason": None})
+        open_runs = len(runs)
+        while open_runs:
+            run, kind, value = await merged.get()
+            if kind == "bytes":
+                text = run.stream.push(value)
+                if text:
+                    await send({"index": run.index, "text": text, "logprobs": None, "finish_reason": None})
+                continue
+            open_runs -= 1
+            try:
+                choice = await run.finish()  # with logprobs, those of the whole choice come in its last chunk
+            except ApiError as e:  # the headers are out: the fault goes in the stream
+                await response.write(f"data: {json.dumps(error_body(e.status, e.message, kind=e.kind))}\n\n".encode())
+                continue
+            await send({"index": run.index, "text": run.stream.finish(run.generation.stats.stopped_by),
+                        "logprobs": choice["logprobs"], "finish_reason": choice["finish_reason"]})
+        if req.include_usage:
+            await send(None, _usage(req, runs))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+class _Run:
+    """One choice of a request: its job in the engine and the events it has heard."""
+
+    def __init__(self, server: Server, req: Completion, *, index: int, prompt: int, seed: int):
+        self.server, self.req, self.index, self.p, self.seed = server, req, index, prompt, seed
+        self.loop = asyncio.get_running_loop()
+        self.done: asyncio.Future = self.loop.create_future()
+        self.sink: asyncio.Queue | None = None
+        self.stream = StreamText(req.stop)
+        self.generation: Generation | None = None
+        self.job: GenerateJob | ScoreJob | None = None
+
+    @property
+    def prompt(self) -> bytes:
+        return self.req.prompts[self.p]
+
+    def prompt_text(self) -> str:
+        return self.prompt.decode("utf-8", "replace")
+
+    def _call(self, fn, *args) -> None:
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: the server is stopping
+            pass
+
+    def submit(self) -> None:
+        req = self.req
+        generator = torch.Generator(device=self.server.engine.model.embed.weight.device).manual_seed(self.seed)
+        sampling = Sampling(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, generator=generator)
+        self.job = GenerateJob(self.prompt, req.max_tokens, sampling, req.stop,
+                               on_bytes=lambda piece: self._call(self._piece, piece),
+                               on_done=lambda g: self._call(self._settle, g, None),
+                               on_error=lambda message: self._call(self._settle, None, message))
+        self._submit(self.job)
+
+    def _submit(self, job) -> None:
+        try:
+            self.server.engine.submit(job)
+        except QueueFull as e:
+            raise ApiError(503, f"the server is busy: {e}; try again later") from None
+
+    def forward_to(self, sink: asyncio.Queue) -> None:
+        self.sink = sink
+
+    def _piece(self, piece: bytes) -> None:
+        if self.sink is not None:
+            self.sink.put_nowait((self, "bytes", piece))
+
+    def _settle(self, generation: Generation | None, message: str | None) -> None:
+        if self.done.done():
+            return
+        if message is not None:
+            self.done.set_exception(ApiError(500, message))
+        else:
+            self.generation = generation
+            self.done.set_result(generation)
+        if self.sink is not None:
+            self.sink.put_nowait((self, "done", None))
+
+    def cancel(self) -> None:
+        if self.job is not None:
+            self.job.cancel()
+
+    async def finish(self) -> dict:
+        """The choice's body, once its generation (and, when asked, its scoring) is done."""
+        generation = await self.done
+        req = self.req
+        out = trim_stop(generation.output, req.stop, generation.stats.stopped_by)
+        self.completion_bytes = len(out)
+        text = (self.prompt_text() if req.echo else "") + out.decode("utf-8", "replace")
+        logprobs = None
+        if req.logprobs is not None:
+            logprobs = await self._logprobs(out)
+        return {"index": self.index, "text": text, "logprobs": logprobs,
+                "finish_reason": finish_reason(generation.stats.stopped_by)}
+
+    async def _logprobs(self, out: bytes) -> dict:
+        req, prompt = self.req, self.prompt
+        scored: asyncio.Future = self.loop.create_future()
+
+        def settle(result, message):
+            if not scored.done():
+                scored.set_exception(ApiError(500, message)) if message else scored.set_result(result)
+
+        self.job = ScoreJob([prompt + out], req.logprobs, on_done=lambda r: self._call(settle, r, None),
+                            on_error=lambda m: self._call(settle, None, m))
+        self._submit(self.job)
+        result = (await scored)[0]
+        first = 0 if req.echo else len(prompt)
+        ids = list((prompt + out)[first:])
+        values: list[float | None] = result.logprobs[first:]
+        top: list = [list(t) for t in result.top[first:]]
+        text = (prompt if req.echo else b"") + out
+        if req.echo and req.leading_eos[self.p]:  # the EOS the client sent first: no prediction
+            ids, values, top = [EOS] + ids, [None] + values, [None] + top
+        return logprobs_body(ids, values, top, text=text)
+
+
+def _seed(seed: int | None, j: int) -> int:
+    return secrets.randbelow(2 ** 62) if seed is None else seed + j
+
+
+def _usage(req: Completion, runs: list[_Run]) -> dict:
+    prompt = sum(len(p) + lead for p, lead in zip(req.prompts, req.leading_eos))
+    completion = sum(getattr(run, "completion_bytes", 0) for run in runs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _json(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not JSON: {e}") from None
+
+
+@web.middleware
+async def _errors(request: web.Request, handler) -> web.StreamResponse:
+    """Every refusal and fault as an OpenAI-style JSON error body."""
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return web.json_response(error_body(e.status, e.message, kind=e.kind, param=e.param), status=e.status)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        kind = "invalid_request_error" if e.status < 500 else "server_error"
+        return web.json_response(error_body(e.status, e.reason or "error", kind=kind), status=e.status)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as e:
+        log.exception("request failed")
+        return web.json_response(error_body(500, f"{type(e).__name__}: {e}", kind="server_error"), status=500)
+
+
+class Running:
+    """A server on a background thread (tests, benchmarks, notebooks): `url` once started."""
+
+    def __init__(self, server: Server, *, host: str = "127.0.0.1", port: int = 0):
+        self.server, self.host, self.port = server, host, port
+        self.url = ""
+        self._started = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._main, name="bytemtp-http", daemon=True)
+
+    def _main(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        runner = web.AppRunner(self.server.app(), handler_cancellation=True, access_log=None)
+        self._loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, self.host, self.port)
+        self._loop.run_until_complete(site.start())
+        port = runner.addresses[0][1]
+        self.url = f"http://{self.host}:{port}"
+        self._stop = asyncio.Event()
+        self._started.set()
+        self._loop.run_until_complete(self._stop.wait())
+        self._loop.run_until_complete(runner.cleanup())
+        self._loop.close()
+
+    def __enter__(self) -> Running:
+        self.server.engine.start() if self.server.engine._thread is None else None
+        self._thread.start()
+        self._started.wait(30)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+        self.server.engine.close()
+
+
+def serve(server: Server, *, host: str, port: int, announce=lambda url: None) -> None:
+    """Serve until Ctrl-C or SIGTERM (which stop it cleanly); `announce(url)` once listening
+    (with port 0, on the port the system chose)."""
+
+    async def main() -> None:
+        runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        announce(f"http://{host}:{runner.addresses[0][1]}")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())

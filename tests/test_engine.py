@@ -1,0 +1,175 @@
+"""Continuous batching (bytemtp.serving.engine) against decoding each prompt alone: requests that
+join and leave the running batch between passes, greedy beside sampled rows, cancelled rows,
+a full queue, and scoring jobs between passes."""
+
+import threading
+import time
+
+import pytest
+import torch
+from doubles import FITTED, SONGS, fitted_model, tiny_model
+
+from bytemtp.decoding import decode
+from bytemtp.decoding.drafting import PassCosts
+from bytemtp.decoding.sampling import Sampling
+from bytemtp.decoding.strategy import Draft
+from bytemtp.evaluation.likelihood import byte_logprobs
+from bytemtp.serving.engine import Engine, GenerateJob, QueueFull, ScoreJob, batch_buckets
+
+_FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})  # drafting is free: speculate
+
+
+class _Collect:
+    """A job's events, and a way to wait for its end."""
+
+    def __init__(self):
+        self.pieces, self.result, self.error, self.event = [], None, None, threading.Event()
+
+    def job(self, prompt, max_bytes, sampling=None, **kw):
+        return GenerateJob(prompt, max_bytes, sampling or Sampling(), on_bytes=self.pieces.append,
+                           on_done=self._done, on_error=self._error, **kw)
+
+    def _done(self, result):
+        self.result = result
+        self.event.set()
+
+    def _error(self, message):
+        self.error = message
+        self.event.set()
+
+    def wait(self, timeout=60):
+        assert self.event.wait(timeout), "the job never finished"
+        return self.result
+
+
+def _engine(model, **kw):
+    engine = Engine(model, decoder=decode.Decoder(model, costs=_FLAT), **kw)
+    engine.start()
+    return engine
+
+
+def test_batch_buckets():
+    assert batch_buckets(1) == [1] and batch_buckets(8) == [1, 2, 4, 8] and batch_buckets(6) == [1, 2, 4, 6]
+
+
+@pytest.mark.slow
+@FITTED
+@pytest.mark.parametrize("draft", [Draft(), Draft(8), Draft.plain()])
+def test_requests_joining_a_running_batch_equal_each_prompt_decoded_alone(draft):
+    model = fitted_model(0, "transformer")
+    prompts = [SONGS[0][:5], b"", SONGS[1][:3], b"la la", SONGS[2], b"one two", b"\x00\xff", SONGS[0]]
+    lengths = [40, 7, 90, 1, 30, 55, 12, 70]  # some slide past the 64-byte context
+    engine = _engine(model, max_batch=3, draft=draft)
+    try:
+        got = []
+        for i, (prompt, n) in enumerate(zip(prompts, lengths)):
+            got.append(_Collect())
+            engine.submit(got[-1].job(prompt, n))
+            if i % 3 == 1:
+                time.sleep(0.05)  # later ones join a batch already decoding
+        for c, prompt, n in zip(got, prompts, lengths):
+            result = c.wait()
+            plain = decode.generate(model, prompt, max_bytes=n)
+            assert result.output == plain.output and b"".join(c.pieces) == plain.output
+            assert result.stats.stopped_by == plain.stats.stopped_by
+        assert engine.stats.requests == len(prompts) and engine.running == 0
+        assert 1 < engine.stats.mean_batch <= 3  # rows ran together, never more than max_batch
+        if draft != Draft.plain():
+            assert engine.stats.bytes_out > engine.stats.passes  # drafts were accepted
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+@FITTED
+def test_greedy_rows_beside_sampled_rows_are_unchanged_and_sampling_repeats_from_its_seed():
+    model = fitted_model(1, "transformer")
+    engine = _engine(model, max_batch=4, draft=Draft(4))
+    try:
+        def sampled(seed):
+            return Sampling(temperature=0.8, generator=torch.Generator().manual_seed(seed))
+
+        runs = [(_Collect(), SONGS[i % 3][:4], sampled(i) if i % 2 else None) for i in range(4)]
+        for c, prompt, s in runs:
+            engine.submit(c.job(prompt, 30, s))
+        for c, prompt, s in runs[0::2]:
+            assert c.wait().output == decode.generate(model, prompt, max_bytes=30).output
+        alone = _Collect()
+        engine.submit(alone.job(runs[1][1], 30, sampled(1)))  # the same seed, decoded alone
+        assert alone.wait().output == runs[1][0].wait().output
+    finally:
+        engine.close()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_cancelled_job_leaves_the_batch_and_the_others_go_on():
+    model = tiny_model().eval()
+    engine = _engine(model, max_batch=2, draft=Draft.plain())
+    try:
+        long, short = _Collect(), _Collect()
+        long_job = long.job(b"a", 100000)
+        engine.submit(long_job)
+        engine.submit(short.job(b"b", 20))
+        assert short.wait().output == decode.generate(model, b"b", max_bytes=20).output
+        while not long.pieces:
+            time.sleep(0.01)
+        long_job.cancel()
+        result = long.wait()
+        assert result.stats.stopped_by == "cancelled" and 0 < len(result.output) < 100000
+        assert engine.running == 0 and engine.stats.cancelled == 1
+    finally:
+        engine.close()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_full_queue_refuses_and_a_closed_engine_fails_what_waits():
+    model = tiny_model().eval()
+    engine = Engine(model, max_batch=1, max_queue=2, decoder=decode.Decoder(model, costs=_FLAT))  # not started
+    waiting = [_Collect(), _Collect()]
+    for c in waiting:
+        engine.submit(c.job(b"x", 5))
+    with pytest.raises(QueueFull, match="2 requests are waiting"):
+        engine.submit(_Collect().job(b"x", 5))
+    engine.start()
+    for c in waiting:
+        assert c.wait().output == decode.generate(model, b"x", max_bytes=5).output
+    engine.close()
+    with pytest.raises(QueueFull, match="shutting down"):
+        engine.submit(_Collect().job(b"x", 5))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_scoring_jobs_run_between_passes_and_equal_byte_logprobs():
+    model = tiny_model(seq_len=16).eval()
+    engine = _engine(model, max_batch=2)
+    try:
+        gen, done = _Collect(), threading.Event()
+        engine.submit(gen.job(b"z", 50))
+        got = {}
+        texts = [b"hello", b"a longer text than the context holds"]
+        engine.submit(ScoreJob(texts, top=2, on_done=lambda r: (got.setdefault("r", r), done.set())))
+        assert done.wait(60)
+        for a, b in zip(got["r"], byte_logprobs(model, texts, top=2)):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6) and [t[0][0] for t in a.top] == [t[0][0] for t in b.top]
+        assert gen.wait().output == decode.generate(model, b"z", max_bytes=50).output
+    finally:
+        engine.close()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_fault_in_a_pass_fails_its_requests_not_the_engine(monkeypatch):
+    model = tiny_model().eval()
+    engine = _engine(model, max_batch=2, draft=Draft.plain())
+    try:
+        broken = _Collect()
+        real = engine.decoder.step
+        monkeypatch.setattr(engine.decoder, "step", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+        engine.submit(broken.job(b"a", 50))
+        broken.wait()
+        assert "RuntimeError: boom" in broken.error
+        monkeypatch.setattr(engine.decoder, "step", real)
+        fine = _Collect()
+        engine.submit(fine.job(b"a", 10))
+        assert fine.wait().output == decode.generate(model, b"a", max_bytes=10).output
+    finally:
+        engine.close()
