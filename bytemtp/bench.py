@@ -322,6 +322,73 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
             "all_identical": all(c["identical"] for c in cases), "cases": cases}
 
 
+def _rss_mb() -> float:
+    """This process's resident memory, MB (Linux; NaN elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        return float("nan")
+
+
+def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes: int = 128, max_bytes: int = 256,
+                rounds: int = 3, load_s: float = 0.0, load_clients: int = 16, draft: Draft = Draft(),
+                device: str = "cpu", eval_batches: int = 10, progress=None) -> dict:
+    """Streaming clients against `bytemtp serve` on loopback, in this process: for each count of
+    clients, every held-out prompt streamed once (the prompts shared out among the clients, each
+    client's in turn), in interleaved rounds; bytes a second over all clients, the ratio to the
+    first count in the same round, time to first byte, and every completion checked against that
+    prompt decoded alone (plain greedy). With `load_s`, then `load_clients` clients stream for
+    that long, and the process's memory is read before and after."""
+    from bytemtp.serving.app import Running, Server
+    from bytemtp.serving.engine import Engine
+    from bytemtp.serving.load import run_load
+
+    say = progress or (lambda line: None)
+    dev = torch.device(device)
+    model, cfg = load_model(ckpt, device=dev)
+    pairs = val_continuations(cfg.data.path, n=n_prompts, prompt_bytes=prompt_bytes, continuation_bytes=max_bytes)
+    prompts = [p for p, _ in pairs]
+    say(f"decoding {len(prompts)} prompts alone (plain greedy), the reference")
+    expected = [decode.generate(model, p, max_bytes=max_bytes).output.decode("utf-8", "replace") for p in prompts]
+    engine = Engine(model, max_batch=max(*clients, load_clients if load_s else 1), max_queue=4 * load_clients,
+                    draft=draft)
+    engine.start(progress=say)
+    out: dict = {"ckpt": str(ckpt), "device": str(dev), "prompts": len(prompts), "max_bytes": max_bytes,
+                 "rounds": rounds, "draft": str(draft), "max_batch": engine.max_batch, "cases": {}}
+    with Running(Server(engine, model_name="bench")) as server:
+        def load(n, **kw):
+            return run_load(server.url, model="bench", prompts=prompts, expected=expected, clients=n,
+                            max_tokens=max_bytes, **kw)
+
+        say("warm-up")
+        load(max(clients), per_client=1)
+        by_count: dict[int, list[dict]] = {n: [] for n in clients}
+        for r in range(rounds):
+            for n in clients:
+                say(f"round {r + 1}: {n} clients")
+                by_count[n].append(load(n, per_client=-(-len(prompts) // n)).to_json())
+        for n, runs in by_count.items():
+            ratios = [a["bytes_per_s"] / b["bytes_per_s"] for a, b in zip(runs, by_count[clients[0]])]
+            out["cases"][n] = {"runs": runs, "bytes_per_s": statistics.median(x["bytes_per_s"] for x in runs),
+                               "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                               "ttfb_p50_s": statistics.median(x["ttfb_p50_s"] for x in runs),
+                               "ttfb_p95_s": statistics.median(x["ttfb_p95_s"] for x in runs),
+                               "mismatches": sum(x["mismatches"] for x in runs), "errors": sum(x["errors"] for x in runs)}
+        if load_s:
+            say(f"load: {load_clients} clients for {load_s:.0f} s")
+            rss0 = _rss_mb()
+            report = load(load_clients, duration_s=load_s)
+            out["load"] = {**report.to_json(), "rss_mb_before": round(rss0, 1), "rss_mb_after": round(_rss_mb(), 1),
+                           "engine_requests": engine.stats.requests, "engine_errors": engine.stats.errors}
+        out["mean_batch"] = round(engine.stats.mean_batch, 2)
+        out["bytes_per_row_pass"] = round(engine.stats.bytes_out / max(1, engine.stats.rows_in_passes), 3)
+    ev = (evaluate(model, cfg.data.path, split=held_out_split(cfg.data.path), batches=eval_batches, device=dev)
+          if eval_batches else None)
+    out["val_bpb"] = ev.bpb[0] if ev else None
+    return out
+
+
 def all_benchmarks(*, ckpt: str, data: str = "data/corpus/stdlib", preset_name: str = "small",
                    device: str = "cpu", n_prompts: int = 16, eval_batches: int = 20, progress=None) -> dict:
     """The training step, the loader, decoding and evaluation in one run (under two minutes on

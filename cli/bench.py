@@ -13,7 +13,7 @@ from bytemtp.quality import ARMS, DEFAULT_ARMS
 
 from . import report
 from .options import (OneLineErrors, check_output_dir, compile_option, device_option, empty_split_error, json_option,
-                      parse_batch_sizes, parse_modes, preset_option)
+                      parse_batch_sizes, parse_duration, parse_modes, preset_option)
 from .report import echo, table, write_json
 
 
@@ -132,6 +132,58 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
     write_json(json_path, res)
     if not res["all_identical"]:
         raise click.ClickException("speculative output differs from plain greedy output")
+
+
+@bench.command("serve")
+@click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
+@click.option("--clients", default="1,8", show_default=True,
+              help="Comma-separated counts of concurrent streaming clients; the first is the baseline of the ratio.")
+@click.option("--n-prompts", default=16, show_default=True, type=click.IntRange(1),
+              help="Held-out prompts (cut from the val split), each streamed once per count and round.")
+@click.option("--prompt-bytes", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--max-bytes", default=256, show_default=True, type=click.IntRange(1), help="Bytes each completion writes.")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1), help="Interleaved rounds.")
+@click.option("--load", "load_time", default="0s", show_default=True,
+              help="Then stream from --load-clients clients for this long (e.g. 60s), checking every byte and the memory.")
+@click.option("--load-clients", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--draft", default="auto", show_default=True, help="The server's draft (a decode mode name).")
+@device_option("cpu")
+@json_option()
+def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_bytes: int, rounds: int,
+                load_time: str, load_clients: int, draft: str, device: str, json_path: str | None) -> None:
+    """Concurrent streaming clients against `bytemtp serve` on loopback: aggregate bytes/s against
+    one client, time to first byte, every byte checked against solo decoding; then a timed load."""
+    from bytemtp.bench import serve_speed
+    from bytemtp.decoding.strategy import Draft
+
+    counts = parse_batch_sizes(clients)
+    try:
+        policy = Draft.parse(draft)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--draft") from None
+    try:
+        res = serve_speed(ckpt, clients=counts, n_prompts=n_prompts, prompt_bytes=prompt_bytes, max_bytes=max_bytes,
+                          rounds=rounds, load_s=parse_duration(load_time), load_clients=load_clients, draft=policy,
+                          device=device, progress=lambda line: click.echo(line, err=True))
+    except ValueError as e:
+        raise empty_split_error(e, "the checkpoint's corpus needs a val split") from None
+    bpb = f"; model val bits/byte {res['val_bpb']:.3f}" if res["val_bpb"] is not None else ""
+    echo(f"{res['prompts']} held-out prompts, {res['max_bytes']} bytes each, {res['rounds']} interleaved rounds, "
+         f"draft {res['draft']}, max batch {res['max_batch']}, {res['device']}{bpb}")
+    rows = [(n, f"{c['bytes_per_s']:.0f}", f"{c['ratio']:.2f} ({c['ratio_min']:.2f}-{c['ratio_max']:.2f})",
+             f"{c['ttfb_p50_s'] * 1e3:.0f} / {c['ttfb_p95_s'] * 1e3:.0f}", c["mismatches"], c["errors"])
+            for n, c in res["cases"].items()]
+    echo(table(rows, ("clients", "bytes/s", f"over {counts[0]}", "first byte p50 / p95 ms", "mismatches", "errors")))
+    if "load" in res:
+        ld = res["load"]
+        echo(f"load: {ld['clients']} clients for {ld['wall_s']:.0f} s: {ld['completions']} completions, "
+             f"{ld['bytes_out']} bytes ({ld['bytes_per_s']:.0f}/s), {ld['mismatches']} mismatches, {ld['errors']} errors; "
+             f"memory {ld['rss_mb_before']:.0f} -> {ld['rss_mb_after']:.0f} MB")
+    write_json(json_path, res)
+    bad = sum(c["mismatches"] + c["errors"] for c in res["cases"].values())
+    bad += res.get("load", {}).get("mismatches", 0) + res.get("load", {}).get("errors", 0)
+    if bad:
+        raise click.ClickException(f"{bad} completions differed from solo decoding or failed")
 
 
 @bench.command("all")

@@ -26,7 +26,7 @@ def _draft(ctx: click.Context, param: click.Parameter, value: str) -> Draft:
 @click.option("--max-batch", default=8, show_default=True, type=click.IntRange(1),
               help="Requests decoded together at most; more wait in the queue.")
 @click.option("--max-queue", default=64, show_default=True, type=click.IntRange(0),
-              help="Requests that may wait; past it a request gets 503.")
+              help="Requests that may wait beyond the running batch; past it a request gets 503.")
 @click.option("--max-prompt-bytes", default=65536, show_default=True, type=click.IntRange(1),
               help="Longest prompt accepted (413 past it); the window slides past the context.")
 @click.option("--draft", "draft", default="auto", show_default=True, callback=_draft,

@@ -125,10 +125,10 @@ def test_a_cancelled_job_leaves_the_batch_and_the_others_go_on():
 def test_a_full_queue_refuses_and_a_closed_engine_fails_what_waits():
     model = tiny_model().eval()
     engine = Engine(model, max_batch=1, max_queue=2, decoder=decode.Decoder(model, costs=_FLAT))  # not started
-    waiting = [_Collect(), _Collect()]
+    waiting = [_Collect(), _Collect(), _Collect()]  # room in the batch for one, and two in the queue
     for c in waiting:
         engine.submit(c.job(b"x", 5))
-    with pytest.raises(QueueFull, match="2 requests are waiting"):
+    with pytest.raises(QueueFull, match="3 requests are waiting"):
         engine.submit(_Collect().job(b"x", 5))
     engine.start()
     for c in waiting:

@@ -138,12 +138,13 @@ class Engine:
     # --- from other threads ---------------------------------------------------------------------
 
     def submit(self, job: GenerateJob | ScoreJob) -> None:
-        """Queue a job; QueueFull when `max_queue` jobs already wait."""
+        """Queue a job; QueueFull when `max_queue` jobs already wait beyond the room in the batch."""
         with self._cond:
             if self._closing:
                 raise QueueFull("the server is shutting down")
-            if len(self._waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self._waiting)} requests are waiting (the queue holds {self.max_queue})")
+            if len(self._waiting) >= self.max_queue + self.max_batch - len(self._live):
+                raise QueueFull(f"{len(self._waiting)} requests are waiting (the queue holds {self.max_queue} "
+                                f"beyond the batch of {self.max_batch})")
             self._waiting.append(job)
             self._cond.notify()
 

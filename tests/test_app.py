@@ -1,0 +1,199 @@
+"""`bytemtp serve`'s HTTP side (bytemtp.serving.app) with real clients on a free local port: the
+openai package (plain and streaming), lm-evaluation-harness's local-completions model, concurrent
+clients against solo decoding, a client killed mid-stream, malformed requests, a full queue, and
+a bounded load with every byte checked."""
+
+import json
+import os
+import socket
+import threading
+import time
+
+import pytest
+import requests
+from doubles import FITTED, SONGS, fitted_model, tiny_model
+
+from bytemtp.decoding import decode
+from bytemtp.decoding.drafting import PassCosts
+from bytemtp.decoding.strategy import Draft
+from bytemtp.evaluation.likelihood import byte_logprobs
+from bytemtp.serving.app import Running, Server
+from bytemtp.serving.engine import Engine
+from bytemtp.serving.load import run_load
+
+openai = pytest.importorskip("openai")
+_FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})
+
+
+def _server(model, *, name="m", max_prompt_bytes=4096, **kw):
+    engine = Engine(model, decoder=decode.Decoder(model, costs=_FLAT), **kw)
+    return Running(Server(engine, model_name=name, max_prompt_bytes=max_prompt_bytes))
+
+
+def _client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+
+
+def _plain(model, prompt, n):
+    return decode.generate(model, prompt, max_bytes=n).output.decode("utf-8", "replace")
+
+
+@pytest.mark.slow
+@FITTED
+def test_the_openai_client_gets_solo_greedy_output_plain_and_streamed():
+    model = fitted_model(0, "transformer")
+    with _server(model, max_batch=4, draft=Draft(8)) as srv:
+        client = _client(srv.url)
+        r = client.completions.create(model="m", prompt="one t", max_tokens=40, temperature=0)
+        assert r.choices[0].text == _plain(model, b"one t", 40) and r.choices[0].finish_reason == "length"
+        assert r.usage.prompt_tokens == 5 and r.usage.completion_tokens == 40
+        chunks = list(client.completions.create(model="m", prompt="la la", max_tokens=30, temperature=0, stream=True,
+                                                stream_options={"include_usage": True}))
+        texts = [c.choices[0].text for c in chunks if c.choices]
+        assert "".join(texts) == _plain(model, b"la la", 30) and len(texts) > 2  # several chunks
+        assert chunks[-1].usage.completion_tokens == 30
+        stop = client.completions.create(model="m", prompt="one two", max_tokens=60, temperature=0, stop=["five", "0123"])
+        want = _plain(model, b"one two", 60)
+        assert stop.choices[0].text == want[:want.index("five")] and stop.choices[0].finish_reason == "stop"
+        streamed = client.completions.create(model="m", prompt="la la", max_tokens=60, temperature=0, stop=["four"],
+                                             stream=True)
+        want = _plain(model, b"la la", 60)
+        assert "".join(c.choices[0].text for c in streamed) == want[:want.index("four")]
+        two = client.completions.create(model="m", prompt=["one", "la"], max_tokens=8, temperature=0, n=2)
+        assert [c.text for c in sorted(two.choices, key=lambda c: c.index)] == \
+            [_plain(model, b"one", 8)] * 2 + [_plain(model, b"la", 8)] * 2
+        sampled = [client.completions.create(model="m", prompt="one", max_tokens=12, temperature=1, seed=3).choices[0].text
+                   for _ in range(2)]
+        assert len(sampled[0]) > 0
+        models = client.models.list()
+        assert [m.id for m in models.data] == ["m"]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_echo_and_logprobs_are_the_models_per_byte_logprobs():
+    model = tiny_model(seq_len=32).eval()
+    with _server(model, max_batch=2) as srv:
+        body = {"model": "m", "prompt": [257, *b"hello"], "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 2}
+        r = requests.post(srv.url + "/v1/completions", json=body).json()
+        lp = r["choices"][0]["logprobs"]
+        out = decode.generate(model, b"hello", max_bytes=1).output
+        want = byte_logprobs(model, [b"hello" + out], top=2)[0]
+        assert lp["tokens"][:6] == ["<eos>", "h", "e", "l", "l", "o"] and lp["token_logprobs"][0] is None
+        assert lp["token_logprobs"][1:] == pytest.approx(want.logprobs, abs=1e-6)
+        assert len(lp["top_logprobs"][1]) == 2 and max(lp["top_logprobs"][1].values()) >= lp["token_logprobs"][1] - 1e-6
+        assert r["choices"][0]["text"].startswith("hello") and r["usage"]["prompt_tokens"] == 6
+        long = bytes(range(32, 127)) * 2  # past the context: scored in windows
+        r = requests.post(srv.url + "/v1/completions", json={"prompt": list(long), "max_tokens": 0, "echo": True,
+                                                             "logprobs": 0}).json()
+        assert r["choices"][0]["logprobs"]["token_logprobs"] == pytest.approx(byte_logprobs(model, [long])[0].logprobs,
+                                                                               abs=1e-6)
+        tok = requests.post(srv.url + "/tokenize", json={"prompt": "hé<eos>", "add_special_tokens": False}).json()
+        assert tok["tokens"] == [104, 0xc3, 0xa9, 257]
+        assert requests.get(srv.url + "/tokenizer_info").json()["eos_token"] == "<eos>"
+        assert requests.post(srv.url + "/detokenize", json={"tokens": [104, 0xc3, 0xa9, 257]}).json()["prompt"] == "hé<eos>"
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_bad_requests_get_openai_error_bodies_never_a_traceback():
+    model = tiny_model().eval()
+    with _server(model, max_batch=1, max_prompt_bytes=10) as srv:
+        url = srv.url + "/v1/completions"
+        cases = [(requests.post(url, data=b"{not json"), 400, None),
+                 (requests.post(url, json={"prompt": "x", "max_tokens": "many"}), 400, "max_tokens"),
+                 (requests.post(url, json={"prompt": "x", "temprature": 0}), 400, "temprature"),
+                 (requests.post(url, json={"prompt": "x" * 11}), 413, "prompt"),
+                 (requests.post(url, json={"prompt": "x", "model": "gpt-4"}), 404, "model"),
+                 (requests.get(srv.url + "/v2/nothing"), 404, None),
+                 (requests.get(url), 405, None),
+                 (requests.post(url, data=b"x" * (20 << 20)), 413, None)]  # past the body limit
+        for response, status, param in cases:
+            assert response.status_code == status, response.text
+            error = response.json()["error"]
+            assert error["code"] == status and error["param"] == param and "Traceback" not in response.text
+        with pytest.raises(openai.BadRequestError, match="max_tokens"):
+            _client(srv.url).completions.create(model="m", prompt="x", max_tokens=-1)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_full_queue_answers_503_and_a_killed_stream_frees_its_row():
+    model = tiny_model().eval()
+    with _server(model, max_batch=1, max_queue=0, draft=Draft.plain()) as srv:
+        host, port = srv.url.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)))
+        body = json.dumps({"prompt": "a", "max_tokens": 10 ** 6, "temperature": 0, "stream": True}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert b"data: " in sock.recv(4096) or b"data: " in sock.recv(4096)  # it streams
+        engine = srv.server.engine
+        assert engine.running == 1
+        busy = requests.post(srv.url + "/v1/completions", json={"prompt": "b", "max_tokens": 3})
+        assert busy.status_code == 503 and busy.json()["error"]["type"] == "server_overloaded"
+        sock.close()  # the client dies mid-stream
+        deadline = time.time() + 30
+        while (engine.running or not engine.stats.cancelled) and time.time() < deadline:
+            time.sleep(0.02)
+        assert engine.running == 0 and engine.stats.cancelled == 1
+        ok = requests.post(srv.url + "/v1/completions", json={"prompt": "b", "max_tokens": 3, "temperature": 0})
+        assert ok.json()["choices"][0]["text"] == _plain(model, b"b", 3)
+        health = requests.get(srv.url + "/health").json()
+        assert health["status"] == "ok" and health["running"] == 0
+
+
+@pytest.mark.slow
+@FITTED
+def test_concurrent_streaming_clients_for_a_while_lose_and_repeat_nothing():
+    model = fitted_model(1, "transformer")
+    prompts = [s[:n] for s in SONGS for n in (2, 7)] + [b"", b"\x00\xfe"]
+    expected = [_plain(model, p, 48) for p in prompts]
+    with _server(model, max_batch=4, max_queue=16) as srv:
+        report = run_load(srv.url, model="m", prompts=prompts, expected=expected, clients=6, max_tokens=48,
+                          duration_s=4.0)
+        engine = srv.server.engine
+        assert report.errors == 0 and report.mismatches == 0 and len(report.completions) >= 6
+        assert report.bytes_out == 48 * len(report.completions)
+        assert engine.stats.requests == len(report.completions) + 0 and engine.running == 0
+        assert 1 < engine.stats.mean_batch <= 4
+
+
+@pytest.fixture(scope="module")
+def lm_eval_task(tmp_path_factory):
+    pytest.importorskip("lm_eval")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    root = tmp_path_factory.mktemp("lm-eval")
+    docs = [{"q": f"{a} + {b} =", "choices": [str(a + b), str(a + b + 1), str(a * b + 2)], "gold": (a + b) % 3}
+            for a in range(3) for b in range(3)]
+    (root / "docs.json").write_text("\n".join(json.dumps(d) for d in docs))
+    (root / "tasks").mkdir()
+    (root / "tasks" / "serve_mc.yaml").write_text(
+        f"task: serve_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {root / 'docs.json'}\n"
+        f"  cache_dir: {root / 'hf-cache'}\ntest_split: test\ndoc_to_text: \"{{{{q}}}}\"\n"
+        "output_type: multiple_choice\ndoc_to_choice: \"{{choices}}\"\ndoc_to_target: gold\n"
+        "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
+    return root, docs
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_lm_eval_local_completions_through_the_server_gives_the_in_process_loglikelihoods(lm_eval_task):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from bytemtp.evaluation.likelihood import loglikelihoods
+
+    root, docs = lm_eval_task
+    model = tiny_model(seed=2).eval()
+    with _server(model, name="tiny", max_batch=4) as srv:
+        result = lm_eval.simple_evaluate(
+            model="local-completions", tasks=["serve_mc"], log_samples=True,
+            model_args=f"base_url={srv.url}/v1/completions,model=tiny,tokenizer_backend=remote,num_concurrent=2,"
+                       "max_retries=1,tokenized_requests=True",
+            task_manager=TaskManager(include_path=str(root / "tasks"), include_defaults=False))
+    samples = result["samples"]["serve_mc"]
+    assert len(samples) == len(docs)
+    for s in samples:
+        pairs = [(c.encode(), x.encode()) for c, x in (tuple(a) for a in s["arguments"])]
+        want = loglikelihoods(model, pairs)
+        got = [tuple(r[0]) for r in s["resps"]]
+        assert [lp for lp, _ in got] == pytest.approx([lp for lp, _ in want], abs=1e-5)
+        assert [g for _, g in got] == [g for _, g in want]
