@@ -195,12 +195,14 @@ class Decoder:
         static = self.use_static(batch_size, max_bytes)
         choice = self.last_choice = self.plan(draft, batch_size=batch_size, static=static, greedy=greedy)
         cache = KVCache.for_model(self.model, batch_size=batch_size, max_len=self.model.config.seq_len + MAX_NODES)
-        state = Batch(rows, cache, warm=choice.heads, sampling=sampling, profile=self.profiles[greedy],
+        # adapting: whole windows (prompt, slide) run every head, so a re-warm runs only plain passes' bytes
+        full = self.model.config.n_future if draft.adapts(greedy) else choice.heads
+        state = Batch(rows, cache, warm=full, sampling=sampling, profile=self.profiles[greedy],
                        static=static, costs=self.calibration.for_run(batch_size, static=static))
         self.prefill(rows, state.cache, state.warm, sampling)
         stale = StaleHeads(len(rows), self.model.config.n_future, warm=state.warm)
         passes = 0
-        while self.emit_tracked(state, stale):
+        while self.emit_tracked(state, stale, heads=full):
             if cancel is not None and cancel():
                 state.interrupt()
                 break
@@ -215,21 +217,22 @@ class Decoder:
                 stale.passed(r, heads=state.warm, start=start)
             passes += 1
 
-    def emit_tracked(self, state: Batch, stale: StaleHeads) -> bool:
-        """`emit_next`, noting in `stale` the rows whose windows slid (run again with the warm heads)."""
-        starts = {r: state.rows[r].start for r in state.active}
+    def emit_tracked(self, state: Batch, stale: StaleHeads, *, heads: int) -> bool:
+        """`emit_next`, a slide running `heads` heads (at least the warm ones), noting in `stale`
+        the rows whose windows slid."""
+        starts, warm = {r: state.rows[r].start for r in state.active}, state.warm
+        state.warm = max(warm, heads)  # what emit_next runs a slide with
         going = self.emit_next(state)
         for r, start in starts.items():
             if state.rows[r].start != start:
                 stale.slid(r, heads=state.warm)
+        state.warm = warm
         return going
 
     def rewarm(self, state: Batch, stale: StaleHeads, heads: int) -> None:
         """Run again, in one pass over the batch, the positions that heads 1..`heads` lack in the
-        live rows' caches (`warmth`: after a plain stretch, the bytes decoded since), and take the
-        heads' candidates after each row's next byte anew, so that passes of `heads` heads can run.
-        Each row's next byte stays (it is already out); so does greedy output, drafts change only
-        what is accepted at once."""
+        live rows' caches (`warmth`), and take the heads' candidates after each row's next byte
+        (already out, so it stays) anew, so that passes of `heads` heads can run."""
         model, cache = self.model, state.cache
         lengths = list(cache.lengths)
         live = [(b, r) for b, r in enumerate(state.active) if r not in state.finished]
@@ -248,9 +251,8 @@ class Decoder:
                               last=[max(0, length - start - 1) for length, start in zip(lengths, starts)])
         cache.lengths = lengths
         for b, r in live:
-            row = state.rows[r]
-            self.propose(row, logits[b, 0], row.nxt, state.sampling)
-            row.stats.forward_passes += 1
+            self.propose(state.rows[r], logits[b, 0], state.rows[r].nxt, state.sampling)
+            state.rows[r].stats.forward_passes += 1
             stale.warmed(r, heads)
         state.warm = heads
 

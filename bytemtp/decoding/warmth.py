@@ -6,6 +6,8 @@ since. A re-plan that wants more heads than are complete must first run those po
 (`Decoder.rewarm`). The trade-off: a position per row and head is tracked, so that a re-warm runs
 only the positions that are missing (after a short plain stretch, a few bytes: about one pass),
 rather than each row's whole window (at batch 1 on a CPU, the cost of some twenty plain passes).
+So that what is missing stays short, a call whose draft adapts runs every head wherever it runs a
+whole window (the prompt, a slide): a small part of that window's cost.
 """
 
 from __future__ import annotations
