@@ -213,7 +213,8 @@ class _Switching(decode.Decoder):
 @pytest.mark.usefixtures("one_thread")
 def test_plain_to_speculative_switches_within_a_call_keep_greedy_output():
     docs = [(b"", TEXT * 12, lambda j: True), (b"P", TEXT * 9, lambda j: j <= 3),
-            (b"Q", b"short: done early", lambda j: True), (b"R", TEXT * 7, lambda j: j % 2 == 0)]
+            (b"Q", b"short: done early", lambda j: True), (b"R", TEXT * 7, lambda j: j % 2 == 0),
+            (b"S", TEXT[:20] * 2, lambda j: j <= 2)]  # ends in the first plain stretch: drafts nothing
     model = ScriptedBatchModel(docs)
     dec = _Switching(model)
     batch = dec.generate([p for p, _, _ in docs], max_bytes=300, draft=Draft())

@@ -237,19 +237,19 @@ class Decoder:
         lengths = list(cache.lengths)
         live = [(b, r) for b, r in enumerate(state.active) if r not in state.finished]
         missing = [lengths[b] - p for b, r in live if (p := stale.missing_from(r, heads)) is not None]
-        # a model with document masks reads where documents start from positions before: run all
-        n = max(lengths) if model.config.doc_mask else max([1, *missing])
+        n = max(lengths) if model.config.doc_mask else max([1, *missing])  # document masks: run all
         starts = [max(0, length - n) for length in lengths]
-        ids = torch.full((len(lengths), n), EOS, dtype=torch.long)
+        ids = torch.full((len(lengths), n), EOS, dtype=torch.long, device=model.embed.weight.device)
         for b, r in live:
             window = state.rows[r].tokens()[state.rows[r].start:-1]  # the cache's tokens (the next byte is out)
             assert len(window) == lengths[b], (len(window), lengths[b])
             ids[b, :lengths[b] - starts[b]] = torch.tensor(window[starts[b]:], dtype=torch.long)
         cache.lengths = starts
-        ids = ids.to(model.embed.weight.device)
         logits = model.logits(ids, cache, heads=heads, stacked=self.stacked, layout=build_layout(model, ids, cache),
                               last=[max(0, length - start - 1) for length, start in zip(lengths, starts)])
         cache.lengths = lengths
+        for r in set(state.active) & state.finished:  # fed, never accepted: any drafts do, none drawn
+            state.rows[r].cand += [[EOS] * TREE_RANKS] * (heads - 1 - len(state.rows[r].cand))
         for b, r in live:
             self.propose(state.rows[r], logits[b, 0], state.rows[r].nxt, state.sampling)
             state.rows[r].stats.forward_passes += 1
