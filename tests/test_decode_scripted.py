@@ -3,11 +3,12 @@
 never / always / sometimes-accept cases, EOS, stop strings and max_bytes inside accepted drafts."""
 
 import pytest
-from doubles import TEXT, ScriptedBatchModel, ScriptedModel
+from doubles import CPU_LIKE, FLAT, TEXT, ScriptedBatchModel, ScriptedModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bytemtp.decoding import decode
+from bytemtp.decoding.drafting import Choice, DraftTree, PassCosts
 from bytemtp.decoding.strategy import Draft
 
 
@@ -189,3 +190,73 @@ def test_scripted_batch_rows_equal_rows_alone_property(docs, k, max_bytes, data)
         assert (got.stats.forward_passes, got.stats.drafted, got.stats.accepted) == \
             (alone.stats.forward_passes, alone.stats.drafted, alone.stats.accepted)
     assert model.calls == max(g.stats.forward_passes for g in batch)
+
+
+# --- switching from plain passes to speculative ones within a call ------------------------------
+
+class _Switching(decode.Decoder):
+    """Plans plain and speculative chains by turns, whatever they cost: every re-plan after a
+    plain stretch wants more heads than have complete caches."""
+
+    HEADS = (1, 8, 1, 3, 2, 5)
+
+    def __init__(self, model):
+        super().__init__(model, costs=FLAT, compile="off")
+        self.plans = 0
+
+    def plan(self, draft, **kw):
+        k = self.HEADS[self.plans % len(self.HEADS)]
+        self.plans += 1
+        return Choice(k, DraftTree.chain(k - 1), 0.0, 0.0)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_plain_to_speculative_switches_within_a_call_keep_greedy_output():
+    docs = [(b"", TEXT * 12, lambda j: True), (b"P", TEXT * 9, lambda j: j <= 3),
+            (b"Q", b"short: done early", lambda j: True), (b"R", TEXT * 7, lambda j: j % 2 == 0),
+            (b"S", TEXT[:20] * 2, lambda j: j <= 2)]  # ends in the first plain stretch: drafts nothing
+    model = ScriptedBatchModel(docs)
+    dec = _Switching(model)
+    batch = dec.generate([p for p, _, _ in docs], max_bytes=300, draft=Draft())
+    for (prompt, text, _), got in zip(docs, batch):
+        assert got.output == decode.generate(ScriptedBatchModel(docs), prompt, max_bytes=300).output
+    used = batch[0].stats.heads_used
+    assert dec.plans > 6 and {8, 3, 5} <= set(used)  # more heads ran after plain passes
+    assert batch[0].stats.slides > 0  # and after windows slid
+
+
+class _Clock:
+    """A fake `time`: the model advances it by what its passes cost."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _TimedModel(ScriptedModel):
+    def __init__(self, text, right, clock, costs):
+        super().__init__(text, right)
+        self.clock, self.costs = clock, costs
+
+    def logits(self, ids, cache, heads=None, stacked=None, **kw):
+        self.clock.now += self.costs.predicted(heads or self.config.n_future, ids.shape[1])
+        return super().logits(ids, cache, heads, stacked, **kw)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_auto_that_starts_stuck_on_plain_ends_at_the_best_fixed_shape(monkeypatch):
+    clock, costs = _Clock(), PassCosts(dict(CPU_LIKE.table))
+    monkeypatch.setattr(decode, "time", clock)
+    model = _TimedModel(TEXT * 30, lambda j: True, clock, costs)
+    dec = decode.Decoder(model, compile="off")
+    dec.calibration.known[1, False] = costs  # calibrated by the fake clock's passes
+    dec.generate([b""], max_bytes=100, draft=Draft(8))  # the profile learns every depth
+    # but that chain delivered less than plain decoding when it ran (the machine was busy then)
+    costs.realized[1, 1], costs.realized[8, 8] = 1.0, 0.1
+    got = dec.generate([b""], max_bytes=600, draft="chain")[0]
+    assert got.output == decode.generate(ScriptedModel(TEXT * 30, lambda j: True), b"", max_bytes=600).output
+    assert dec.last_choice.heads == 8  # the best fixed draft here: a chain of all heads
+    used = got.stats.heads_used
+    assert used.get(8, 0) > 0.5 * sum(used.values())

@@ -132,3 +132,44 @@ def test_trees_accept_more_bytes_per_pass_than_chains_on_a_fitted_model():
     rate = lambda gens: sum(g.stats.bytes_out for g in gens) / sum(g.stats.forward_passes for g in gens)  # noqa: E731
     assert rate(tree) > rate(chain)  # here 160 bytes in 58 passes against 70: second guesses were right
     assert any(shape.startswith("tree") for g in tree for shape in g.stats.shapes)
+
+
+# --- exploring: a shape that lost to plain decoding is tried again ---------------------------------
+
+def _replans(costs, profile, n, rate_of):
+    """Re-plan n times; after each, run the chosen shape's passes (16), whose true rate is
+    `rate_of(k)` bytes a second; the re-plans that chose speculation."""
+    spec = []
+    for i in range(n):
+        got = choose(profile, costs, max_heads=8, tree=False)
+        seconds = costs.predicted(got.heads, got.tree.T)
+        for _ in range(16):
+            costs.observe(got.heads, got.tree.T, seconds, bytes_per_row=rate_of(got.heads) * seconds)
+        if got.heads > 1:
+            spec.append(i)
+    return spec
+
+
+def _lost_once():
+    costs = PassCosts(dict(CPU_LIKE.table))
+    profile = AcceptanceProfile(8, prior=[0.9] * 7)
+    got = choose(profile, costs, max_heads=8, tree=False)
+    assert got.heads > 1
+    costs.realized[1, 1], costs.realized[got.heads, got.tree.T] = 1.0, 0.5  # it ran slowly once
+    return costs, profile
+
+
+def test_the_chooser_retries_a_lost_shape_less_often_as_losses_accumulate():
+    costs, profile = _lost_once()
+    spec = _replans(costs, profile, 100, lambda k: 1.0 if k == 1 else 0.8)  # it keeps losing
+    gaps = [b - a for a, b in zip(spec, spec[1:])]
+    assert spec[0] <= 3 and len(spec) >= 4  # retried soon, and again
+    assert gaps == sorted(gaps) and gaps[-1] >= 4 * gaps[0]  # ever less often
+    assert len(spec) <= 8  # a shape that keeps losing costs few passes
+
+
+def test_the_chooser_settles_on_a_shape_that_has_become_better():
+    costs, profile = _lost_once()
+    spec = _replans(costs, profile, 40, lambda k: 1.0 if k == 1 else 2.0)  # now it wins
+    assert spec[0] <= 3 and spec == list(range(spec[0], 40))  # retried, then kept
+    assert not costs.retries.losses

@@ -17,6 +17,17 @@ A `DraftTree` lists its nodes with parents before children and the all-top-rank 
 so a pass that accepts along that chain leaves its cache slots in place. A chain is the tree
 with one candidate per depth; sampling always drafts a chain (the rule of Leviathan et al. is
 proven for one draft per position).
+
+Where a shape has run and really delivered fewer bytes per second than plain decoding
+(`PassCosts.realized`), the chooser falls back to plain; but a figure that is never refreshed
+would keep the shape out for ever, whatever the load or the text do later. So a shape that lost
+is tried again (`Retries`): after its m-th loss in a row it waits `base * 2**(m - 1)` re-plans,
+then runs for one re-plan's passes, which refresh its figure; a retry that wins (the shape
+delivered at least what plain decoding did) clears its losses. The trade-off: a deterministic
+exponential back-off rather than an optimistic bonus or random exploration, so that tests
+replay exactly and a shape that keeps losing costs a share of passes that halves with every
+loss (after m losses, about one re-plan in base * 2**m), while one that has become better is
+found again after a wait that is bounded by the losses it had.
 """
 
 from __future__ import annotations
@@ -178,6 +189,8 @@ class PassCosts:
         self.seen: dict[tuple[int, int], float] = {}  # running mean of observed seconds
         self.scale = 1.0  # running mean of observed over predicted: the loop and the load now
         self.realized: dict[tuple[int, int], float] = {}  # bytes a row per second, by (k, T) as kept
+        self.runs: dict[tuple[int, int], int] = {}  # passes observed, by (k, T) as kept
+        self.retries = Retries()  # when a shape that delivered less than plain decoding runs again
 
     def _between(self, grid: list[int], x: int) -> tuple[int, int, float]:
         if x <= grid[0]:
@@ -218,6 +231,7 @@ class PassCosts:
         if bytes_per_row is not None:
             rate, old_rate = bytes_per_row / seconds, self.realized.get((k, T))
             self.realized[k, T] = rate if old_rate is None else (1 - weight) * old_rate + weight * rate
+            self.runs[k, T] = self.runs.get((k, T), 0) + 1
         old = self.seen.get((k, T))
         self.seen[k, T] = seconds if old is None else (1 - weight) * old + weight * seconds
         self.scale = (1 - weight) * self.scale + weight * seconds / self.predicted(k, T)
@@ -236,6 +250,44 @@ class PassCosts:
 
     def seen_dict(self) -> dict:
         return {f"{k}x{T}": round(s * 1e3, 4) for (k, T), s in sorted(self.seen.items())}
+
+
+class Retries:
+    """When a pass shape that lost to plain decoding (by what it really delivered) runs again: after
+    its m-th loss in a row, once `base * 2**(m - 1)` re-plans that prefer it have gone by (module
+    docstring). Kept with the costs, per (k, T) as they keep `realized`, so that one decoder's calls
+    share it."""
+
+    def __init__(self, base: int = 2):
+        self.base = base
+        self.losses: dict[tuple[int, int], int] = {}  # losses in a row
+        self.waited: dict[tuple[int, int], int] = {}  # re-plans since the last loss
+        self.trying: dict[tuple[int, int], int] = {}  # retries granted: the shape's passes seen then
+
+    def due(self, key: tuple[int, int], *, lost: bool, runs: int) -> bool:
+        """At a re-plan that prefers `key` by expectation: whether it runs, where it `lost` by its
+        figure after `runs` passes of it. One that did not lose runs, and its losses are cleared (a
+        retry that wins resets them); one whose retry has passed and lost again waits twice as
+        long; a retry that has not run yet (its call ended) stays due."""
+        if not lost:
+            for kept in (self.losses, self.waited, self.trying):
+                kept.pop(key, None)
+            return True
+        if key in self.trying:
+            if self.trying[key] == runs:
+                return True
+            del self.trying[key]
+            self.losses[key] += 1
+            self.waited[key] = 0
+            return False
+        if key not in self.losses:
+            self.losses[key], self.waited[key] = 1, 0
+            return False
+        self.waited[key] += 1
+        if self.waited[key] >= self.base * 2 ** (self.losses[key] - 1):
+            self.trying[key] = runs
+            return True
+        return False
 
 
 @dataclass(frozen=True)
@@ -278,7 +330,8 @@ def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree
     chains only. Speculation must promise `margin` more than plain decoding to be chosen over
     it, so that estimates off by a few percent do not make decoding slower, and where both have
     run, the chosen pass must have really delivered more bytes per second than plain decoding (a
-    pass shape that fixed drafts ran slowly says nothing against another one)."""
+    pass shape that fixed drafts ran slowly says nothing against another one), unless its retry
+    is due (`costs.retries`, which every call here advances: call it once per re-plan)."""
     ranks = profile.ranks if tree else 1
     best = None
     for k in ([heads] if heads else range(1, max_heads + 1)):
@@ -294,9 +347,10 @@ def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree
                 best = (rate, k, [p for p, _ in nodes[:n]], expected)
     rate, k, paths, expected = best
     plain_rate = costs.realized.get(costs._key(1, 1), 1 / costs(1, 1))
-    spec_rate = costs.realized.get(costs._key(k, len(paths) + 1))  # what this pass delivered, where it ran
-    if heads is None and k > 1 and (rate < (1 + margin) * plain_rate
-                                    or spec_rate is not None and spec_rate < plain_rate):
+    key = costs._key(k, len(paths) + 1)
+    spec_rate = costs.realized.get(key)  # what this pass delivered, where it ran
+    if heads is None and k > 1 and (rate < (1 + margin) * plain_rate or not costs.retries.due(
+            key, lost=spec_rate is not None and spec_rate < plain_rate, runs=costs.runs.get(key, 0))):
         rate, k, paths, expected = plain_rate, 1, [], 1.0
     return Choice(heads=k, tree=DraftTree.from_paths(paths) if paths else DraftTree.chain(0),
                   bytes_per_pass=expected, speedup=rate * costs(1, 1))

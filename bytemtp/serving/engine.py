@@ -38,6 +38,7 @@ from bytemtp.decoding.drafting import MAX_NODES, Choice
 from bytemtp.decoding.generation import Generation, Output, SpeculativeStats
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.strategy import Draft
+from bytemtp.decoding.warmth import StaleHeads
 from bytemtp.evaluation.likelihood import ByteLogprobs, byte_logprobs
 from bytemtp.model.kvcache import KVCache
 
@@ -134,6 +135,9 @@ class Engine:
         self._live: list[_Live] = []  # in the order of the batch's rows
         self._state: Batch | None = None
         self._bucket, self._passes_at_bucket, self._choice, self._greedy = 0, 0, None, None
+        # the heads every newcomer's prompt runs: all of them when the draft adapts (`Decoder.decode`'s rule)
+        self._full = model.config.n_future if self.draft.adapts(True) else (self.draft.heads or 1)
+        self._stale: StaleHeads | None = None
 
     # --- from other threads ---------------------------------------------------------------------
 
@@ -226,15 +230,20 @@ class Engine:
             if live.job.cancelled and b not in state.finished:
                 live.row.out.stats.stopped_by = "cancelled"
                 state.finished.add(b)
-        decoder.emit_next(state)
+        decoder.emit_tracked(state, self._stale, heads=self._full)
         self._flush()
         self._finish()
         if not self._live:
             return
         choice = self._plan()
+        if choice.heads > state.warm:  # more heads than have complete caches: complete them
+            decoder.rewarm(state, self._stale, choice.heads)
         self.stats.passes += 1
         self.stats.rows_in_passes += len(self._live)
+        starts = list(state.cache.lengths)
         decoder.step(state, choice)
+        for r, start in enumerate(starts):
+            self._stale.passed(r, heads=state.warm, start=start)
         self._flush()
         self._finish()
 
@@ -244,8 +253,8 @@ class Engine:
         depths = self.draft.max_depth(n)
         if self._state is None:
             cache = KVCache.for_model(self.model, batch_size=0, max_len=self.model.config.seq_len + MAX_NODES)
-            self._state = Batch([], cache, warm=n if self.draft.heads != 1 else 1, profiles=self.decoder.profiles,
-                                costs=None)
+            self._state = Batch([], cache, warm=self._full, profiles=self.decoder.profiles, costs=None)
+            self._stale = StaleHeads(0, n, warm=self._full)
             self._bucket, self._passes_at_bucket, self._choice, self._greedy = 0, 0, None, None
         state = self._state
         lives = [_Live(job, depths) for job in jobs]
@@ -254,9 +263,10 @@ class Engine:
             self.stats.requests += 1
             live.job.on_done(live.row.out.result(live.t0))
         lives = [live for live in lives if live.job.max_bytes > 0]
+        self._stale.add(len(lives), warm=self._full)
         for b, live in zip(state.add([live.row for live in lives]), lives):
             view = state.cache.row(b)
-            self.decoder.prefill([live.row], view, state.warm)
+            self.decoder.prefill([live.row], view, self._full)  # every head: a later re-warm runs less
             state.cache.lengths[b] = view.lengths[0]
             state.cache.doc_starts[b] = view.doc_starts[0]
             self._live.append(live)
@@ -291,6 +301,7 @@ class Engine:
         if not state.finished:
             return
         done = [self._live[b] for b in sorted(state.finished)]
+        self._stale.keep([b for b in range(len(self._live)) if b not in state.finished])
         self._live = [live for b, live in enumerate(self._live) if b not in state.finished]
         state.remove_finished()
         for live in done:
