@@ -40,6 +40,7 @@ from bytemtp.decoding.calibration import CalibratedCosts, cost_table, timing_gri
 from bytemtp.decoding.compiled import Compile, CompilePolicy, StaticStep
 from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts, choose
 from bytemtp.decoding.generation import DecodeStats, Generation, Output, SpeculativeStats, as_bytes, as_prompt_list
+from bytemtp.decoding.lookup import LookupProfile, Match, RowDraft, accepted_run, find, plan_pass, substitute
 from bytemtp.decoding.sampling import Sampling, _sample, distribution, masked_logits, next_byte, verify_sampled
 from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import KVCache, context_left, window_start
@@ -99,6 +100,7 @@ class Decoder:
         self.stacked = model.stack_heads() if stacked else None
         n = model.config.n_future
         self.profiles = {True: AcceptanceProfile(n), False: AcceptanceProfile(n, ranks=1)}  # by greedy
+        self.lookups = LookupProfile()  # how often prompt-lookup drafts are accepted
         self.calibration = CalibratedCosts(model, stacked=self.stacked is not None, given=costs)
         self.policy = CompilePolicy(model, self.stacked, compile)
         self.last_choice: Choice | None = None
@@ -179,7 +181,7 @@ class Decoder:
         rows = [Row(p, Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
                                 max_bytes=max_bytes, stop=stop,
                                 on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))),
-                    sampling)
+                    sampling, lookup=draft.lookup)
                 for r, p in enumerate(prompts)]
         if max_bytes == 0:
             for row in rows:
@@ -219,10 +221,12 @@ class Decoder:
         tree = choice.tree.truncated(state.warm - 1)  # ... and only they gave candidates
         batch = [state.rows[r] for r in state.active]
         # a row offers drafts up to the depth that max_bytes and its window leave
-        offered = [0 if r in state.finished else
-                   min(tree.depth, row.out.max_bytes - len(row.out.data),
-                       context_left(row.n_tokens, row.start, seq_len))
-                   for r, row in zip(state.active, batch)]
+        limits = [0 if r in state.finished else
+                  min(row.out.max_bytes - len(row.out.data), context_left(row.n_tokens, row.start, seq_len))
+                  for r, row in zip(state.active, batch)]
+        offered, used = [min(tree.depth, limit) for limit in limits], [None] * len(batch)
+        if any(row.lookup for row in batch):
+            tree, offered, used = self.lookup_drafts(state, batch, tree, limits, heads=k)
         starts = list(cache.lengths)
         logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static)
         cache.rewind(tree.T)
@@ -236,21 +240,53 @@ class Decoder:
             path, nxt, cand = verdicts[b]
             gained.append(len(path))
             profile = state.profile(row)
-            if profile is not None:  # what the heads got right: the accepted bytes, then head 1's
+            if used[b] is not None:  # lookup bytes were drafted: the lookup profile learns, not the heads'
+                run = accepted_run(path, tree, len(used[b].draft))
+                self.lookups.record(used[b], offered=min(offered[b], len(used[b].draft)), accepted=run)
+                row.stats.lookup_passes += 1
+            elif profile is not None:  # what the heads got right: the accepted bytes, then head 1's
                 truth = [row.cand[tree.depths[n] - 1][tree.ranks[n]] for n in path[1:]] + [nxt]
                 profile.record_pass(row.cand, truth, offered=offered[b], greedy=row.sampling.greedy)
             row.stats.heads_used[k] = row.stats.heads_used.get(k, 0) + 1
             if offered[b] not in shapes:
                 shapes[offered[b]] = tree.truncated(offered[b]).describe()
             row.stats.shapes[shapes[offered[b]]] = row.stats.shapes.get(shapes[offered[b]], 0) + 1
-            if self.accept(row, b, path, tree, cache, start=starts[b], layers=layers, offered=offered[b]):
+            n_out = len(row.out.data)
+            done = self.accept(row, b, path, tree, cache, start=starts[b], layers=layers, offered=offered[b])
+            if used[b] is not None:  # the lookup bytes output (a stop string or EOS may end them)
+                row.stats.lookup_accepted += min(run, len(row.out.data) - n_out)
+            if done:
                 state.finished.add(r)
                 continue
             self.propose(row, logits[b, path[-1], :k], nxt, cand)
         state.warm = k
         if state.costs is not None and not (state.static and self.static.last_was_new):  # compiling: not a cost
+            lookup = any(m is not None for m in used)  # lookup's bytes say nothing of the heads' (k, T)
             state.costs.observe(k, tree.T, time.perf_counter() - t0,
-                                bytes_per_row=sum(gained) / max(1, len(gained)))
+                                bytes_per_row=None if lookup else sum(gained) / max(1, len(gained)))
+
+    def lookup_drafts(self, state: Batch, batch: list[Row], tree: DraftTree, limits: list[int], *,
+                      heads: int) -> tuple[DraftTree, list[int], list[Match | None]]:
+        """A pass where rows may draft prompt-lookup bytes (`lookup`): the tree the batch shares
+        (the heads' `tree`, maybe with a deeper chain), each row's offered depth, and the match
+        each row drafts (None: its heads' drafts), whose bytes replace its top-rank chain."""
+        depth = tree.depth  # the heads' candidates reach this deep
+        rows = [None if r in state.finished else
+                RowDraft(limit, depth, state.profile(row),
+                         find(row.prompt + bytes(row.out.data)) if row.lookup and row.sampling.greedy else None)
+                for r, row, limit in zip(state.active, batch, limits)]
+        costs = state.costs or self.calibration.lookup(len(state.rows), static=state.static) or \
+            self.pass_costs(len(state.rows), static=state.static)
+        tree, uses = plan_pass(tree, rows, heads=heads, costs=costs, lookups=self.lookups)
+        offered, used = [], []
+        for row, draft, use in zip(batch, rows, uses):
+            match = draft.match if use else None
+            if match is not None or tree.depth > depth:
+                row.cand = substitute(row.cand, match and match.draft, tree.depth, filler=row.nxt)
+            offered.append(0 if draft is None else
+                           min(draft.limit, tree.depth, max(depth, len(match.draft)) if match else depth))
+            used.append(match)
+        return tree, offered, used
 
     # --- the steps of a pass ---------------------------------------------------------------------
 
