@@ -8,7 +8,9 @@ steps, in the manner of gpt-fast. `prefill` runs the prompts and `propose` takes
 and the heads' candidates; a pass (`step`) lays them out as a chain or tree (`draft`), runs them
 (`forward`), says which path survives (`verify`: `verify_greedy`, or `verify_sampled` on chains) and
 `accept`s it (its bytes, its cache slots; the acceptance profile learns); `emit_next` emits the next
-byte, sliding full windows. How it drafts is a `strategy.Draft`; one that adapts has its heads and tree
+byte, sliding full windows. Rows may also draft prompt-lookup bytes (`lookup.lookup_pass`: greedy
+rows, a `Draft` with lookup) in place of their heads' top-rank chain, the pass's chain deepened
+where that pays; the verification is the same, so greedy output does not change. How it drafts is a `strategy.Draft`; one that adapts has its heads and tree
 chosen (`plan`) from what a pass costs here (`calibration`, timed by `measure_pass_costs` on the
 decoder's own step) and how often each head has been right (`drafting`), so speculation does not cost
 more than it returns (untrained heads: plain decoding). Passes run eagerly or, where compiling pays
@@ -40,7 +42,7 @@ from bytemtp.decoding.calibration import CalibratedCosts, cost_table, timing_gri
 from bytemtp.decoding.compiled import Compile, CompilePolicy, StaticStep
 from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts, choose
 from bytemtp.decoding.generation import DecodeStats, Generation, Output, SpeculativeStats, as_bytes, as_prompt_list
-from bytemtp.decoding.lookup import LookupProfile, Match, RowDraft, accepted_run, find, plan_pass, substitute
+from bytemtp.decoding.lookup import LookupProfile, accepted_run, lookup_pass
 from bytemtp.decoding.sampling import Sampling, _sample, distribution, masked_logits, next_byte, verify_sampled
 from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import KVCache, context_left, window_start
@@ -226,7 +228,8 @@ class Decoder:
                   for r, row in zip(state.active, batch)]
         offered, used = [min(tree.depth, limit) for limit in limits], [None] * len(batch)
         if any(row.lookup for row in batch):
-            tree, offered, used = self.lookup_drafts(state, batch, tree, limits, heads=k)
+            tree, offered, used = lookup_pass(state, batch, tree, limits, heads=k, lookups=self.lookups,
+                                              costs=lambda: self.pass_costs(len(state.rows), static=state.static))
         starts = list(cache.lengths)
         logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static)
         cache.rewind(tree.T)
@@ -264,29 +267,6 @@ class Decoder:
             lookup = any(m is not None for m in used)  # lookup's bytes say nothing of the heads' (k, T)
             state.costs.observe(k, tree.T, time.perf_counter() - t0,
                                 bytes_per_row=None if lookup else sum(gained) / max(1, len(gained)))
-
-    def lookup_drafts(self, state: Batch, batch: list[Row], tree: DraftTree, limits: list[int], *,
-                      heads: int) -> tuple[DraftTree, list[int], list[Match | None]]:
-        """A pass where rows may draft prompt-lookup bytes (`lookup`): the tree the batch shares
-        (the heads' `tree`, maybe with a deeper chain), each row's offered depth, and the match
-        each row drafts (None: its heads' drafts), whose bytes replace its top-rank chain."""
-        depth = tree.depth  # the heads' candidates reach this deep
-        rows = [None if r in state.finished else
-                RowDraft(limit, depth, state.profile(row),
-                         find(row.prompt + bytes(row.out.data)) if row.lookup and row.sampling.greedy else None)
-                for r, row, limit in zip(state.active, batch, limits)]
-        costs = state.costs or self.calibration.lookup(len(state.rows), static=state.static) or \
-            self.pass_costs(len(state.rows), static=state.static)
-        tree, uses = plan_pass(tree, rows, heads=heads, costs=costs, lookups=self.lookups)
-        offered, used = [], []
-        for row, draft, use in zip(batch, rows, uses):
-            match = draft.match if use else None
-            if match is not None or tree.depth > depth:
-                row.cand = substitute(row.cand, match and match.draft, tree.depth, filler=row.nxt)
-            offered.append(0 if draft is None else
-                           min(draft.limit, tree.depth, max(depth, len(match.draft)) if match else depth))
-            used.append(match)
-        return tree, offered, used
 
     # --- the steps of a pass ---------------------------------------------------------------------
 

@@ -26,7 +26,9 @@ the draft's distribution q, which lookup has not).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
+from bytemtp.decoding.batch import Batch, Row
 from bytemtp.decoding.drafting import MAX_NODES, AcceptanceProfile, DraftTree, PassCosts
 
 MIN_NGRAM, MAX_NGRAM = 2, 8  # suffix lengths tried (bytes)
@@ -195,3 +197,29 @@ def accepted_run(path: list[int], tree: DraftTree, length: int) -> int:
             break
         n += 1
     return n
+
+
+def lookup_pass(state: Batch, batch: list[Row], tree: DraftTree, limits: list[int], *, heads: int,
+                lookups: LookupProfile, costs: Callable[[], PassCosts]) -> tuple[DraftTree, list[int], list[Match | None]]:
+    """A pass of `Decoder.step` where rows may draft lookup bytes (`Row.lookup`): the tree the
+    batch shares (the heads' `tree`, maybe with a deeper chain), each row's offered depth (its
+    `limits` allowing), and the match each row drafts (None: its heads' drafts), whose bytes
+    replace its top-rank chain in `Row.cand` for this pass. `costs()` gives the pass costs, asked
+    only when some row has a match."""
+    depth = tree.depth  # the heads' candidates reach this deep
+    rows = [None if r in state.finished else
+            RowDraft(limit, depth, state.profile(row),
+                     find(row.prompt + bytes(row.out.data)) if row.lookup and row.sampling.greedy else None)
+            for r, row, limit in zip(state.active, batch, limits)]
+    if all(r is None or r.match is None for r in rows):
+        return tree, [min(depth, limit) for limit in limits], [None] * len(batch)
+    tree, uses = plan_pass(tree, rows, heads=heads, costs=costs(), lookups=lookups)
+    offered, used = [], []
+    for row, draft, use in zip(batch, rows, uses):
+        match = draft.match if use else None
+        if match is not None or tree.depth > depth:
+            row.cand = substitute(row.cand, match and match.draft, tree.depth, filler=row.nxt)
+        offered.append(0 if draft is None else
+                       min(draft.limit, tree.depth, max(depth, len(match.draft)) if match else depth))
+        used.append(match)
+    return tree, offered, used
