@@ -77,6 +77,19 @@ def test_tiny_models_greedy_with_lookup_equals_plain_greedy(draft):
     assert sum(g.stats.lookup_passes for g in got) > 0
 
 
+@pytest.mark.parametrize("prompt_len", [40, 63, 150])
+def test_lookup_drafts_stop_at_the_window_end_and_slide(prompt_len):
+    """seq_len is 64: lookup drafts, which may reach 15 bytes past the heads, are cut where the
+    window ends (each row's own: rows of a batch stand at different places in their windows), and
+    slides keep speculative output equal to plain."""
+    model = tiny_model(n_future=4)
+    prompt = (b"".join(SONGS) * 4)[:prompt_len]
+    prompts = [prompt, prompt[:prompt_len // 2 + 3], SONGS[1] * 2]
+    got = decode.Decoder(model, costs=FLAT, compile="off").generate(prompts, max_bytes=120, draft="plain+lookup")
+    assert [g.output for g in got] == [decode.generate(model, p, max_bytes=120).output for p in prompts]
+    assert got[0].stats.slides >= 1 and got[0].stats.lookup_passes > 0
+
+
 @pytest.mark.slow
 @FITTED
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
