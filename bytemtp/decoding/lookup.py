@@ -155,19 +155,21 @@ def plan_pass(tree: DraftTree, rows: list[RowDraft | None], *, heads: int, costs
     options = [tree]
     if costs is not None:
         options += [extended(tree, d) for d in range(chain_length(tree) + 1, min(longest, MAX_DRAFT) + 1)]
+    # the lookup drafts' expectation by depth, once a row
+    via_by_depth = [lookups.expected(r.match, r.limit) if r is not None and r.match is not None else [0.0]
+                    for r in rows]
     best = None
     for option in options:
         chain, gained, uses = chain_length(option), 0.0, []
         expected = {}  # the heads' expectation by profile and depth: rows mostly share them
-        for r in rows:
+        for r, vias in zip(rows, via_by_depth):
             if r is None:
                 uses.append(False)
                 continue
             key = (id(r.heads), min(r.heads_depth, r.limit))
             if key not in expected:
                 expected[key] = heads_expected(option, r.heads, key[1])[-1]
-            own = expected[key]
-            via = lookups.expected(r.match, min(chain, r.limit))[-1] if r.match is not None else 0.0
+            own, via = expected[key], vias[min(chain, len(vias) - 1)]
             uses.append(via > own)
             gained += 1.0 + max(own, via)
         rate = gained / costs(heads, option.T) if costs is not None else gained
