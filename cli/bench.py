@@ -94,7 +94,8 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, json_pa
               help="Output bytes a prompt (the window slides past the context).")
 @click.option("--batch-sizes", default="1,8", show_default=True, help="Comma-separated.")
 @click.option("--modes", default=",".join(DECODE_MODES), show_default=True,
-              help="Drafting modes against plain greedy: auto, chain-K, tree-K (K heads or 'all').")
+              help="Drafting modes against plain greedy: auto, chain-K, tree-K (K heads or 'all'), plain; "
+                   "each with +lookup to draft prompt-lookup bytes too (auto+lookup).")
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1),
               help="Times every batch is decoded in every mode (interleaved).")
 @compile_option()

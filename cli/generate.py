@@ -42,6 +42,10 @@ from .options import check_heads, check_output_file, compile_option, device_opti
                    "measured pass costs and the heads' acceptance.")
 @click.option("--draft", type=click.Choice([str(s) for s in Shape]), default=str(Shape.AUTO), show_default=True,
               help="Draft shape: auto (trees where they pay, greedy only), chain, or tree (with --heads).")
+@click.option("--lookup/--no-lookup", default=True, show_default=True,
+              help="Also draft prompt-lookup bytes (the bytes that followed the last earlier occurrence of the "
+                   "newest bytes in the prompt and output) where they promise more than the heads' drafts; "
+                   "greedy only, and the output does not change.")
 @click.option("--no-speculative", is_flag=True,
               help="Plain decoding, one byte per forward pass, with the next-byte head only.")
 @click.option("--raw", is_flag=True,
@@ -61,7 +65,8 @@ from .options import check_heads, check_output_file, compile_option, device_opti
               help="Also write the statistics here as JSON (a file: stdout carries the output).")
 def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts_file: str | None,
                  batch_size: int, max_bytes: int, temperature: float, top_k: int, top_p: float,
-                 seed: int | None, stop: tuple[str, ...], heads: int | None, draft: str, no_speculative: bool, raw: bool,
+                 seed: int | None, stop: tuple[str, ...], heads: int | None, draft: str, lookup: bool, no_speculative: bool,
+                 raw: bool,
                  show_stats: bool, compare: bool, compile_mode: str, device: str, dtype: str,
                  json_path: str | None) -> None:
     """Continue a prompt with a trained model, streaming the output.
@@ -98,7 +103,7 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
     generator = torch.Generator(device=dev).manual_seed(seed or 0)
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     speculative = not no_speculative and model.config.n_future > 1
-    policy = Draft(heads=heads if speculative else 1, shape=draft)
+    policy = Draft(heads=heads if speculative else 1, shape=draft, lookup=lookup and not no_speculative)
     decoder = decode.Decoder(model, compile=compile_mode)
     decoder.settle_compile(batch_size=min(batch_size, len(prompts)), work_bytes=len(prompts) * max_bytes
                            * (4 if compare else 1))  # --compare decodes every mode after a warm-up
@@ -108,7 +113,7 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         interrupted = _generate_lines(decoder, prompts, batch_size=batch_size, raw=raw, show_stats=show_stats,
                                       json_path=json_path, stats=stats, **kwargs)
     else:
-        label = f"{heads} heads, {draft}" if heads else f"automatic ({draft})"
+        label = (f"{heads} heads, {draft}" if heads else f"automatic ({draft})") + (", lookup" if policy.lookup else "")
         interrupted = _generate_stream(decoder, prompts[0], raw=raw, compare=label if compare else None,
                                        show_stats=show_stats, speculative=speculative, heads=heads,
                                        json_path=json_path, stats=stats, **kwargs)
@@ -193,7 +198,7 @@ def _generate_stream(decoder, prompt: bytes, *, raw: bool, compare: str | None, 
         click.echo(report.repetition_line(repetition), err=True)
         if decoder.static is not None:
             click.echo(report.compile_line(decoder.static.stats()), err=True)
-        if speculative and heads != 1:
+        if speculative and heads != 1 or kwargs["draft"].lookup:
             click.echo(report.draft_summary(result.stats, decoder), err=True)
         elif speculative:
             click.echo("no drafts: --heads 1 runs the next-byte head alone, one byte a pass", err=True)

@@ -75,7 +75,8 @@ def parse_modes(text: str) -> tuple[str, ...]:
         try:
             Draft.parse(m)
         except ValueError:
-            raise click.BadParameter(f"{m!r} is not a mode; use auto, chain-K or tree-K (K a number or all)",
+            raise click.BadParameter(f"{m!r} is not a mode; use auto, chain-K or tree-K (K a number or all), "
+                                     "each maybe with +lookup",
                                      param_hint="--modes") from None
     return modes
 

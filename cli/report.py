@@ -126,6 +126,8 @@ def stats_dict(st) -> dict:
     if getattr(st, "drafted", None):
         out["acceptance"] = [round(r, 4) for r in st.acceptance]
         out["heads_used"] = {str(k): n for k, n in sorted(st.heads_used.items())}
+    if getattr(st, "lookup_passes", 0):
+        out["lookup_passes"], out["lookup_bytes"] = st.lookup_passes, st.lookup_accepted
     return out
 
 
@@ -163,6 +165,9 @@ def draft_summary(st, decoder) -> str:
     if choice is not None and choice.speedup:
         lines.append(f"last plan: {choice.heads} heads, {choice.tree.describe()}, expected "
                      f"{choice.bytes_per_pass:.2f} bytes/pass and {choice.speedup:.2f}x plain")
+    if st.lookup_passes:
+        lines.append(f"prompt lookup drafted in {st.lookup_passes} passes ({100 * st.lookup_passes / total:.0f}%) "
+                     f"and gave {st.lookup_accepted} bytes ({100 * st.lookup_accepted / max(1, st.bytes_out):.0f}%)")
     if st.slides:
         lines.append(f"the window slid {st.slides} times")
     return "\n".join(lines)

@@ -150,10 +150,18 @@ def test_user_errors_are_one_line(ckpt, args, words):
 
 
 def test_one_head_stats_say_there_are_no_drafts(ckpt):
-    res = run("generate", "--ckpt", ckpt, "--prompt", "a", "--max-bytes", 8, "--heads", 1, "--stats")
+    res = run("generate", "--ckpt", ckpt, "--prompt", "a", "--max-bytes", 8, "--heads", 1, "--no-lookup", "--stats")
     assert res.exit_code == 0, res.output
     assert "draft acceptance" not in res.stderr and "no drafts" in res.stderr
     assert "1.00 bytes/pass" in res.stderr
+
+
+def test_lookup_is_on_by_default_and_keeps_the_output(ckpt):
+    prompt = "def f(x):\n    return x\n" * 3
+    args = ("generate", "--ckpt", ckpt, "--prompt", prompt, "--max-bytes", 60, "--heads", 1, "--stats")
+    on, off = run(*args), run(*args, "--no-lookup")
+    assert on.exit_code == off.exit_code == 0, on.output + off.output
+    assert on.stdout == off.stdout and "prompt lookup drafted in" in on.stderr and "lookup" not in off.stderr
 
 
 @pytest.mark.parametrize("line,words", [

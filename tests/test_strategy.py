@@ -1,5 +1,6 @@
 """The draft strategy as a typed value: one name per strategy, and what the decoder reads from it."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -58,3 +59,14 @@ def test_the_strategy_needs_no_torch():
     code = "import sys, bytemtp.decoding.strategy; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_lookup_drafts_are_named_with_a_suffix():
+    for draft in EVERY_DRAFT:
+        both = dataclasses.replace(draft, lookup=True)
+        assert Draft.parse(str(both)) == both and str(both) == str(draft) + "+lookup"
+    assert Draft.parse("auto+lookup") == Draft(lookup=True) and Draft.parse("plain+lookup").heads == 1
+    assert Draft(99, "tree", lookup=True).capped(8) == Draft("all", "tree", lookup=True)
+    assert Draft("all", lookup=True).for_model(8) == Draft(8, lookup=True)
+    with pytest.raises(ValueError, match="lookup"):
+        Draft.parse("lookup")

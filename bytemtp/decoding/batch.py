@@ -18,10 +18,12 @@ from bytemtp.vocab import EOS
 class Row:
     """One prompt's decoding: its output rules, how it chooses bytes (`sampling`: rows of one batch
     may differ), its window, the byte due next and the candidates of the heads after it (greedy:
-    each head's top bytes; sampling: one draft each and its q)."""
+    each head's top bytes; sampling: one draft each and its q). `lookup`: whether the row may
+    draft prompt-lookup bytes (`lookup`; greedy rows only)."""
 
-    def __init__(self, prompt: bytes, out: Output, sampling: Sampling | None = None):
+    def __init__(self, prompt: bytes, out: Output, sampling: Sampling | None = None, *, lookup: bool = False):
         self.prompt, self.out, self.sampling = prompt, out, sampling or Sampling()
+        self.lookup = lookup
         self.start = 0  # window start, in tokens from the leading EOS
         self.nxt = EOS
         self.cand: list[list[int]] = []  # [depth - 1][rank]

@@ -8,7 +8,9 @@ steps, in the manner of gpt-fast. `prefill` runs the prompts and `propose` takes
 and the heads' candidates; a pass (`step`) lays them out as a chain or tree (`draft`), runs them
 (`forward`), says which path survives (`verify`: `verify_greedy`, or `verify_sampled` on chains) and
 `accept`s it (its bytes, its cache slots; the acceptance profile learns); `emit_next` emits the next
-byte, sliding full windows. How it drafts is a `strategy.Draft`; one that adapts has its heads and tree
+byte, sliding full windows. Rows may also draft prompt-lookup bytes (`lookup.lookup_pass`: greedy
+rows, a `Draft` with lookup) in place of their heads' top-rank chain, the pass's chain deepened
+where that pays; the verification is the same, so greedy output does not change. How it drafts is a `strategy.Draft`; one that adapts has its heads and tree
 chosen (`plan`) from what a pass costs here (`calibration`, timed by `measure_pass_costs` on the
 decoder's own step) and how often each head has been right (`drafting`), so speculation does not cost
 more than it returns (untrained heads: plain decoding). Passes run eagerly or, where compiling pays
@@ -40,6 +42,7 @@ from bytemtp.decoding.calibration import CalibratedCosts, cost_table, timing_gri
 from bytemtp.decoding.compiled import Compile, CompilePolicy, StaticStep
 from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts, choose
 from bytemtp.decoding.generation import DecodeStats, Generation, Output, SpeculativeStats, as_bytes, as_prompt_list
+from bytemtp.decoding.lookup import LookupProfile, accepted_run, lookup_pass
 from bytemtp.decoding.sampling import Sampling, _sample, distribution, masked_logits, next_byte, verify_sampled
 from bytemtp.decoding.strategy import Draft
 from bytemtp.decoding.warmth import StaleHeads
@@ -100,6 +103,7 @@ class Decoder:
         self.stacked = model.stack_heads() if stacked else None
         n = model.config.n_future
         self.profiles = {True: AcceptanceProfile(n), False: AcceptanceProfile(n, ranks=1)}  # by greedy
+        self.lookups = LookupProfile()  # how often prompt-lookup drafts are accepted
         self.calibration = CalibratedCosts(model, stacked=self.stacked is not None, given=costs)
         self.policy = CompilePolicy(model, self.stacked, compile)
         self.last_choice: Choice | None = None
@@ -180,7 +184,7 @@ class Decoder:
         rows = [Row(p, Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
                                 max_bytes=max_bytes, stop=stop,
                                 on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))),
-                    sampling)
+                    sampling, lookup=draft.lookup)
                 for r, p in enumerate(prompts)]
         if max_bytes == 0:
             for row in rows:
@@ -267,10 +271,13 @@ class Decoder:
         tree = choice.tree.truncated(state.warm - 1)  # ... and only they gave candidates
         batch = [state.rows[r] for r in state.active]
         # a row offers drafts up to the depth that max_bytes and its window leave
-        offered = [0 if r in state.finished else
-                   min(tree.depth, row.out.max_bytes - len(row.out.data),
-                       context_left(row.n_tokens, row.start, seq_len))
-                   for r, row in zip(state.active, batch)]
+        limits = [0 if r in state.finished else
+                  min(row.out.max_bytes - len(row.out.data), context_left(row.n_tokens, row.start, seq_len))
+                  for r, row in zip(state.active, batch)]
+        offered, used = [min(tree.depth, limit) for limit in limits], [None] * len(batch)
+        if any(row.lookup for row in batch):
+            tree, offered, used = lookup_pass(state, batch, tree, limits, heads=k, lookups=self.lookups,
+                                              costs=lambda: self.pass_costs(len(state.rows), static=state.static))
         starts = list(cache.lengths)
         logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static)
         cache.rewind(tree.T)
@@ -284,21 +291,30 @@ class Decoder:
             path, nxt, cand = verdicts[b]
             gained.append(len(path))
             profile = state.profile(row)
-            if profile is not None:  # what the heads got right: the accepted bytes, then head 1's
+            if used[b] is not None:  # lookup bytes were drafted: the lookup profile learns, not the heads'
+                run = accepted_run(path, tree, len(used[b].draft))
+                self.lookups.record(used[b], offered=min(offered[b], len(used[b].draft)), accepted=run)
+                row.stats.lookup_passes += 1
+            elif profile is not None:  # what the heads got right: the accepted bytes, then head 1's
                 truth = [row.cand[tree.depths[n] - 1][tree.ranks[n]] for n in path[1:]] + [nxt]
                 profile.record_pass(row.cand, truth, offered=offered[b], greedy=row.sampling.greedy)
             row.stats.heads_used[k] = row.stats.heads_used.get(k, 0) + 1
             if offered[b] not in shapes:
                 shapes[offered[b]] = tree.truncated(offered[b]).describe()
             row.stats.shapes[shapes[offered[b]]] = row.stats.shapes.get(shapes[offered[b]], 0) + 1
-            if self.accept(row, b, path, tree, cache, start=starts[b], layers=layers, offered=offered[b]):
+            n_out = len(row.out.data)
+            done = self.accept(row, b, path, tree, cache, start=starts[b], layers=layers, offered=offered[b])
+            if used[b] is not None:  # the lookup bytes output (a stop string or EOS may end them)
+                row.stats.lookup_accepted += min(run, len(row.out.data) - n_out)
+            if done:
                 state.finished.add(r)
                 continue
             self.propose(row, logits[b, path[-1], :k], nxt, cand)
         state.warm = k
         if state.costs is not None and not (state.static and self.static.last_was_new):  # compiling: not a cost
+            lookup = any(m is not None for m in used)  # lookup's bytes say nothing of the heads' (k, T)
             state.costs.observe(k, tree.T, time.perf_counter() - t0,
-                                bytes_per_row=sum(gained) / max(1, len(gained)))
+                                bytes_per_row=None if lookup else sum(gained) / max(1, len(gained)))
 
     # --- the steps of a pass ---------------------------------------------------------------------
 

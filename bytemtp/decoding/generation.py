@@ -56,6 +56,8 @@ class SpeculativeStats(DecodeStats):
     heads_used: dict = field(default_factory=dict)  # heads run in a pass -> passes
     shapes: dict = field(default_factory=dict)  # draft shape (DraftTree.describe) -> passes
     slides: int = 0  # times the window slid
+    lookup_passes: int = 0  # passes that drafted prompt-lookup bytes
+    lookup_accepted: int = 0  # ... and the lookup bytes they output
 
     @property
     def acceptance(self) -> list[float]:
@@ -72,8 +74,9 @@ class SpeculativeStats(DecodeStats):
     @classmethod
     def total(cls, stats: Iterable[DecodeStats]) -> SpeculativeStats:
         """The statistics of many decodes (plain ones too) summed: bytes, passes, seconds and
-        slides added, drafts counted per depth, heads run and draft shapes counted in the order
-        first seen; stopped_by is left empty (each decode stopped for its own reason)."""
+        slides and lookup passes and bytes added, drafts counted per depth, heads run and draft
+        shapes counted in the order first seen; stopped_by is left empty (each decode stopped for
+        its own reason)."""
         out = cls()
         for st in stats:
             out.bytes_out += st.bytes_out
@@ -87,6 +90,8 @@ class SpeculativeStats(DecodeStats):
                 for key, n in part.items():
                     total[key] = total.get(key, 0) + n
             out.slides += getattr(st, "slides", 0)
+            out.lookup_passes += getattr(st, "lookup_passes", 0)
+            out.lookup_accepted += getattr(st, "lookup_accepted", 0)
         return out
 
 

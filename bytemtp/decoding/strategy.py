@@ -1,12 +1,15 @@
 """The draft strategy: how decoding drafts, as one typed value, and the named sets of them.
 
-A `Draft` is a number of heads (None: chosen each pass; 1: plain decoding; k; or "all") and a
-`Shape` (auto, chain, tree). What the decoder does with it is decided here and nowhere else:
-whether it drafts trees (`trees`), whether its passes are chosen from the acceptance profile and
-the measured costs (`adapts`, which also says whether it waits for costs to be measured), and how
-many depths it may draft (`max_depth`). Its text form is its name (`parse`, `str`), one name per
-strategy, so that `parse(str(x)) == x`: a value is normalised when made (with fixed heads, auto
-drafts chains; one head drafts nothing), so two names never mean the same strategy.
+A `Draft` is a number of heads (None: chosen each pass; 1: plain decoding; k; or "all"), a
+`Shape` (auto, chain, tree) and whether prompt-lookup drafts join the heads' (`lookup`). What the
+decoder does with it is decided here and nowhere else: whether it drafts trees (`trees`), whether
+its passes are chosen from the acceptance profile and the measured costs (`adapts`, which also
+says whether it waits for costs to be measured), and how many depths its heads may draft
+(`max_depth`). Its text form is its name (`parse`, `str`), one name per strategy, so that
+`parse(str(x)) == x`: a value is normalised when made (with fixed heads, auto drafts chains; one
+head drafts nothing from the heads), so two names never mean the same strategy. Lookup drafts
+need pass costs to weigh a deeper chain: a fixed draft with lookup measures them on its first
+lookup pass.
 
 A new strategy is a new `Shape` (or a new heads value) with its rule in these methods; the
 CLI's choices (`generate --draft` from `Shape`, `bench decode --modes` from `DECODE_MODES`), the
@@ -16,8 +19,11 @@ No torch: the CLI reads this module when it builds its options.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
+
+LOOKUP_SUFFIX = "+lookup"  # a draft's name with prompt-lookup drafts too
 
 
 class Shape(enum.StrEnum):
@@ -36,11 +42,17 @@ class Draft:
     `shape`: see `Shape`. Sampling always drafts chains (the rule of Leviathan et al. is proven
     for one draft a position).
 
+    `lookup`: greedy rows may also draft prompt-lookup bytes (the bytes that followed the last
+    earlier occurrence of their newest bytes, `lookup`), in place of the heads' top-rank chain and
+    deeper than the heads reach, where they promise more bytes a second; even plain decoding may.
+
     Its text form is the name of a benchmark mode: plain, auto, chain (automatic chains), tree,
-    and chain-K or tree-K, K a number of heads or all (`parse`, `str`)."""
+    and chain-K or tree-K, K a number of heads or all, each with "+lookup" to draft lookup bytes
+    too (`parse`, `str`)."""
 
     heads: int | str | None = None
     shape: Shape = Shape.AUTO
+    lookup: bool = False
 
     def __post_init__(self) -> None:
         if self.shape not in list(Shape):
@@ -59,31 +71,36 @@ class Draft:
     @classmethod
     def parse(cls, text: str) -> Draft:
         """A mode name (see the class docstring) as a Draft; ValueError naming the allowed forms."""
-        shape, _, k = text.strip().partition("-")
-        if text.strip() == "plain":
-            return cls.plain()
+        name = text.strip()
+        lookup = name.endswith(LOOKUP_SUFFIX)
+        name = name.removesuffix(LOOKUP_SUFFIX)
+        shape, _, k = name.partition("-")
+        if name == "plain":
+            return cls(heads=1, shape=Shape.CHAIN, lookup=lookup)
         if shape in list(Shape) and not k:
-            return cls(shape=Shape(shape))
+            return cls(shape=Shape(shape), lookup=lookup)
         if shape in (Shape.CHAIN, Shape.TREE) and (k == "all" or k.isdigit() and int(k) >= 1):
-            return cls(heads=k if k == "all" else int(k), shape=Shape(shape))
+            return cls(heads=k if k == "all" else int(k), shape=Shape(shape), lookup=lookup)
         raise ValueError(f"{text!r} is not a draft; use plain, auto, chain, tree, chain-K or tree-K "
-                         "(K a number of heads or all)")
+                         f"(K a number of heads or all), each maybe with {LOOKUP_SUFFIX}")
 
     def __str__(self) -> str:
         if self.heads == 1:
-            return "plain"
-        return str(self.shape) if self.heads is None else f"{self.shape}-{self.heads}"
+            name = "plain"
+        else:
+            name = str(self.shape) if self.heads is None else f"{self.shape}-{self.heads}"
+        return name + LOOKUP_SUFFIX if self.lookup else name
 
     def for_model(self, n_future: int) -> Draft:
         """This draft for a model of n_future heads ("all" resolved): the one check of the head count."""
         heads = n_future if self.heads == "all" else self.heads
         if heads is not None and heads > n_future:
             raise ValueError(f"heads={heads} is not allowed; the model has {n_future} heads (1..{n_future})")
-        return Draft(heads=heads, shape=self.shape) if heads != self.heads else self
+        return dataclasses.replace(self, heads=heads) if heads != self.heads else self
 
     def capped(self, n_future: int) -> Draft:
         """This draft with more heads than the model has run as all of them (a benchmark mode)."""
-        return Draft("all", self.shape) if isinstance(self.heads, int) and self.heads > n_future else self
+        return dataclasses.replace(self, heads="all") if isinstance(self.heads, int) and self.heads > n_future else self
 
     # --- what the decoder does with it (heads resolved by `for_model`) ------------------------
 
