@@ -332,7 +332,7 @@ def _rss_mb() -> float:
 
 
 def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes: int = 128, max_bytes: int = 256,
-                rounds: int = 3, load_s: float = 0.0, load_clients: int = 16, draft: Draft = Draft(),
+                rounds: int = 3, load_s: float = 0.0, load_clients: int = 16, draft: Draft = Draft(lookup=True),
                 device: str = "cpu", eval_batches: int = 10, progress=None) -> dict:
     """Streaming clients against `bytemtp serve` on loopback, in this process: for each count of
     clients, every held-out prompt streamed once (the prompts shared out among the clients, each

@@ -147,7 +147,8 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
 @click.option("--load", "load_time", default="0s", show_default=True,
               help="Then stream from --load-clients clients for this long (e.g. 60s), checking every byte and the memory.")
 @click.option("--load-clients", default=16, show_default=True, type=click.IntRange(1))
-@click.option("--draft", default="auto", show_default=True, help="The server's draft (a decode mode name).")
+@click.option("--draft", default="auto+lookup", show_default=True,
+              help="The server's draft (a decode mode name; +lookup drafts prompt-lookup bytes too).")
 @device_option("cpu")
 @json_option()
 def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_bytes: int, rounds: int,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import click
@@ -31,11 +32,14 @@ def _draft(ctx: click.Context, param: click.Parameter, value: str) -> Draft:
               help="Longest prompt accepted (413 past it); the window slides past the context.")
 @click.option("--draft", "draft", default="auto", show_default=True, callback=_draft,
               help=f"How decoding drafts: {', '.join(DECODE_MODES)}, plain, chain-K or tree-K.")
+@click.option("--lookup/--no-lookup", default=True, show_default=True,
+              help="Also draft prompt-lookup bytes (what followed the last earlier occurrence of a row's newest "
+                   "bytes in its prompt and output), verified in the same pass as the heads' drafts.")
 @click.option("--model-name", default=None, help="The model's id in the API (default: the run directory's name).")
 @device_option()
 @dtype_option()
 def serve_cmd(ckpt: str, host: str, port: int, max_batch: int, max_queue: int, max_prompt_bytes: int, draft: Draft,
-              model_name: str | None, device: str, dtype: str) -> None:
+              lookup: bool, model_name: str | None, device: str, dtype: str) -> None:
     """Serve a model over HTTP: OpenAI-compatible /v1/completions (stream, echo, logprobs),
     /v1/models, /health, and /tokenize with /tokenizer_info for lm-evaluation-harness.
 
@@ -53,6 +57,7 @@ def serve_cmd(ckpt: str, host: str, port: int, max_batch: int, max_queue: int, m
     from bytemtp.runtime.devices import resolve_device
     from bytemtp.serving.engine import Engine
 
+    draft = dataclasses.replace(draft, lookup=draft.lookup or lookup)
     model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype)
     draft.for_model(model.config.n_future)  # a draft of more heads than the model has: one line
     path = pathlib.Path(ckpt).resolve()

@@ -54,7 +54,7 @@ def test_batch_buckets():
 
 @pytest.mark.slow
 @FITTED
-@pytest.mark.parametrize("draft", [Draft(), Draft(8), Draft.plain()])
+@pytest.mark.parametrize("draft", [Draft(), Draft(8), Draft.plain(), Draft(lookup=True)])
 def test_requests_joining_a_running_batch_equal_each_prompt_decoded_alone(draft):
     model = fitted_model(0, "transformer")
     prompts = [SONGS[0][:5], b"", SONGS[1][:3], b"la la", SONGS[2], b"one two", b"\x00\xff", SONGS[0]]

@@ -45,7 +45,7 @@ from bytemtp.decoding.generation import DecodeStats, Generation, Output, Specula
 from bytemtp.decoding.lookup import LookupProfile, accepted_run, lookup_pass
 from bytemtp.decoding.sampling import Sampling, _sample, distribution, masked_logits, next_byte, verify_sampled
 from bytemtp.decoding.strategy import Draft
-from bytemtp.decoding.warmth import StaleHeads
+from bytemtp.decoding.warmth import StaleHeads, emit_tracked, rewarm
 from bytemtp.model.kvcache import KVCache, context_left, window_start
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
@@ -208,7 +208,7 @@ class Decoder:
         self.prefill(rows, state.cache, state.warm)
         stale = StaleHeads(len(rows), self.model.config.n_future, warm=state.warm)
         passes = 0
-        while self.emit_tracked(state, stale, heads=full):
+        while emit_tracked(self, state, stale, heads=full):
             if cancel is not None and cancel():
                 state.interrupt()
                 break
@@ -216,51 +216,12 @@ class Decoder:
             if passes % 16 == 0 and draft.adapts(greedy):  # re-plan from the newest profile
                 choice = self.last_choice = self.plan(draft, batch_size=batch_size, static=static, greedy=greedy)
                 if choice.heads > state.warm:  # more heads than have complete caches: complete them
-                    self.rewarm(state, stale, choice.heads)
+                    rewarm(self, state, stale, choice.heads)
             starts = {r: state.cache.lengths[b] for b, r in enumerate(state.active)}
             self.step(state, choice)
             for r, start in starts.items():
                 stale.passed(r, heads=state.warm, start=start)
             passes += 1
-
-    def emit_tracked(self, state: Batch, stale: StaleHeads, *, heads: int) -> bool:
-        """`emit_next`, a slide running `heads` heads (at least the warm ones), noting in `stale`
-        the rows whose windows slid."""
-        starts, warm = {r: state.rows[r].start for r in state.active}, state.warm
-        state.warm = max(warm, heads)  # what emit_next runs a slide with
-        going = self.emit_next(state)
-        for r, start in starts.items():
-            if state.rows[r].start != start:
-                stale.slid(r, heads=state.warm)
-        state.warm = warm
-        return going
-
-    def rewarm(self, state: Batch, stale: StaleHeads, heads: int) -> None:
-        """Run again, in one pass over the batch, the positions that heads 1..`heads` lack in the
-        live rows' caches (`warmth`), and take the heads' candidates after each row's next byte
-        (already out, so it stays) anew, so that passes of `heads` heads can run."""
-        model, cache = self.model, state.cache
-        lengths = list(cache.lengths)
-        live = [(b, r) for b, r in enumerate(state.active) if r not in state.finished]
-        missing = [lengths[b] - p for b, r in live if (p := stale.missing_from(r, heads)) is not None]
-        n = max(lengths) if model.config.doc_mask else max([1, *missing])  # document masks: run all
-        starts = [max(0, length - n) for length in lengths]
-        ids = torch.full((len(lengths), n), EOS, dtype=torch.long, device=model.embed.weight.device)
-        for b, r in live:
-            window = state.rows[r].tokens()[state.rows[r].start:-1]  # the cache's tokens (the next byte is out)
-            assert len(window) == lengths[b], (len(window), lengths[b])
-            ids[b, :lengths[b] - starts[b]] = torch.tensor(window[starts[b]:], dtype=torch.long)
-        cache.lengths = starts
-        logits = model.logits(ids, cache, heads=heads, stacked=self.stacked, layout=build_layout(model, ids, cache),
-                              last=[max(0, length - start - 1) for length, start in zip(lengths, starts)])
-        cache.lengths = lengths
-        for r in set(state.active) & state.finished:  # fed, never accepted: any drafts do, none drawn
-            state.rows[r].cand += [[EOS] * TREE_RANKS] * (heads - 1 - len(state.rows[r].cand))
-        for b, r in live:
-            self.propose(state.rows[r], logits[b, 0], state.rows[r].nxt)
-            state.rows[r].stats.forward_passes += 1
-            stale.warmed(r, heads)
-        state.warm = heads
 
     def step(self, state: Batch, choice: Choice) -> None:
         """One speculative pass over the batch: draft, forward, verify, then accept (or propose

@@ -38,7 +38,7 @@ from bytemtp.decoding.drafting import MAX_NODES, Choice
 from bytemtp.decoding.generation import Generation, Output, SpeculativeStats
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.strategy import Draft
-from bytemtp.decoding.warmth import StaleHeads
+from bytemtp.decoding.warmth import StaleHeads, emit_tracked, rewarm
 from bytemtp.evaluation.likelihood import ByteLogprobs, byte_logprobs
 from bytemtp.model.kvcache import KVCache
 
@@ -106,11 +106,11 @@ def batch_buckets(max_batch: int) -> list[int]:
 class _Live:
     """A generation in the batch: its job, its row and the bytes emitted since the last flush."""
 
-    def __init__(self, job: GenerateJob, depths: int):
+    def __init__(self, job: GenerateJob, draft: Draft, depths: int):
         self.job, self.pending = job, bytearray()
         stats = SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths)
         self.row = Row(job.prompt, Output(stats, max_bytes=job.max_bytes, stop=job.stop,
-                                          on_bytes=self.pending.extend), job.sampling)
+                                          on_bytes=self.pending.extend), job.sampling, lookup=draft.lookup)
         self.t0 = time.perf_counter()
 
 
@@ -119,7 +119,7 @@ class Engine:
     thread; `start` measures the pass costs (unless `costs` were given) and starts the thread;
     `close` stops it, failing what is still queued or running."""
 
-    def __init__(self, model, *, max_batch: int = 8, max_queue: int = 64, draft: Draft = Draft(),
+    def __init__(self, model, *, max_batch: int = 8, max_queue: int = 64, draft: Draft = Draft(lookup=True),
                  decoder: Decoder | None = None, score_batch: int = 8):
         if max_batch < 1 or max_queue < 0:
             raise ValueError(f"max_batch={max_batch}, max_queue={max_queue}: expected max_batch >= 1, max_queue >= 0")
@@ -161,8 +161,9 @@ class Engine:
         return len(self._live)
 
     def start(self, *, progress: Callable[[str], None] | None = None) -> None:
-        """Measure the pass costs of every batch bucket (when the draft adapts), then start."""
-        if self.draft.adapts(True):
+        """Measure the pass costs of every batch bucket (when the draft adapts or drafts lookup
+        bytes, which weigh a deeper chain by them), then start."""
+        if self.draft.adapts(True) or self.draft.lookup:
             for size in batch_buckets(self.max_batch):
                 if progress is not None:
                     progress(f"measuring pass costs at batch {size}")
@@ -230,14 +231,14 @@ class Engine:
             if live.job.cancelled and b not in state.finished:
                 live.row.out.stats.stopped_by = "cancelled"
                 state.finished.add(b)
-        decoder.emit_tracked(state, self._stale, heads=self._full)
+        emit_tracked(decoder, state, self._stale, heads=self._full)
         self._flush()
         self._finish()
         if not self._live:
             return
         choice = self._plan()
         if choice.heads > state.warm:  # more heads than have complete caches: complete them
-            decoder.rewarm(state, self._stale, choice.heads)
+            rewarm(decoder, state, self._stale, choice.heads)
         self.stats.passes += 1
         self.stats.rows_in_passes += len(self._live)
         starts = list(state.cache.lengths)
@@ -257,7 +258,7 @@ class Engine:
             self._stale = StaleHeads(0, n, warm=self._full)
             self._bucket, self._passes_at_bucket, self._choice, self._greedy = 0, 0, None, None
         state = self._state
-        lives = [_Live(job, depths) for job in jobs]
+        lives = [_Live(job, self.draft, depths) for job in jobs]
         for live in [live for live in lives if live.job.max_bytes == 0]:  # nothing to decode
             live.row.out.stats.stopped_by = "max_bytes"
             self.stats.requests += 1
