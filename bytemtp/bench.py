@@ -30,6 +30,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import torch
@@ -377,9 +378,23 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
                                "mismatches": sum(x["mismatches"] for x in runs), "errors": sum(x["errors"] for x in runs)}
         if load_s:
             say(f"load: {load_clients} clients for {load_s:.0f} s")
-            rss0 = _rss_mb()
+            rss, done = [(0.0, _rss_mb())], threading.Event()
+            t0 = time.perf_counter()
+
+            def sample() -> None:  # the memory every few seconds while the load runs
+                while not done.wait(min(5.0, load_s / 10)):
+                    rss.append((time.perf_counter() - t0, _rss_mb()))
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
             report = load(load_clients, duration_s=load_s)
-            out["load"] = {**report.to_json(), "rss_mb_before": round(rss0, 1), "rss_mb_after": round(_rss_mb(), 1),
+            done.set()
+            sampler.join()
+            rss.append((time.perf_counter() - t0, _rss_mb()))
+            settled = [mb for t, mb in rss if t >= load_s / 4] or [rss[-1][1]]  # after the first quarter
+            out["load"] = {**report.to_json(), "rss_mb_before": round(rss[0][1], 1), "rss_mb_after": round(rss[-1][1], 1),
+                           "rss_mb_settled_min_max": [round(min(settled), 1), round(max(settled), 1)],
+                           "rss_mb_samples": [[round(t, 1), round(mb, 1)] for t, mb in rss],
                            "engine_requests": engine.stats.requests, "engine_errors": engine.stats.errors}
         out["mean_batch"] = round(engine.stats.mean_batch, 2)
         out["bytes_per_row_pass"] = round(engine.stats.bytes_out / max(1, engine.stats.rows_in_passes), 3)

@@ -180,7 +180,8 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
         ld = res["load"]
         echo(f"load: {ld['clients']} clients for {ld['wall_s']:.0f} s: {ld['completions']} completions, "
              f"{ld['bytes_out']} bytes ({ld['bytes_per_s']:.0f}/s), {ld['mismatches']} mismatches, {ld['errors']} errors; "
-             f"memory {ld['rss_mb_before']:.0f} -> {ld['rss_mb_after']:.0f} MB")
+             f"memory {ld['rss_mb_before']:.0f} -> {ld['rss_mb_after']:.0f} MB (after the first quarter "
+             f"{ld['rss_mb_settled_min_max'][0]:.0f}-{ld['rss_mb_settled_min_max'][1]:.0f} MB)")
     write_json(json_path, res)
     bad = sum(c["mismatches"] + c["errors"] for c in res["cases"].values())
     bad += res.get("load", {}).get("mismatches", 0) + res.get("load", {}).get("errors", 0)
