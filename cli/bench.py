@@ -159,13 +159,14 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
     from bytemtp.decoding.strategy import Draft
 
     counts = parse_batch_sizes(clients)
+    load_s = parse_duration(load_time, option="--load")
     try:
         policy = Draft.parse(draft)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--draft") from None
     try:
         res = serve_speed(ckpt, clients=counts, n_prompts=n_prompts, prompt_bytes=prompt_bytes, max_bytes=max_bytes,
-                          rounds=rounds, load_s=parse_duration(load_time), load_clients=load_clients, draft=policy,
+                          rounds=rounds, load_s=load_s, load_clients=load_clients, draft=policy,
                           device=device, progress=lambda line: click.echo(line, err=True))
     except ValueError as e:
         raise empty_split_error(e, "the checkpoint's corpus needs a val split") from None

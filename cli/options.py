@@ -30,10 +30,10 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _SIZES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
 
-def parse_duration(text: str) -> float:
-    """Seconds in '90', '90s', '10m', '1h30m', '2h'."""
+def parse_duration(text: str, option: str = "--time") -> float:
+    """Seconds in '90', '90s', '10m', '1h30m', '2h' (`option` names the option in the error)."""
     if not re.fullmatch(r"\s*(?:\d+(?:\.\d+)?[smhd]?\s*)+", text):
-        raise ValueError(f"--time {text!r} is not a duration; write e.g. 90s, 10m, 1h30m")
+        raise ValueError(f"{option} {text!r} is not a duration; write e.g. 90s, 10m, 1h30m")
     return sum(float(number) * _UNITS[unit or "s"] for number, unit in re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", text))
 
 

@@ -19,6 +19,7 @@ from bytemtp.decoding.repetition import measure_repetition
 from bytemtp.evaluation.evaluate import val_continuations
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import load_model, save_checkpoint
+from bytemtp.decoding.strategy import Draft
 from bytemtp_cli.main import main
 from bytemtp_cli.report import repetition_line
 
@@ -291,7 +292,10 @@ def test_bench_decode_checks_identity_and_writes_keys(ckpt, code_corpus, tmp_pat
         assert (case["speedup_min"], case["speedup_max"]) == pytest.approx((min(case["speedup_runs"]),
                                                                             max(case["speedup_runs"])))
         assert case["spec_bytes_s"] / case["plain_bytes_s"] == pytest.approx(case["speedup"])
-        assert case["heads_used"] and case["bytes_per_forward"] >= 1.0
+        # every pass of a fixed chain emits a byte at least; a draft that adapts also counts the passes
+        # that re-warm its heads after plain ones (warmth.rewarm), which emit nothing
+        fixed = not Draft.parse(case["mode"]).adapts(True)
+        assert case["heads_used"] and case["bytes_per_forward"] >= (1.0 if fixed else 0.5), case["mode"]
         # how repetitive the last round's outputs are, against the bytes after each prompt in its val document
         decoded = [out for mode, _, outs in calls[-len(calls) // 2:] if mode == case["mode"] for out in outs]
         assert case["repetition"] == dataclasses.asdict(measure_repetition(decoded, continuations)), case["mode"]

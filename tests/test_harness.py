@@ -22,6 +22,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def test_without_lm_eval_the_error_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "lm_eval", None)
+    for name in [m for m in sys.modules if m.startswith("lm_eval.")]:  # imported by another test of this process
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.delitem(sys.modules, "bytemtp.interop.harness", raising=False)
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'bytemtp\[harness\]'"):
         import bytemtp.interop.harness  # noqa: F401
