@@ -177,6 +177,7 @@ class _Run:
         self.stream = StreamText(req.stop)
         self.generation: Generation | None = None
         self.job: GenerateJob | ScoreJob | None = None
+        self.completion_bytes = 0  # the output's bytes, stop string cut, once finished
 
     @property
     def prompt(self) -> bytes:
@@ -270,7 +271,7 @@ def _seed(seed: int | None, j: int) -> int:
 
 def _usage(req: Completion, runs: list[_Run]) -> dict:
     prompt = sum(len(p) + lead for p, lead in zip(req.prompts, req.leading_eos))
-    completion = sum(getattr(run, "completion_bytes", 0) for run in runs)
+    completion = sum(run.completion_bytes for run in runs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
