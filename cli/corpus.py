@@ -32,16 +32,38 @@ from . import report
 @click.option("--licence", default="unknown", show_default=True, help="Licence for the manifest.")
 @click.option("--max-bad-fraction", default=0.01, show_default=True, type=click.FloatRange(0, 1),
               help="Abort when more than this fraction of records is unusable.")
+@click.option("--workers", default=None, type=click.IntRange(1), metavar="N",
+              help="Processes that read and parse the inputs, and threads that compress  [default: the cores "
+                   "there are]. The corpus is the same, byte for byte, for every N.")
+@click.option("--part", default=None, metavar="I/N",
+              help="Prepare part I of N (0 <= I < N) of the documents, chosen by a hash of each, as one of N "
+                   "independent jobs (a Slurm array, say); join the N parts with --merge.")
+@click.option("--merge", is_flag=True,
+              help="SOURCES are the N parts of one `prep --part I/N`: join them into --out without compressing "
+                   "again. The options that choose documents and the split come from the parts.")
 def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float, val: tuple[str, ...],
              val_tail: float | None, level: int, include: tuple[str, ...], exclude: tuple[str, ...],
-             source_name: str | None, licence: str, max_bad_fraction: float) -> None:
+             source_name: str | None, licence: str, max_bad_fraction: float, workers: int | None,
+             part: str | None, merge: bool) -> None:
     """Prepare a corpus: deduplicate, split train/val, write shards of the documents' exact bytes
     (any bytes: raw files are documents as they are) in 1 MiB zstd frames with an index.
 
-    The split is one of: by hash (--val-fraction, the default), the --val inputs, or --val-tail."""
+    The split is one of: by hash (--val-fraction, the default), the --val inputs, or --val-tail.
+    With --part I/N, N jobs each prepare one part; `prep --merge PART... --out CORPUS` joins them."""
+    import os
+
     from tqdm import tqdm
 
-    from bytemtp.data import corpus, prep
+    from bytemtp.data import corpus, intake, prep
+
+    if merge:
+        _merge(sources, out)
+        return
+    workers = workers or len(os.sched_getaffinity(0))
+    try:
+        part = intake.Part.parse(part) if part is not None else None
+    except ValueError as e:
+        raise click.BadParameter(str(e).removeprefix(f"--part {part!r} "), param_hint="--part") from None
 
     given = click.get_current_context().get_parameter_source("val_fraction") != click.core.ParameterSource.DEFAULT
     split = dict(val_fraction=val_fraction if given else None, val=list(val) or None, val_tail=val_tail)
@@ -56,9 +78,33 @@ def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float
 
         manifest = prep.prepare(files, out, field=field, **split, level=level,
                                 source_name=source_name or " ".join(sources), licence=licence,
-                                progress=progress, max_bad_fraction=max_bad_fraction,
+                                progress=progress, max_bad_fraction=max_bad_fraction, workers=workers,
+                                threads=0 if workers == 1 else workers, part=part,
                                 say=lambda text: tqdm.write(text, file=sys.stderr))
-    click.echo(f"wrote {out}")
+    click.echo(f"wrote {out}" + (f", part {part.index}/{part.of}: join the {part.of} parts with `bytemtp prep "
+                                 f"--merge PART... --out CORPUS`" if part else ""))
+    click.echo(report.corpus_table(manifest))
+
+
+def _merge(parts: tuple[str, ...], out: str) -> None:
+    """`prep --merge`: the options that choose documents must not be given (they come from the parts)."""
+    from tqdm import tqdm
+
+    from bytemtp.data import merge
+
+    context = click.get_current_context()
+    given = [param.opts[0] for param in context.command.params
+             if param.name not in ("sources", "out", "merge")
+             and context.get_parameter_source(param.name) != click.core.ParameterSource.DEFAULT]
+    if given:
+        raise click.UsageError(f"--merge joins parts as they were prepared, so {', '.join(given)} cannot be given "
+                               f"with it; give them to each `bytemtp prep --part I/N`")
+    parts = merge.read_parts(list(parts))
+    total = sum(split["bytes"] for _, manifest in parts for split in manifest["splits"].values())
+    with tqdm(total=total, desc="merge", unit="B", unit_scale=True) as bar:
+        manifest = merge.merge([folder for folder, _ in parts], out, progress=bar.update,
+                               say=lambda text: tqdm.write(text, file=sys.stderr))
+    click.echo(f"wrote {out} from {len(parts)} parts")
     click.echo(report.corpus_table(manifest))
 
 

@@ -18,7 +18,7 @@ import time
 import pytest
 from corpora import make_sources, read_back
 
-from bytemtp.data import prep as prep_lib
+from bytemtp.data import intake as intake_lib
 from bytemtp.data.corpus import corpus_files, describe, iter_documents
 from bytemtp.data.prep import prepare
 from bytemtp.data.readers import SKIP_REASONS
@@ -191,7 +191,7 @@ def _litter(tmp_path):
 @pytest.mark.parametrize("error", [RuntimeError("midway"), KeyboardInterrupt()])
 def test_a_prep_that_fails_midway_leaves_nothing(tmp_path, monkeypatch, error):
     sources, _ = make_sources(tmp_path)
-    real, seen = prep_lib.iter_documents, []
+    real, seen = intake_lib.iter_documents, []
 
     def failing(path, **kw):
         for doc in real(path, **kw):
@@ -201,7 +201,7 @@ def test_a_prep_that_fails_midway_leaves_nothing(tmp_path, monkeypatch, error):
                 raise error
             yield doc
 
-    monkeypatch.setattr(prep_lib, "iter_documents", failing)
+    monkeypatch.setattr(intake_lib, "iter_documents", failing)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     with pytest.raises(type(error)):
         prepare(sources, tmp_path / "out", max_bad_fraction=0.1, frame_bytes=64, threads=2)
@@ -211,13 +211,13 @@ def test_a_prep_that_fails_midway_leaves_nothing(tmp_path, monkeypatch, error):
 
 _SLOW_PREP = """
 import sys, time
-from bytemtp.data import prep
-real = prep.iter_documents
+from bytemtp.data import intake, prep
+real = intake.iter_documents
 def slow(path, **kw):
     for doc in real(path, **kw):
         time.sleep(0.02)
         yield doc
-prep.iter_documents = slow
+intake.iter_documents = slow
 prep.prepare([sys.argv[1]], sys.argv[2])
 """
 

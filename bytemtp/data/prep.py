@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import bytemtp
-from bytemtp.data.corpus import corpus_files, iter_documents, spec_items
+from bytemtp.data.corpus import corpus_files, spec_items
+from bytemtp.data.intake import Part, read_inputs
 from bytemtp.data.readers import SKIP_REASONS
 from bytemtp.data.shards import FORMAT_VERSION, CorpusError, ShardWriter, fsync_dir, write_manifest
 
@@ -157,8 +158,8 @@ def val_files(val, *, inputs=()) -> list[pathlib.Path]:
 def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float | None = None, val=None,
             val_tail: float | None = None, level: int = 10, source_name: str | None = None,
             licence: str = "unknown", progress: Callable[[int, int], None] | None = None,
-            max_bad_fraction: float = 0.01, frame_bytes: int = 1 << 20, threads: int = -1,
-            say: Callable[[str], None] | None = None) -> dict:
+            max_bad_fraction: float = 0.01, frame_bytes: int = 1 << 20, threads: int = -1, workers: int = 1,
+            part: Part | None = None, say: Callable[[str], None] | None = None) -> dict:
     """Build a prepared corpus in out_dir (train/ and val/ shards plus manifest.json); return the manifest.
 
     The split, one of (see the module doc): by hash (the default; val_fraction, None for 0.01), where
@@ -169,7 +170,10 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
     written; an empty document goes to train). `progress(bytes_read, docs)` gets running totals
     every 1024 documents and after each file: the on-disk bytes of the files read (within a file,
     the document bytes read from it, capped at its size) and the documents read, duplicates
-    included. `say` gets notes for the user, one line each: an empty val split and how to get one,
+    included. `workers` processes read and parse the inputs (`bytemtp.data.intake`), and `threads`
+    compress (-1: one per core, 0: this thread); the corpus is the same, byte for byte, for every
+    number of either. `part` keeps one part of the documents (`intake.Part`: a function of each
+    document's bytes) and records it in the manifest for `bytemtp.data.merge`. `say` gets notes for the user, one line each: an empty val split and how to get one,
     temporary folders kept. The corpus is built in a hidden sibling directory and renamed into place
     (see the module doc).
     """
@@ -180,6 +184,20 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
     val_paths = val_files(val, inputs=files) if val is not None else []
     files = [*val_paths, *files]  # val first: a train copy of a val document is the duplicate dropped
     out = pathlib.Path(out_dir)
+    manifest = build_atomically(out, lambda tmp: _build(
+        files, tmp, val_paths=val_paths, sources=sources, field=field, split=split, level=level,
+        source_name=source_name, licence=licence, progress=progress, max_bad_fraction=max_bad_fraction,
+        frame_bytes=frame_bytes, threads=threads, workers=workers, part=part), say=say)
+    if say is not None and part is None and (note := empty_val_note(out, manifest)):
+        say(note)
+    return manifest
+
+
+def build_atomically(out: pathlib.Path, build: Callable[[pathlib.Path], dict], *,
+                     say: Callable[[str], None] | None = None) -> dict:
+    """Run `build(tmp)` to write a corpus into a new hidden sibling of `out`, then rename it into
+    place; return what build returns. On any error, Ctrl-C, SIGTERM or SIGHUP the folder goes (the
+    module doc); `out` must not exist or be an empty folder."""
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         raise CorpusError(f"{out} already exists and is not empty; remove it or choose another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -190,9 +208,7 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
             try:
                 tmp.mkdir()
                 (tmp / HOST_FILE).write_text(socket.gethostname() + "\n")
-                manifest = _build(files, tmp, val_paths=val_paths, sources=sources, field=field, split=split,
-                                  level=level, source_name=source_name, licence=licence, progress=progress,
-                                  max_bad_fraction=max_bad_fraction, frame_bytes=frame_bytes, threads=threads)
+                result = build(tmp)
                 (tmp / HOST_FILE).unlink()
                 if out.exists():
                     out.rmdir()
@@ -206,13 +222,27 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
         signal.raise_signal(stop.signum)
         raise CorpusError(f"prep of {out} stopped by signal {signal.Signals(stop.signum).name}; its temporary "
                           f"folder is removed") from None
-    if manifest["splits"]["val"]["documents"] == 0 and split["method"] == "hash" and say is not None:
-        total, val_fraction = manifest["splits"]["train"]["documents"], split["val_fraction"]
-        wanted = min(0.5, 10 / total)
-        say(f"warning: the val split of {out} is empty: a val fraction of {val_fraction:g} of {total:,} documents "
+    return result
+
+
+def empty_val_note(out: pathlib.Path, manifest: dict) -> str | None:
+    """The warning for a hash split whose val split came out empty, with the fix, or None."""
+    split = manifest["split"]
+    if manifest["splits"]["val"]["documents"] or split["method"] != "hash":
+        return None
+    total, val_fraction = manifest["splits"]["train"]["documents"], split["val_fraction"]
+    wanted = min(0.5, 10 / total)
+    return (f"warning: the val split of {out} is empty: a val fraction of {val_fraction:g} of {total:,} documents "
             f"expects {val_fraction * total:.2g} there; prepare again with a larger `bytemtp prep --val-fraction` "
             f"(e.g. {wanted:.2g}) or more documents, or evaluate the train split (`bytemtp eval --split train`)")
-    return manifest
+
+
+def inputs_digest(files: list[pathlib.Path]) -> str:
+    """A digest of the input files' names and sizes in order: the parts of one job share it."""
+    sha = hashlib.sha256()
+    for path in files:
+        sha.update(f"{path.name}\0{path.stat().st_size}\n".encode())
+    return sha.hexdigest()[:16]
 
 
 def _pieces(doc: bytes, digest: bytes, *, split: dict, val_input: bool) -> list[tuple[str, bytes]]:
@@ -227,7 +257,7 @@ def _pieces(doc: bytes, digest: bytes, *, split: dict, val_input: bool) -> list[
     return [("val" if is_val else "train", doc)]
 
 
-def _empty_split_error(split: dict, *, train: int, val: int, reasons: str) -> str | None:
+def empty_split_error(split: dict, *, train: int, val: int, reasons: str) -> str | None:
     """Why a split that holds no document cannot be, or None when both are allowed as they are."""
     if split["method"] == "inputs" and val == 0:
         return (f"the val inputs {', '.join(split['val_inputs'])} hold no document (bad records skipped in all "
@@ -246,39 +276,41 @@ def _empty_split_error(split: dict, *, train: int, val: int, reasons: str) -> st
 
 def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, val_paths: list[pathlib.Path], sources, field: str,
            split: dict, level: int, source_name: str | None, licence: str, progress, max_bad_fraction: float,
-           frame_bytes: int, threads: int) -> dict:
+           frame_bytes: int, threads: int, workers: int, part: Part | None) -> dict:
     """Write the shards and the manifest of a prepared corpus into tmp; return the manifest."""
     skipped, seen, duplicates, read, done = {}, set(), 0, 0, 0
     kw = dict(level=level, frame_bytes=frame_bytes, threads=threads)
     val_inputs = set(val_paths)
     with ShardWriter(tmp / "train", **kw) as train, ShardWriter(tmp / "val", **kw) as val:
         writers = {"train": train, "val": val}
-        for path in files:
-            size, in_file = path.stat().st_size, 0
-            for doc in iter_documents(path, field=field, counts=skipped):
-                read, in_file = read + 1, in_file + len(doc)
-                if progress is not None and read % 1024 == 0:
-                    progress(done + min(in_file, size), read)
-                digest = hashlib.sha256(doc).digest()
+        for batch in read_inputs(files, field=field, workers=workers, part=part):
+            path = files[batch.file]
+            for doc, digest in zip(batch.docs, batch.digests):
                 if digest in seen:
                     duplicates += 1
                     continue
                 seen.add(digest)
-                for name, piece in _pieces(doc, digest, split=split, val_input=path in val_inputs):
-                    writers[name].write(piece)
-            done += size
+                pieces = _pieces(doc, digest, split=split, val_input=path in val_inputs)
+                for name, piece in pieces:
+                    writers[name].write(piece, digest if len(pieces) == 1 else None)
+            read += batch.read
+            if batch.end:
+                done += path.stat().st_size
+                for reason, n in batch.skipped.items():
+                    skipped[reason] = skipped.get(reason, 0) + n
             if progress is not None:
-                progress(done, read)
+                progress(done if batch.end else done + min(batch.in_file, path.stat().st_size), read)
     bad = sum(skipped.values())
     records = read + bad
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())) or "none"
     if bad > max_bad_fraction * records:
         raise CorpusError(f"{bad} of {records} records are bad ({reasons}), more than max_bad_fraction="
                           f"{max_bad_fraction}; fix the input or allow a larger fraction")
-    if train.documents + val.documents == 0:
+    if part is None and train.documents + val.documents == 0:  # a part may hold none: the merge checks
         raise CorpusError(f"no documents in {', '.join(map(str, files))} after skipping {bad} bad records "
                           f"({reasons}) and {duplicates} duplicates; check the sources and --field")
-    if error := _empty_split_error(split, train=train.documents, val=val.documents, reasons=reasons):
+    if part is None and (error := empty_split_error(split, train=train.documents, val=val.documents,
+                                                      reasons=reasons)):
         raise CorpusError(error)
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -294,6 +326,9 @@ def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, val_paths: list[path
         "skipped": {reason: skipped.get(reason, 0) for reason in SKIP_REASONS},
         "duplicates": duplicates,
         "input_files": len(files),
+        "records": records,  # every record read, bad ones included (a part's are those of all its inputs)
     }
+    if part is not None:
+        manifest["part"] = {"index": part.index, "of": part.of, "inputs": inputs_digest(files)}
     write_manifest(tmp, manifest)
     return manifest

@@ -18,9 +18,10 @@ Format-1 corpora (JSONL shards) are still read, as JSONL, by `bytemtp.data.reade
 
 The manifest (`manifest.json`) holds the format version, counts, licence and, per split, its shards
 and the sha256 of its documents (each as its length in 8 little-endian bytes, then its bytes, in
-shard order: `hash_document`), and `shard_files`: per shard its file size, the sha256 of its index
-frame (the bytes from the skippable frame's magic to the end of the file) and the sha256 of its
-documents. `shard_files` is optional on read: corpora prepared before it was recorded lack it.
+shard order: `hash_document`), its `set_sha256` (the sum of its documents' sha256, which does not
+depend on their order: `set_digest`), and `shard_files`: per shard its file size, the sha256 of its
+index frame (the bytes from the skippable frame's magic to the end of the file) and the sha256 of its
+documents. `shard_files` and `set_sha256` are optional on read: older corpora lack them.
 
 Two checks, two prices. `check_split` runs whenever a prepared corpus is opened for reading
 (`corpus.corpus_files`): a stat and one pread of the index per shard, and no decompression, so a
@@ -59,6 +60,18 @@ _frame_decoders = threading.local()  # a ZstdDecompressor is not safe to share b
 
 class CorpusError(ValueError):
     """A corpus cannot be read or written; the one-line message names the file, the offset and the fix."""
+
+
+def set_digest(total: int) -> str:
+    """A split's `set_sha256` as the manifest holds it: the sum modulo 2**256 of the sha256 of each
+    of its documents (`doc_value`), in hex. It does not depend on the documents' order, so a corpus
+    merged from parts (`bytemtp prep --merge`) has the set digest of one prep of the same inputs."""
+    return f"{total % (1 << 256):064x}"
+
+
+def doc_value(digest: bytes) -> int:
+    """A document's sha256 (of its bytes alone) as the number `set_digest` sums."""
+    return int.from_bytes(digest, "big")
 
 
 def hash_document(sha, doc: bytes) -> None:
@@ -152,11 +165,14 @@ class ShardWriter:
         self._lengths: list[int] = []  # the open shard's document lengths
         self._shard_content, self._shard_size = 0, 0
         self._sha, self._shard_sha = hashlib.sha256(), hashlib.sha256()
+        self._set = 0  # the sum of the documents' sha256 (set_digest)
         self.shards: list[str] = []
         self.records: dict[str, dict] = {}  # per finished shard: size, index_sha256, sha256
         self.documents = self.bytes = self.compressed_bytes = 0
 
-    def write(self, doc: bytes) -> None:
+    def write(self, doc: bytes, digest: bytes | None = None) -> None:
+        """Add one document; `digest` is its sha256 where the caller has it already."""
+        self._set += doc_value(digest or hashlib.sha256(doc).digest())
         self._buffer += doc
         self._lengths.append(len(doc))
         hash_document(self._sha, doc)
@@ -216,6 +232,7 @@ class ShardWriter:
         """This split's manifest entry (see the module doc)."""
         return {"documents": self.documents, "bytes": self.bytes, "compressed_bytes": self.compressed_bytes,
                 "shards": list(self.shards), "sha256": self._sha.hexdigest(),
+                "set_sha256": set_digest(self._set),
                 "shard_files": {name: dict(record) for name, record in self.records.items()}}
 
     def close(self) -> None:
@@ -464,7 +481,7 @@ def verify(corpus, *, progress: Callable[[int], None] | None = None) -> dict:
         if found != sorted(split["shards"]):
             raise CorpusError(f"{top} holds {found} but the manifest lists {split['shards']}; {_REDO_PREP}")
         records = split.get("shard_files", {})
-        sha, documents, nbytes, compressed = hashlib.sha256(), 0, 0, 0
+        sha, documents, nbytes, compressed, total = hashlib.sha256(), 0, 0, 0, 0
         for shard in split["shards"]:
             path = top / shard
             if shard in records:
@@ -475,6 +492,7 @@ def verify(corpus, *, progress: Callable[[int], None] | None = None) -> dict:
                 for doc in reader.documents():
                     hash_document(sha, doc)
                     hash_document(shard_sha, doc)
+                    total += doc_value(hashlib.sha256(doc).digest())
                     documents, nbytes, pending = documents + 1, nbytes + len(doc), pending + len(doc)
                     if progress is not None and pending >= 1 << 20:
                         progress(pending)
@@ -486,6 +504,8 @@ def verify(corpus, *, progress: Callable[[int], None] | None = None) -> dict:
                                   f"recorded {records[shard]['sha256'][:12]}...: their bytes changed although "
                                   f"every frame decodes and the index is the recorded one; {_REDO_PREP}")
         got = {"documents": documents, "bytes": nbytes, "compressed_bytes": compressed, "sha256": sha.hexdigest()}
+        if "set_sha256" in split:  # recorded since prep --merge
+            got["set_sha256"] = set_digest(total)
         for key, value in got.items():
             if split.get(key) != value:
                 raise CorpusError(f"split {name} of {root} has {key} {value} but its manifest says "
