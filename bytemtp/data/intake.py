@@ -88,9 +88,9 @@ def _batches(files, index: int, *, field: str, part: Part | None, batch_bytes: i
 
 
 def read_inputs(files: list, *, field: str = "text", workers: int = 1, part: Part | None = None,
-                batch_bytes: int = BATCH_BYTES) -> Iterator[Batch]:
+                batch_bytes: int | None = None) -> Iterator[Batch]:
     """Every file's batches, file after file in the order given (see the module doc)."""
-    workers = min(workers, len(files))
+    workers, batch_bytes = min(workers, len(files)), batch_bytes or BATCH_BYTES
     if workers <= 1:
         for index in range(len(files)):
             yield from _batches(files, index, field=field, part=part, batch_bytes=batch_bytes)

@@ -93,7 +93,7 @@ def _merge_split(name: str, parts: list[tuple[pathlib.Path, dict]], top: pathlib
             record = split["shard_files"].get(shard)
             _place(src, top / new)
             shard_sha = hashlib.sha256()
-            with Shard(top / new) as reader:
+            with Shard(src) as reader:  # the part's path, in what a damaged shard says
                 for doc in reader.documents():
                     hash_document(sha, doc)
                     hash_document(shard_sha, doc)
