@@ -206,7 +206,12 @@ LIBRARY_MESSAGES = {
     "bytemtp.bench.ratio_spread": ("bench train-step", "bench all"),
     "bytemtp.data.compression._zstd_error": ANY,
     "bytemtp.data.corpus._empty_split": ANY,
-    "bytemtp.data.prep.prepare": ("prep", "task-corpus"),
+    "bytemtp.data.prep.build_atomically": ("prep", "task-corpus"),
+    "bytemtp.data.prep.empty_val_note": ("prep", "task-corpus"),
+    "bytemtp.data.intake._receive": ("prep",),
+    "bytemtp.data.intake.Part.parse": ("prep",),
+    "bytemtp.data.merge.read_parts": ("prep",),
+    "bytemtp.data.merge.merge": ("prep",),
     "bytemtp.data.prep._build": ("prep",),  # its --field message needs no documents: task-corpus writes some
     "bytemtp.data.prep.split_record": ("prep",),  # task-corpus passes a val fraction only
     "bytemtp.data.prep.val_files": ("prep",),

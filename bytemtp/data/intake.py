@@ -48,8 +48,8 @@ class Part(NamedTuple):
     def parse(cls, text: str) -> Part:
         i, sep, n = text.partition("/")
         if not (sep and i.strip().isdigit() and n.strip().isdigit() and int(i) < int(n)):
-            raise ValueError(f"--part {text!r} is not I/N with 0 <= I < N, e.g. 0/4 (Slurm: "
-                             f"$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT with --array=0-3)")
+            raise ValueError(f"--part {text!r} is not I/N with 0 <= I < N, e.g. 0/4 (in a Slurm array: "
+                             f"$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)")
         return cls(int(i), int(n))
 
     def takes(self, digest: bytes) -> bool:
