@@ -300,3 +300,55 @@ def bench_sweep(grid: str, out: str, budget: str, tune_time: str, eval_bytes: in
                                   prompts=prompts, only=names)
     echo(sweep.table(results))
     write_json(json_path, results)
+
+
+@bench.command("prep")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--workers", "workers_text", default=None, metavar="1,N",
+              help="Numbers of workers to time against each other, comma-separated  [default: 1 and the cores "
+                   "there are].")
+@click.option("--rounds", default=2, show_default=True, type=click.IntRange(1),
+              help="Times each variant runs (interleaved).")
+@click.option("--parts", default=4, show_default=True, type=click.IntRange(0),
+              help="Then prepare the inputs as this many `--part I/N` jobs and merge them (0: skip).")
+@click.option("--vs", "vs", multiple=True, metavar="PATH",
+              help="Other inputs holding the same records (Parquet beside JSONL, say), timed with the most "
+                   "workers in the same rounds (repeatable).")
+@click.option("--field", default="text", show_default=True, help="The text field of JSONL or Parquet inputs.")
+@click.option("--scratch", default=None, type=click.Path(file_okay=False),
+              help="Where the outputs go while measured (removed after)  [default: a temporary folder].")
+@json_option()
+def bench_prep(sources: tuple[str, ...], workers_text: str | None, rounds: int, parts: int, vs: tuple[str, ...],
+               field: str, scratch: str | None, json_path: str | None) -> None:
+    """prep's MB/s with 1 and N workers (checked to write the same corpus), prep of other inputs
+    with the same records, and N part jobs plus their merge (checked against one prep)."""
+    import tempfile
+
+    from tqdm import tqdm
+
+    from bytemtp.data.prep_bench import prep_speed
+
+    workers = parse_batch_sizes(workers_text, param_hint="--workers") if workers_text else (1, len(os.sched_getaffinity(0)))
+    with tempfile.TemporaryDirectory(dir=scratch) as tmp, tqdm(desc="bench prep", unit="run") as bar:
+        def progress(text: str) -> None:
+            bar.set_postfix_str(text)
+            bar.update()
+
+        res = prep_speed(list(sources), scratch=tmp, workers=workers, rounds=rounds, parts=parts,
+                         vs=list(vs) or None, field=field, progress=progress)
+    echo(f"{res['input_files']} input file(s), {res['input_bytes']:,} bytes on disk; each prep writes "
+         f"{res['written_bytes']:,} document bytes")
+    rows = []
+    for name, arm in res["arms"].items():
+        speedup = arm.get("speedup")
+        rows.append((name, arm["workers"], f"{arm['mb_s']['median']:.1f}",
+                     f"{arm['mb_s']['min']:.1f}-{arm['mb_s']['max']:.1f}",
+                     f"{speedup['median']:.2f} ({speedup['min']:.2f}-{speedup['max']:.2f})" if speedup else "1",
+                     "yes" if arm["same_corpus"] else "no"))
+    echo(table(rows, ("prep", "workers", "MB/s", "range", "x first", "same corpus")))
+    if "parts" in res:
+        p = res["parts"]
+        echo(f"{p['parts']} parts ({p['workers']} workers each): {sum(p['part_seconds']):.1f} s in all, merge "
+             f"{p['merge_seconds']:.1f} s ({p['merge_mb_s']:.0f} MB/s); the same documents, split and set digests "
+             f"as one prep: {'yes' if p['same_documents'] else 'NO'}")
+    write_json(json_path, res)

@@ -57,14 +57,15 @@ def parse_counts(text: str, *, param_hint: str = "--counts") -> range:
     return counts
 
 
-def parse_batch_sizes(text: str) -> tuple[int, ...]:
-    """Batch sizes in '1,8'."""
+def parse_batch_sizes(text: str, *, param_hint: str = "--batch-sizes") -> tuple[int, ...]:
+    """Batch sizes (or other counts) in '1,8'."""
     try:
         sizes = tuple(int(b) for b in text.split(","))
     except ValueError:
         sizes = ()
     if not sizes or min(sizes) < 1:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of batch sizes", param_hint="--batch-sizes")
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of counts of 1 or more",
+                                 param_hint=param_hint)
     return sizes
 
 

@@ -178,3 +178,16 @@ def test_the_cli_prepares_parts_merges_them_and_refuses_what_does_not_fit(tmp_pa
         assert res.exit_code != 0 and "Traceback" not in res.output
         *_, line = res.stderr.strip().splitlines()
         assert message in line, res.output
+
+
+def test_bench_prep_times_the_variants_and_checks_their_corpora(tmp_path):
+    more = _sources(tmp_path)[-1]  # JSONL files without bad records
+    res = CliRunner().invoke(main, ["bench", "prep", str(more), "--workers", "1,2", "--rounds", "2", "--parts", "3",
+                                    "--vs", str(more / "m0.jsonl.zst"), "--json", str(tmp_path / "res.json")])
+    assert res.exit_code == 0, res.output
+    got = json.loads((tmp_path / "res.json").read_text())
+    assert list(got["arms"]) == ["workers 1", "workers 2", "vs"]
+    assert got["arms"]["workers 2"]["same_corpus"] and not got["arms"]["vs"]["same_corpus"]
+    assert len(got["arms"]["workers 2"]["seconds"]) == 2 and got["arms"]["workers 2"]["speedup"]["median"] > 0
+    assert got["parts"]["same_documents"] and len(got["parts"]["part_seconds"]) == 3
+    assert "the same documents, split and set digests as one prep: yes" in res.stdout
