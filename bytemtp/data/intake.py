@@ -89,7 +89,8 @@ def _batches(files, index: int, *, field: str, part: Part | None, batch_bytes: i
 
 def read_inputs(files: list, *, field: str = "text", workers: int = 1, part: Part | None = None,
                 batch_bytes: int | None = None) -> Iterator[Batch]:
-    """Every file's batches, file after file in the order given (see the module doc)."""
+    """Every file's batches, file after file in the order given (see the module doc). A batch's
+    documents may be views of a buffer that the next batch reuses: use them before asking for it."""
     workers, batch_bytes = min(workers, len(files)), batch_bytes or BATCH_BYTES
     if workers <= 1:
         for index in range(len(files)):
@@ -108,9 +109,11 @@ def read_inputs(files: list, *, field: str = "text", workers: int = 1, part: Par
         for proc, (_, sender) in zip(procs, pipes):
             proc.start()
             sender.close()  # the worker's end: once it exits, a read here ends instead of waiting
+        buffers = [bytearray() for _ in range(workers)]  # each worker's blobs land here, reused
         for index in range(len(files)):
+            w = index % workers
             while True:
-                batch = _receive(pipes[index % workers][0], procs[index % workers], files[index])
+                batch, buffers[w] = _receive(pipes[w][0], procs[w], files[index], buffers[w])
                 yield batch
                 if batch.end:
                     break
@@ -125,15 +128,19 @@ def read_inputs(files: list, *, field: str = "text", workers: int = 1, part: Par
                 proc.join()
 
 
-def _receive(conn, proc, path) -> Batch:
-    """The next batch a worker sends: its fields, then its documents as one blob (no object a
-    document on the way: one copy into the pipe, one out)."""
+def _receive(conn, proc, path, blob: bytearray) -> tuple[Batch, bytearray]:
+    """The next batch a worker sends (its fields, then its documents as one blob: no object a
+    document on the way, one copy into the pipe and one out), and the buffer the blob is in: `blob`
+    again when it is large enough (the previous batch's documents, views of it, are written by then),
+    else a new one (a bytearray with views cannot grow)."""
     try:
         message = conn.recv()
         if isinstance(message, str):  # the worker's error, one line
             raise CorpusError(message)
         batch, lengths = message
-        blob = bytearray(sum(lengths))
+        size = sum(lengths)
+        if size > len(blob):
+            blob = bytearray(max(size, 2 * len(blob)))
         if lengths:
             conn.recv_bytes_into(blob)
     except (EOFError, OSError):
@@ -146,7 +153,7 @@ def _receive(conn, proc, path) -> Batch:
     for n in lengths:
         docs.append(view[at:at + n])
         at += n
-    return batch._replace(docs=docs)
+    return batch._replace(docs=docs), blob
 
 
 def _work(files, indices, field, part, batch_bytes, conn) -> None:
