@@ -206,6 +206,7 @@ LIBRARY_MESSAGES = {
     "bytemtp.bench.ratio_spread": ("bench train-step", "bench all"),
     "bytemtp.data.compression._zstd_error": ANY,
     "bytemtp.data.corpus._empty_split": ANY,
+    "bytemtp.data.columnar._check_field": ("prep", "corpus-info", "verify"),  # train says data.field
     "bytemtp.data.prep.prepare": ("prep", "task-corpus"),
     "bytemtp.data.prep._build": ("prep",),  # its --field message needs no documents: task-corpus writes some
     "bytemtp.data.prep.split_record": ("prep",),  # task-corpus passes a val fraction only
