@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar, NamedTuple
 
@@ -151,9 +151,9 @@ class _TableFile:
     def position(self, saved) -> TablePos:
         return TablePos(*saved)
 
-    def _groups(self, start: int) -> Iterator[Iterator]:
-        """For each group from `start` on, a thunk that reads its column's chunks; raises the
-        position's CorpusError when the file has fewer than `start` groups."""
+    def _groups(self, start: int) -> Iterator[tuple[int, Callable[[], list]]]:
+        """For each group from `start` on, its index and a thunk that reads its column's chunks;
+        raises the position's CorpusError when the file has fewer than `start` groups."""
         raise NotImplementedError
 
     def _damaged(self, group: int, error: BaseException) -> CorpusError:
