@@ -22,7 +22,7 @@ DEMO_TUNE_TIME ?= 3m
 # none is $(TORCH_CPU) installed.
 setup:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install --quiet --root-user-action=ignore "$(TORCH_CPU)"
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e '.[dev,harness,hf,serve]'
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e '.[dev,harness,hf,serve,parquet]'
 
 # The suite runs in one process per core (pytest-xdist); tests that share fitted models stay on one.
 test: setup

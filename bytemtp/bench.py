@@ -213,12 +213,17 @@ def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 
 
 
 def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batch_size: int = 8,
-                      repeats: int = 3, progress=None) -> dict:
+                      repeats: int = 3, vs: str | None = None, progress=None) -> dict:
     """Decompressed MB/s that one process delivers as packed batches from one prepared shard,
     beside `zstd -dc` of the same file to /dev/null in the same run. Both divide the shard's
     decompressed size by their time, the best of `repeats` runs each, interleaved: the loader's for
     one whole epoch of the shard (read, decode, place EOS, pack, shuffle, batch) after a first
-    epoch that warms it up (threads started, buffers allocated), zstd's for decompressing it."""
+    epoch that warms it up (threads started, buffers allocated), zstd's for decompressing it.
+
+    With `vs` (any corpus spec: a Parquet file with the same documents, say), the loader also runs
+    whole epochs of it, interleaved with the others, and `vs` reports its document bytes a second
+    (counted by the loader) and its ratio to the loader on the shard, best against best and run by
+    run (the spread)."""
     files = [f for f in corpus_files(path, split="train") if str(f).endswith(".zst")]
     if not files:
         raise CorpusError(f"{path} holds no .zst shard; prepare one with `bytemtp prep`")
@@ -228,29 +233,43 @@ def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batc
     if zstd is None:
         raise CorpusError("the zstd command is not installed (apt-get install zstd); "
                           "the benchmark compares the loader against it")
-    zstd_s, loader_s = [], []
-    loader = ByteLoader(DataConfig(path=str(shard), batch_size=batch_size),
-                        ModelConfig(seq_len=seq_len, n_future=n_future))  # the windows of such a model
-    while loader.epoch == 0:  # the warm-up epoch
-        next(loader)
-    for _ in range(repeats):  # interleaved, so that a busy moment hits both
+    model = ModelConfig(seq_len=seq_len, n_future=n_future)  # the windows of such a model
+    loaders = {"loader": ByteLoader(DataConfig(path=str(shard), batch_size=batch_size), model)}
+    if vs is not None:
+        loaders["vs"] = ByteLoader(DataConfig(path=vs, batch_size=batch_size), model)
+    for loader in loaders.values():
+        while loader.epoch == 0:  # the warm-up epoch
+            next(loader)
+    zstd_s, took, nbytes = [], {name: [] for name in loaders}, {}
+    for _ in range(repeats):  # interleaved, so that a busy moment hits all of them
         with open(os.devnull, "wb") as sink:
             t0 = time.perf_counter()
             subprocess.run([zstd, "-dcq", str(shard)], stdout=sink, check=True)
             zstd_s.append(time.perf_counter() - t0)
-        epoch, batches, t0 = loader.epoch, 0, time.perf_counter()
-        while loader.epoch == epoch:
-            next(loader)
-            batches += 1
-        loader_s.append(time.perf_counter() - t0)
+        for name, loader in loaders.items():
+            epoch, batches, before, t0 = loader.epoch, 0, loader.stats()["bytes"], time.perf_counter()
+            while loader.epoch == epoch:
+                next(loader)
+                batches += 1
+            took[name].append(time.perf_counter() - t0)
+            # the document bytes of the epoch (the last batch may hold a few of the next one's)
+            nbytes[name] = loader.stats()["bytes"] - before
         if progress is not None:
             progress()
+    loader_s = took["loader"]
     loader_mb_s, zstd_mb_s = size / min(loader_s) / 1e6, size / min(zstd_s) / 1e6
-    return {"shard": str(shard), "decompressed_bytes": size, "compressed_bytes": shard.stat().st_size,
-            "seq_len": seq_len, "batch_size": batch_size, "batches": batches, "repeats": repeats,
-            "loader_s": min(loader_s), "zstd_s": min(zstd_s),
-            "loader_mb_s": loader_mb_s, "zstd_mb_s": zstd_mb_s, "ratio": loader_mb_s / zstd_mb_s,
-            "pair_ratios": sorted(z / t for z, t in zip(zstd_s, loader_s))}  # run by run: the spread
+    res = {"shard": str(shard), "decompressed_bytes": size, "compressed_bytes": shard.stat().st_size,
+           "seq_len": seq_len, "batch_size": batch_size, "batches": batches, "repeats": repeats,
+           "loader_s": min(loader_s), "zstd_s": min(zstd_s),
+           "loader_mb_s": loader_mb_s, "zstd_mb_s": zstd_mb_s, "ratio": loader_mb_s / zstd_mb_s,
+           "pair_ratios": sorted(z / t for z, t in zip(zstd_s, loader_s))}  # run by run: the spread
+    if vs is not None:
+        per_byte = size / nbytes["vs"]  # a vs run's time as if it had the shard's bytes
+        vs_mb_s = nbytes["vs"] / min(took["vs"]) / 1e6
+        res["vs"] = {"path": vs, "files": len(corpus_files(vs, split="train")), "document_bytes": nbytes["vs"],
+                     "s": min(took["vs"]), "mb_s": vs_mb_s, "ratio": vs_mb_s / loader_mb_s,
+                     "pair_ratios": sorted(t / (v * per_byte) for t, v in zip(loader_s, took["vs"]))}
+    return res
 
 
 def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128,

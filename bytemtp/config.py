@@ -217,7 +217,7 @@ class DataConfig:
     path: str = "data/corpus/stdlib"
     """Corpus: a prepared corpus directory, a directory of files, a glob, or one file."""
     field: str = "text"
-    """JSON field that holds the text in JSONL files."""
+    """JSON field (JSONL files) or column (Parquet, Arrow files) that holds the text."""
     batch_size: int = 8
     """Windows per batch (per process)."""
     shuffle_buffer: int = 16384
@@ -227,7 +227,7 @@ class DataConfig:
     num_workers: int = 0
     """DataLoader worker processes per rank; 0 reads in the training process."""
     max_bad_fraction: float = 0.01
-    """Abort when more than this fraction of JSONL lines is unusable (invalid JSON, no text)."""
+    """Abort when more than this fraction of records is unusable (JSONL lines of invalid JSON or no text, null table rows)."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.path, str) and bool(self.path), "data.path", self.path,

@@ -62,22 +62,33 @@ def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, min_
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(1),
               help="Passes of each reader; the fastest counts.")
+@click.option("--vs", "vs", default=None, metavar="PATH",
+              help="Also time the loader's epochs of this corpus (any file, folder or glob: a Parquet file with "
+                   "the same documents, say), interleaved, against the loader on the shard.")
 @json_option()
-def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, json_path: str | None) -> None:
-    """Loader throughput on one shard beside `zstd -dc` of the same file."""
+def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, vs: str | None,
+                 json_path: str | None) -> None:
+    """Loader throughput on one shard beside `zstd -dc` of the same file (and the loader on --vs)."""
     from tqdm import tqdm
 
     from bytemtp.bench import loader_throughput
 
     with tqdm(total=repeats, desc="loader", unit="pass") as bar:
-        res = loader_throughput(path, seq_len=seq_len, batch_size=batch_size, repeats=repeats,
+        res = loader_throughput(path, seq_len=seq_len, batch_size=batch_size, repeats=repeats, vs=vs,
                                 progress=bar.update)
     echo(f"shard {res['shard']}: {res['decompressed_bytes']:,} bytes decompressed, "
          f"{res['batches']:,} batches of {batch_size} x {seq_len}")
-    echo(table([("bytemtp loader (one process)", f"{res['loader_mb_s']:.1f}"),
-                ("zstd -dc > /dev/null", f"{res['zstd_mb_s']:.1f}")], ("reader", "MB/s")))
+    rows = [("bytemtp loader (one process)", f"{res['loader_mb_s']:.1f}"),
+            ("zstd -dc > /dev/null", f"{res['zstd_mb_s']:.1f}")]
+    if vs is not None:
+        rows.append((f"bytemtp loader on {vs}", f"{res['vs']['mb_s']:.1f}"))
+    echo(table(rows, ("reader", "MB/s")))
     spread = res["pair_ratios"]
     echo(f"ratio {res['ratio']:.3f} (best against best; run by run {spread[0]:.2f} to {spread[-1]:.2f})")
+    if vs is not None:
+        spread = res["vs"]["pair_ratios"]
+        echo(f"{vs} / shard {res['vs']['ratio']:.3f} (document bytes a second, best against best; run by run "
+             f"{spread[0]:.2f} to {spread[-1]:.2f})")
     write_json(json_path, res)
 
 

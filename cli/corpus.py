@@ -110,18 +110,32 @@ def _merge(parts: tuple[str, ...], out: str) -> None:
 
 @click.command("verify")
 @click.argument("corpus")
-def verify_cmd(corpus: str) -> None:
+@click.option("--field", default="text", show_default=True,
+              help="JSON field or table column holding the text (a corpus that is not prepared).")
+def verify_cmd(corpus: str, field: str) -> None:
     """Check every document of a prepared corpus against its manifest (sha256 per shard and split),
     and every shard's size and index: one line and exit status 0 when it is intact, 1 when not.
 
     Loading a corpus already checks the shards' sizes and indexes (cheap: nothing is decoded);
-    this reads everything.
+    this reads everything. Any other corpus (files, folders, globs: JSONL, Parquet, Arrow, ...) is
+    read document by document through its files' readers: one line with what they hold, or the one
+    line naming the file (and row group) that cannot be read.
     """
+    import os
+
     from tqdm import tqdm
 
     from bytemtp.data import shards
+    from bytemtp.data.corpus import describe
 
     try:
+        prepared = (shards.corpus_dir(corpus) / shards.MANIFEST).is_file()
+        if not prepared and (os.path.exists(corpus) or any(c in corpus for c in "*?[")):
+            info = describe(corpus, field=field)
+            skipped = ", ".join(f"{reason} {n:,}" for reason, n in info["skipped"].items() if n) or "none"
+            click.echo(f"OK {corpus}: {info['documents']:,} documents ({info['bytes']:,} bytes) in {info['files']} "
+                       f"file(s) read through their readers; skipped: {skipped}")
+            return
         total = sum(split.get("bytes", 0) for split in shards.read_manifest(corpus)["splits"].values())
         with tqdm(total=total, desc="verify", unit="B", unit_scale=True, leave=False) as bar:
             res = shards.verify(corpus, progress=bar.update)

@@ -68,7 +68,7 @@ def config_cmd(preset: str, config_file: str | None, overrides: tuple[str, ...],
 
 @main.command("corpus-info")
 @click.argument("path")
-@click.option("--field", default="text", show_default=True, help="JSON field holding the text.")
+@click.option("--field", default="text", show_default=True, help="JSON field or table column holding the text.")
 @json_option()
 def corpus_info_cmd(path: str, field: str, json_path: str | None) -> None:
     """Documents, bytes, compression ratio and splits of a corpus (prepared or not)."""

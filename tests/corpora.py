@@ -81,3 +81,34 @@ def make_sources(tmp_path):
 
 def read_back(corpus, split=None):
     return collections.Counter(d for f in corpus_files(corpus, split=split) for d in iter_documents(f))
+
+
+def write_table(path, docs, *, groups, column_type="string", fmt=None, compression="zstd"):
+    """Documents (None for a null) as a one-column table "text" (plus an int column "n") in row
+    groups (Parquet) or record batches (Arrow) of the given sizes; fmt "parquet", "stream" (Arrow
+    IPC stream, as Hugging Face datasets writes) or "file" (Arrow IPC file), by default from the
+    suffix (.arrow: stream). pyarrow is imported here: a test that calls this needs it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    assert sum(groups) == len(docs), (groups, len(docs))
+    fmt = fmt or ("parquet" if str(path).endswith(".parquet") else "stream")
+    t = getattr(pa, column_type)()
+    schema = pa.schema([("text", t), ("n", pa.int64())])
+    tables, at = [], 0
+    for size in groups:
+        part = docs[at:at + size]
+        tables.append(pa.table({"text": pa.array(part, type=t), "n": pa.array(range(at, at + size), pa.int64())},
+                               schema=schema))
+        at += size
+    if fmt == "parquet":
+        with pq.ParquetWriter(path, schema, compression=compression, write_page_checksum=True) as writer:
+            for table in tables:
+                writer.write_table(table, row_group_size=max(1, len(table)))
+        return
+    with pa.OSFile(str(path), "wb") as sink:
+        writer = (pa.ipc.new_stream if fmt == "stream" else pa.ipc.new_file)(sink, schema)
+        for table in tables:
+            writer.write_batch(pa.record_batch([table.column(0).combine_chunks(), table.column(1).combine_chunks()],
+                                               schema=schema))
+        writer.close()

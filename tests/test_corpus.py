@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from bytemtp.data.compression import decompressed_size, iter_lines, read_raw
 from bytemtp.data.corpus import corpus_files, iter_documents, select_files
-from bytemtp.data.readers import SKIP_REASONS, _parse_slowly, file_kind, parse_record
+from bytemtp.data.readers import JSONL_SKIP_REASONS, _parse_slowly, file_kind, parse_record
 from bytemtp.data.shards import CorpusError
 
 
@@ -159,7 +159,7 @@ def test_parse_record_reasons():
         assert parse_record(line) == reason, line
     # a lone surrogate escape is kept as its WTF-8 bytes, not dropped
     assert parse_record(b'{"text": "a\\ud800b"}') == b"a\xed\xa0\x80b"
-    assert set(cases.values()) == set(SKIP_REASONS)
+    assert set(cases.values()) == set(JSONL_SKIP_REASONS)
 
 
 def test_parse_record_edge_cases_match_the_json_reference():
@@ -202,7 +202,7 @@ def test_bad_lines_are_skipped_and_counted_so_nothing_is_lost(tmp_path):
     counts = {}
     docs = list(iter_documents(path, counts=counts))
     assert docs == [b"one", b"two", b"three"]
-    assert counts == {reason: 1 for reason in SKIP_REASONS}
+    assert counts == {reason: 1 for reason in JSONL_SKIP_REASONS}
     assert len(docs) + sum(counts.values()) == len(lines_of(path))
 
 

@@ -1,12 +1,14 @@
 """The corpus commands' user-facing lines: `bytemtp verify`, prep's note on an empty split, prep's
 split by --val inputs and by --val-tail as prep and corpus-info show it (and its refusals), and
-eval, bench and plot on a corpus whose val split is empty (one line, exit status 1, no traceback)."""
+eval, bench and plot on a corpus whose val split is empty (one line, exit status 1, no traceback),
+and verify of files that are not prepared (a Parquet file), with prep's one line for a bad --field."""
 
 import dataclasses
 import json
 
 import pytest
 from click.testing import CliRunner
+from corpora import write_table
 
 from bytemtp import config as C
 from bytemtp.data.prep import prepare
@@ -141,3 +143,21 @@ def test_an_empty_split_is_one_line_that_names_it_and_the_fix(run_on_empty_val, 
     assert fix in line and "larger `bytemtp prep --val-fraction`" in line
     assert "no files found" not in line
     assert ("read another split (--split" in line) == (command[0] == "eval")  # only eval has --split
+
+
+def test_a_table_with_no_such_field_is_one_line_from_prep_and_verify_reads_tables(tmp_path):
+    pytest.importorskip("pyarrow")
+    write_table(tmp_path / "a.parquet", ["one", None, "three", ""], groups=[3, 1])
+    line = _error_line(run("prep", tmp_path / "a.parquet", "--out", tmp_path / "out", "--field", "content"))
+    assert line == (f"Error: {tmp_path / 'a.parquet'} has no column 'content'; its text columns are 'text': "
+                    "choose one with --field (data.field when training)")
+    assert not (tmp_path / "out").exists()
+    res = run("verify", tmp_path / "a.parquet")
+    assert res.exit_code == 0, res.output
+    assert res.stdout == (f"OK {tmp_path / 'a.parquet'}: 3 documents (8 bytes) in 1 file(s) read through their "
+                          "readers; skipped: null 1\n")
+    (tmp_path / "cut.parquet").write_bytes((tmp_path / "a.parquet").read_bytes()[:-30])
+    line = _error_line(run("verify", tmp_path / "cut.parquet"))
+    assert line.startswith(f"Error: {tmp_path / 'cut.parquet'} is not a readable Parquet file")
+    line = _error_line(run("verify", tmp_path / "a.parquet", "--field", "n"))
+    assert "column 'n' of" in line and "is of type int64" in line

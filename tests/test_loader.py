@@ -277,7 +277,7 @@ def test_bad_lines_are_counted_and_abort_past_the_threshold(tmp_path):
     assert counts["skipped"] == {"invalid_json": 1, "not_string": 1, "not_object": 1,
                                  "missing_field": 1, "invalid_utf8": 1, "empty_line": 1}
     strict = L.DocumentStream([tmp_path / "x.jsonl"], max_bad_fraction=0.1)
-    with pytest.raises(CorpusError, match=r"6 of 26 JSONL lines are unusable .*max_bad_fraction=0.1"):
+    with pytest.raises(CorpusError, match=r"6 of 26 records are unusable .*max_bad_fraction=0.1"):
         list(zip(range(100), strict))
 
 

@@ -2,6 +2,7 @@
 through the loader's saved form, and a share resumed at every position yields exactly the rest."""
 
 import gzip
+import importlib.util
 import json
 import random
 
@@ -9,12 +10,17 @@ import numpy as np
 import pytest
 import zstandard
 
+from corpora import write_table
+
+from bytemtp.data.columnar import ArrowFile, ParquetFile, TablePos
 from bytemtp.data.compression import StreamPos
-from bytemtp.data.readers import READERS, JsonlFile, RawFile, RawPos, ShardFile, ShardPos, Share, file_kind, reader_for
+from bytemtp.data.readers import READERS, JsonlFile, RawFile, RawPos, ShardFile, ShardPos, file_kind, reader_for
+from bytemtp.data.steps import Share
 from bytemtp.data.shards import CorpusError, ShardWriter
 from bytemtp.vocab import EOS
 
 CCTX = zstandard.ZstdCompressor(level=3, write_checksum=True)
+HAVE_PYARROW = importlib.util.find_spec("pyarrow") is not None
 
 
 def _docs(n: int, seed: int = 0) -> list[bytes]:
@@ -41,12 +47,19 @@ def _files(tmp_path) -> dict:
         for doc in docs[32:]:
             w.write(doc)
     (tmp_path / "w" / w.shards[0]).rename(tmp_path / "f.zst")
-    return {"a.jsonl.zst": docs[:20], "b.jsonl.gz": docs[20:26], "c.jsonl": docs[26:30], "d.txt": [docs[30]],
-            "e.zst": [docs[31]], "f.zst": docs[32:]}
+    files = {"a.jsonl.zst": docs[:20], "b.jsonl.gz": docs[20:26], "c.jsonl": docs[26:30], "d.txt": [docs[30]],
+             "e.zst": [docs[31]], "f.zst": docs[32:]}
+    if HAVE_PYARROW:  # tables: more documents, row groups of uneven sizes
+        more = _docs(30, seed=1)
+        write_table(tmp_path / "g.parquet", more[:17], groups=[5, 0, 12], column_type="binary")
+        write_table(tmp_path / "h.arrow", more[17:], groups=[1, 9, 3], column_type="binary")
+        files |= {"g.parquet": more[:17], "h.arrow": more[17:]}
+    return files
 
 
 KINDS = {"a.jsonl.zst": (JsonlFile, StreamPos), "b.jsonl.gz": (JsonlFile, StreamPos), "c.jsonl": (JsonlFile, StreamPos),
-         "d.txt": (RawFile, RawPos), "e.zst": (RawFile, RawPos), "f.zst": (ShardFile, ShardPos)}
+         "d.txt": (RawFile, RawPos), "e.zst": (RawFile, RawPos), "f.zst": (ShardFile, ShardPos),
+         "g.parquet": (ParquetFile, TablePos), "h.arrow": (ArrowFile, TablePos)}
 
 
 def _ids(steps) -> np.ndarray:
@@ -67,7 +80,7 @@ def test_one_dispatch_picks_each_format_and_reads_its_documents(tmp_path):
         assert type(reader.position((0, 0))) is pos_type
 
 
-@pytest.mark.parametrize("n_readers", [1, 2])
+@pytest.mark.parametrize("n_readers", [1, 2, 3])
 def test_every_position_round_trips_and_resumes_the_rest_exactly(tmp_path, n_readers):
     files = _files(tmp_path)
     for name, docs in files.items():
@@ -106,7 +119,8 @@ def _split(ids: np.ndarray) -> list[np.ndarray]:
 def test_a_position_that_does_not_fit_names_the_file(tmp_path):
     _files(tmp_path)
     share = Share(0, 1, chunk=5, ahead=2)
-    for name, saved in (("f.zst", (10**6, 0)), ("c.jsonl", (3, 0)), ("a.jsonl.zst", (10**6, 0))):
+    cases = [("f.zst", (10**6, 0)), ("c.jsonl", (3, 0)), ("a.jsonl.zst", (10**6, 0))]
+    for name, saved in cases + [("g.parquet", (4, 0)), ("h.arrow", (9, 0))] * HAVE_PYARROW:
         reader = reader_for(tmp_path / name)
         with pytest.raises(CorpusError, match=rf"resume position \({saved[0]}, 0\) does not fit .*{name}; the file"):
             list(reader.share(reader.position(saved), record=0, share=share))

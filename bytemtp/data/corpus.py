@@ -2,25 +2,27 @@
 
 The prepared-shard format (writer, reader, index, manifest, checks) lives in `bytemtp.data.shards`,
 decompression (strict zstd, gzip, plain; lines) in `bytemtp.data.compression`, the file formats
-(prepared shard, JSONL, raw document: one reader class each) in `bytemtp.data.readers`, and the
-policy of preparing a corpus (dedup, split, bad records) in `bytemtp.data.prep`. This module turns a
-corpus spec into files and files into documents; `CorpusError` comes from `bytemtp.data.shards` (the
-lowest of them) and is the same class everywhere.
+(prepared shard, JSONL, raw document: one reader class each) in `bytemtp.data.readers` (Parquet and
+Arrow in `bytemtp.data.columnar`), and the policy of preparing a corpus (dedup, split, bad records)
+in `bytemtp.data.prep`. This module turns a corpus spec into files and files into documents;
+`CorpusError` comes from `bytemtp.data.shards` (the lowest of them) and is the same class everywhere.
 
-Finding. `corpus_files` turns a spec (paths, directories, globs, prepared corpora, lists of them) into
-a sorted list of files. A prepared corpus is opened here, and only here: its split's files are
-checked against the manifest's record (`shards.check_split`: sizes and index digests, no
-decompression), so a replaced shard is refused before it is read, and a split that holds no
-document is named as empty (with the way to get one) rather than reported as a missing corpus.
+Finding. `corpus_files` turns a spec (paths, directories, globs, prepared corpora, Hugging Face
+`save_to_disk` folders, lists of them) into a sorted list of files. A prepared corpus is opened
+here, and only here: its split's files are checked against the manifest's record
+(`shards.check_split`: sizes and index digests, no decompression), so a replaced shard is refused
+before it is read, and a split that holds no document is named as empty (with the way to get one)
+rather than reported as a missing corpus.
 
 Reading. `iter_documents` reads one file through its format's reader (`readers.reader_for`); bad
-JSONL lines are skipped and counted by reason, never dropped silently. `describe` is what
-`bytemtp corpus-info` shows.
+JSONL lines and null table rows are skipped and counted by reason, never dropped silently.
+`describe` is what `bytemtp corpus-info` shows.
 """
 from __future__ import annotations
 
 import fnmatch
 import glob
+import json
 import os
 import pathlib
 from collections.abc import Iterator
@@ -40,10 +42,52 @@ def _walk(directory: pathlib.Path) -> list[pathlib.Path]:
     return sorted((p for p in found if p.is_file()), key=lambda p: p.relative_to(directory).parts)
 
 
+def _saved_dataset(directory: pathlib.Path) -> list[pathlib.Path] | None:
+    """The Arrow files of a Hugging Face `save_to_disk` folder, in order, or None for another folder.
+
+    A Dataset's folder holds `state.json`, whose `_data_files` name its Arrow files in order (beside
+    them lie JSON files of metadata, no documents); a DatasetDict's holds `dataset_dict.json`, whose
+    `splits` name its splits' folders, each a Dataset's (every split is read, in that order: name a
+    split's folder to read one)."""
+    if (directory / "dataset_dict.json").is_file():
+        splits = _json(directory / "dataset_dict.json").get("splits")
+        if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+            raise CorpusError(f"{directory / 'dataset_dict.json'} has no list of \"splits\"; save the dataset again")
+        files = []
+        for name in splits:
+            found = _saved_dataset(directory / name)
+            if found is None:
+                raise CorpusError(f"split {name!r} of the saved DatasetDict {directory} has no "
+                                  f"{directory / name / 'state.json'}; save the dataset again")
+            files += found
+        return files
+    if not (directory / "state.json").is_file():
+        return None
+    data_files = _json(directory / "state.json").get("_data_files")
+    if not isinstance(data_files, list) or not all(isinstance(f, dict) and "filename" in f for f in data_files):
+        raise CorpusError(f"{directory / 'state.json'} lists no \"_data_files\"; save the dataset again")
+    files = [directory / f["filename"] for f in data_files]
+    for file in files:
+        if not file.is_file():
+            raise CorpusError(f"{file}, listed in {directory / 'state.json'}, does not exist; save the dataset again")
+    return files
+
+
+def _json(path: pathlib.Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CorpusError(f"{path} is not readable JSON ({e}); save the dataset again") from None
+    return value if isinstance(value, dict) else {}
+
+
 def _expand(path: pathlib.Path, split: str | None) -> list[pathlib.Path]:
     corpus = corpus_dir(path)
     if not (corpus / MANIFEST).is_file():
-        return [path] if path.is_file() else _walk(path)
+        if path.is_file():
+            return [path]
+        saved = _saved_dataset(path)
+        return _walk(path) if saved is None else saved
     splits = read_manifest(corpus)["splits"]
     files = []
     for name in (list(splits) if split is None else [split]):
@@ -79,9 +123,9 @@ def corpus_files(spec, *, split: str | None = "train") -> list[pathlib.Path]:
     """The files a corpus spec names, de-duplicated, in a deterministic order.
 
     Each item of `spec` (a path, or a list of them) is one of: a prepared corpus directory or its
-    manifest (the files of its `split`, or of every split if split is None), another directory
-    (every non-hidden file below it), a glob pattern (its sorted matches, directories expanded),
-    or a file.
+    manifest (the files of its `split`, or of every split if split is None), a Hugging Face
+    `save_to_disk` folder (its Arrow files, in the dataset's order), another directory (every
+    non-hidden file below it), a glob pattern (its sorted matches, directories expanded), or a file.
     """
     result, seen = [], set()
     for item in spec_items(spec):

@@ -5,7 +5,7 @@ the same position:
 
 - `DocumentStream` walks the corpus files in an order shuffled every epoch from the seed (the
   same order in every reader) and numbers the records it meets (documents of prepared shards, JSONL
-  lines, whole raw files) in that order. Reader g of G (g = rank x workers + worker) keeps the
+  lines, table rows, whole raw files) in that order. Reader g of G (g = rank x workers + worker) keeps the
   records whose number is g mod G, so one epoch hands every record to exactly one reader whatever
   the number of files, ranks and workers, and the readers' shares differ by one record at most. It
   hands out ids: each document's bytes followed by EOS. Each file is read by its format's reader
@@ -37,8 +37,9 @@ workers are read in strict round robin, each batch carries its worker's state, a
 state lists every worker's state with the worker due next, so a resumed loader (even with the
 worker order rotated) yields exactly the batches an uninterrupted one would have.
 
-Bad JSONL lines are skipped and counted by reason; a reader stops with CorpusError once more than
-`max_bad_fraction` of its lines (after the first 1,000, or at an epoch's end) are bad.
+Bad records (JSONL lines, null table rows) are skipped and counted by reason; a reader stops with
+CorpusError once more than `max_bad_fraction` of its records (after the first 1,000, or at an
+epoch's end) are bad.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ import torch
 
 from bytemtp.config import DataConfig, ModelConfig
 from bytemtp.data.corpus import corpus_files
-from bytemtp.data.readers import Share, reader_for
+from bytemtp.data.readers import reader_for
 from bytemtp.data.shards import CorpusError
+from bytemtp.data.steps import Share
 from bytemtp.vocab import EOS
 
 STATE_VERSION = 2  # 2: segment shuffle (1: block shuffle, its pending windows in the state)
@@ -133,7 +135,8 @@ class DocumentStream:
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Pieces (bytes, offsets after which an EOS follows) from the current position on, forever:
-        whole documents from raw and JSONL files, up to CHUNK bytes at a time from prepared shards.
+        whole documents from raw and JSONL files, up to CHUNK bytes at a time from prepared shards
+        and tables (a table's longer document whole).
         The position advances as they go."""
         while True:
             yield from self.epoch_pieces()
@@ -176,7 +179,7 @@ class DocumentStream:
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.counts["skipped"].items()))
             where = f" (last in {path})" if path else ""
             raise CorpusError(
-                f"{bad} of {lines} JSONL lines are unusable ({reasons}){where}: more than "
+                f"{bad} of {lines} records are unusable ({reasons}){where}: more than "
                 f"data.max_bad_fraction={self.max_bad_fraction}; check data.field "
                 f"(now {self.field!r}) or clean the corpus")
 

@@ -2,26 +2,31 @@
 
 A corpus file is a prepared shard (`ShardFile`: a `*.zst` that ends with a shard index), a JSONL
 file in any compression (`JsonlFile`: `*.jsonl`, `*.jsonl.zst`, `*.jsonl.gz`, one JSON object a line,
-the document in a text field) or one raw document (`RawFile`: any other file, its exact bytes in any
-compression). `reader_for` picks the first class of `READERS` that claims a file; a new format is one
-new class there. Every reader offers the same three things:
+the document in a text field), a table (`bytemtp.data.columnar`: `ParquetFile` for `*.parquet`,
+`ArrowFile` for `*.arrow`, the document in a text column) or one raw document (`RawFile`: any other
+file, its exact bytes in any compression). `reader_for` picks the first class of `READERS` that
+claims a file; a new format is one new class there. Every reader offers the same three things:
 
 - `documents(counts=)`: every document of the file in order, for prep, evaluation and corpus-info;
-  bad JSONL lines are skipped and counted by reason (`SKIP_REASONS`), never dropped silently.
+  bad JSONL lines and null table rows are skipped and counted by reason (`SKIP_REASONS`), never
+  dropped silently.
 - `position(saved)`: its typed resume position from the pair saved in the loader's state dict (every
   position is a NamedTuple of two ints, so `list(pos)` is the saved form, and (0, 0) is a file's
   start in every format): `StreamPos` (`bytemtp.data.compression`: a zstd frame's start and bytes
   into it) for JSONL, `ShardPos` (a frame and the reader's bytes of it already handed out) for
-  prepared shards, `RawPos` (whether the document was handed out) for raw files.
+  prepared shards, `TablePos` (a row group and rows of it consumed) for tables, `RawPos` (whether
+  the document was handed out) for raw files.
 - `share(pos, record=, share=)`: one loader reader's `Share` of the file from a position on, as
-  `Step`s (the position and record number after the step, and what it hands out). Records are
-  numbered across the corpus; reader g of G takes those numbered g mod G. JSONL and raw files number
-  a record at a time and parse only the reader's own; a prepared shard numbers its documents from
-  `record` (the shard's first) and takes the fast path: its index gives every boundary, so whole
-  frames are decoded as numpy arrays (in threads, `share.ahead` frames ahead), the reader's bytes
-  selected and EOS placed by vectorised operations, and frames holding nothing of the reader's are
-  never read. The trade-off: a raw file is read whole, and every reader decompresses and splits a
-  JSONL file to find its own lines; only prepared shards skip what is not the reader's.
+  `Step`s (`bytemtp.data.steps`: the position and record number after the step, and what it hands
+  out). Records are numbered across the corpus; reader g of G takes those numbered g mod G. JSONL
+  and raw files number a record at a time and parse only the reader's own; a table numbers its rows
+  and packs the reader's whole documents by array operations; a prepared shard numbers its
+  documents from `record` (the shard's first) and takes the fast path: its index gives every
+  boundary, so whole frames are decoded as numpy arrays (in threads, `share.ahead` frames ahead),
+  the reader's bytes selected and EOS placed by vectorised operations, and frames holding nothing
+  of the reader's are never read. The trade-off: a raw file is read whole, and every reader
+  decompresses and splits a JSONL file (or decodes a table's row groups) to find its own records;
+  only prepared shards skip what is not the reader's.
 """
 from __future__ import annotations
 
@@ -32,16 +37,18 @@ import pathlib
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 import numpy as np
 import simdjson
 
+from bytemtp.data.columnar import TABLE_SKIP_REASONS, ArrowFile, ParquetFile
 from bytemtp.data.compression import StreamPos, iter_lines, read_raw
 from bytemtp.data.shards import CorpusError, Shard, has_index
+from bytemtp.data.steps import Share, Step, whole
 
-SKIP_REASONS = ("empty_line", "invalid_utf8", "invalid_json", "not_object", "missing_field", "not_string")
+JSONL_SKIP_REASONS = ("empty_line", "invalid_utf8", "invalid_json", "not_object", "missing_field", "not_string")
+SKIP_REASONS = JSONL_SKIP_REASONS + TABLE_SKIP_REASONS  # every reason a record is skipped, in every format
 
 
 # --- JSONL records --------------------------------------------------------------------------------
@@ -102,7 +109,7 @@ def _parse_slowly(line: bytes, field: str) -> bytes | str:
 
 
 
-# --- positions and steps --------------------------------------------------------------------------
+# --- positions ------------------------------------------------------------------------------------
 
 
 class ShardPos(NamedTuple):
@@ -117,41 +124,6 @@ class RawPos(NamedTuple):
 
     start: int  # always 0: the document is read whole, from the file's start
     taken: int  # 1 once the document was handed out
-
-
-@dataclass(frozen=True)
-class Share:
-    """Which records one loader reader takes (record r is its own when r % n_readers == reader), and
-    how it reads a prepared shard: at most `chunk` bytes a piece, `ahead` frames decoded ahead."""
-
-    reader: int
-    n_readers: int
-    chunk: int
-    ahead: int
-    undigested: bool = False  # the position was saved before it carried the files' digest
-
-    def mine(self, record: int) -> bool:
-        return record % self.n_readers == self.reader
-
-
-class Step(NamedTuple):
-    """One step of a reader's share: the position and record number after it, and what it hands out:
-    a piece (bytes, offsets in them after which an EOS follows) with the documents and bytes it adds to
-    the counts, or a skipped JSONL line's reason. `lines` counts the reader's own JSONL lines."""
-
-    pos: tuple[int, int]
-    record: int
-    piece: tuple[np.ndarray, np.ndarray] | None = None
-    documents: int = 0
-    nbytes: int = 0
-    lines: int = 0
-    skipped: str | None = None
-
-
-def _whole(pos: tuple[int, int], record: int, doc: bytes, *, lines: int = 0) -> Step:
-    """A step that hands out one whole document: its bytes, and an EOS after them."""
-    piece = np.frombuffer(doc, dtype=np.uint8), np.array([len(doc)])
-    return Step(pos, record, piece, documents=1, nbytes=len(doc), lines=lines)
 
 
 # --- the readers ----------------------------------------------------------------------------------
@@ -188,7 +160,7 @@ class JsonlFile:
                 continue
             doc = parse_record(line, self.field)
             if type(doc) is bytes:
-                yield _whole(after, record, doc, lines=1)
+                yield whole(after, record, doc, lines=1)
             else:
                 yield Step(after, record, lines=1, skipped=doc)
         yield Step(after, record)
@@ -216,7 +188,7 @@ class RawFile:
         if pos.taken:  # taken before the position was saved: a resume moves on to the next file
             return
         if share.mine(record):
-            yield _whole(RawPos(0, 1), record + 1, read_raw(self.path))
+            yield whole(RawPos(0, 1), record + 1, read_raw(self.path))
         else:
             yield Step(RawPos(0, 1), record + 1)
 
@@ -334,10 +306,10 @@ class ShardShare:
         self.shard.close()
 
 
-READERS = (JsonlFile, ShardFile, RawFile)  # the first that claims a file reads it
+READERS = (JsonlFile, ShardFile, ParquetFile, ArrowFile, RawFile)  # the first that claims a file reads it
 
 
-def reader_for(path, *, field: str = "text") -> JsonlFile | ShardFile | RawFile:
+def reader_for(path, *, field: str = "text") -> JsonlFile | ShardFile | ParquetFile | ArrowFile | RawFile:
     """The reader of one corpus file: the first class of READERS that claims it."""
     path = pathlib.Path(path)
     return next(cls for cls in READERS if cls.claims(path))(path, field=field)
@@ -345,7 +317,8 @@ def reader_for(path, *, field: str = "text") -> JsonlFile | ShardFile | RawFile:
 
 def file_kind(path) -> str:
     """'jsonl' for *.jsonl, *.jsonl.zst, *.jsonl.gz; 'shard' for a *.zst file that ends with a
-    prepared shard's index; 'raw' (one document per file) for anything else."""
+    prepared shard's index; 'parquet' and 'arrow' for *.parquet and *.arrow; 'raw' (one document
+    per file) for anything else."""
     return reader_for(path).kind
 
 
