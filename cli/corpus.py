@@ -33,8 +33,9 @@ from . import report
 @click.option("--max-bad-fraction", default=0.01, show_default=True, type=click.FloatRange(0, 1),
               help="Abort when more than this fraction of records is unusable.")
 @click.option("--workers", default=None, type=click.IntRange(1), metavar="N",
-              help="Processes that read and parse the inputs, and threads that compress  [default: the cores "
-                   "there are]. The corpus is the same, byte for byte, for every N.")
+              help="Cores to use: N threads compress, and from 5 workers on one process for every 4 reads and "
+                   "parses the inputs  [default: the cores there are]. The corpus is the same, byte for byte, "
+                   "for every N.")
 @click.option("--part", default=None, metavar="I/N",
               help="Prepare part I of N (0 <= I < N) of the documents, chosen by a hash of each, as one of N "
                    "independent jobs (a Slurm array, say); join the N parts with --merge.")
@@ -59,7 +60,7 @@ def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float
     if merge:
         _merge(sources, out)
         return
-    workers = workers or len(os.sched_getaffinity(0))
+    readers, threads = intake.plan(workers or len(os.sched_getaffinity(0)))
     try:
         part = intake.Part.parse(part) if part is not None else None
     except ValueError as e:
@@ -78,8 +79,8 @@ def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float
 
         manifest = prep.prepare(files, out, field=field, **split, level=level,
                                 source_name=source_name or " ".join(sources), licence=licence,
-                                progress=progress, max_bad_fraction=max_bad_fraction, workers=workers,
-                                threads=0 if workers == 1 else workers, part=part,
+                                progress=progress, max_bad_fraction=max_bad_fraction, readers=readers,
+                                threads=threads, part=part,
                                 say=lambda text: tqdm.write(text, file=sys.stderr))
     click.echo(f"wrote {out}" + (f", part {part.index}/{part.of}: join the {part.of} parts with `bytemtp prep "
                                  f"--merge PART... --out CORPUS`" if part else ""))

@@ -63,8 +63,8 @@ def _children() -> list[int]:
 def test_workers_write_the_corpus_one_process_writes_byte_for_byte(tmp_path, monkeypatch, method):
     monkeypatch.setattr(intake, "BATCH_BYTES", 300)  # many batches a file
     sources, split = _sources(tmp_path), _split(method, tmp_path)
-    prepare(sources, tmp_path / "one", workers=1, threads=0, frame_bytes=512, max_bad_fraction=0.1, **split)
-    prepare(sources, tmp_path / "three", workers=3, threads=2, frame_bytes=512, max_bad_fraction=0.1, **split)
+    prepare(sources, tmp_path / "one", readers=0, threads=0, frame_bytes=512, max_bad_fraction=0.1, **split)
+    prepare(sources, tmp_path / "three", readers=3, threads=2, frame_bytes=512, max_bad_fraction=0.1, **split)
     one, three = _tree(tmp_path / "one"), _tree(tmp_path / "three")
     assert one == three and sum(name.endswith(".zst") for name in one) == 2
     assert one["manifest.json"]["duplicates"] > 10  # copies in files read by different workers were found
@@ -88,7 +88,7 @@ def test_a_killed_worker_leaves_no_output_and_says_so(tmp_path):
 
     with pytest.raises(CorpusError, match=r"prep's reading process \d+ was killed by signal 9 while reading "
                                           r".*nothing was written"):
-        prepare([src], tmp_path / "out", workers=2, progress=kill_the_workers)
+        prepare([src], tmp_path / "out", readers=2, progress=kill_the_workers)
     assert killed and not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["src"]  # no temporary folder left
 
@@ -100,14 +100,14 @@ def test_ctrl_c_and_a_workers_error_leave_nothing(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        prepare(sources, tmp_path / "out", workers=2, progress=interrupt, max_bad_fraction=0.1)
+        prepare(sources, tmp_path / "out", readers=2, progress=interrupt, max_bad_fraction=0.1)
     assert _children() == [] and sorted(p.name for p in tmp_path.iterdir()) == ["held.txt", "more", "records.jsonl.zst",
                                                                                  "texts"]
     (tmp_path / "more" / "m3.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd not a frame")
     with pytest.raises(CorpusError) as one:
-        prepare(sources, tmp_path / "out", workers=1, max_bad_fraction=0.1)
+        prepare(sources, tmp_path / "out", max_bad_fraction=0.1)
     with pytest.raises(CorpusError) as two:
-        prepare(sources, tmp_path / "out", workers=2, max_bad_fraction=0.1)
+        prepare(sources, tmp_path / "out", readers=2, max_bad_fraction=0.1)
     assert str(one.value) == str(two.value) and "m3.jsonl.zst" in str(two.value)
     assert not (tmp_path / "out").exists() and _children() == []
 
@@ -118,7 +118,7 @@ def test_parts_merged_hold_each_splits_documents_of_one_prep(tmp_path, method):
     whole = prepare(sources, tmp_path / "whole", frame_bytes=256, max_bad_fraction=0.1, **split)
     parts = [tmp_path / f"part{i}" for i in range(4)]
     for i, part in enumerate(parts):
-        prepare(sources, part, part=intake.Part(i, 4), workers=2, frame_bytes=256, max_bad_fraction=0.1, **split)
+        prepare(sources, part, part=intake.Part(i, 4), readers=2, frame_bytes=256, max_bad_fraction=0.1, **split)
     if method != "tail":  # (a tail split's pieces of two documents may be equal)
         held = [read_back(p) for p in parts]
         assert all(not (a & b) for i, a in enumerate(held) for b in held[i + 1:])  # no document in two parts

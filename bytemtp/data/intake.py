@@ -1,16 +1,23 @@
 """The documents of prep's inputs, in input order, with their digests: read in this process or by
 worker processes, all of them or one part.
 
-Where prep's time goes (300 MB of JSONL here): compressing at zstd level 10 about 35 MB/s a core,
-reading and parsing the inputs about 400 MB/s. Compression already runs in threads (zstd releases
-the GIL: `ShardWriter`); what one process cannot spread is reading and parsing, which hold it. So
-`read_inputs` with `workers` > 1 starts that many processes; worker w reads files w, w + N, ... in
+Where prep's time goes (300 MB of JSONL here): compressing at zstd level 10 about 35-40 MB/s a
+core, reading, parsing and hashing the inputs about 350 MB/s, and the writer's own work (two running
+digests, the frame buffer) about 450 MB/s. Compression runs in threads (zstd releases the GIL:
+`ShardWriter`), so one process that reads for itself keeps about five compressing cores busy;
+beyond that its reading holds them up. `plan(workers)` therefore reads in this process up to
+`INLINE_UP_TO` workers and starts a reading process for every four workers beyond: on the 2 vCPUs
+measured here, reading processes made prep slower (1.5-1.6x one worker's speed against 1.8-2.0x
+reading inline, in the same runs), since parsing moved to another process costs a copy through a
+pipe and a process start and frees little.
+
+With `processes` > 0, `read_inputs` starts that many; process p reads files p, p + P, ... in
 order, hashes each document (sha256) and sends the documents in batches of about `BATCH_BYTES`
 through a pipe of its own, each batch as one blob (no pickled object a document), blocking while
-the pipe is full, so a worker runs at most a batch ahead of its turn. This process takes the
+the pipe is full, so a process runs at most a batch ahead of its turn. This process takes the
 batches file by file in input order, so what it sees, and therefore the corpus prep writes, is the
-same for every number of workers: the same documents in the same order, the same shards, byte for
-byte. Deduplication and the split stay in this process (exact: one set of digests).
+same for every number of processes and threads: the same documents in the same order, the same
+shards, byte for byte. Deduplication and the split stay in this process (exact: one set of digests).
 
 A worker that ends without finishing (killed, out of memory) closes its pipe, which is raised at
 once as CorpusError naming it and its file; a worker's own error (a damaged input) comes back as
@@ -35,7 +42,16 @@ from typing import NamedTuple
 from bytemtp.data.corpus import iter_documents
 from bytemtp.data.shards import CorpusError
 
-BATCH_BYTES = 4 << 20  # document bytes a worker sends at a time
+BATCH_BYTES = 4 << 20  # document bytes a reading process sends at a time
+INLINE_UP_TO = 4  # up to this many workers, prep reads in its own process
+
+
+def plan(workers: int) -> tuple[int, int]:
+    """(reading processes, compressing threads) for `prep --workers N` (the module doc says why):
+    one worker reads and compresses in one thread, the baseline of one core."""
+    if workers <= 1:
+        return 0, 0
+    return (0 if workers <= INLINE_UP_TO else workers // 4), workers
 
 
 class Part(NamedTuple):
@@ -57,9 +73,10 @@ class Part(NamedTuple):
 
 
 class Batch(NamedTuple):
-    """Documents of one input file, in order (bytes, or memoryviews of what a worker sent), with their sha256 digests. `read` counts the
-    documents read for this batch (those of other parts too), `in_file` the document bytes read
-    from the file so far; the file's last batch has `end` set and its skipped records by reason."""
+    """Documents of one input file, in order (bytes, or memoryviews of what a reading process
+    sent), with their sha256 digests. `read` counts the documents read for this batch (those of
+    other parts too), `in_file` the document bytes read from the file so far; the file's last batch
+    has `end` set and its skipped records by reason."""
 
     file: int
     docs: list[bytes]
@@ -87,12 +104,12 @@ def _batches(files, index: int, *, field: str, part: Part | None, batch_bytes: i
     yield Batch(index, docs, digests, read, in_file, end=True, skipped=skipped)
 
 
-def read_inputs(files: list, *, field: str = "text", workers: int = 1, part: Part | None = None,
+def read_inputs(files: list, *, field: str = "text", processes: int = 0, part: Part | None = None,
                 batch_bytes: int | None = None) -> Iterator[Batch]:
     """Every file's batches, file after file in the order given (see the module doc). A batch's
     documents may be views of a buffer that the next batch reuses: use them before asking for it."""
-    workers, batch_bytes = min(workers, len(files)), batch_bytes or BATCH_BYTES
-    if workers <= 1:
+    workers, batch_bytes = min(processes, len(files)), batch_bytes or BATCH_BYTES
+    if workers < 1:
         for index in range(len(files)):
             yield from _batches(files, index, field=field, part=part, batch_bytes=batch_bytes)
         return

@@ -158,7 +158,7 @@ def val_files(val, *, inputs=()) -> list[pathlib.Path]:
 def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float | None = None, val=None,
             val_tail: float | None = None, level: int = 10, source_name: str | None = None,
             licence: str = "unknown", progress: Callable[[int, int], None] | None = None,
-            max_bad_fraction: float = 0.01, frame_bytes: int = 1 << 20, threads: int = -1, workers: int = 1,
+            max_bad_fraction: float = 0.01, frame_bytes: int = 1 << 20, threads: int = -1, readers: int = 0,
             part: Part | None = None, say: Callable[[str], None] | None = None) -> dict:
     """Build a prepared corpus in out_dir (train/ and val/ shards plus manifest.json); return the manifest.
 
@@ -170,9 +170,9 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
     written; an empty document goes to train). `progress(bytes_read, docs)` gets running totals
     every 1024 documents and after each file: the on-disk bytes of the files read (within a file,
     the document bytes read from it, capped at its size) and the documents read, duplicates
-    included. `workers` processes read and parse the inputs (`bytemtp.data.intake`), and `threads`
-    compress (-1: one per core, 0: this thread); the corpus is the same, byte for byte, for every
-    number of either. `part` keeps one part of the documents (`intake.Part`: a function of each
+    included. `readers` processes read and parse the inputs (0: this one; `bytemtp.data.intake`),
+    and `threads` compress (-1: one per core, 0: this thread); `intake.plan` chooses both for a
+    number of workers. The corpus is the same, byte for byte, for every number of either. `part` keeps one part of the documents (`intake.Part`: a function of each
     document's bytes) and records it in the manifest for `bytemtp.data.merge`. `say` gets notes for the user, one line each: an empty val split and how to get one,
     temporary folders kept. The corpus is built in a hidden sibling directory and renamed into place
     (see the module doc).
@@ -187,7 +187,7 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
     manifest = build_atomically(out, lambda tmp: _build(
         files, tmp, val_paths=val_paths, sources=sources, field=field, split=split, level=level,
         source_name=source_name, licence=licence, progress=progress, max_bad_fraction=max_bad_fraction,
-        frame_bytes=frame_bytes, threads=threads, workers=workers, part=part), say=say)
+        frame_bytes=frame_bytes, threads=threads, readers=readers, part=part), say=say)
     if say is not None and part is None and (note := empty_val_note(out, manifest)):
         say(note)
     return manifest
@@ -276,14 +276,14 @@ def empty_split_error(split: dict, *, train: int, val: int, reasons: str) -> str
 
 def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, val_paths: list[pathlib.Path], sources, field: str,
            split: dict, level: int, source_name: str | None, licence: str, progress, max_bad_fraction: float,
-           frame_bytes: int, threads: int, workers: int, part: Part | None) -> dict:
+           frame_bytes: int, threads: int, readers: int, part: Part | None) -> dict:
     """Write the shards and the manifest of a prepared corpus into tmp; return the manifest."""
     skipped, seen, duplicates, read, done = {}, set(), 0, 0, 0
     kw = dict(level=level, frame_bytes=frame_bytes, threads=threads)
     val_inputs = set(val_paths)
     with ShardWriter(tmp / "train", **kw) as train, ShardWriter(tmp / "val", **kw) as val:
         writers = {"train": train, "val": val}
-        for batch in read_inputs(files, field=field, workers=workers, part=part):
+        for batch in read_inputs(files, field=field, processes=readers, part=part):
             path = files[batch.file]
             for doc, digest in zip(batch.docs, batch.digests):
                 if digest in seen:

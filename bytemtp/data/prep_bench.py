@@ -4,8 +4,8 @@ their merge, checked against one prep of the whole.
 
 Speeds are the document bytes a prep writes (both splits, duplicates not counted) over its wall
 time, the variants taking turns round by round so a busy moment hits each; ratios are given round by
-round, for the spread. One worker compresses in its own thread (`threads=0`): one core, the baseline;
-N workers read in N processes and compress in N threads. Outputs go to `scratch` and are removed
+round, for the spread. Each number of workers runs as `prep --workers N` does (`intake.plan`): one
+worker reads and compresses in one thread, one core, the baseline. Outputs go to `scratch` and are removed
 once measured.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from bytemtp.data.corpus import corpus_files
-from bytemtp.data.intake import Part
+from bytemtp.data.intake import Part, plan
 from bytemtp.data.merge import merge
 from bytemtp.data.prep import prepare
 from bytemtp.data.shards import CorpusError
@@ -54,7 +54,8 @@ def prep_speed(sources: list, *, scratch, workers=(1, 2), rounds: int = 2, parts
     def run(name, given, n, out, **kw) -> dict:
         shutil.rmtree(out, ignore_errors=True)
         t0 = time.perf_counter()
-        manifest = prepare(given, out, field=field, workers=n, threads=0 if n == 1 else n, **kw)
+        readers, threads = plan(n)
+        manifest = prepare(given, out, field=field, readers=readers, threads=threads, **kw)
         seconds = time.perf_counter() - t0
         if progress is not None:
             progress(f"{name}: {_written(manifest) / seconds / 1e6:.1f} MB/s")
@@ -90,7 +91,8 @@ def _parts(sources, scratch: pathlib.Path, n: int, workers: int, field: str, who
         for i, out in enumerate(outs):
             shutil.rmtree(out, ignore_errors=True)
             t0 = time.perf_counter()
-            prepare(sources, out, field=field, workers=workers, threads=workers, part=Part(i, n))
+            readers, threads = plan(workers)
+            prepare(sources, out, field=field, readers=readers, threads=threads, part=Part(i, n))
             seconds.append(time.perf_counter() - t0)
             if progress is not None:
                 progress(f"part {i}/{n}: {seconds[-1]:.1f} s")
