@@ -92,3 +92,25 @@ if command -v zstd > /dev/null; then
     $B bench loader --data data/corpus/stdlib --repeats 5 --json "$OUT/loader-$i.json" 2>&1 | tee -a "$OUT/loader.log"
   done
 fi
+
+# 8. prep's scaling on this machine's cores (issue 35): 1 against 2, 4, 8 and 16 workers on 320 MB
+#    of JSONL records cut from the default corpus (as BENCHMARKS.md's 2-core figures), and 4 part
+#    jobs plus their merge; every variant is checked to write the same corpus (a few minutes, no GPU)
+mkdir -p "$OUT/prep-src"
+python3 - "$OUT/prep-src" <<'PY'
+import json, random, sys, zstandard
+from bytemtp.data.corpus import corpus_files, iter_documents
+docs = [d.decode("utf-8", "replace").splitlines(keepends=True)
+        for f in corpus_files("data/corpus/stdlib", split=None) for d in iter_documents(f)]
+docs, rng, n, total = [d for d in docs if len(d) > 30], random.Random(0), 0, 0
+for part in range(10):
+    with open(f"{sys.argv[1]}/part-{part:03d}.jsonl.zst", "wb") as raw, \
+            zstandard.ZstdCompressor(level=3).stream_writer(raw) as out:
+        while total < (part + 1) * 32_000_000:
+            d = rng.choice(docs)
+            a = rng.randrange(len(d))
+            text = f"# doc {n}\n" + "".join(d[a:a + rng.randint(20, 600)])
+            out.write((json.dumps({"text": text}) + "\n").encode())
+            n, total = n + 1, total + len(text)
+PY
+$B bench prep "$OUT/prep-src" --workers 1,2,4,8,16 --rounds 3 --parts 4 --json "$OUT/prep.json" 2>&1 | tee "$OUT/prep.log"
