@@ -373,3 +373,20 @@ def test_writers_at_once_leave_a_valid_record():
 
 def test_tests_use_a_compile_cache_of_their_own(compile_cache):
     assert record_path(_model(), stacked=True, batch_size=1).is_relative_to(compile_cache)
+
+
+@FITTED
+def test_compile_shapes_covers_the_lookup_passes_a_decode_runs():
+    """The warm-up of a timed decode compiles every shape it will run, the long chains that one
+    head verifies for prompt-lookup drafts included (before, the first timed round compiled them)."""
+    model = fitted_model(0, "transformer")
+    decoder = decode.Decoder(model, compile="on")
+    decoder.static = StaticStep(model, decoder.stacked, compiled=False)  # records its shapes alike
+    decoder.calibration.add(1, FLAT, static=True)  # every pass costs alike: lookup's long chains are chosen
+    decoder.compile_shapes(1)
+    warmed = set(decoder.static._shapes)
+    # one head and lookup drafts: every drafted pass is a lookup chain that head 1 verifies
+    got = decoder.generate([SONGS[0] * 3 + SONGS[0][:12]], max_bytes=120, draft=Draft(1, lookup=True))[0]
+    assert got.stats.lookup_passes > 0
+    assert any(k == 1 and t >= 8 for _, k, t in decoder.static._shapes)  # one head over a long chain ran
+    assert decoder.static._shapes <= warmed, sorted(decoder.static._shapes - warmed)

@@ -172,9 +172,10 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
     the document bytes read from it, capped at its size) and the documents read, duplicates
     included. `readers` processes read and parse the inputs (0: this one; `bytemtp.data.intake`),
     and `threads` compress (-1: one per core, 0: this thread); `intake.plan` chooses both for a
-    number of workers. The corpus is the same, byte for byte, for every number of either. `part` keeps one part of the documents (`intake.Part`: a function of each
-    document's bytes) and records it in the manifest for `bytemtp.data.merge`. `say` gets notes for the user, one line each: an empty val split and how to get one,
-    temporary folders kept. The corpus is built in a hidden sibling directory and renamed into place
+    number of workers. The corpus is the same, byte for byte, for every number of either. `part`
+    keeps one part of the documents (`intake.Part`: a function of each document's bytes) and
+    records it in the manifest for `bytemtp.data.merge`. `say` gets notes for the user, one line
+    each: an empty val split and how to get one, temporary folders kept. The corpus is built in a hidden sibling directory and renamed into place
     (see the module doc).
     """
     if not (isinstance(max_bad_fraction, (int, float)) and 0.0 <= max_bad_fraction <= 1.0):

@@ -39,7 +39,7 @@ import torch
 
 from bytemtp.decoding.batch import Batch, Row
 from bytemtp.decoding.calibration import CalibratedCosts, cost_table, timing_grid
-from bytemtp.decoding.compiled import Compile, CompilePolicy, StaticStep
+from bytemtp.decoding.compiled import NODE_BUCKETS, Compile, CompilePolicy, StaticStep
 from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts, choose
 from bytemtp.decoding.generation import DecodeStats, Generation, Output, SpeculativeStats, as_bytes, as_prompt_list
 from bytemtp.decoding.lookup import LookupProfile, accepted_run, lookup_pass
@@ -134,10 +134,17 @@ class Decoder:
 
     def compile_shapes(self, batch_size: int) -> None:
         """Compile now every shape of the static step that the decoder may choose at this batch
-        size (a benchmark's warm-up: no compiling inside timed runs); nothing without the step."""
+        size (a benchmark's warm-up: no compiling inside timed runs); nothing without the step.
+        Besides the timing grid's shapes, one head over a chain in every node bucket: the passes
+        that verify prompt-lookup drafts, longer than any the heads draft alone."""
         if self.static is not None:
             with torch.inference_mode():
                 measure_pass_costs(self, batch_size, repeats=0, static=True)
+                cache = KVCache.for_model(self.model, batch_size=batch_size,
+                                          max_len=self.model.config.seq_len + MAX_NODES)
+                for T in NODE_BUCKETS:
+                    cache.lengths = [0] * batch_size
+                    self.static(torch.zeros(batch_size, T, dtype=torch.long, device=cache.k.device), cache, heads=1)
 
     # --- what a pass costs (`calibration`) ----------------------------------------------------
 
