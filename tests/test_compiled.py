@@ -382,7 +382,8 @@ def test_compile_shapes_covers_the_lookup_passes_a_decode_runs():
     model = fitted_model(0, "transformer")
     decoder = decode.Decoder(model, compile="on")
     decoder.static = StaticStep(model, decoder.stacked, compiled=False)  # records its shapes alike
-    decoder.calibration.add(1, FLAT, static=True)  # every pass costs alike: lookup's long chains are chosen
+    # every pass costs alike, so lookup's long chains are chosen (a copy: a run calibrates what it is given here)
+    decoder.calibration.add(1, PassCosts(dict(FLAT.table)), static=True)
     decoder.compile_shapes(1)
     warmed = set(decoder.static._shapes)
     # one head and lookup drafts: every drafted pass is a lookup chain that head 1 verifies
