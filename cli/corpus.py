@@ -126,7 +126,7 @@ def verify_cmd(corpus: str, field: str) -> None:
 
     from tqdm import tqdm
 
-    from bytemtp.data import shards
+    from bytemtp.data import integrity, shards
     from bytemtp.data.corpus import describe
 
     try:
@@ -139,7 +139,7 @@ def verify_cmd(corpus: str, field: str) -> None:
             return
         total = sum(split.get("bytes", 0) for split in shards.read_manifest(corpus)["splits"].values())
         with tqdm(total=total, desc="verify", unit="B", unit_scale=True, leave=False) as bar:
-            res = shards.verify(corpus, progress=bar.update)
+            res = integrity.verify(corpus, progress=bar.update)
     except ValueError as e:  # CorpusError is one: a user's error, one line
         raise click.ClickException(str(e)) from None
     note = ("" if res["per_shard"] else "; its manifest predates per-shard records (sizes, index and document "

@@ -73,12 +73,13 @@ TYPES = ["string", "large_string", "binary", "large_binary"] + [t for t in ("str
                                                                  if hasattr(pa, t)]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("column_type", TYPES)
+# every format with every column type it can hold (Parquet stores view columns as plain ones)
+CASES = [(f, t) for f in FORMATS for t in TYPES if not (f == "parquet" and t.endswith("view"))]
+
+
+@pytest.mark.parametrize("fmt,column_type", CASES)
 def test_documents_are_what_was_written_and_nulls_are_counted(tmp_path, fmt, column_type):
     docs = _binary(40) if "binary" in column_type else _texts(40)
-    if fmt == "parquet" and column_type.endswith("view"):
-        pytest.skip("Parquet stores view columns as plain ones")
     path = _written(tmp_path, fmt, docs, column_type=column_type)
     reader = reader_for(path)
     assert type(reader) is (ParquetFile if fmt == "parquet" else ArrowFile)

@@ -22,7 +22,8 @@ from bytemtp.data import intake as intake_lib
 from bytemtp.data.corpus import corpus_files, describe, iter_documents
 from bytemtp.data.prep import prepare
 from bytemtp.data.readers import SKIP_REASONS
-from bytemtp.data.shards import CorpusError, read_manifest, verify
+from bytemtp.data.shards import CorpusError, read_manifest
+from bytemtp.data.integrity import verify
 
 
 def test_prepare_round_trip_counts_and_verify(tmp_path):

@@ -16,7 +16,8 @@ from corpora import jsonl, make_sources, read_back, write_compressed
 from bytemtp.data import intake
 from bytemtp.data.merge import merge
 from bytemtp.data.prep import prepare
-from bytemtp.data.shards import CorpusError, read_manifest, verify
+from bytemtp.data.shards import CorpusError, read_manifest
+from bytemtp.data.integrity import verify
 from bytemtp_cli.main import main
 
 SPLITS = {"hash": dict(val_fraction=0.3), "tail": dict(val_tail=0.25), "inputs": "val"}

@@ -18,7 +18,8 @@ from bytemtp.data import loader as L
 from bytemtp.data.corpus import corpus_files, iter_documents
 from bytemtp.data.prep import prepare
 from bytemtp.data.readers import file_kind
-from bytemtp.data.shards import CorpusError, Shard, ShardWriter, read_manifest, verify
+from bytemtp.data.shards import CorpusError, Shard, ShardWriter, read_manifest
+from bytemtp.data.integrity import verify
 
 # --- writing --------------------------------------------------------------------------------------
 

@@ -29,16 +29,14 @@ first read, so the readers' module (and the CLI) import without it.
 """
 from __future__ import annotations
 
-import os
 import pathlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar, NamedTuple
 
 import numpy as np
 
 from bytemtp.data.shards import CorpusError
-from bytemtp.data.steps import Share, Step
+from bytemtp.data.steps import Share, Step, reader_threads
 
 TABLE_SKIP_REASONS = ("null",)  # a null in the text column
 ARROW_FILE_MAGIC = b"ARROW1"  # the IPC file format starts with it; the stream format does not
@@ -121,17 +119,6 @@ def _column(pa, chunks) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     off = np.concatenate(offs)
     assert len(off) == n_all + 1
     return np.concatenate(datas) if datas else np.zeros(0, np.uint8), off, null
-
-
-_pools: dict[int, ThreadPoolExecutor] = {}
-
-
-def _read_pool() -> ThreadPoolExecutor:
-    """The process's table-reading thread (made per process: a pool does not survive a fork)."""
-    pid = os.getpid()
-    if pid not in _pools:
-        _pools[pid] = ThreadPoolExecutor(1, thread_name_prefix="bytemtp-tables")
-    return _pools[pid]
 
 
 class _TableFile:
@@ -221,7 +208,7 @@ class _TableFile:
         if item is None:
             return None
         g, thunk = item
-        return g, _read_pool().submit(self._read, g, thunk)
+        return g, reader_threads("tables", 1).submit(self._read, g, thunk)
 
 
 def _group_steps(g: int, column, *, row: int, record: int, share: Share) -> Iterator[Step]:

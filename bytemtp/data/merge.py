@@ -29,8 +29,9 @@ from collections.abc import Callable
 
 import bytemtp
 from bytemtp.data.prep import empty_split_error, build_atomically, empty_val_note
-from bytemtp.data.shards import (FORMAT_VERSION, CorpusError, Shard, corpus_dir, doc_value, fsync_dir,
-                                 hash_document, read_manifest, set_digest, write_manifest)
+from bytemtp.data.integrity import read_shard
+from bytemtp.data.shards import (FORMAT_VERSION, CorpusError, corpus_dir, fsync_dir, read_manifest, set_digest,
+                                 write_manifest)
 
 SHARED = ("format_version", "source_field", "frame_bytes", "level", "split", "skipped", "input_files", "records")
 
@@ -92,19 +93,13 @@ def _merge_split(name: str, parts: list[tuple[pathlib.Path, dict]], top: pathlib
             src, new = folder / name / shard, f"shard-{len(entry['shards']):05d}.zst"
             record = split["shard_files"].get(shard)
             _place(src, top / new)
-            shard_sha = hashlib.sha256()
-            with Shard(src) as reader:  # the part's path, in what a damaged shard says
-                for doc in reader.documents():
-                    hash_document(sha, doc)
-                    hash_document(shard_sha, doc)
-                    total += doc_value(hashlib.sha256(doc).digest())
-                    entry["documents"] += 1
-                    entry["bytes"] += len(doc)
-                    if progress is not None:
-                        progress(len(doc))
-            if record is None or shard_sha.hexdigest() != record["sha256"]:
+            read = read_shard(src, sha, with_set=True, progress=progress)  # src: named if damaged
+            entry["documents"] += read.documents
+            entry["bytes"] += read.bytes
+            total += read.set_total
+            if record is None or read.sha256 != record["sha256"]:
                 raise CorpusError(f"{src}: its documents do not match the part's manifest (sha256 "
-                                  f"{shard_sha.hexdigest()[:12]}...); check the part with `bytemtp verify "
+                                  f"{read.sha256[:12]}...); check the part with `bytemtp verify "
                                   f"{folder}` and prepare it again")
             entry["shards"].append(new)
             entry["shard_files"][new] = dict(record)

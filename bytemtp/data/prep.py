@@ -175,8 +175,8 @@ def prepare(sources: list, out_dir, *, field: str = "text", val_fraction: float 
     number of workers. The corpus is the same, byte for byte, for every number of either. `part`
     keeps one part of the documents (`intake.Part`: a function of each document's bytes) and
     records it in the manifest for `bytemtp.data.merge`. `say` gets notes for the user, one line
-    each: an empty val split and how to get one, temporary folders kept. The corpus is built in a hidden sibling directory and renamed into place
-    (see the module doc).
+    each: an empty val split and how to get one, temporary folders kept. The corpus is built in a
+    hidden sibling directory and renamed into place (see the module doc).
     """
     if not (isinstance(max_bad_fraction, (int, float)) and 0.0 <= max_bad_fraction <= 1.0):
         raise ValueError(f"max_bad_fraction={max_bad_fraction!r} is not allowed; expected a number in [0, 1]")
@@ -281,7 +281,7 @@ def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, val_paths: list[path
     """Write the shards and the manifest of a prepared corpus into tmp; return the manifest."""
     skipped, seen, duplicates, read, done = {}, set(), 0, 0, 0
     kw = dict(level=level, frame_bytes=frame_bytes, threads=threads)
-    val_inputs = set(val_paths)
+    val_inputs, sizes = set(val_paths), [path.stat().st_size for path in files]
     with ShardWriter(tmp / "train", **kw) as train, ShardWriter(tmp / "val", **kw) as val:
         writers = {"train": train, "val": val}
         for batch in read_inputs(files, field=field, processes=readers, part=part):
@@ -296,11 +296,11 @@ def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, val_paths: list[path
                     writers[name].write(piece, digest if len(pieces) == 1 else None)
             read += batch.read
             if batch.end:
-                done += path.stat().st_size
+                done += sizes[batch.file]
                 for reason, n in batch.skipped.items():
                     skipped[reason] = skipped.get(reason, 0) + n
             if progress is not None:
-                progress(done if batch.end else done + min(batch.in_file, path.stat().st_size), read)
+                progress(done if batch.end else done + min(batch.in_file, sizes[batch.file]), read)
     bad = sum(skipped.values())
     records = read + bad
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())) or "none"

@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import pathlib
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar, NamedTuple
 
 import numpy as np
@@ -45,7 +43,7 @@ import simdjson
 from bytemtp.data.columnar import TABLE_SKIP_REASONS, ArrowFile, ParquetFile
 from bytemtp.data.compression import StreamPos, iter_lines, read_raw
 from bytemtp.data.shards import CorpusError, Shard, has_index
-from bytemtp.data.steps import Share, Step, whole
+from bytemtp.data.steps import Share, Step, reader_threads, whole
 
 JSONL_SKIP_REASONS = ("empty_line", "invalid_utf8", "invalid_json", "not_object", "missing_field", "not_string")
 SKIP_REASONS = JSONL_SKIP_REASONS + TABLE_SKIP_REASONS  # every reason a record is skipped, in every format
@@ -227,7 +225,7 @@ class ShardFile:
             reader.close()
             raise moved
         frames = reader.frames[np.searchsorted(reader.frames, start):].tolist()
-        pool, pending = _decode_pool(), collections.deque()
+        pool, pending = reader_threads("frames", 2), collections.deque()  # zstd releases the GIL
         try:
             for i, f in enumerate(frames):
                 while len(pending) < share.ahead and i + len(pending) < len(frames):
@@ -320,14 +318,3 @@ def file_kind(path) -> str:
     prepared shard's index; 'parquet' and 'arrow' for *.parquet and *.arrow; 'raw' (one document
     per file) for anything else."""
     return reader_for(path).kind
-
-
-_pools: dict[int, ThreadPoolExecutor] = {}
-
-
-def _decode_pool() -> ThreadPoolExecutor:
-    """The process's frame-decoding threads (made per process: a pool does not survive a fork)."""
-    pid = os.getpid()
-    if pid not in _pools:
-        _pools[pid] = ThreadPoolExecutor(2, thread_name_prefix="bytemtp-frames")
-    return _pools[pid]

@@ -27,7 +27,7 @@ Two checks, two prices. `check_split` runs whenever a prepared corpus is opened 
 (`corpus.corpus_files`): a stat and one pread of the index per shard, and no decompression, so a
 shard replaced by another (even a well-formed shard of another corpus) or cut short is refused
 before anything is read; a shard whose frames were rewritten with the same sizes and index passes
-it. `verify` decodes every frame and hashes every document (`bytemtp verify`): it names the shard
+it. `integrity.verify` decodes every frame and hashes every document (`bytemtp verify`): it names the shard
 and, where a frame fails to decode, the documents in it. It cannot name one document whose bytes
 changed in a frame that still decodes (the manifest keeps one digest per shard, not per document:
 per-document digests would make a large corpus's manifest gigabytes); it names the shard.
@@ -42,7 +42,7 @@ import json
 import os
 import pathlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -415,11 +415,11 @@ def write_manifest(directory, manifest: dict) -> None:
 # --- checks against the manifest ------------------------------------------------------------------
 
 
-_REDO_PREP = "re-run bytemtp prep to rebuild the corpus"
+REDO_PREP = "re-run bytemtp prep to rebuild the corpus"
 
 
 def _fix(root: pathlib.Path) -> str:
-    return f"{_REDO_PREP}, or see what else differs with bytemtp verify {root}"
+    return f"{REDO_PREP}, or see what else differs with bytemtp verify {root}"
 
 
 def check_split(root, name: str, split: dict, files: list[pathlib.Path]) -> None:
@@ -440,10 +440,10 @@ def check_split(root, name: str, split: dict, files: list[pathlib.Path]) -> None
     if missing := sorted(set(records) - set(found)):
         raise CorpusError(f"{root / name} lacks {', '.join(missing)}, which its manifest lists; {_fix(root)}")
     for shard, record in records.items():
-        _check_record(found[shard], record, _fix(root))
+        check_record(found[shard], record, _fix(root))
 
 
-def _check_record(path: pathlib.Path, record: dict, fix: str) -> None:
+def check_record(path: pathlib.Path, record: dict, fix: str) -> None:
     try:
         got = shard_record(path)
     except OSError as e:
@@ -456,61 +456,3 @@ def _check_record(path: pathlib.Path, record: dict, fix: str) -> None:
                 else f"has an index whose sha256 is {got['index_sha256'][:12]}..., not the recorded "
                      f"{record['index_sha256'][:12]}...")
         raise CorpusError(f"{path} {what}, so the shard was replaced after prep; {fix}")
-
-
-def verify(corpus, *, progress: Callable[[int], None] | None = None) -> dict:
-    """Re-read every document of a prepared corpus and check it against the manifest; return a
-    summary (splits, shards, documents, bytes, and whether per-shard records were checked).
-
-    Per split: the files below it are the shards listed; per shard (where the manifest records
-    them) its size, index digest and documents' sha256; per split the document and byte counts,
-    the compressed size and the documents' sha256. Frames are decoded strictly, so a damaged one
-    names its documents. `progress(n)` gets the document bytes hashed since its last call. A
-    format-1 corpus (JSONL shards) is refused: re-prepare it to verify it.
-    """
-    manifest, root = read_manifest(corpus), corpus_dir(corpus)
-    if manifest["format_version"] == 1:
-        raise CorpusError(f"{root} is a format-1 corpus (JSONL shards), which bytemtp verify does not check; "
-                          f"prepare its sources again with bytemtp prep to verify it")
-    summary = {"corpus": str(root), "splits": len(manifest["splits"]), "shards": 0, "documents": 0, "bytes": 0,
-               "per_shard": all("shard_files" in s for s in manifest["splits"].values())}
-    for name, split in manifest["splits"].items():
-        top = root / name
-        found = sorted(p.relative_to(top).as_posix() for p in top.rglob("*")
-                       if p.is_file() and not any(part.startswith(".") for part in p.relative_to(top).parts))
-        if found != sorted(split["shards"]):
-            raise CorpusError(f"{top} holds {found} but the manifest lists {split['shards']}; {_REDO_PREP}")
-        records = split.get("shard_files", {})
-        sha, documents, nbytes, compressed, total = hashlib.sha256(), 0, 0, 0, 0
-        for shard in split["shards"]:
-            path = top / shard
-            if shard in records:
-                _check_record(path, records[shard], _REDO_PREP)
-            compressed += path.stat().st_size
-            shard_sha, pending = hashlib.sha256(), 0
-            with Shard(path) as reader:
-                for doc in reader.documents():
-                    hash_document(sha, doc)
-                    hash_document(shard_sha, doc)
-                    total += doc_value(hashlib.sha256(doc).digest())
-                    documents, nbytes, pending = documents + 1, nbytes + len(doc), pending + len(doc)
-                    if progress is not None and pending >= 1 << 20:
-                        progress(pending)
-                        pending = 0
-            if progress is not None and pending:
-                progress(pending)
-            if shard in records and shard_sha.hexdigest() != records[shard]["sha256"]:
-                raise CorpusError(f"{path}: its documents' sha256 is {shard_sha.hexdigest()[:12]}..., not the "
-                                  f"recorded {records[shard]['sha256'][:12]}...: their bytes changed although "
-                                  f"every frame decodes and the index is the recorded one; {_REDO_PREP}")
-        got = {"documents": documents, "bytes": nbytes, "compressed_bytes": compressed, "sha256": sha.hexdigest()}
-        if "set_sha256" in split:  # recorded since prep --merge
-            got["set_sha256"] = set_digest(total)
-        for key, value in got.items():
-            if split.get(key) != value:
-                raise CorpusError(f"split {name} of {root} has {key} {value} but its manifest says "
-                                  f"{split.get(key)}; {_REDO_PREP}")
-        summary["shards"] += len(split["shards"])
-        summary["documents"] += documents
-        summary["bytes"] += nbytes
-    return summary

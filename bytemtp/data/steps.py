@@ -3,10 +3,13 @@
 These are the reader interface's two value types (and `whole`, the step of one whole document),
 kept apart from the readers themselves so that every module of readers (`bytemtp.data.readers` for
 shards, JSONL and raw files, `bytemtp.data.columnar` for Parquet and Arrow) imports them from one
-place below both, and `readers.READERS` can list them all without a circular import.
+place below both, and `readers.READERS` can list them all without a circular import; and
+`reader_threads`, the threads both read ahead in.
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -48,3 +51,15 @@ def whole(pos: tuple[int, int], record: int, doc: bytes, *, lines: int = 0) -> S
     """A step that hands out one whole document: its bytes, and an EOS after them."""
     piece = np.frombuffer(doc, dtype=np.uint8), np.array([len(doc)])
     return Step(pos, record, piece, documents=1, nbytes=len(doc), lines=lines)
+
+
+_pools: dict[tuple[int, str], ThreadPoolExecutor] = {}
+
+
+def reader_threads(name: str, threads: int) -> ThreadPoolExecutor:
+    """This process's pool `name` of `threads` threads, which readers read ahead in (made per
+    process: a pool does not survive a fork)."""
+    key = (os.getpid(), name)
+    if key not in _pools:
+        _pools[key] = ThreadPoolExecutor(threads, thread_name_prefix=f"bytemtp-{name}")
+    return _pools[key]
