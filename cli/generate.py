@@ -105,10 +105,10 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
     speculative = not no_speculative and model.config.n_future > 1
     policy = Draft(heads=heads if speculative else 1, shape=draft, lookup=lookup and not no_speculative)
     decoder = decode.Decoder(model, compile=compile_mode)
-    decoder.settle_compile(batch_size=min(batch_size, len(prompts)), work_bytes=len(prompts) * max_bytes
+    decoder.policy.settle(batch_size=min(batch_size, len(prompts)), work_bytes=len(prompts) * max_bytes
                            * (4 if compare else 1))  # --compare decodes every mode after a warm-up
     kwargs = dict(max_bytes=max_bytes, sampling=sampling, stop=tuple(s.encode() for s in stop), draft=policy)
-    stats = {"ckpt": str(ckpt), "seed": seed, "device": str(dev), "dtype": dtype, "compile": decoder.compile.value}
+    stats = {"ckpt": str(ckpt), "seed": seed, "device": str(dev), "dtype": dtype, "compile": decoder.policy.mode.value}
     if prompts_file is not None:
         interrupted = _generate_lines(decoder, prompts, batch_size=batch_size, raw=raw, show_stats=show_stats,
                                       json_path=json_path, stats=stats, **kwargs)
@@ -196,14 +196,14 @@ def _generate_stream(decoder, prompt: bytes, *, raw: bool, compare: str | None, 
     if show_stats:
         click.echo(report.stats_lines(result.stats), err=True)
         click.echo(report.repetition_line(repetition), err=True)
-        if decoder.static is not None:
-            click.echo(report.compile_line(decoder.static.stats()), err=True)
+        if decoder.policy.static is not None:
+            click.echo(report.compile_line(decoder.policy.static.stats()), err=True)
         if speculative and heads != 1 or kwargs["draft"].lookup:
             click.echo(report.draft_summary(result.stats, decoder), err=True)
         elif speculative:
             click.echo("no drafts: --heads 1 runs the next-byte head alone, one byte a pass", err=True)
-    if decoder.static is not None:
-        stats["compile_stats"] = decoder.static.stats()
+    if decoder.policy.static is not None:
+        stats["compile_stats"] = decoder.policy.static.stats()
     _write_stats(json_path, {**stats, "stats": report.stats_dict(result.stats), "repetition": repetition})
     return interrupted.is_set()
 

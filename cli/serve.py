@@ -36,10 +36,16 @@ def _draft(ctx: click.Context, param: click.Parameter, value: str) -> Draft:
               help="Also draft prompt-lookup bytes (what followed the last earlier occurrence of a row's newest "
                    "bytes in its prompt and output), verified in the same pass as the heads' drafts.")
 @click.option("--model-name", default=None, help="The model's id in the API (default: the run directory's name).")
+@click.option("--compile", "compile_mode", default="auto", show_default=True,
+              type=click.Choice(["auto", "on", "off"]),
+              help="Decode on the compiled static-shape step, as generate does (inductor on a CPU, CUDA graphs on a "
+                   "GPU): on compiles every batch bucket's shapes when the server starts (minutes on a CPU the "
+                   "first time, seconds from the compile cache); auto runs compiled when the compile cache holds "
+                   "every bucket's step already, else eagerly.")
 @device_option()
 @dtype_option()
 def serve_cmd(ckpt: str, host: str, port: int, max_batch: int, max_queue: int, max_prompt_bytes: int, draft: Draft,
-              lookup: bool, model_name: str | None, device: str, dtype: str) -> None:
+              lookup: bool, model_name: str | None, compile_mode: str, device: str, dtype: str) -> None:
     """Serve a model over HTTP: OpenAI-compatible /v1/completions (stream, echo, logprobs),
     /v1/models, /health, and /tokenize with /tokenizer_info for lm-evaluation-harness.
 
@@ -53,6 +59,7 @@ def serve_cmd(ckpt: str, host: str, port: int, max_batch: int, max_queue: int, m
         if e.name == "aiohttp":
             raise click.ClickException("bytemtp serve needs aiohttp: pip install 'bytemtp[serve]'") from None
         raise
+    from bytemtp.decoding.decode import Decoder
     from bytemtp.runtime.checkpoint import load_model
     from bytemtp.runtime.devices import resolve_device
     from bytemtp.serving.engine import Engine
@@ -62,7 +69,8 @@ def serve_cmd(ckpt: str, host: str, port: int, max_batch: int, max_queue: int, m
     draft.for_model(model.config.n_future)  # a draft of more heads than the model has: one line
     path = pathlib.Path(ckpt).resolve()
     name = model_name or (path.parent.name if path.name.startswith("step") else path.name)
-    engine = Engine(model, max_batch=max_batch, max_queue=max_queue, draft=draft)
+    engine = Engine(model, max_batch=max_batch, max_queue=max_queue, draft=draft,
+                    decoder=Decoder(model, compile=compile_mode))
     engine.start(progress=lambda line: click.echo(line, err=True))
     try:
         serve(Server(engine, model_name=name, max_prompt_bytes=max_prompt_bytes), host=host, port=port,

@@ -79,22 +79,22 @@ def test_auto_compiles_from_the_documented_output(device, monkeypatch):
     assert not policy.settle(batch_size=1, work_bytes=10 * least) and policy.mode is Compile.OFF
 
 
-def test_settle_compile_on_a_decoder(monkeypatch):
-    """`Decoder.settle_compile` decides once for a job: a short one stays eager whatever its
+def test_settle_on_a_decoders_compile_policy(monkeypatch):
+    """`Decoder.policy.settle` decides once for a job: a short one stays eager whatever its
     calls ask, a long one (or one whose step is recorded as compiled) runs the static step."""
     model = _model()
     least = _documented_thresholds()["cpu"]
     short = decode.Decoder(model)
-    assert not short.settle_compile(batch_size=2, work_bytes=least - 1) and short.compile is Compile.OFF
-    assert not short.use_static(2, max_bytes=least) and short.static is None
+    assert not short.policy.settle(batch_size=2, work_bytes=least - 1) and short.policy.mode is Compile.OFF
+    assert not short.policy.use(2, max_bytes=least) and short.policy.static is None
     long = decode.Decoder(model)
-    assert long.settle_compile(batch_size=2, work_bytes=least) and long.compile is Compile.ON
-    assert long.use_static(2, max_bytes=1) and long.static is not None and long.static.compiled
+    assert long.policy.settle(batch_size=2, work_bytes=least) and long.policy.mode is Compile.ON
+    assert long.policy.use(2, max_bytes=1) and long.policy.static is not None and long.policy.static.compiled
     record_costs(model, stacked=True, batch_size=2, costs_ms=_GOOD)
-    assert decode.Decoder(model).settle_compile(batch_size=2, work_bytes=1)  # compiled already
-    assert not decode.Decoder(model).settle_compile(batch_size=3, work_bytes=1)
+    assert decode.Decoder(model).policy.settle(batch_size=2, work_bytes=1)  # compiled already
+    assert not decode.Decoder(model).policy.settle(batch_size=3, work_bytes=1)
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
-    assert not decode.Decoder(model).settle_compile(batch_size=2, work_bytes=10 * least)
+    assert not decode.Decoder(model).policy.settle(batch_size=2, work_bytes=10 * least)
 
 
 def test_stepwise_costs_charge_the_bucket_a_pass_runs_as():
@@ -153,7 +153,7 @@ def test_uncompiled_static_decoding_equals_plain_greedy(head_type):
     prompts = _prompts(model.config.seq_len)
     want = [decode.generate(model, p, max_bytes=70) for p in prompts]
     decoder = decode.Decoder(model, compile="on")
-    decoder.static = StaticStep(model, decoder.stacked, compiled=False)
+    decoder.policy.static = StaticStep(model, decoder.stacked, compiled=False)
     for kw in ({"draft": "plain"}, {"draft": Draft(3)}, {"draft": "tree-8"}, {}):
         got = decoder.generate(prompts, max_bytes=70, **kw)
         assert [g.output for g in got] == [w.output for w in want], kw
@@ -181,7 +181,7 @@ def _fitted_decoding_equals_plain_greedy(model, step: StaticStep) -> None:
     gives the eager pass's logits and cache slots."""
     want = [decode.generate(model, p, max_bytes=60) for p in _FITTED_PROMPTS]
     decoder = decode.Decoder(model, costs=FLAT, compile="on")
-    decoder.static = step
+    decoder.policy.static = step
     for draft in _FITTED_DRAFTS:
         got = decoder.generate(_FITTED_PROMPTS, max_bytes=60, draft=draft)
         assert [g.output for g in got] == [w.output for w in want], draft
@@ -240,7 +240,7 @@ def test_compiled_decoding_of_a_fitted_model_equals_plain_greedy_and_the_eager_p
     draws = []
     for compile_mode in ("on", "off"):
         decoder = decode.Decoder(model, compile=compile_mode)
-        decoder.static = step if compile_mode == "on" else None
+        decoder.policy.static = step if compile_mode == "on" else None
         draws.append([g.output for g in decoder.generate(_FITTED_PROMPTS, max_bytes=40, draft=Draft(4),
                                                          sampling=seeded_sampling(5))])
     assert draws[0] == draws[1] and step.graphs == 2
@@ -253,8 +253,8 @@ def test_costs_measured_on_the_static_step_serve_the_next_process(tmp_path, monk
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     model = _model()
     first = decode.Decoder(model, compile="on")
-    first.static = StaticStep(model, first.stacked, compiled=False)
-    assert not first.static.ready(2)
+    first.policy.static = StaticStep(model, first.stacked, compiled=False)
+    assert not first.policy.static.ready(2)
     costs = first.pass_costs(2, static=True)
     assert costs.stepwise and costs(3, 3) == costs(4, 4) and costs(1, 1) > 0
     assert costs is not first.pass_costs(2)  # the eager step's are its own
@@ -265,9 +265,9 @@ def test_costs_measured_on_the_static_step_serve_the_next_process(tmp_path, monk
     monkeypatch.setattr(decode, "measure_pass_costs", never)
     other = _model(seed=1)  # other weights, same shape: the same graphs
     later = decode.Decoder(other)  # auto
-    assert later.use_static(2, max_bytes=8)  # little work, but the step is compiled already
+    assert later.policy.use(2, max_bytes=8)  # little work, but the step is compiled already
     assert later.pass_costs(2, static=True).to_dict() == costs.to_dict()
-    assert not decode.Decoder(other).use_static(3, max_bytes=8)  # another batch size is not
+    assert not decode.Decoder(other).policy.use(3, max_bytes=8)  # another batch size is not
 
 
 # --- the compile-cost record: no content of the cache breaks decoding ----------------------------
@@ -327,18 +327,18 @@ def test_a_bad_record_is_absent_measured_again_and_rewritten(bad, monkeypatch):
     path = record_path(model, stacked=True, batch_size=2)
     _write_bad(path, BAD_RECORDS[bad](model))
     assert cached_costs(model, stacked=True, batch_size=2) is None
-    assert not decode.Decoder(model).use_static(2, max_bytes=8)  # not "compiled already"
+    assert not decode.Decoder(model).policy.use(2, max_bytes=8)  # not "compiled already"
     measured = []
     monkeypatch.setattr(decode, "measure_pass_costs", lambda decoder, batch_size, static=False, **kw:
                         measured.append(static) or _COSTS)
     got = decode.Decoder(model).generate([b"a", b"bc"], max_bytes=8)  # auto, eager: bad record or not
     assert [g.output for g in got] == [decode.generate(model, p, max_bytes=8).output for p in (b"a", b"bc")]
     on = decode.Decoder(model, compile="on")
-    on.static = StaticStep(model, on.stacked, compiled=False)
+    on.policy.static = StaticStep(model, on.stacked, compiled=False)
     assert on.pass_costs(2, static=True).to_dict() == _GOOD and measured == [False, True]
     if bad != "a folder":  # in its place: left as it is, and measured again next time
         assert cached_costs(model, stacked=True, batch_size=2) == _GOOD
-        assert decode.Decoder(model).use_static(2, max_bytes=8)
+        assert decode.Decoder(model).policy.use(2, max_bytes=8)
 
 
 def test_writers_at_once_leave_a_valid_record():
@@ -381,13 +381,13 @@ def test_compile_shapes_covers_the_lookup_passes_a_decode_runs():
     head verifies for prompt-lookup drafts included (before, the first timed round compiled them)."""
     model = fitted_model(0, "transformer")
     decoder = decode.Decoder(model, compile="on")
-    decoder.static = StaticStep(model, decoder.stacked, compiled=False)  # records its shapes alike
+    decoder.policy.static = StaticStep(model, decoder.stacked, compiled=False)  # records its shapes alike
     # every pass costs alike, so lookup's long chains are chosen (a copy: a run calibrates what it is given here)
     decoder.calibration.add(1, PassCosts(dict(FLAT.table)), static=True)
     decoder.compile_shapes(1)
-    warmed = set(decoder.static._shapes)
+    warmed = set(decoder.policy.static._shapes)
     # one head and lookup drafts: every drafted pass is a lookup chain that head 1 verifies
     got = decoder.generate([SONGS[0] * 3 + SONGS[0][:12]], max_bytes=120, draft=Draft(1, lookup=True))[0]
     assert got.stats.lookup_passes > 0
-    assert any(k == 1 and t >= 8 for _, k, t in decoder.static._shapes)  # one head over a long chain ran
-    assert decoder.static._shapes <= warmed, sorted(decoder.static._shapes - warmed)
+    assert any(k == 1 and t >= 8 for _, k, t in decoder.policy.static._shapes)  # one head over a long chain ran
+    assert decoder.policy.static._shapes <= warmed, sorted(decoder.policy.static._shapes - warmed)

@@ -14,7 +14,8 @@ from bytemtp.decoding.drafting import PassCosts
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.strategy import Draft
 from bytemtp.evaluation.likelihood import byte_logprobs
-from bytemtp.serving.engine import Engine, GenerateJob, QueueFull, ScoreJob, batch_buckets
+from bytemtp.decoding.loop import batch_buckets
+from bytemtp.serving.engine import Engine, GenerateJob, QueueFull, ScoreJob
 
 _FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})  # drafting is free: speculate
 
@@ -171,5 +172,54 @@ def test_a_fault_in_a_pass_fails_its_requests_not_the_engine(monkeypatch):
         fine = _Collect()
         engine.submit(fine.job(b"a", 10))
         assert fine.wait().output == decode.generate(model, b"a", max_bytes=10).output
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+@FITTED
+@pytest.mark.parametrize("draft", [Draft(), Draft(lookup=True)])
+def test_the_engine_on_the_static_step_equals_each_prompt_decoded_alone(draft):
+    """`serve --compile on`: every pass runs the static step (here uncompiled, the same code) at a
+    batch bucket's size, placeholder rows filling the batch, and each greedy output equals that
+    prompt decoded alone."""
+    from bytemtp.decoding.compiled import StaticStep
+
+    model = fitted_model(0, "transformer")
+    decoder = decode.Decoder(model, costs=_FLAT, compile="on")
+    sizes = []
+
+    class Spy(StaticStep):
+        def __call__(self, ids_BT, cache, **kw):
+            sizes.append(ids_BT.shape[0])
+            return super().__call__(ids_BT, cache, **kw)
+
+    decoder.policy.static = Spy(model, decoder.stacked, compiled=False)
+    engine = Engine(model, decoder=decoder, max_batch=3, draft=draft)
+    engine.start()
+    warm_up = len(sizes)
+    try:
+        assert engine.static and warm_up > 0  # every bucket's shapes ran before the first request
+        prompts = [SONGS[0][:5], b"", SONGS[1][:3], b"la la", SONGS[2]]
+        lengths = [40, 7, 90, 1, 30]
+        got = []
+        for i, (prompt, n) in enumerate(zip(prompts, lengths)):
+            got.append(_Collect())
+            engine.submit(got[-1].job(prompt, n))
+            if i % 2:
+                time.sleep(0.05)
+        for c, prompt, n in zip(got, prompts, lengths):
+            assert c.wait().output == decode.generate(model, prompt, max_bytes=n).output
+        assert len(sizes) - warm_up >= engine.stats.passes > 0  # the passes ran the static step
+        assert set(sizes[warm_up:]) <= set(batch_buckets(3))
+    finally:
+        engine.close()
+
+
+def test_an_eager_engine_does_not_compile():
+    engine = Engine(tiny_model().eval(), max_batch=2, draft=Draft.plain())
+    engine.start()
+    try:
+        assert not engine.static and engine.decoder.policy.static is None
     finally:
         engine.close()

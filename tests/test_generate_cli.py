@@ -293,7 +293,7 @@ def test_bench_decode_checks_identity_and_writes_keys(ckpt, code_corpus, tmp_pat
                                                                             max(case["speedup_runs"])))
         assert case["spec_bytes_s"] / case["plain_bytes_s"] == pytest.approx(case["speedup"])
         # every pass of a fixed chain emits a byte at least; a draft that adapts also counts the passes
-        # that re-warm its heads after plain ones (warmth.rewarm), which emit nothing
+        # that re-warm its heads after plain ones (Loop.rewarm), which emit nothing
         fixed = not Draft.parse(case["mode"]).adapts(True)
         assert case["heads_used"] and case["bytes_per_forward"] >= (1.0 if fixed else 0.5), case["mode"]
         # how repetitive the last round's outputs are, against the bytes after each prompt in its val document

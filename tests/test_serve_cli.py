@@ -53,3 +53,19 @@ def test_without_aiohttp_the_error_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.delitem(sys.modules, "bytemtp.serving.app", raising=False)
     result = CliRunner().invoke(main, ["serve", "--ckpt", str(tmp_path)])
     assert result.exit_code == 1 and "bytemtp[serve]" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_compile_reaches_the_engines_decoder(short_run, monkeypatch, mode):
+    """`serve --compile on` hands the engine a decoder whose passes run the compiled step (the
+    engine's test decodes on it); off keeps them eager."""
+    from bytemtp.decoding.compiled import Compile
+    from bytemtp.serving import app
+    from bytemtp.serving.engine import Engine
+
+    seen = []
+    monkeypatch.setattr(Engine, "start", lambda self, progress=None: seen.append(self.decoder.policy.mode))
+    monkeypatch.setattr(app, "serve", lambda server, **kw: None)
+    result = CliRunner().invoke(main, ["serve", "--ckpt", str(short_run), "--compile", mode, "--draft", "plain"])
+    assert result.exit_code == 0, result.output
+    assert seen == [Compile(mode)]

@@ -1,14 +1,26 @@
 """The state of a decoding call, apart from the model and the decoder: one `Row` per prompt (its
-output rules, its window, the byte due next and the heads' candidates after it) and the `Batch`
-of rows decoded together (which cache row holds which prompt, which rows have finished, and
-what the passes teach: the acceptance profile and the calibrated costs). `decode.Decoder` runs
-its steps over them; `decode.measure_pass_costs` times those steps on dummy rows."""
+output rules, its window, the byte due next and the heads' candidates after it), the `Batch`
+of rows decoded together (which cache row holds which prompt, which rows have finished, what
+the passes teach: the acceptance profile and the calibrated costs) and, with the batch it
+describes, which heads' caches are complete (`StaleHeads`). `loop.Loop` advances a batch pass
+by pass over the steps of `decode.Decoder`; `decode.measure_pass_costs` times those steps on
+dummy rows.
+
+Stale heads: a pass of k heads writes keys and values for the trunk and heads 1..k only, so
+after a plain pass (or a slide run with fewer heads) the caches of the heads beyond it miss the
+positions decoded since. A re-plan that wants more heads than are complete must first run those
+positions again (`Loop.rewarm`). The trade-off: a position per row and head is tracked, so that
+a re-warm runs only the positions that are missing (after a short plain stretch, a few bytes:
+about one pass), rather than each row's whole window (at batch 1 on a CPU, the cost of some
+twenty plain passes). So that what is missing stays short, a call whose draft adapts runs every
+head wherever it runs a whole window (the prompt, a slide): a small part of that window's cost.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from bytemtp.decoding.drafting import AcceptanceProfile, PassCosts
+from bytemtp.decoding.drafting import TREE_RANKS, AcceptanceProfile, PassCosts
 from bytemtp.decoding.generation import Output, SpeculativeStats
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.model.kvcache import KVCache
@@ -24,6 +36,7 @@ class Row:
     def __init__(self, prompt: bytes, out: Output, sampling: Sampling | None = None, *, lookup: bool = False):
         self.prompt, self.out, self.sampling = prompt, out, sampling or Sampling()
         self.lookup = lookup
+        self.pad = False  # a placeholder that keeps a compiled batch at its bucket's size (`Batch.pad_to`)
         self.start = 0  # window start, in tokens from the leading EOS
         self.nxt = EOS
         self.cand: list[list[int]] = []  # [depth - 1][rank]
@@ -41,20 +54,66 @@ class Row:
         """Tokens so far, the leading EOS and the byte due next (already emitted) included."""
         return 1 + len(self.prompt) + len(self.out.data)
 
+    @classmethod
+    def placeholder(cls, n_future: int) -> Row:
+        """A finished row that only fills a slot of a batch whose shape is fixed (fed EOS, never accepted)."""
+        row = cls(b"", Output(SpeculativeStats(), max_bytes=0, stop=(), on_bytes=None))
+        row.cand, row.pad = [[EOS] * TREE_RANKS] * (n_future - 1), True
+        return row
+
+
+class StaleHeads:
+    """For each row of a batch (by its index in `Batch.rows`) and each head h, the first cache
+    position whose keys and values head h lacks (None: it lacks none); see the module docstring."""
+
+    def __init__(self, n_rows: int, n_future: int, *, warm: int):
+        self.n_future = n_future
+        self.first: list[list[int | None]] = [[None] * warm + [0] * (n_future - warm) for _ in range(n_rows)]
+
+    def passed(self, row: int, *, heads: int, start: int) -> None:
+        """A pass of `heads` heads wrote the row's positions from `start` on."""
+        first = self.first[row]
+        for h in range(heads, self.n_future):
+            first[h] = start if first[h] is None else min(first[h], start)
+
+    def slid(self, row: int, *, heads: int) -> None:
+        """The row's window slid and was run again with `heads` heads: the others lack all of it."""
+        self.first[row] = [None] * heads + [0] * (self.n_future - heads)
+
+    def missing_from(self, row: int, heads: int) -> int | None:
+        """The first position that one of heads 1..`heads` lacks (None: they are complete)."""
+        missing = [p for p in self.first[row][:heads] if p is not None]
+        return min(missing) if missing else None
+
+    def warmed(self, row: int, heads: int) -> None:
+        """Heads 1..`heads` were run again over every position the row holds."""
+        self.first[row][:heads] = [None] * heads
+
+    def add(self, n: int, *, warm: int) -> None:
+        """n rows join (a server's batch), their caches complete for heads 1..`warm`."""
+        self.first += [[None] * warm + [0] * (self.n_future - warm) for _ in range(n)]
+
+    def keep(self, rows: list[int]) -> None:
+        """Only these rows stay, in this order (finished rows left the batch)."""
+        self.first = [self.first[r] for r in rows]
+
 
 class Batch:
     """The rows being decoded together, and how: cache row b holds rows[active[b]]; finished rows
     stay in the cache (fed, never accepted) until half of them are, then the cache drops them (not
     on the static step, whose batch shape stays). `profiles` (by whether the row is greedy) learn
-    from the passes and `costs` are calibrated by them (None: not). A batch that serves requests
-    as they come (`bytemtp.serving.engine`) `add`s rows between passes and `remove_finished` ones."""
+    from the passes and `costs` are calibrated by them (None: not); `stale` says which heads'
+    caches each row lacks. A batch that serves requests as they come (`bytemtp.serving.engine`)
+    `add`s rows between passes and `remove_finished` ones; on the static step it keeps its size
+    at a bucket with placeholder rows (`pad_to`), so that its passes run compiled shapes."""
 
-    def __init__(self, rows: list[Row], cache: KVCache, *, warm: int,
+    def __init__(self, rows: list[Row], cache: KVCache, *, warm: int, n_future: int,
                  profiles: dict[bool, AcceptanceProfile] | None, costs: PassCosts | None, static: bool = False):
         self.rows, self.cache, self.warm = rows, cache, warm  # warm: heads whose caches are complete
         self.profiles, self.costs, self.static = profiles, costs, static
         self.active = list(range(len(rows)))
         self.finished: set[int] = set()
+        self.stale = StaleHeads(len(rows), n_future, warm=warm)
 
     @property
     def greedy(self) -> bool:
@@ -65,24 +124,39 @@ class Batch:
         """The acceptance profile that a row's passes teach."""
         return None if self.profiles is None else self.profiles[row.sampling.greedy]
 
-    def add(self, rows: list[Row]) -> list[int]:
-        """Append rows (their cache rows empty, at the end); their indices in the cache."""
+    def add(self, rows: list[Row], *, warm: int) -> list[int]:
+        """Append rows (their cache rows empty, at the end, complete for heads 1..`warm` once
+        prefilled), placeholders dropped first; their indices in the cache."""
+        if any(row.pad for row in self.rows):
+            self._keep([b for b, r in enumerate(self.active) if not self.rows[r].pad])
         self.cache.grow(len(rows))
+        self.stale.add(len(rows), warm=warm)
         first = len(self.active)
         self.active.extend(range(len(self.rows), len(self.rows) + len(rows)))
         self.rows.extend(rows)
         return list(range(first, first + len(rows)))
 
+    def pad_to(self, size: int, *, n_future: int) -> None:
+        """Fill the batch with placeholder rows up to `size` rows (a batch bucket of the static step)."""
+        n = size - len(self.active)
+        if n > 0:
+            b = self.add([Row.placeholder(n_future) for _ in range(n)], warm=self.warm)
+            self.finished.update(self.active[i] for i in b)
+
     def remove_finished(self) -> list[Row]:
-        """Drop every finished row from the batch and its cache (rows renumbered); the rows dropped."""
-        gone = [self.rows[r] for r in self.active if r in self.finished]
-        if not self.finished:
-            return gone
-        live = [b for b, r in enumerate(self.active) if r not in self.finished]
+        """Drop every finished row (placeholders too) from the batch and its cache, rows renumbered,
+        once a row that is not a placeholder has finished; the rows dropped, placeholders not."""
+        gone = [self.rows[r] for r in self.active if r in self.finished and not self.rows[r].pad]
+        if gone:
+            self._keep([b for b, r in enumerate(self.active) if r not in self.finished])
+        return gone
+
+    def _keep(self, live: list[int]) -> None:
+        """Only the rows in these cache rows stay, renumbered in this order."""
         self.cache.keep(live)
+        self.stale.keep([self.active[b] for b in live])
         self.rows = [self.rows[self.active[b]] for b in live]
         self.active, self.finished = list(range(len(self.rows))), set()
-        return gone
 
     def drop_finished(self) -> None:
         live = [b for b, r in enumerate(self.active) if r not in self.finished]

@@ -360,6 +360,13 @@ class CompilePolicy:
             self.mode = Compile.ON if self.worth(batch_size, work_bytes) else Compile.OFF
         return self.mode is Compile.ON
 
+    def settle_ready(self, batch_sizes: list[int]) -> bool:
+        """Under auto, for work of no known length (a server's): compiled when the step is
+        compiled already at every one of these batch sizes; True when it runs compiled."""
+        if self.mode is Compile.AUTO:
+            self.mode = Compile.ON if all(self.worth(size, 0) for size in batch_sizes) else Compile.OFF
+        return self.mode is Compile.ON
+
     def use(self, batch_size: int, max_bytes: int) -> bool:
         """Whether a call decoding `batch_size` rows of up to `max_bytes` runs the static step
         (made here the first time)."""

@@ -3,8 +3,8 @@
 `generate` is the reference: one prompt, one byte per forward pass, greedy or sampled (temperature,
 top-k, top-p through a seeded `torch.Generator`), until EOS, a stop string or `max_bytes`.
 
-`Decoder` is the fast path for many prompts at once: a short loop (`Decoder.decode`) over small named
-steps, in the manner of gpt-fast. `prefill` runs the prompts and `propose` takes each row's next byte
+`Decoder` is the fast path for many prompts at once: the pass cycle (`loop.Loop`, which the server's
+engine runs too) over small named steps, in the manner of gpt-fast. `prefill` runs the prompts and `propose` takes each row's next byte
 and the heads' candidates; a pass (`step`) lays them out as a chain or tree (`draft`), runs them
 (`forward`), says which path survives (`verify`: `verify_greedy`, or `verify_sampled` on chains) and
 `accept`s it (its bytes, its cache slots; the acceptance profile learns); `emit_next` emits the next
@@ -39,13 +39,13 @@ import torch
 
 from bytemtp.decoding.batch import Batch, Row
 from bytemtp.decoding.calibration import CalibratedCosts, cost_table, timing_grid
-from bytemtp.decoding.compiled import NODE_BUCKETS, Compile, CompilePolicy, StaticStep
+from bytemtp.decoding.compiled import NODE_BUCKETS, Compile, CompilePolicy
 from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts, choose
 from bytemtp.decoding.generation import DecodeStats, Generation, Output, SpeculativeStats, as_bytes, as_prompt_list
 from bytemtp.decoding.lookup import LookupProfile, accepted_run, lookup_pass
 from bytemtp.decoding.sampling import Sampling, _sample, distribution, masked_logits, next_byte, verify_sampled
 from bytemtp.decoding.strategy import Draft
-from bytemtp.decoding.warmth import StaleHeads, emit_tracked, rewarm
+from bytemtp.decoding.loop import Loop
 from bytemtp.model.kvcache import KVCache, context_left, window_start
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
@@ -93,8 +93,9 @@ class Decoder:
     Made once per model and reused: the heads are stacked once (`ByteMTP.stack_heads`), what a
     pass costs is measured once per batch size (`pass_costs`, kept in `calibration`), and the
     heads' acceptance is tracked across calls. `costs` gives the pass costs instead of measuring
-    them (tests). `compile` says when the passes run the compiled static step
-    (`compiled.CompilePolicy`): on, off, or auto (when a call's work repays compiling).
+    them (tests). `compile` says when the passes run the compiled static step: on, off, or auto
+    (when a call's work repays compiling); `policy` (a `compiled.CompilePolicy`) applies it and
+    holds the step.
     """
 
     def __init__(self, model: ByteMTP, *, stacked: bool = True, costs: PassCosts | None = None,
@@ -108,45 +109,22 @@ class Decoder:
         self.policy = CompilePolicy(model, self.stacked, compile)
         self.last_choice: Choice | None = None
 
-    # --- the compile policy (`compiled.CompilePolicy`) ----------------------------------------
-
-    @property
-    def compile(self) -> Compile:
-        return self.policy.mode
-
-    @property
-    def static(self) -> StaticStep | None:
-        """The compiled static step, made the first time a call compiles."""
-        return self.policy.static
-
-    @static.setter
-    def static(self, step: StaticStep | None) -> None:
-        self.policy.static = step
-
-    def settle_compile(self, *, batch_size: int, work_bytes: int) -> bool:
-        """Under `auto`, decide once for a job of many calls (`work_bytes` of output in all, in batches
-        of `batch_size`), so that each call does not judge its own share; True when it runs compiled."""
-        return self.policy.settle(batch_size=batch_size, work_bytes=work_bytes)
-
-    def use_static(self, batch_size: int, max_bytes: int) -> bool:
-        """Whether a call decoding `batch_size` rows of up to `max_bytes` runs the static step."""
-        return self.policy.use(batch_size, max_bytes)
+    # --- compiling and what a pass costs (`compiled`, `calibration`) -----------------------------
 
     def compile_shapes(self, batch_size: int) -> None:
         """Compile now every shape of the static step that the decoder may choose at this batch
         size (a benchmark's warm-up: no compiling inside timed runs); nothing without the step.
         Besides the timing grid's shapes, one head over a chain in every node bucket: the passes
         that verify prompt-lookup drafts, longer than any the heads draft alone."""
-        if self.static is not None:
+        static = self.policy.static
+        if static is not None:
             with torch.inference_mode():
                 measure_pass_costs(self, batch_size, repeats=0, static=True)
                 cache = KVCache.for_model(self.model, batch_size=batch_size,
                                           max_len=self.model.config.seq_len + MAX_NODES)
                 for T in NODE_BUCKETS:
                     cache.lengths = [0] * batch_size
-                    self.static(torch.zeros(batch_size, T, dtype=torch.long, device=cache.k.device), cache, heads=1)
-
-    # --- what a pass costs (`calibration`) ----------------------------------------------------
+                    static(torch.zeros(batch_size, T, dtype=torch.long, device=cache.k.device), cache, heads=1)
 
     def pass_costs(self, batch_size: int, *, static: bool = False) -> PassCosts:
         """Seconds per pass for k heads over T nodes at this batch size, on the eager or the compiled
@@ -202,33 +180,15 @@ class Decoder:
 
     def decode(self, rows: list[Row], draft: Draft, *, max_bytes: int,
                cancel: Callable[[], bool] | None) -> None:
-        """Prefill, then emit and step pass after pass until every row is finished (or `cancel()`).
-        Rows choose bytes by their own `sampling`; trees are drafted only when all are greedy."""
-        greedy, batch_size = all(row.sampling.greedy for row in rows), len(rows)
-        static = self.use_static(batch_size, max_bytes)
-        choice = self.last_choice = self.plan(draft, batch_size=batch_size, static=static, greedy=greedy)
-        cache = KVCache.for_model(self.model, batch_size=batch_size, max_len=self.model.config.seq_len + MAX_NODES)
-        # adapting: whole windows (prompt, slide) run every head, so a re-warm runs only plain passes' bytes
-        full = self.model.config.n_future if draft.adapts(greedy) else choice.heads
-        state = Batch(rows, cache, warm=full, profiles=self.profiles,
-                      static=static, costs=self.calibration.for_run(batch_size, static=static))
-        self.prefill(rows, state.cache, state.warm)
-        stale = StaleHeads(len(rows), self.model.config.n_future, warm=state.warm)
-        passes = 0
-        while emit_tracked(self, state, stale, heads=full):
+        """Prefill, then emit and pass after pass (`loop.Loop`) until every row is finished (or
+        `cancel()`). Rows choose bytes by their own `sampling`; trees are drafted only when all are greedy."""
+        greedy = all(row.sampling.greedy for row in rows)
+        loop = Loop(self, draft, rows, static=self.policy.use(len(rows), max_bytes), greedy=greedy)
+        while loop.emit():
             if cancel is not None and cancel():
-                state.interrupt()
+                loop.state.interrupt()
                 break
-            state.drop_finished()
-            if passes % 16 == 0 and draft.adapts(greedy):  # re-plan from the newest profile
-                choice = self.last_choice = self.plan(draft, batch_size=batch_size, static=static, greedy=greedy)
-                if choice.heads > state.warm:  # more heads than have complete caches: complete them
-                    rewarm(self, state, stale, choice.heads)
-            starts = {r: state.cache.lengths[b] for b, r in enumerate(state.active)}
-            self.step(state, choice)
-            for r, start in starts.items():
-                stale.passed(r, heads=state.warm, start=start)
-            passes += 1
+            loop.advance()
 
     def step(self, state: Batch, choice: Choice) -> None:
         """One speculative pass over the batch: draft, forward, verify, then accept (or propose
@@ -279,7 +239,7 @@ class Decoder:
                 continue
             self.propose(row, logits[b, path[-1], :k], nxt, cand)
         state.warm = k
-        if state.costs is not None and not (state.static and self.static.last_was_new):  # compiling: not a cost
+        if state.costs is not None and not (state.static and self.policy.static.last_was_new):  # compiling: not a cost
             lookup = any(m is not None for m in used)  # lookup's bytes say nothing of the heads' (k, T)
             state.costs.observe(k, tree.T, time.perf_counter() - t0,
                                 bytes_per_row=None if lookup else sum(gained) / max(1, len(gained)))
@@ -338,7 +298,7 @@ class Decoder:
         advances: on the compiled static step, or eagerly with the layout built here."""
         chain = tree.is_chain
         if static:
-            return self.static(ids_BT, cache, heads=heads, depths=None if chain else tree.depths,
+            return self.policy.static(ids_BT, cache, heads=heads, depths=None if chain else tree.depths,
                                ancestors=None if chain else tree.ancestors)
         model = self.model
         layout = build_layout(model, ids_BT, cache, depths=None if chain else list(tree.depths),
@@ -459,7 +419,7 @@ def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5,
             for _ in range(batch_size)]
     cache = KVCache.for_model(model, batch_size=batch_size, max_len=seq_len + MAX_NODES)
     # the dummy rows teach no profile and calibrate nothing
-    state = Batch(rows, cache, warm=n, profiles=None, costs=None, static=static)
+    state = Batch(rows, cache, warm=n, n_future=n, profiles=None, costs=None, static=static)
     device = model.embed.weight.device
     times: dict[tuple[int, int], list[float]] = {key: [] for key in shapes}
     for rep in range(repeats + 1):

@@ -152,7 +152,7 @@ def compare_decoding(decoder: Decoder, prompt: bytes | str, *, max_bytes: int, d
     over eager plain) and `eager_speedup` (speculative over eager plain); `identical` then also
     covers the eager output."""
     modes = {"plain": (decoder, {"draft": Draft.plain()}), "speculative": (decoder, {"draft": draft})}
-    compiled = decoder.settle_compile(batch_size=1, work_bytes=max_bytes * (2 * rounds + 2))
+    compiled = decoder.policy.settle(batch_size=1, work_bytes=max_bytes * (2 * rounds + 2))
     if compiled:
         modes["eager plain"] = (Decoder(decoder.model, compile="off"), {"draft": Draft.plain()})
     took, outs = interleaved_decodes(modes, [[as_bytes(prompt)]], max_bytes=max_bytes, rounds=rounds, stop=stop)
@@ -165,5 +165,5 @@ def compare_decoding(decoder: Decoder, prompt: bytes | str, *, max_bytes: int, d
         spec = speed_figures(took, outs, "speculative", base="eager plain", same_step=False)
         res = dataclasses.replace(res, eager_plain_bytes_s=eager.plain_bytes_s, compiled_plain_speedup=eager.speedup,
                                   eager_speedup=spec.speedup, identical=res.identical and eager.identical,
-                                  compile_stats=decoder.static.stats() if decoder.static is not None else None)
+                                  compile_stats=decoder.policy.static.stats() if decoder.policy.static is not None else None)
     return res

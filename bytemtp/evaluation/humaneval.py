@@ -211,7 +211,7 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
     decoder = decoder or Decoder(model, compile=compile)
     per_problem = 1 if greedy else samples
     jobs = [(i, j) for i in range(len(problems)) for j in range(per_problem)]
-    decoder.settle_compile(batch_size=min(batch_size, len(jobs)),
+    decoder.policy.settle(batch_size=min(batch_size, len(jobs)),
                            work_bytes=len(jobs) * max_bytes * (2 if compare else 1))
     modes = {"speculative": (decoder, {"draft": Draft(heads=heads), "sampling": sampling})}
     if compare:
@@ -231,8 +231,8 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
                                             seq_len=model.config.seq_len)
     return Sampled(completions=completions, prompt_fits=prompt_fits, heads="auto" if heads is None else heads,
                    decoding=DecodingSummary.of([g for gens in results for g in gens], sum(map(sum, took["speculative"]))),
-                   compile=decoder.compile.value,
-                   compile_stats=decoder.static.stats() if decoder.static is not None else None,
+                   compile=decoder.policy.mode.value,
+                   compile_stats=decoder.policy.static.stats() if decoder.policy.static is not None else None,
                    comparison=_comparison(took, outs) if compare else None)
 
 

@@ -2,15 +2,19 @@
 
 Requests join the running batch between passes and leave it when they finish, so a request
 never waits for a whole batch to end and the passes stay as full as the load allows. The thread
-runs the decoder's own steps (`decode.Decoder`: `prefill`, `emit_next`, `step`, `plan`) over one
-`batch.Batch` that it grows (`Batch.add`, a newcomer prefilled in its own cache row) and shrinks
-(`Batch.remove_finished`, after every pass: a finished row costs every later pass its share).
+runs the decoding loop that `generate` runs (`loop.Loop`: plan, re-warm, draft, forward, verify,
+accept, emit) over one batch that it grows (`Loop.admit`, a newcomer prefilled in its own cache
+row) and shrinks (`Loop.remove_finished`, after every pass: a finished row costs every later pass
+its share); the engine itself only admits and removes requests, runs scoring jobs and calls back.
 Each row decodes by its own sampling; a row's greedy output equals that prompt decoded alone,
 whatever runs beside it, because every row of a pass is computed from its own cache row only.
 
 What a pass costs is measured once per batch bucket (1, 2, 4, ... up to `max_batch`) when the
-engine starts, so that no request waits on a calibration; the chooser plans from the bucket at
-or above the batch's size, every `PLAN_EVERY` passes and whenever the bucket changes.
+engine starts, so that no request waits on a calibration; the loop plans from the bucket at or
+above the batch's size, every `loop.PLAN_EVERY` passes and whenever the bucket changes. Passes run
+eagerly or on the compiled static step, as the decoder's compile policy says (`serve --compile`):
+on the compiled step every bucket's shapes are compiled when the engine starts, and the batch is
+kept at a bucket's size with placeholder rows.
 
 Scoring jobs (the per-byte log-probabilities of `echo` and `logprobs`) run on the same thread
 between passes: the model is used by one thread only. The trade-off: a long scoring job delays
@@ -32,17 +36,13 @@ from typing import Callable
 
 import torch
 
-from bytemtp.decoding.batch import Batch, Row
+from bytemtp.decoding.batch import Row
 from bytemtp.decoding.decode import Decoder
-from bytemtp.decoding.drafting import MAX_NODES, Choice
 from bytemtp.decoding.generation import Generation, Output, SpeculativeStats
+from bytemtp.decoding.loop import Loop, batch_buckets
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.strategy import Draft
-from bytemtp.decoding.warmth import StaleHeads, emit_tracked, rewarm
 from bytemtp.evaluation.likelihood import ByteLogprobs, byte_logprobs
-from bytemtp.model.kvcache import KVCache
-
-PLAN_EVERY = 16  # passes between re-plans of the draft at one batch bucket
 
 
 class QueueFull(Exception):
@@ -98,11 +98,6 @@ class EngineStats:
         return self.rows_in_passes / max(1, self.passes)
 
 
-def batch_buckets(max_batch: int) -> list[int]:
-    """The batch sizes whose pass costs are measured: powers of two up to max_batch, and it."""
-    return sorted({min(2 ** i, max_batch) for i in range(max_batch.bit_length() + 1)})
-
-
 class _Live:
     """A generation in the batch: its job, its row and the bytes emitted since the last flush."""
 
@@ -116,8 +111,9 @@ class _Live:
 
 class Engine:
     """The decoding thread of a server (see the module docstring). `submit` is safe from any
-    thread; `start` measures the pass costs (unless `costs` were given) and starts the thread;
-    `close` stops it, failing what is still queued or running."""
+    thread; `start` settles the compile policy, compiles and measures the pass costs (unless
+    `costs` were given) and starts the thread; `close` stops it, failing what is still queued or
+    running. Without a `decoder`, passes run eagerly."""
 
     def __init__(self, model, *, max_batch: int = 8, max_queue: int = 64, draft: Draft = Draft(lookup=True),
                  decoder: Decoder | None = None, score_batch: int = 8):
@@ -132,12 +128,9 @@ class Engine:
         self._cond = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
-        self._live: list[_Live] = []  # in the order of the batch's rows
-        self._state: Batch | None = None
-        self._bucket, self._passes_at_bucket, self._choice, self._greedy = 0, 0, None, None
-        # the heads every newcomer's prompt runs: all of them when the draft adapts (`Decoder.decode`'s rule)
-        self._full = model.config.n_future if self.draft.adapts(True) else (self.draft.heads or 1)
-        self._stale: StaleHeads | None = None
+        self._live: dict[int, _Live] = {}  # by id of the row in the batch
+        self._loop: Loop | None = None
+        self.static = False  # whether passes run the compiled step (settled by `start`)
 
     # --- from other threads ---------------------------------------------------------------------
 
@@ -161,13 +154,20 @@ class Engine:
         return len(self._live)
 
     def start(self, *, progress: Callable[[str], None] | None = None) -> None:
-        """Measure the pass costs of every batch bucket (when the draft adapts or drafts lookup
+        """Settle the compile policy (under auto: compiled when the compile cache holds the step
+        at every batch bucket already), compile every batch bucket's shapes (on the compiled
+        step), measure the pass costs of every bucket (when the draft adapts or drafts lookup
         bytes, which weigh a deeper chain by them), then start."""
-        if self.draft.adapts(True) or self.draft.lookup:
-            for size in batch_buckets(self.max_batch):
-                if progress is not None:
-                    progress(f"measuring pass costs at batch {size}")
-                self.decoder.pass_costs(size)
+        say = progress or (lambda line: None)
+        policy, buckets = self.decoder.policy, batch_buckets(self.max_batch)
+        self.static = policy.settle_ready(buckets)
+        for size in buckets:
+            if self.static and policy.use(size, 0):
+                say(f"compiling the decode step at batch {size} (cached on disk for later starts)")
+                self.decoder.compile_shapes(size)
+            if self.draft.adapts(True) or self.draft.lookup:
+                say(f"measuring pass costs at batch {size}")
+                self.decoder.pass_costs(size, static=self.static)
         self._thread = threading.Thread(target=self._run, name="bytemtp-engine", daemon=True)
         self._thread.start()
 
@@ -226,70 +226,41 @@ class Engine:
             self._admit(gens)
         if not self._live:
             return
-        state, decoder = self._state, self.decoder
-        for b, live in enumerate(self._live):
-            if live.job.cancelled and b not in state.finished:
+        loop = self._loop
+        state = loop.state
+        for b, r in enumerate(state.active):
+            live = self._live.get(id(state.rows[r]))
+            if live is not None and live.job.cancelled and r not in state.finished:
                 live.row.out.stats.stopped_by = "cancelled"
-                state.finished.add(b)
-        emit_tracked(decoder, state, self._stale, heads=self._full)
+                state.finished.add(r)
+        loop.emit()
         self._flush()
         self._finish()
         if not self._live:
             return
-        choice = self._plan()
-        if choice.heads > state.warm:  # more heads than have complete caches: complete them
-            rewarm(decoder, state, self._stale, choice.heads)
         self.stats.passes += 1
         self.stats.rows_in_passes += len(self._live)
-        starts = list(state.cache.lengths)
-        decoder.step(state, choice)
-        for r, start in enumerate(starts):
-            self._stale.passed(r, heads=state.warm, start=start)
+        loop.advance()
         self._flush()
         self._finish()
 
     def _admit(self, jobs: list[GenerateJob]) -> None:
         """Add the jobs to the batch, each prefilled into its own new cache row."""
-        n = self.model.config.n_future
-        depths = self.draft.max_depth(n)
-        if self._state is None:
-            cache = KVCache.for_model(self.model, batch_size=0, max_len=self.model.config.seq_len + MAX_NODES)
-            self._state = Batch([], cache, warm=self._full, profiles=self.decoder.profiles, costs=None)
-            self._stale = StaleHeads(0, n, warm=self._full)
-            self._bucket, self._passes_at_bucket, self._choice, self._greedy = 0, 0, None, None
-        state = self._state
+        depths = self.draft.max_depth(self.model.config.n_future)
+        if self._loop is None:
+            self._loop = Loop(self.decoder, self.draft, [], static=self.static,
+                              buckets=batch_buckets(self.max_batch))
         lives = [_Live(job, self.draft, depths) for job in jobs]
         for live in [live for live in lives if live.job.max_bytes == 0]:  # nothing to decode
             live.row.out.stats.stopped_by = "max_bytes"
             self.stats.requests += 1
             live.job.on_done(live.row.out.result(live.t0))
         lives = [live for live in lives if live.job.max_bytes > 0]
-        self._stale.add(len(lives), warm=self._full)
-        for b, live in zip(state.add([live.row for live in lives]), lives):
-            view = state.cache.row(b)
-            self.decoder.prefill([live.row], view, self._full)  # every head: a later re-warm runs less
-            state.cache.lengths[b] = view.lengths[0]
-            state.cache.doc_starts[b] = view.doc_starts[0]
-            self._live.append(live)
-
-    def _plan(self) -> Choice:
-        """The draft of the next pass: re-planned every PLAN_EVERY passes and when the batch
-        moves to another bucket of pass costs."""
-        state = self._state
-        bucket = next(b for b in batch_buckets(self.max_batch) if b >= len(self._live))
-        greedy = state.greedy
-        if (self._choice is None or bucket != self._bucket or greedy != self._greedy
-                or self._passes_at_bucket % PLAN_EVERY == 0):
-            self._choice = self.decoder.plan(self.draft, batch_size=bucket, static=False, greedy=greedy)
-            state.costs = self.decoder.calibration.for_run(bucket, static=False)
-            if bucket != self._bucket or greedy != self._greedy:
-                self._passes_at_bucket = 0
-            self._bucket, self._greedy = bucket, greedy
-        self._passes_at_bucket += 1
-        return self._choice
+        self._live.update((id(live.row), live) for live in lives)
+        self._loop.admit([live.row for live in lives])
 
     def _flush(self) -> None:
-        for live in self._live:
+        for live in self._live.values():
             if live.pending:
                 piece = bytes(live.pending)
                 live.pending.clear()
@@ -298,14 +269,8 @@ class Engine:
 
     def _finish(self) -> None:
         """Tell every finished row's job, and drop the rows from the batch."""
-        state = self._state
-        if not state.finished:
-            return
-        done = [self._live[b] for b in sorted(state.finished)]
-        self._stale.keep([b for b in range(len(self._live)) if b not in state.finished])
-        self._live = [live for b, live in enumerate(self._live) if b not in state.finished]
-        state.remove_finished()
-        for live in done:
+        for row in self._loop.remove_finished():
+            live = self._live.pop(id(row))
             self.stats.requests += 1
             self.stats.cancelled += live.row.out.stats.stopped_by == "cancelled"
             live.job.on_done(live.row.out.result(live.t0))
@@ -322,12 +287,12 @@ class Engine:
 
     def _fail_all(self, message: str, *, waiting: bool = False) -> None:
         """Fail the requests in the batch (and, shutting down, those waiting); start a new batch."""
-        jobs = [live.job for live in self._live]
+        jobs = [live.job for live in self._live.values()]
         if waiting:
             with self._cond:
                 jobs += list(self._waiting)
                 self._waiting.clear()
-        self._live, self._state = [], None
+        self._live, self._loop = {}, None
         for job in jobs:
             self.stats.errors += 1
             job.on_error(message)

@@ -1,0 +1,170 @@
+"""The decoding pass cycle, with one owner: `Loop` advances a `batch.Batch` pass by pass.
+
+A pass is: plan the draft at the batch's size (`Decoder.plan`: its heads and tree, from the
+acceptance profile and the pass costs measured at that size, on the step that runs), re-warm the
+caches of heads the plan needs that the batch lacks (`rewarm`, from `Batch.stale`), draft,
+forward (eager or on the compiled static step), verify and accept (`Decoder.step`), mark which
+heads' caches the pass left stale, then emit each row's next byte, sliding full windows (`emit`).
+`Decoder.generate` (a call's prompts, decoded together until every row finishes) and the server's
+engine (`bytemtp.serving.engine`: requests `admit`ted and `remove_finished` between passes) both
+run this loop, so a change to how a pass is chosen or run is made once.
+
+The plan is re-made every `PLAN_EVERY` passes from the newest profile (when the draft adapts) and
+whenever what it was made for changes: the batch size it is planned at, whether the rows are all
+greedy (only then may passes draft trees), the step. A call plans at its starting size and
+greediness (rows that finish leave, the plan stays); a server plans at the batch bucket
+(`batch_buckets`) at or above the rows it runs, and at its live rows' greediness. On the compiled
+step a server's batch is kept at its bucket's size with placeholder rows (`Batch.pad_to`), so that
+its passes run the shapes compiled for the buckets when it started.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from bytemtp.decoding.batch import Batch, Row
+from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, Choice
+from bytemtp.decoding.strategy import Draft
+from bytemtp.model.kvcache import KVCache
+from bytemtp.model.layout import build_layout
+from bytemtp.vocab import EOS
+
+if TYPE_CHECKING:
+    from bytemtp.decoding.decode import Decoder
+
+PLAN_EVERY = 16  # passes between re-plans of an adapting draft
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """The batch sizes a server plans at (and measures pass costs at): powers of two up to
+    max_batch, and it."""
+    return sorted({min(2 ** i, max_batch) for i in range(max_batch.bit_length() + 1)})
+
+
+class Loop:
+    """One batch's decoding, pass by pass (see the module docstring). `rows` are prefilled
+    together; `greedy` fixes the plan's greediness (a call: whether all its rows are greedy; None:
+    the live rows', as a server's); `buckets` plans at the bucket at or above the rows the batch
+    runs (a server) instead of at its starting size. `static`: the passes run the compiled step."""
+
+    def __init__(self, decoder: Decoder, draft: Draft, rows: list[Row], *, static: bool,
+                 greedy: bool | None = None, buckets: list[int] | None = None):
+        model = decoder.model
+        n = model.config.n_future
+        self.decoder, self.draft, self.greedy, self.buckets = decoder, draft, greedy, buckets
+        # adapting: whole windows (prompt, slide) run every head, so a re-warm runs only plain passes' bytes
+        self.full = n if draft.adapts(True if greedy is None else greedy) else draft.heads
+        cache = KVCache.for_model(model, batch_size=len(rows), max_len=model.config.seq_len + MAX_NODES)
+        self.state = Batch(rows, cache, warm=self.full, n_future=n, profiles=decoder.profiles, costs=None,
+                           static=static)
+        self.size = len(rows)  # the size a call plans at
+        self.choice: Choice | None = None
+        self._planned: tuple | None = None  # (size, greedy) the choice was made for
+        self._since_plan = 0
+        if rows:
+            decoder.prefill(rows, cache, self.full)
+
+    # --- rows joining and leaving (a server's batch) ---------------------------------------------
+
+    def admit(self, rows: list[Row]) -> None:
+        """Add rows to the batch, each prefilled with every head the draft may use into a new
+        cache row of its own (their first bytes come out at the next `emit`)."""
+        state = self.state
+        for b, row in zip(state.add(rows, warm=self.full), rows):
+            view = state.cache.row(b)
+            self.decoder.prefill([row], view, self.full)  # every head: a later re-warm runs less
+            state.cache.lengths[b] = view.lengths[0]
+            state.cache.doc_starts[b] = view.doc_starts[0]
+        self._pad()
+
+    def remove_finished(self) -> list[Row]:
+        """Drop the finished rows from the batch (`Batch.remove_finished`); the rows dropped."""
+        gone = self.state.remove_finished()
+        if gone:
+            self._pad()
+        return gone
+
+    def _pad(self) -> None:
+        if self.state.static and self.buckets is not None and self.state.rows:
+            self.state.pad_to(self._bucket(), n_future=self.decoder.model.config.n_future)
+
+    def _bucket(self) -> int:
+        live = sum(not self.state.rows[r].pad for r in self.state.active)
+        return next(b for b in self.buckets if b >= live)
+
+    # --- the cycle -------------------------------------------------------------------------------
+
+    def emit(self) -> bool:
+        """Emit each row's next byte (`Decoder.emit_next`), a slide running every head the draft
+        may use (at least the warm ones), noting the rows whose windows slid; False when every row
+        is finished."""
+        state = self.state
+        starts, warm = {r: state.rows[r].start for r in state.active}, state.warm
+        state.warm = max(warm, self.full)  # what emit_next runs a slide with
+        going = self.decoder.emit_next(state)
+        for r, start in starts.items():
+            if state.rows[r].start != start:
+                state.stale.slid(r, heads=state.warm)
+        state.warm = warm
+        return going
+
+    def advance(self) -> None:
+        """One pass over the batch: plan, re-warm what the plan needs, then draft, forward, verify
+        and accept (`Decoder.step`), marking the heads whose caches the pass left stale."""
+        state = self.state
+        state.drop_finished()
+        choice = self.plan()
+        if choice.heads > state.warm:  # more heads than have complete caches: complete them
+            self.rewarm(choice.heads)
+        starts = {r: state.cache.lengths[b] for b, r in enumerate(state.active)}
+        self.decoder.step(state, choice)
+        for r, start in starts.items():
+            state.stale.passed(r, heads=state.warm, start=start)
+
+    def plan(self) -> Choice:
+        """The draft of the next pass: re-planned every PLAN_EVERY passes when the draft adapts,
+        and whenever the size or greediness it is planned at changes (then the batch's passes
+        calibrate the costs of that size)."""
+        state, decoder = self.state, self.decoder
+        size = self.size if self.buckets is None else self._bucket()
+        greedy = self.greedy if self.greedy is not None else state.greedy
+        key = (size, greedy)
+        if (self.choice is None or key != self._planned
+                or self._since_plan % PLAN_EVERY == 0 and self.draft.adapts(greedy)):
+            self.choice = decoder.last_choice = decoder.plan(self.draft, batch_size=size, static=state.static,
+                                                             greedy=greedy)
+            if key != self._planned:
+                state.costs = decoder.calibration.for_run(size, static=state.static)
+                self._planned, self._since_plan = key, 0
+        self._since_plan += 1
+        return self.choice
+
+    def rewarm(self, heads: int) -> None:
+        """Run again, in one pass over the batch, the positions that heads 1..`heads` lack in the
+        live rows' caches (`Batch.stale`), and take the heads' candidates after each row's next
+        byte (already out, so it stays) anew, so that passes of `heads` heads can run."""
+        decoder, state = self.decoder, self.state
+        model, cache, stale = decoder.model, state.cache, state.stale
+        lengths = list(cache.lengths)
+        live = [(b, r) for b, r in enumerate(state.active) if r not in state.finished]
+        missing = [lengths[b] - p for b, r in live if (p := stale.missing_from(r, heads)) is not None]
+        n = max(lengths) if model.config.doc_mask else max([1, *missing])  # document masks: run all
+        starts = [max(0, length - n) for length in lengths]
+        ids = torch.full((len(lengths), n), EOS, dtype=torch.long, device=model.embed.weight.device)
+        for b, r in live:
+            window = state.rows[r].tokens()[state.rows[r].start:-1]  # the cache's tokens (the next byte is out)
+            assert len(window) == lengths[b], (len(window), lengths[b])
+            ids[b, :lengths[b] - starts[b]] = torch.tensor(window[starts[b]:], dtype=torch.long)
+        cache.lengths = starts
+        logits = model.logits(ids, cache, heads=heads, stacked=decoder.stacked, layout=build_layout(model, ids, cache),
+                              last=[max(0, length - start - 1) for length, start in zip(lengths, starts)])
+        cache.lengths = lengths
+        for r in set(state.active) & state.finished:  # fed, never accepted: any drafts do, none drawn
+            state.rows[r].cand += [[EOS] * TREE_RANKS] * (heads - 1 - len(state.rows[r].cand))
+        for b, r in live:
+            decoder.propose(state.rows[r], logits[b, 0], state.rows[r].nxt)
+            state.rows[r].stats.forward_passes += 1
+            stale.warmed(r, heads)
+        state.warm = heads
