@@ -209,3 +209,103 @@ def test_the_package_list_names_every_subpackage():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
     assert on_disk <= listed, f"add to pyproject's [tool.setuptools] packages: {sorted(on_disk - listed)}"
+
+
+README = ROOT / "README.md"
+
+
+def floor_table(text: str) -> list[tuple[int, str, list[str]]]:
+    """The rows of a README's floor table, the first markdown table whose header has a `floor` and
+    a `module` column: (line number, floor cell, the backticked `.py` paths of the module cell)."""
+    import re
+
+    rows, columns = [], None
+    for number, line in enumerate(text.splitlines(), 1):
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]] if line.lstrip().startswith("|") else None
+        if columns is None:
+            header = [c.lower() for c in cells or []]
+            if "floor" in header and any("module" in c for c in header):
+                columns = header.index("floor"), next(i for i, c in enumerate(header) if "module" in c)
+            continue
+        if cells is None:
+            break
+        if set("".join(cells)) <= set("-: "):  # the line under the header
+            continue
+        floor, module = (cells[i] if i < len(cells) else "" for i in columns)
+        rows.append((number, floor, re.findall(r"`([^`\s]+\.py)`", module)))
+    return rows
+
+
+def floor_table_faults(readme: pathlib.Path = README, package: pathlib.Path = PACKAGE,
+                       floors: dict[str, int] = FLOOR) -> list[str]:
+    """Where the README's floor table and the package disagree: a module of `package` that the
+    table leaves out, a module the table names that does not exist, a module on another floor than
+    `floors` gives it, a row that names no module, and rows out of the floors' order."""
+    on_disk = {p.relative_to(package.parent).as_posix(): name for name, p in _modules(package).items()}
+    rows = floor_table(readme.read_text())
+    if not rows:
+        return [f"{readme.name} has no floor table (a markdown table with a `floor` and a `module` column)"]
+    faults, seen, last = [], set(), None
+    for number, floor, paths in rows:
+        where = f"{readme.name}:{number}"
+        if not paths:
+            faults.append(f"{where}: a row of the floor table names no module (a backticked path like "
+                          f"`{package.name}/decoding/decode.py`)")
+            continue
+        if not floor.isdigit():
+            faults.append(f"{where}: floor {floor!r} of {', '.join(paths)} is not a number")
+            continue
+        if last is not None and int(floor) < last:
+            faults.append(f"{where}: floor {floor} comes after floor {last}; the table goes in FLOOR's order")
+        last = int(floor)
+        for path in paths:
+            if path in seen:
+                faults.append(f"{where}: {path} is in the floor table twice")
+            seen.add(path)
+            if path not in on_disk:
+                faults.append(f"{where}: the floor table names {path}, which is not a module of {package.name}/")
+                continue
+            want = floors.get(_floor_of(on_disk[path]))
+            if want != int(floor):
+                faults.append(f"{where}: the floor table puts {path} on floor {floor}, FLOOR on "
+                              f"{'no floor' if want is None else f'floor {want}'}")
+    faults += [f"{path} is missing from {readme.name}'s floor table (floor "
+               f"{floors.get(_floor_of(name), '?')})" for path, name in sorted(on_disk.items()) if path not in seen]
+    return faults
+
+
+def test_the_readme_floor_table_names_every_module_on_its_floor():
+    assert floor_table_faults() == []
+
+
+def test_the_floor_table_check_fails_on_a_missing_an_unknown_or_a_misplaced_module(tmp_path):
+    pkg = tmp_path / "bytemtp"
+    for sub in ("data", "decoding"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+        (pkg / sub / "x.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "config.py").write_text("")
+    floors = {"config": 0, "data": 1, "decoding": 4}
+    readme = tmp_path / "README.md"
+    rows = ["| 0 | `bytemtp/config.py` | settings |", "| 1 | `bytemtp/data/__init__.py` | the data floor |",
+            "| 1 | `bytemtp/data/x.py` | x |", "| 4 | `bytemtp/decoding/__init__.py` | the decoding floor |",
+            "| 4 | `bytemtp/decoding/x.py` | x |"]
+    table = lambda rows: "# bytemtp\n\nText.\n\n| floor | module | what it holds |\n|---|---|---|\n" + "\n".join(rows) + "\n\nAfter.\n"  # noqa: E731
+    readme.write_text(table(rows))
+    assert floor_table_faults(readme, pkg, floors) == []
+    readme.write_text(table(rows[:2] + rows[3:]))  # data/x.py left out
+    assert floor_table_faults(readme, pkg, floors) == ["bytemtp/data/x.py is missing from README.md's floor table (floor 1)"]
+    readme.write_text(table(rows + ["| 4 | `bytemtp/decoding/warmth.py` | gone |"]))
+    assert floor_table_faults(readme, pkg, floors) == [
+        "README.md:12: the floor table names bytemtp/decoding/warmth.py, which is not a module of bytemtp/"]
+    readme.write_text(table(rows[:2] + ["| 2 | `bytemtp/data/x.py` | x |"] + rows[3:]))
+    assert floor_table_faults(readme, pkg, floors) == ["README.md:9: the floor table puts bytemtp/data/x.py on floor 2, FLOOR on floor 1"]
+    readme.write_text(table(rows + ["| 4 | *(to be named)* | head types |"]))
+    assert floor_table_faults(readme, pkg, floors) == [
+        "README.md:12: a row of the floor table names no module (a backticked path like `bytemtp/decoding/decode.py`)"]
+    readme.write_text(table(rows[3:] + rows[:3]))
+    assert floor_table_faults(readme, pkg, floors) == ["README.md:9: floor 0 comes after floor 4; the table goes in FLOOR's order"]
+    readme.write_text("# bytemtp\n\nNo table.\n")
+    assert floor_table_faults(readme, pkg, floors) == [
+        "README.md has no floor table (a markdown table with a `floor` and a `module` column)"]
