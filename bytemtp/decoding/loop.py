@@ -20,19 +20,18 @@ its passes run the shapes compiled for the buckets when it started.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from bytemtp.decoding.batch import Batch, Row
-from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, Choice
+from bytemtp.decoding.calibration import CalibratedCosts
+from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice
 from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
+from bytemtp.model.model import ByteMTP, StackedHeads
 from bytemtp.vocab import EOS
-
-if TYPE_CHECKING:
-    from bytemtp.decoding.decode import Decoder
 
 PLAN_EVERY = 16  # passes between re-plans of an adapting draft
 
@@ -43,13 +42,35 @@ def batch_buckets(max_batch: int) -> list[int]:
     return sorted({min(2 ** i, max_batch) for i in range(max_batch.bit_length() + 1)})
 
 
+class Steps(Protocol):
+    """What the loop asks of the decoder (`decode.Decoder`): its model and heads, what passes
+    teach (`profiles`, `calibration`), the plan, and the steps of a pass."""
+
+    model: ByteMTP
+    stacked: StackedHeads | None
+    profiles: dict[bool, AcceptanceProfile]
+    calibration: CalibratedCosts
+    last_choice: Choice | None
+
+    def plan(self, draft: Draft, *, batch_size: int, static: bool, greedy: bool) -> Choice: ...
+
+    def prefill(self, rows: list[Row], cache: KVCache, heads: int) -> None: ...
+
+    def propose(self, row: Row, logits_KV: torch.Tensor, nxt: int | None,
+                cand: list[list[int]] | None = None) -> None: ...
+
+    def step(self, state: Batch, choice: Choice) -> None: ...
+
+    def emit_next(self, state: Batch) -> bool: ...
+
+
 class Loop:
     """One batch's decoding, pass by pass (see the module docstring). `rows` are prefilled
     together; `greedy` fixes the plan's greediness (a call: whether all its rows are greedy; None:
     the live rows', as a server's); `buckets` plans at the bucket at or above the rows the batch
     runs (a server) instead of at its starting size. `static`: the passes run the compiled step."""
 
-    def __init__(self, decoder: Decoder, draft: Draft, rows: list[Row], *, static: bool,
+    def __init__(self, decoder: Steps, draft: Draft, rows: list[Row], *, static: bool,
                  greedy: bool | None = None, buckets: list[int] | None = None):
         model = decoder.model
         n = model.config.n_future
