@@ -9,7 +9,7 @@ import sys
 import click
 
 from bytemtp.decoding.strategy import DECODE_MODES
-from bytemtp.quality import ARMS, DEFAULT_ARMS
+from bytemtp.experiments.quality import ARMS, DEFAULT_ARMS
 
 from . import report
 from .options import (OneLineErrors, check_output_dir, compile_option, device_option, empty_split_error, json_option,
@@ -41,7 +41,7 @@ def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, min_
     Says when the time ratio is too noisy to mean anything (time_ratio_noisy in the JSON)."""
     from tqdm import tqdm
 
-    from bytemtp.bench import TRAIN_STEP_VARIANTS, train_step
+    from bytemtp.experiments.bench import TRAIN_STEP_VARIANTS, train_step
     from bytemtp.runtime.devices import resolve_device
 
     with tqdm(total=warmup + steps + len(TRAIN_STEP_VARIANTS), desc="train-step", unit="round") as bar:
@@ -71,7 +71,7 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, vs: str
     """Loader throughput on one shard beside `zstd -dc` of the same file (and the loader on --vs)."""
     from tqdm import tqdm
 
-    from bytemtp.bench import loader_throughput
+    from bytemtp.experiments.bench import loader_throughput
 
     with tqdm(total=repeats, desc="loader", unit="pass") as bar:
         res = loader_throughput(path, seq_len=seq_len, batch_size=batch_size, repeats=repeats, vs=vs,
@@ -119,7 +119,7 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
     """Plain greedy vs self-speculative greedy (automatic, fixed chains, trees) on one model."""
     from tqdm import tqdm
 
-    from bytemtp.bench import decode_speed
+    from bytemtp.experiments.bench import decode_speed
     from bytemtp.runtime.devices import resolve_device
 
     sizes, mode_list = parse_batch_sizes(batch_sizes), parse_modes(modes)
@@ -166,7 +166,7 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
                 load_time: str, load_clients: int, draft: str, device: str, json_path: str | None) -> None:
     """Concurrent streaming clients against `bytemtp serve` on loopback: aggregate bytes/s against
     one client, time to first byte, every byte checked against solo decoding; then a timed load."""
-    from bytemtp.bench import serve_speed
+    from bytemtp.experiments.bench import serve_speed
     from bytemtp.decoding.strategy import Draft
 
     counts = parse_batch_sizes(clients)
@@ -210,7 +210,7 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
 @json_option("bench-all.json")
 def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) -> None:
     """Train step, loader, decode and eval in one run: one table, one JSON."""
-    from bytemtp.bench import all_benchmarks
+    from bytemtp.experiments.bench import all_benchmarks
     from bytemtp.runtime.checkpoint import latest_checkpoint
     from bytemtp.runtime.devices import resolve_device
 
@@ -227,7 +227,7 @@ def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) ->
 @contextlib.contextmanager
 def _interrupted_in_one_line():
     """A sweep that a signal stopped ends with one line and exit status 130 (128 + SIGINT)."""
-    from bytemtp.sweep import SweepInterrupted
+    from bytemtp.experiments.sweep import SweepInterrupted
 
     try:
         yield
@@ -267,7 +267,7 @@ def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, a
                   device: str, json_path: str | None) -> None:
     """Head-1 val bits/byte of multi-token recipes against next-byte training at equal wall time
     (or equal steps), with the spread over seeds, and what their tuned draft heads give decoding."""
-    from bytemtp import quality
+    from bytemtp.experiments import quality
     from bytemtp.runtime.devices import resolve_device
 
     from .options import parse_duration
@@ -300,7 +300,7 @@ def bench_sweep(grid: str, out: str, budget: str, tune_time: str, eval_bytes: in
                 json_path: str | None) -> None:
     """Train every candidate of a grid (a TOML file; see examples/sweep-small.toml) for the same wall
     time and compare head-1 val bits/byte, and with --tune-time what the tuned draft heads give."""
-    from bytemtp import sweep
+    from bytemtp.experiments import sweep
 
     from .options import parse_duration
 
@@ -337,7 +337,7 @@ def bench_prep(sources: tuple[str, ...], workers_text: str | None, rounds: int, 
 
     from tqdm import tqdm
 
-    from bytemtp.data.prep_bench import prep_speed
+    from bytemtp.experiments.prep_bench import prep_speed
 
     workers = parse_batch_sizes(workers_text, param_hint="--workers") if workers_text else (1, len(os.sched_getaffinity(0)))
     with tempfile.TemporaryDirectory(dir=scratch) as tmp, tqdm(desc="bench prep", unit="run") as bar:

@@ -1,11 +1,12 @@
-"""Benchmarks measured as ratios (bytemtp.bench): when the spread of the pair ratios says a time
-ratio is noise. The `bench` commands end to end are in test_cli.py and test_generate_cli.py."""
+"""Benchmarks measured as ratios (bytemtp.experiments.bench): when the spread of the pair ratios
+says a time ratio is noise. The `bench` commands end to end are in test_cli.py and
+test_generate_cli.py."""
 
 import pytest
 
 
 def test_train_step_time_ratio_spread_says_when_it_is_noise():
-    from bytemtp.bench import NOISY_SPREAD, ratio_spread
+    from bytemtp.experiments.bench import NOISY_SPREAD, ratio_spread
 
     quiet = ratio_spread([1.02, 0.98, 1.0, 1.05, 1.01])
     assert (quiet["min"], quiet["median"], quiet["max"]) == (0.98, 1.01, 1.05)

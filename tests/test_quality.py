@@ -1,5 +1,6 @@
-"""The comparison of multi-token recipes with next-byte training (bytemtp.quality, `bytemtp bench
-quality`): its arms and seeds, its ratios to the baseline of the same seed, and its command."""
+"""The comparison of multi-token recipes with next-byte training (bytemtp.experiments.quality,
+`bytemtp bench quality`): its arms and seeds, its ratios to the baseline of the same seed, and its
+command."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from bytemtp import quality
+from bytemtp.experiments import quality
 from bytemtp_cli.main import main
 
 

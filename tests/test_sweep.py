@@ -1,5 +1,5 @@
-"""The preset sweep (bytemtp.sweep, `bytemtp bench sweep`): its grid file, its runs on the same
-budget and held-out bytes, the read-back of a measured candidate, and the table."""
+"""The preset sweep (bytemtp.experiments.sweep, `bytemtp bench sweep`): its grid file, its runs
+on the same budget and held-out bytes, the read-back of a measured candidate, and the table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from bytemtp import sweep
+from bytemtp.experiments import sweep
 from bytemtp_cli.main import main
 
 

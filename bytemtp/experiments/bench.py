@@ -119,7 +119,7 @@ def _peak_memory_in_subprocess(args: dict) -> float:
     # glibc's mmap threshold pinned low, so freed activations go back to the system at once and
     # the resident set follows the live tensors (it slows allocation: never timed)
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
-    proc = subprocess.run([sys.executable, "-m", "bytemtp.bench", json.dumps(args)],
+    proc = subprocess.run([sys.executable, "-m", "bytemtp.experiments.bench", json.dumps(args)],
                           capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"memory run of {args['variant']} failed:\n{proc.stderr.strip()}")
@@ -303,8 +303,8 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     n_future = model.config.n_future
     modes = ["plain", *[m for m in modes if n_future > 1 or m == "auto"]]
     decoder = decode.Decoder(model, compile=compile)
-    compiled = decoder.settle_compile(batch_size=batch_sizes[0],
-                                      work_bytes=len(prompts) * max_bytes * len(modes) * rounds * len(batch_sizes))
+    compiled = decoder.policy.settle(batch_size=batch_sizes[0],
+                                     work_bytes=len(prompts) * max_bytes * len(modes) * rounds * len(batch_sizes))
     runs = {m: (decoder, {"draft": Draft.parse(m).capped(n_future)}) for m in modes}
     if compiled:
         runs["eager plain"] = (decode.Decoder(model, compile="off"), {"draft": Draft.plain()})
@@ -337,7 +337,7 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
             **{key: top[key] for key in ("speedup", "speedup_min", "speedup_max", "bytes_per_forward",
                                           "pass_cost", "identical", "plain_bytes_s", "spec_bytes_s", "repetition",
                                           *eager_keys)},
-            "compile_stats": decoder.static.stats() if decoder.static is not None else None,
+            "compile_stats": decoder.policy.static.stats() if decoder.policy.static is not None else None,
             "pass_costs_ms": costs.to_dict(),
             "all_identical": all(c["identical"] for c in cases), "cases": cases}
 

@@ -41,7 +41,7 @@ import torch
 from tqdm import tqdm
 
 from bytemtp import config as config_lib
-from bytemtp.bench import decode_speed
+from bytemtp.experiments.bench import decode_speed
 from bytemtp.evaluation.evaluate import draft_report, evaluate
 from bytemtp.runtime.checkpoint import load_model, read_train_state
 from bytemtp.runtime.devices import resolve_device

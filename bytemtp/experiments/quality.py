@@ -9,7 +9,7 @@ chain's bytes per pass on held-out prompts. An arm's head 1 is held against the 
 same seed (same initial stream of batches where the shapes allow): the ratio of their bits per
 byte, with its spread over the seeds, says whether a recipe is better beyond the noise of a seed.
 
-Built on the sweep (`bytemtp.sweep`): one candidate per arm and seed, named ARM-sSEED, trained in
+Built on the sweep (`sweep`): one candidate per arm and seed, named ARM-sSEED, trained in
 seed-major order (every arm's first seed, then every arm's second) so that a machine whose speed
 drifts slows every arm alike, and read back when measured, so an interrupted comparison goes on
 where it stopped. The arms are read without torch (the command line lists them in its help); the
@@ -63,7 +63,7 @@ def arm_sets(arm: str, preset: str, sets: list[str]) -> tuple[str, ...]:
 
 def grid_of(preset: str, sets: list[str], arms: dict[str, tuple[str, ...]], seeds: int):
     """The sweep grid of the comparison: every arm at every seed, seed-major, the baseline first."""
-    from bytemtp.sweep import Grid
+    from bytemtp.experiments.sweep import Grid
 
     candidates = {f"{arm}-s{seed}": (*settings, f"train.seed={seed}", f"data.seed={seed}")
                   for seed in range(seeds) for arm, settings in arms.items()}
@@ -76,7 +76,7 @@ def compare(preset: str = "small", *, data: str, arms: list[str] | None = None,
             prompts: int = 8, out: str | Path) -> dict:
     """Train, score and tune every arm at every seed (see the module docstring) into `out`, and
     summarize them against the baseline (`summary`)."""
-    from bytemtp.sweep import run_sweep
+    from bytemtp.experiments.sweep import run_sweep
 
     names = list(arms or DEFAULT_ARMS)
     unknown = [a for a in names if a not in ARMS]
