@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 
@@ -76,18 +77,18 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, vs: str
     with tqdm(total=repeats, desc="loader", unit="pass") as bar:
         res = loader_throughput(path, seq_len=seq_len, batch_size=batch_size, repeats=repeats, vs=vs,
                                 progress=bar.update)
-    echo(f"shard {res['shard']}: {res['decompressed_bytes']:,} bytes decompressed, "
-         f"{res['batches']:,} batches of {batch_size} x {seq_len}")
-    rows = [("bytemtp loader (one process)", f"{res['loader_mb_s']:.1f}"),
-            ("zstd -dc > /dev/null", f"{res['zstd_mb_s']:.1f}")]
-    if vs is not None:
-        rows.append((f"bytemtp loader on {vs}", f"{res['vs']['mb_s']:.1f}"))
+    echo(f"shard {res.shard}: {res.decompressed_bytes:,} bytes decompressed, "
+         f"{res.batches:,} batches of {batch_size} x {seq_len}")
+    rows = [("bytemtp loader (one process)", f"{res.loader_mb_s:.1f}"),
+            ("zstd -dc > /dev/null", f"{res.zstd_mb_s:.1f}")]
+    if res.vs is not None:
+        rows.append((f"bytemtp loader on {vs}", f"{res.vs.mb_s:.1f}"))
     echo(table(rows, ("reader", "MB/s")))
-    spread = res["pair_ratios"]
-    echo(f"ratio {res['ratio']:.3f} (best against best; run by run {spread[0]:.2f} to {spread[-1]:.2f})")
-    if vs is not None:
-        spread = res["vs"]["pair_ratios"]
-        echo(f"{vs} / shard {res['vs']['ratio']:.3f} (document bytes a second, best against best; run by run "
+    spread = res.pair_ratios
+    echo(f"ratio {res.ratio:.3f} (best against best; run by run {spread[0]:.2f} to {spread[-1]:.2f})")
+    if res.vs is not None:
+        spread = res.vs.pair_ratios
+        echo(f"{vs} / shard {res.vs.ratio:.3f} (document bytes a second, best against best; run by run "
              f"{spread[0]:.2f} to {spread[-1]:.2f})")
     write_json(json_path, res)
 
@@ -133,16 +134,16 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
             raise click.ClickException(str(e)) from None
         except ValueError as e:
             raise empty_split_error(e, "give prompts of your own (--prompts FILE)") from None
-    bpb = f"; model val bits/byte {res['val_bpb']:.3f}" if res["val_bpb"] is not None else ""
-    echo(f"{res['prompts']} held-out prompts of up to {res['prompt_bytes']} bytes, {res['max_bytes']} output "
-         f"bytes each, {res['rounds']} interleaved rounds, {res['device']} {res['dtype']}, compiled step "
-         f"{res['compile']}{bpb}")
+    bpb = f"; model val bits/byte {res.val_bpb:.3f}" if res.val_bpb is not None else ""
+    echo(f"{res.prompts} held-out prompts of up to {res.prompt_bytes} bytes, {res.max_bytes} output "
+         f"bytes each, {res.rounds} interleaved rounds, {res.device} {res.dtype}, compiled step "
+         f"{res.compile}{bpb}")
     echo(report.decode_cases_table(res))
-    echo(report.repetition_line(res["repetition"]))
-    if res["compile_stats"]:
-        echo(report.compile_line(res["compile_stats"]))
+    echo(report.repetition_line(dataclasses.asdict(res.top.figures.repetition)))
+    if res.compile_stats:
+        echo(report.compile_line(res.compile_stats))
     write_json(json_path, res)
-    if not res["all_identical"]:
+    if not res.all_identical:
         raise click.ClickException("speculative output differs from plain greedy output")
 
 
@@ -181,22 +182,22 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
                           device=device, progress=lambda line: click.echo(line, err=True))
     except ValueError as e:
         raise empty_split_error(e, "the checkpoint's corpus needs a val split") from None
-    bpb = f"; model val bits/byte {res['val_bpb']:.3f}" if res["val_bpb"] is not None else ""
-    echo(f"{res['prompts']} held-out prompts, {res['max_bytes']} bytes each, {res['rounds']} interleaved rounds, "
-         f"draft {res['draft']}, max batch {res['max_batch']}, {res['device']}{bpb}")
-    rows = [(n, f"{c['bytes_per_s']:.0f}", f"{c['ratio']:.2f} ({c['ratio_min']:.2f}-{c['ratio_max']:.2f})",
-             f"{c['ttfb_p50_s'] * 1e3:.0f} / {c['ttfb_p95_s'] * 1e3:.0f}", c["mismatches"], c["errors"])
-            for n, c in res["cases"].items()]
+    bpb = f"; model val bits/byte {res.val_bpb:.3f}" if res.val_bpb is not None else ""
+    echo(f"{res.prompts} held-out prompts, {res.max_bytes} bytes each, {res.rounds} interleaved rounds, "
+         f"draft {res.draft}, max batch {res.max_batch}, {res.device}{bpb}")
+    rows = [(n, f"{c.bytes_per_s:.0f}", f"{c.ratio:.2f} ({c.ratio_min:.2f}-{c.ratio_max:.2f})",
+             f"{c.ttfb_p50_s * 1e3:.0f} / {c.ttfb_p95_s * 1e3:.0f}", c.mismatches, c.errors)
+            for n, c in res.cases.items()]
     echo(table(rows, ("clients", "bytes/s", f"over {counts[0]}", "first byte p50 / p95 ms", "mismatches", "errors")))
-    if "load" in res:
-        ld = res["load"]
-        echo(f"load: {ld['clients']} clients for {ld['wall_s']:.0f} s: {ld['completions']} completions, "
-             f"{ld['bytes_out']} bytes ({ld['bytes_per_s']:.0f}/s), {ld['mismatches']} mismatches, {ld['errors']} errors; "
-             f"memory {ld['rss_mb_before']:.0f} -> {ld['rss_mb_after']:.0f} MB (after the first quarter "
-             f"{ld['rss_mb_settled_min_max'][0]:.0f}-{ld['rss_mb_settled_min_max'][1]:.0f} MB)")
+    ld = res.load
+    if ld is not None:
+        echo(f"load: {ld.clients} clients for {ld.wall_s:.0f} s: {ld.completions} completions, "
+             f"{ld.bytes_out} bytes ({ld.bytes_per_s:.0f}/s), {ld.mismatches} mismatches, {ld.errors} errors; "
+             f"memory {ld.rss_mb_before:.0f} -> {ld.rss_mb_after:.0f} MB (after the first quarter "
+             f"{ld.rss_mb_settled_min_max[0]:.0f}-{ld.rss_mb_settled_min_max[1]:.0f} MB)")
     write_json(json_path, res)
-    bad = sum(c["mismatches"] + c["errors"] for c in res["cases"].values())
-    bad += res.get("load", {}).get("mismatches", 0) + res.get("load", {}).get("errors", 0)
+    bad = sum(c.mismatches + c.errors for c in res.cases.values())
+    bad += ld.mismatches + ld.errors if ld is not None else 0
     if bad:
         raise click.ClickException(f"{bad} completions differed from solo decoding or failed")
 
@@ -219,7 +220,7 @@ def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) ->
     res = all_benchmarks(ckpt=ckpt, data=data, preset_name=preset, device=str(resolve_device(device)),
                          progress=lambda name: click.echo(f"--- {name}", err=True))
     rows = [(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-            for key, value in res["summary"].items()]
+            for key, value in res.summary.items()]
     echo(table(rows, ("figure", "value")))
     write_json(json_path, res)
 
@@ -347,19 +348,18 @@ def bench_prep(sources: tuple[str, ...], workers_text: str | None, rounds: int, 
 
         res = prep_speed(list(sources), scratch=tmp, workers=workers, rounds=rounds, parts=parts,
                          vs=list(vs) or None, field=field, progress=progress)
-    echo(f"{res['input_files']} input file(s), {res['input_bytes']:,} bytes on disk; each prep writes "
-         f"{res['written_bytes']:,} document bytes")
+    echo(f"{res.input_files} input file(s), {res.input_bytes:,} bytes on disk; each prep writes "
+         f"{res.written_bytes:,} document bytes")
     rows = []
-    for name, arm in res["arms"].items():
-        speedup = arm.get("speedup")
-        rows.append((name, arm["workers"], f"{arm['mb_s']['median']:.1f}",
-                     f"{arm['mb_s']['min']:.1f}-{arm['mb_s']['max']:.1f}",
-                     f"{speedup['median']:.2f} ({speedup['min']:.2f}-{speedup['max']:.2f})" if speedup else "1",
-                     "yes" if arm["same_corpus"] else "no"))
+    for name, arm in res.arms.items():
+        speedup = arm.speedup
+        rows.append((name, arm.workers, f"{arm.mb_s.median:.1f}", f"{arm.mb_s.min:.1f}-{arm.mb_s.max:.1f}",
+                     f"{speedup.median:.2f} ({speedup.min:.2f}-{speedup.max:.2f})" if speedup else "1",
+                     "yes" if arm.same_corpus else "no"))
     echo(table(rows, ("prep", "workers", "MB/s", "range", "x first", "same corpus")))
-    if "parts" in res:
-        p = res["parts"]
-        echo(f"{p['parts']} parts ({p['workers']} workers each): {sum(p['part_seconds']):.1f} s in all, merge "
-             f"{p['merge_seconds']:.1f} s ({p['merge_mb_s']:.0f} MB/s); the same documents, split and set digests "
-             f"as one prep: {'yes' if p['same_documents'] else 'NO'}")
+    if res.parts is not None:
+        p = res.parts
+        echo(f"{p.parts} parts ({p.workers} workers each): {sum(p.part_seconds):.1f} s in all, merge "
+             f"{p.merge_seconds:.1f} s ({p.merge_mb_s:.0f} MB/s); the same documents, split and set digests "
+             f"as one prep: {'yes' if p.same_documents else 'NO'}")
     write_json(json_path, res)
