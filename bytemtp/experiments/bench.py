@@ -492,11 +492,12 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     repetitive the decoded text is, and, for prompts cut from val documents, the same figures of
     the bytes that follow each prompt there (the real continuation, cut to the decoded length) and
     the ratio of the zstd ratios (a prompts file has no continuation: `real` is then None). The
-    top-level keys describe auto at the first batch size (or the first mode measured), with
-    `plain_bytes_s`, `spec_bytes_s`, `repetition` and `compile` (on or off: whether the passes ran
-    the compiled static step); `val_bpb` is the model's held-out bits per byte (next-byte head). When compiled, eager plain decoding runs in
-    the same rounds as the baseline: `eager_plain_bytes_s`, `compiled_plain_speedup` (compiled
-    plain over eager plain) and `eager_speedup` (the default mode over eager plain), per case too.
+    `top` case is auto at the first batch size (or the first mode measured), whose figures the
+    JSON form also puts at its top level; `compile` says on or off (whether the passes ran the
+    compiled static step); `val_bpb` is the model's held-out bits per byte (next-byte head). When
+    compiled, eager plain decoding runs in the same rounds as the baseline: each case's
+    `eager_plain_bytes_s`, `compiled_plain_speedup` (compiled plain over eager plain) and
+    `eager_speedup` (the mode over eager plain).
     """
     dev = torch.device(device)
     model, cfg = load_model(ckpt, device=dev)
