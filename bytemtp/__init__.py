@@ -14,9 +14,8 @@ from its own floor's package or from lower floors (tests/test_layering.py keeps 
     6  training/         the step, rollouts, optimizer and schedule, run directories, the training loop, plots
     7  interop/          lm-evaluation-harness model, Hugging Face export and its remote code
     8  serving/          continuous batching of requests, the OpenAI-compatible HTTP server
-    9  bench             every benchmark
-   10  sweep             a preset sized by measurement: candidates trained for the same wall time
-   11  quality           multi-token recipes against next-byte training, at equal wall time and over seeds
+    9  experiments/      every benchmark, prep's speed, a preset sized by measurement (the sweep), and
+                         multi-token recipes against next-byte training at equal wall time and over seeds
 
 The command line lives in the separate package `bytemtp_cli`.
 """

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 
 import click
 
 from bytemtp.decoding.strategy import DECODE_MODES
-from bytemtp.quality import ARMS, DEFAULT_ARMS
+from bytemtp.experiments.quality import ARMS, DEFAULT_ARMS
 
 from . import report
 from .options import (OneLineErrors, check_output_dir, compile_option, device_option, empty_split_error, json_option,
@@ -41,7 +42,7 @@ def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, min_
     Says when the time ratio is too noisy to mean anything (time_ratio_noisy in the JSON)."""
     from tqdm import tqdm
 
-    from bytemtp.bench import TRAIN_STEP_VARIANTS, train_step
+    from bytemtp.experiments.bench import TRAIN_STEP_VARIANTS, train_step
     from bytemtp.runtime.devices import resolve_device
 
     with tqdm(total=warmup + steps + len(TRAIN_STEP_VARIANTS), desc="train-step", unit="round") as bar:
@@ -71,23 +72,23 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, vs: str
     """Loader throughput on one shard beside `zstd -dc` of the same file (and the loader on --vs)."""
     from tqdm import tqdm
 
-    from bytemtp.bench import loader_throughput
+    from bytemtp.experiments.bench import loader_throughput
 
     with tqdm(total=repeats, desc="loader", unit="pass") as bar:
         res = loader_throughput(path, seq_len=seq_len, batch_size=batch_size, repeats=repeats, vs=vs,
                                 progress=bar.update)
-    echo(f"shard {res['shard']}: {res['decompressed_bytes']:,} bytes decompressed, "
-         f"{res['batches']:,} batches of {batch_size} x {seq_len}")
-    rows = [("bytemtp loader (one process)", f"{res['loader_mb_s']:.1f}"),
-            ("zstd -dc > /dev/null", f"{res['zstd_mb_s']:.1f}")]
-    if vs is not None:
-        rows.append((f"bytemtp loader on {vs}", f"{res['vs']['mb_s']:.1f}"))
+    echo(f"shard {res.shard}: {res.decompressed_bytes:,} bytes decompressed, "
+         f"{res.batches:,} batches of {batch_size} x {seq_len}")
+    rows = [("bytemtp loader (one process)", f"{res.loader_mb_s:.1f}"),
+            ("zstd -dc > /dev/null", f"{res.zstd_mb_s:.1f}")]
+    if res.vs is not None:
+        rows.append((f"bytemtp loader on {vs}", f"{res.vs.mb_s:.1f}"))
     echo(table(rows, ("reader", "MB/s")))
-    spread = res["pair_ratios"]
-    echo(f"ratio {res['ratio']:.3f} (best against best; run by run {spread[0]:.2f} to {spread[-1]:.2f})")
-    if vs is not None:
-        spread = res["vs"]["pair_ratios"]
-        echo(f"{vs} / shard {res['vs']['ratio']:.3f} (document bytes a second, best against best; run by run "
+    spread = res.pair_ratios
+    echo(f"ratio {res.ratio:.3f} (best against best; run by run {spread[0]:.2f} to {spread[-1]:.2f})")
+    if res.vs is not None:
+        spread = res.vs.pair_ratios
+        echo(f"{vs} / shard {res.vs.ratio:.3f} (document bytes a second, best against best; run by run "
              f"{spread[0]:.2f} to {spread[-1]:.2f})")
     write_json(json_path, res)
 
@@ -119,7 +120,7 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
     """Plain greedy vs self-speculative greedy (automatic, fixed chains, trees) on one model."""
     from tqdm import tqdm
 
-    from bytemtp.bench import decode_speed
+    from bytemtp.experiments.bench import decode_speed
     from bytemtp.runtime.devices import resolve_device
 
     sizes, mode_list = parse_batch_sizes(batch_sizes), parse_modes(modes)
@@ -133,16 +134,16 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
             raise click.ClickException(str(e)) from None
         except ValueError as e:
             raise empty_split_error(e, "give prompts of your own (--prompts FILE)") from None
-    bpb = f"; model val bits/byte {res['val_bpb']:.3f}" if res["val_bpb"] is not None else ""
-    echo(f"{res['prompts']} held-out prompts of up to {res['prompt_bytes']} bytes, {res['max_bytes']} output "
-         f"bytes each, {res['rounds']} interleaved rounds, {res['device']} {res['dtype']}, compiled step "
-         f"{res['compile']}{bpb}")
+    bpb = f"; model val bits/byte {res.val_bpb:.3f}" if res.val_bpb is not None else ""
+    echo(f"{res.prompts} held-out prompts of up to {res.prompt_bytes} bytes, {res.max_bytes} output "
+         f"bytes each, {res.rounds} interleaved rounds, {res.device} {res.dtype}, compiled step "
+         f"{res.compile}{bpb}")
     echo(report.decode_cases_table(res))
-    echo(report.repetition_line(res["repetition"]))
-    if res["compile_stats"]:
-        echo(report.compile_line(res["compile_stats"]))
+    echo(report.repetition_line(dataclasses.asdict(res.top.figures.repetition)))
+    if res.compile_stats:
+        echo(report.compile_line(res.compile_stats))
     write_json(json_path, res)
-    if not res["all_identical"]:
+    if not res.all_identical:
         raise click.ClickException("speculative output differs from plain greedy output")
 
 
@@ -166,7 +167,7 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
                 load_time: str, load_clients: int, draft: str, device: str, json_path: str | None) -> None:
     """Concurrent streaming clients against `bytemtp serve` on loopback: aggregate bytes/s against
     one client, time to first byte, every byte checked against solo decoding; then a timed load."""
-    from bytemtp.bench import serve_speed
+    from bytemtp.experiments.bench import serve_speed
     from bytemtp.decoding.strategy import Draft
 
     counts = parse_batch_sizes(clients)
@@ -181,22 +182,22 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
                           device=device, progress=lambda line: click.echo(line, err=True))
     except ValueError as e:
         raise empty_split_error(e, "the checkpoint's corpus needs a val split") from None
-    bpb = f"; model val bits/byte {res['val_bpb']:.3f}" if res["val_bpb"] is not None else ""
-    echo(f"{res['prompts']} held-out prompts, {res['max_bytes']} bytes each, {res['rounds']} interleaved rounds, "
-         f"draft {res['draft']}, max batch {res['max_batch']}, {res['device']}{bpb}")
-    rows = [(n, f"{c['bytes_per_s']:.0f}", f"{c['ratio']:.2f} ({c['ratio_min']:.2f}-{c['ratio_max']:.2f})",
-             f"{c['ttfb_p50_s'] * 1e3:.0f} / {c['ttfb_p95_s'] * 1e3:.0f}", c["mismatches"], c["errors"])
-            for n, c in res["cases"].items()]
+    bpb = f"; model val bits/byte {res.val_bpb:.3f}" if res.val_bpb is not None else ""
+    echo(f"{res.prompts} held-out prompts, {res.max_bytes} bytes each, {res.rounds} interleaved rounds, "
+         f"draft {res.draft}, max batch {res.max_batch}, {res.device}{bpb}")
+    rows = [(n, f"{c.bytes_per_s:.0f}", f"{c.ratio:.2f} ({c.ratio_min:.2f}-{c.ratio_max:.2f})",
+             f"{c.ttfb_p50_s * 1e3:.0f} / {c.ttfb_p95_s * 1e3:.0f}", c.mismatches, c.errors)
+            for n, c in res.cases.items()]
     echo(table(rows, ("clients", "bytes/s", f"over {counts[0]}", "first byte p50 / p95 ms", "mismatches", "errors")))
-    if "load" in res:
-        ld = res["load"]
-        echo(f"load: {ld['clients']} clients for {ld['wall_s']:.0f} s: {ld['completions']} completions, "
-             f"{ld['bytes_out']} bytes ({ld['bytes_per_s']:.0f}/s), {ld['mismatches']} mismatches, {ld['errors']} errors; "
-             f"memory {ld['rss_mb_before']:.0f} -> {ld['rss_mb_after']:.0f} MB (after the first quarter "
-             f"{ld['rss_mb_settled_min_max'][0]:.0f}-{ld['rss_mb_settled_min_max'][1]:.0f} MB)")
+    ld = res.load
+    if ld is not None:
+        echo(f"load: {ld.clients} clients for {ld.wall_s:.0f} s: {ld.completions} completions, "
+             f"{ld.bytes_out} bytes ({ld.bytes_per_s:.0f}/s), {ld.mismatches} mismatches, {ld.errors} errors; "
+             f"memory {ld.rss_mb_before:.0f} -> {ld.rss_mb_after:.0f} MB (after the first quarter "
+             f"{ld.rss_mb_settled_min_max[0]:.0f}-{ld.rss_mb_settled_min_max[1]:.0f} MB)")
     write_json(json_path, res)
-    bad = sum(c["mismatches"] + c["errors"] for c in res["cases"].values())
-    bad += res.get("load", {}).get("mismatches", 0) + res.get("load", {}).get("errors", 0)
+    bad = sum(c.mismatches + c.errors for c in res.cases.values())
+    bad += ld.mismatches + ld.errors if ld is not None else 0
     if bad:
         raise click.ClickException(f"{bad} completions differed from solo decoding or failed")
 
@@ -210,7 +211,7 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
 @json_option("bench-all.json")
 def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) -> None:
     """Train step, loader, decode and eval in one run: one table, one JSON."""
-    from bytemtp.bench import all_benchmarks
+    from bytemtp.experiments.bench import all_benchmarks
     from bytemtp.runtime.checkpoint import latest_checkpoint
     from bytemtp.runtime.devices import resolve_device
 
@@ -219,7 +220,7 @@ def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) ->
     res = all_benchmarks(ckpt=ckpt, data=data, preset_name=preset, device=str(resolve_device(device)),
                          progress=lambda name: click.echo(f"--- {name}", err=True))
     rows = [(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-            for key, value in res["summary"].items()]
+            for key, value in res.summary.items()]
     echo(table(rows, ("figure", "value")))
     write_json(json_path, res)
 
@@ -227,7 +228,7 @@ def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) ->
 @contextlib.contextmanager
 def _interrupted_in_one_line():
     """A sweep that a signal stopped ends with one line and exit status 130 (128 + SIGINT)."""
-    from bytemtp.sweep import SweepInterrupted
+    from bytemtp.experiments.sweep import SweepInterrupted
 
     try:
         yield
@@ -267,7 +268,7 @@ def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, a
                   device: str, json_path: str | None) -> None:
     """Head-1 val bits/byte of multi-token recipes against next-byte training at equal wall time
     (or equal steps), with the spread over seeds, and what their tuned draft heads give decoding."""
-    from bytemtp import quality
+    from bytemtp.experiments import quality
     from bytemtp.runtime.devices import resolve_device
 
     from .options import parse_duration
@@ -300,7 +301,7 @@ def bench_sweep(grid: str, out: str, budget: str, tune_time: str, eval_bytes: in
                 json_path: str | None) -> None:
     """Train every candidate of a grid (a TOML file; see examples/sweep-small.toml) for the same wall
     time and compare head-1 val bits/byte, and with --tune-time what the tuned draft heads give."""
-    from bytemtp import sweep
+    from bytemtp.experiments import sweep
 
     from .options import parse_duration
 
@@ -337,7 +338,7 @@ def bench_prep(sources: tuple[str, ...], workers_text: str | None, rounds: int, 
 
     from tqdm import tqdm
 
-    from bytemtp.data.prep_bench import prep_speed
+    from bytemtp.experiments.prep_bench import prep_speed
 
     workers = parse_batch_sizes(workers_text, param_hint="--workers") if workers_text else (1, len(os.sched_getaffinity(0)))
     with tempfile.TemporaryDirectory(dir=scratch) as tmp, tqdm(desc="bench prep", unit="run") as bar:
@@ -347,19 +348,18 @@ def bench_prep(sources: tuple[str, ...], workers_text: str | None, rounds: int, 
 
         res = prep_speed(list(sources), scratch=tmp, workers=workers, rounds=rounds, parts=parts,
                          vs=list(vs) or None, field=field, progress=progress)
-    echo(f"{res['input_files']} input file(s), {res['input_bytes']:,} bytes on disk; each prep writes "
-         f"{res['written_bytes']:,} document bytes")
+    echo(f"{res.input_files} input file(s), {res.input_bytes:,} bytes on disk; each prep writes "
+         f"{res.written_bytes:,} document bytes")
     rows = []
-    for name, arm in res["arms"].items():
-        speedup = arm.get("speedup")
-        rows.append((name, arm["workers"], f"{arm['mb_s']['median']:.1f}",
-                     f"{arm['mb_s']['min']:.1f}-{arm['mb_s']['max']:.1f}",
-                     f"{speedup['median']:.2f} ({speedup['min']:.2f}-{speedup['max']:.2f})" if speedup else "1",
-                     "yes" if arm["same_corpus"] else "no"))
+    for name, arm in res.arms.items():
+        speedup = arm.speedup
+        rows.append((name, arm.workers, f"{arm.mb_s.median:.1f}", f"{arm.mb_s.min:.1f}-{arm.mb_s.max:.1f}",
+                     f"{speedup.median:.2f} ({speedup.min:.2f}-{speedup.max:.2f})" if speedup else "1",
+                     "yes" if arm.same_corpus else "no"))
     echo(table(rows, ("prep", "workers", "MB/s", "range", "x first", "same corpus")))
-    if "parts" in res:
-        p = res["parts"]
-        echo(f"{p['parts']} parts ({p['workers']} workers each): {sum(p['part_seconds']):.1f} s in all, merge "
-             f"{p['merge_seconds']:.1f} s ({p['merge_mb_s']:.0f} MB/s); the same documents, split and set digests "
-             f"as one prep: {'yes' if p['same_documents'] else 'NO'}")
+    if res.parts is not None:
+        p = res.parts
+        echo(f"{p.parts} parts ({p.workers} workers each): {sum(p.part_seconds):.1f} s in all, merge "
+             f"{p.merge_seconds:.1f} s ({p.merge_mb_s:.0f} MB/s); the same documents, split and set digests "
+             f"as one prep: {'yes' if p.same_documents else 'NO'}")
     write_json(json_path, res)

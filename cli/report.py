@@ -28,8 +28,8 @@ def echo(text: str) -> None:
     click.echo(text, err=ctx is not None and ctx.params.get("json_path") == "-")
 
 
-def write_json(path: str | None, data: dict) -> None:
-    """`data` as JSON, a typed result inside it in its JSON form (`to_json`)."""
+def write_json(path: str | None, data) -> None:
+    """`data` as JSON, a typed result (or one inside it) in its JSON form (`to_json`)."""
     if path == "-":
         click.echo(json.dumps(data, indent=2, default=_json_form))
     elif path:
@@ -267,34 +267,38 @@ def checkpoint_report(info: dict) -> str:
     return "\n".join(lines)
 
 
-def train_step_table(res: dict) -> str:
+def train_step_table(res) -> str:
+    """`bench train-step` (a `bench.TrainStepResult`): each variant's median step, its bytes a
+    second and peak memory (and MFU where known), then the ratios and their spread."""
     rows = []
     for name, label in (("ntp", "next-byte (n=1)"), ("mtp", "multi-token n=8, memory-efficient"),
                         ("mtp_plain", "multi-token n=8, plain")):
-        row = [label, f"{res[f'{name}_step_s']:.3f}", f"{res[f'{name}_bytes_s']:,.0f}",
-               f"{res[f'{name}_peak_mb']:,.0f}"]
-        if f"{name}_mfu" in res:
-            row.append(f"{100 * res[f'{name}_mfu']:.1f}%")
+        v = res.variants[name]
+        row = [label, f"{v.step_s:.3f}", f"{v.bytes_s:,.0f}", f"{v.peak_mb:,.0f}"]
+        if v.mfu is not None:
+            row.append(f"{100 * v.mfu:.1f}%")
         rows.append(tuple(row))
     header = ("variant", "step s", "bytes/s", "peak MiB") + (("MFU",) if len(rows[0]) > 4 else ())
-    lines = [f"preset {res['preset']}, batch {res['batch_size']} x {res['seq_len']} bytes, {res['device']}; "
-             f"{res['steps']} interleaved rounds after {res['warmup']} warm-up, "
-             f"{res['steps_per_sample']} step(s) a sample; median step",
+    spread = res.time_ratio_rounds
+    lines = [f"preset {res.preset}, batch {res.batch_size} x {res.seq_len} bytes, {res.device}; "
+             f"{res.steps} interleaved rounds after {res.warmup} warm-up, "
+             f"{res.steps_per_sample} step(s) a sample; median step",
              table(rows, header),
-             f"time_ratio {res['time_ratio']:.3f} (round by round: min {res['time_ratio_min']:.3f}, "
-             f"median {res['time_ratio_median']:.3f}, max {res['time_ratio_max']:.3f})  "
-             f"memory_ratio {res['memory_ratio']:.3f}  plain_memory_ratio {res['plain_memory_ratio']:.3f}"]
-    if res["time_ratio_noisy"]:
-        lines.append(f"note: {res['time_ratio_note']}")
+             f"time_ratio {res.time_ratio:.3f} (round by round: min {spread.min:.3f}, "
+             f"median {spread.median:.3f}, max {spread.max:.3f})  "
+             f"memory_ratio {res.memory_ratio:.3f}  plain_memory_ratio {res.plain_memory_ratio:.3f}"]
+    if spread.noisy:
+        lines.append(f"note: {spread.note}")
     return "\n".join(lines)
 
 
-def decode_cases_table(res: dict) -> str:
-    rows = [(c["batch_size"], c["mode"], f"{c['plain_bytes_s']:,.0f}", f"{c['spec_bytes_s']:,.0f}",
-             f"{c['speedup']:.2f} ({c['speedup_min']:.2f}-{c['speedup_max']:.2f})",
-             f"{c['bytes_per_forward']:.2f}", f"{c['pass_cost']:.2f}", "yes" if c["identical"] else "NO",
-             ", ".join(f"{k}:{n}" for k, n in sorted(c["heads_used"].items())))
-            for c in res["cases"]]
+def decode_cases_table(res) -> str:
+    """`bench decode` (a `bench.DecodeSpeed`): one row a batch size and mode."""
+    rows = [(c.batch_size, f.mode, f"{f.plain_bytes_s:,.0f}", f"{f.spec_bytes_s:,.0f}",
+             f"{f.speedup:.2f} ({f.speedup_min:.2f}-{f.speedup_max:.2f})",
+             f"{f.bytes_per_forward:.2f}", f"{f.pass_cost:.2f}", "yes" if f.identical else "NO",
+             ", ".join(f"{k}:{n}" for k, n in sorted(f.heads_used.items())))
+            for c in res.cases for f in [c.figures]]
     return table(rows, ("batch", "mode", "plain B/s", "spec B/s", "speedup (spread)", "bytes/pass",
                         "pass cost", "identical", "heads:passes"))
 

@@ -1,16 +1,158 @@
-"""Benchmarks measured as ratios (bytemtp.bench): when the spread of the pair ratios says a time
-ratio is noise. The `bench` commands end to end are in test_cli.py and test_generate_cli.py."""
+"""Benchmarks measured as ratios (bytemtp.experiments.bench): when the spread of the pair ratios
+says a time ratio is noise, and the results' JSON form, the one the `bench` commands have always
+written, read back. The `bench` commands end to end are in test_cli.py and test_generate_cli.py."""
+
+import json
 
 import pytest
 
 
 def test_train_step_time_ratio_spread_says_when_it_is_noise():
-    from bytemtp.bench import NOISY_SPREAD, ratio_spread
+    from bytemtp.experiments.bench import NOISY_SPREAD, ratio_spread
 
     quiet = ratio_spread([1.02, 0.98, 1.0, 1.05, 1.01])
-    assert (quiet["min"], quiet["median"], quiet["max"]) == (0.98, 1.01, 1.05)
-    assert quiet["runs"] == [0.98, 1.0, 1.01, 1.02, 1.05]
-    assert quiet["spread"] == pytest.approx(0.07 / 1.01) and not quiet["noisy"] and quiet["note"] is None
+    assert (quiet.min, quiet.median, quiet.max) == (0.98, 1.01, 1.05)
+    assert quiet.runs == [0.98, 1.0, 1.01, 1.02, 1.05]
+    assert quiet.spread == pytest.approx(0.07 / 1.01) and not quiet.noisy and quiet.note is None
     busy = ratio_spread([0.12, 1.0, 1.57])  # two runs on a busy machine gave these as the whole result
-    assert busy["noisy"] and busy["spread"] > NOISY_SPREAD and "0.120 to 1.570" in busy["note"]
-    assert ratio_spread([1.0, 1.01])["noisy"]  # too few rounds to judge
+    assert busy.noisy and busy.spread > NOISY_SPREAD and "0.120 to 1.570" in busy.note
+    assert ratio_spread([1.0, 1.01]).noisy  # too few rounds to judge
+
+
+# --- the results' JSON: the form the commands have always written, read back --------------------
+
+REPETITION = {"decoded": {"distinct_8grams": 0.5, "zstd_ratio": 2.5, "bytes": 300},
+              "real": {"distinct_8grams": 0.9, "zstd_ratio": 1.5, "bytes": 300}, "zstd_ratio_over_real": 2.5 / 1.5}
+CASE = {"batch_size": 1, "mode": "auto", "speedup": 1.5, "speedup_min": 1.2, "speedup_max": 1.8,
+        "speedup_runs": [1.2, 1.8], "bytes_per_forward": 2.5, "pass_cost": 1.1, "plain_bytes_s": 400.0,
+        "spec_bytes_s": 600.0, "identical": True, "heads_used": {"1": 3, "4": 10}, "shapes": {"chain-4": 10},
+        "repetition": REPETITION}
+EAGER = {"eager_plain_bytes_s": 300.0, "eager_speedup": 2.0, "compiled_plain_speedup": 1.33}
+# `bench decode --json` as written before its result was typed: the top case's figures at the top level
+DECODE = {"ckpt": "runs/demo", "device": "cpu", "dtype": "float32", "prompts": 2, "prompt_bytes": 128, "max_bytes": 150,
+          "rounds": 2, "val_bpb": 2.1, "compile": "off", **{k: CASE[k] for k in (
+              "speedup", "speedup_min", "speedup_max", "bytes_per_forward", "pass_cost", "identical",
+              "plain_bytes_s", "spec_bytes_s", "repetition")},
+          "compile_stats": None, "pass_costs_ms": {"1x1": 5.0}, "all_identical": False,
+          "cases": [CASE, {**CASE, "mode": "chain-2", "identical": False, "heads_used": {"2": 7}},
+                    {**CASE, "batch_size": 8, "heads_used": {}}]}
+TRAIN_STEP = {"preset": "tiny", "device": "cpu", "batch_size": 2, "seq_len": 64, "steps": 3, "warmup": 1,
+              "steps_per_sample": 4, "ntp_step_s": 0.1, "ntp_bytes_s": 1280.0, "ntp_params": 100, "mtp_step_s": 0.11,
+              "mtp_bytes_s": 1163.6, "mtp_params": 120, "mtp_plain_step_s": 0.2, "mtp_plain_bytes_s": 640.0,
+              "mtp_plain_params": 120, "ntp_peak_mb": 10.0, "mtp_peak_mb": 12.0, "mtp_plain_peak_mb": 30.0,
+              "time_ratio": 0.11 / 0.1, "time_ratio_min": 1.0, "time_ratio_median": 1.1, "time_ratio_max": 1.2,
+              "time_ratio_runs": [1.0, 1.1, 1.2], "time_ratio_spread": 0.2 / 1.1, "time_ratio_noisy": False,
+              "time_ratio_note": None, "memory_ratio": 12.0 / 10.0, "plain_memory_ratio": 30.0 / 10.0}
+LOADER = {"shard": "c/train/shard-00000.zst", "decompressed_bytes": 1000, "compressed_bytes": 400, "seq_len": 64,
+          "batch_size": 8, "batches": 3, "repeats": 1, "loader_s": 2.0, "zstd_s": 0.5, "loader_mb_s": 0.0005,
+          "zstd_mb_s": 0.002, "ratio": 0.25, "pair_ratios": [0.25]}
+VS = {"path": "same.parquet", "files": 1, "document_bytes": 1000, "s": 2.5, "mb_s": 0.0004, "ratio": 0.8,
+      "pair_ratios": [0.8]}
+LOAD = {"clients": 2, "wall_s": 1.5, "completions": 4, "bytes_out": 512, "bytes_per_s": 341.3, "ttfb_p50_s": 0.01,
+        "ttfb_p95_s": 0.02, "mismatches": 0, "errors": 0}
+SERVE = {"ckpt": "runs/demo", "device": "cpu", "prompts": 4, "max_bytes": 128, "rounds": 1, "draft": "auto+lookup",
+         "max_batch": 16, "cases": {"1": {"runs": [LOAD], "bytes_per_s": 341.3, "ratio": 1.0, "ratio_min": 1.0,
+                                          "ratio_max": 1.0, "ttfb_p50_s": 0.01, "ttfb_p95_s": 0.02, "mismatches": 0,
+                                          "errors": 0}},
+         "load": {**LOAD, "rss_mb_before": 500.0, "rss_mb_after": 510.5, "rss_mb_settled_min_max": [505.0, 510.5],
+                  "rss_mb_samples": [[0.0, 500.0], [1.5, 510.5]], "engine_requests": 4, "engine_errors": 0},
+         "mean_batch": 1.5, "bytes_per_row_pass": 1.8, "val_bpb": None}
+PREP = {"input_files": 2, "input_bytes": 5000, "written_bytes": 9000, "rounds": 2,
+        "arms": {"workers 1": {"workers": 1, "seconds": [2.0, 2.2], "mb_s": {"median": 0.0043, "min": 0.0041,
+                                                                           "max": 0.0045}, "same_corpus": True},
+                 "workers 2": {"workers": 2, "seconds": [1.1, 1.2], "mb_s": {"median": 0.0078, "min": 0.0075,
+                                                                           "max": 0.0082}, "same_corpus": True,
+                               "speedup": {"median": 1.82, "min": 1.81, "max": 1.83}}},
+        "parts": {"parts": 3, "workers": 2, "part_seconds": [0.5, 0.5, 0.6], "merge_seconds": 0.1, "merge_mb_s": 0.09,
+                  "same_documents": True, "same_order": False}}
+
+
+def _written(result) -> dict:
+    """A result as a command writes it, then reads it: JSON text, keys in order."""
+    return json.loads(json.dumps(result.to_json()))
+
+
+def _compiled(decode: dict) -> dict:
+    """`bench decode --json` on the compiled step: eager plain's figures after the repetition."""
+    out = {}
+    for key, value in decode.items():
+        out[key] = value
+        if key == "repetition":
+            out.update(EAGER)
+    return {**out, "compile": "on", "compile_stats": {"graphs": 3}, "cases": [{**c, **EAGER} for c in decode["cases"]]}
+
+
+@pytest.mark.parametrize("data", [DECODE, _compiled(DECODE)])
+def test_decode_speed_reads_back_from_the_json_bench_decode_wrote(data):
+    from bytemtp.experiments.bench import DecodeSpeed
+
+    res = DecodeSpeed.from_json(data)
+    assert list(_written(res).items()) == list(data.items())
+    assert res.top.figures.mode == "auto" and res.top.batch_size == 1 and res.cases[0].figures.heads_used == {1: 3, 4: 10}
+    assert not res.all_identical and DecodeSpeed.from_json(_written(res)) == res
+    chains = DecodeSpeed.from_json({**data, "cases": data["cases"][1:2]})
+    assert chains.top.figures.mode == "chain-2"  # no auto: the first mode measured at the first batch size
+
+
+@pytest.mark.parametrize("data", [TRAIN_STEP, {**TRAIN_STEP, "time_ratio_noisy": True, "time_ratio_note": "noise"}])
+def test_train_step_reads_back_from_the_flat_json_bench_train_step_wrote(data):
+    from bytemtp.experiments.bench import TrainStepResult
+
+    res = TrainStepResult.from_json(data)
+    assert list(res.variants) == ["ntp", "mtp", "mtp_plain"] and res.variants["mtp"].peak_mb == 12.0
+    assert res.time_ratio == data["time_ratio"] and res.time_ratio_rounds.noisy is data["time_ratio_noisy"]
+    assert list(_written(res).items()) == list(data.items()) and TrainStepResult.from_json(_written(res)) == res
+    gpu = dict(data)
+    for name in ("ntp", "mtp", "mtp_plain"):  # on a GPU each variant's MFU follows its parameters
+        items = list(gpu.items())
+        at = [k for k, _ in items].index(f"{name}_params") + 1
+        gpu = dict(items[:at] + [(f"{name}_mfu", 0.3)] + items[at:])
+    assert list(_written(TrainStepResult.from_json(gpu)).items()) == list(gpu.items())
+
+
+@pytest.mark.parametrize("data", [LOADER, {**LOADER, "vs": VS}])
+def test_loader_throughput_reads_back_from_the_json_bench_loader_wrote(data):
+    from bytemtp.experiments.bench import LoaderThroughput
+
+    res = LoaderThroughput.from_json(data)
+    assert (res.vs is None) == ("vs" not in data)
+    assert list(_written(res).items()) == list(data.items()) and LoaderThroughput.from_json(_written(res)) == res
+
+
+@pytest.mark.parametrize("data", [SERVE, {k: v for k, v in SERVE.items() if k != "load"}])
+def test_serve_speed_reads_back_from_the_json_bench_serve_wrote(data):
+    from bytemtp.experiments.bench import ServeSpeed
+
+    res = ServeSpeed.from_json(data)
+    assert list(res.cases) == [1] and res.cases[1].runs[0].bytes_out == 512
+    assert list(_written(res).items()) == list(data.items()) and ServeSpeed.from_json(_written(res)) == res
+
+
+def test_all_benchmarks_reads_back_and_its_summary_is_the_parts_figures():
+    from bytemtp.evaluation.evaluate import EvalResult
+    from bytemtp.experiments.bench import AllBenchmarks
+
+    ev = EvalResult(bytes=10, bpb=[2.0, 3.0], accuracy=[0.5, 0.4], acceptance={2: 0.3}, bytes_per_forward={2: 1.3},
+                    agreement={2: 0.4}, agreed_bytes_per_forward={2: 1.4})
+    summary = {"train_step.time_ratio": TRAIN_STEP["time_ratio"], "train_step.time_ratio_min": 1.0,
+               "train_step.time_ratio_max": 1.2, "train_step.time_ratio_noisy": False,
+               "train_step.memory_ratio": TRAIN_STEP["memory_ratio"], "loader.ratio": 0.25,
+               "loader.loader_mb_s": 0.0005, "decode.speedup": 1.5, "decode.bytes_per_forward": 2.5,
+               "decode.speedup_min": 1.2, "decode.pass_cost": 1.1, "decode.identical": False,
+               "decode.distinct_8grams": 0.5, "decode.zstd_ratio": 2.5,
+               "decode.zstd_ratio_over_real": REPETITION["zstd_ratio_over_real"], "eval.bpb_head1": 2.0,
+               "eval.bytes_per_forward_2": 1.3}
+    data = json.loads(json.dumps({"summary": summary, "train_step": TRAIN_STEP, "loader": LOADER, "decode": DECODE,
+                                  "eval": ev.to_json()}))
+    res = AllBenchmarks.from_json(data)
+    assert res.summary == summary and list(_written(res).items()) == list(data.items())
+
+
+def test_prep_speed_reads_back_from_the_json_bench_prep_wrote():
+    from bytemtp.experiments.prep_bench import PrepSpeed
+
+    res = PrepSpeed.from_json(PREP)
+    assert res.arms["workers 1"].speedup is None and res.arms["workers 2"].speedup.median == 1.82
+    assert list(_written(res).items()) == list(PREP.items()) and PrepSpeed.from_json(_written(res)) == res
+    alone = {k: v for k, v in PREP.items() if k != "parts"}
+    assert PrepSpeed.from_json(alone).parts is None and _written(PrepSpeed.from_json(alone)) == alone

@@ -252,7 +252,7 @@ def test_compile_auto_compiles_from_32_kb_of_output_on_a_cpu(fitted_ckpt, tmp_pa
 
 @pytest.mark.slow
 def test_bench_decode_checks_identity_and_writes_keys(ckpt, code_corpus, tmp_path, monkeypatch):
-    import bytemtp.bench
+    import bytemtp.experiments.bench
     from bytemtp.decoding import speed
 
     # every timed call decodes for real but takes the seconds given here: 1 to 5 ms in turn, so
@@ -269,9 +269,9 @@ def test_bench_decode_checks_identity_and_writes_keys(ckpt, code_corpus, tmp_pat
         timed.append([])
         return real(*args, **kwargs)
 
-    real = bytemtp.bench.interleaved_decodes
+    real = bytemtp.experiments.bench.interleaved_decodes
     monkeypatch.setattr(speed, "timed_generate", scripted)
-    monkeypatch.setattr(bytemtp.bench, "interleaved_decodes", per_batch_size)
+    monkeypatch.setattr(bytemtp.experiments.bench, "interleaved_decodes", per_batch_size)
     out = tmp_path / "decode.json"
     continuations = [c for _, c in val_continuations(str(code_corpus), n=3, prompt_bytes=8, continuation_bytes=80)]
     res = run("bench", "decode", "--ckpt", ckpt, "--n-prompts", 3, "--prompt-bytes", 8, "--max-bytes", 80,

@@ -23,9 +23,7 @@ FLOOR = {
     "training": 6,
     "interop": 7,
     "serving": 8,
-    "bench": 9,
-    "sweep": 10,
-    "quality": 11,
+    "experiments": 9,
 }
 # run or shipped on their own: they import nothing from bytemtp
 STANDALONE = {"evaluation.guard", "interop.remote_code"}

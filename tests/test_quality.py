@@ -1,5 +1,6 @@
-"""The comparison of multi-token recipes with next-byte training (bytemtp.quality, `bytemtp bench
-quality`): its arms and seeds, its ratios to the baseline of the same seed, and its command."""
+"""The comparison of multi-token recipes with next-byte training (bytemtp.experiments.quality,
+`bytemtp bench quality`): its arms and seeds, its ratios to the baseline of the same seed, and its
+command."""
 
 from __future__ import annotations
 
@@ -8,25 +9,45 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from bytemtp import quality
+from bytemtp.experiments import quality
+from bytemtp.experiments.sweep import CandidateResult, TunedFigures
 from bytemtp_cli.main import main
 
 
-def _run(r: float, name: str = "a-s0", **more) -> dict:
-    return {"name": name, "params": 1000, "val_bpb": [r, r + 1], "steps": 10, "train_s": 2.0, **more}
+def _run(r: float, name: str = "a-s0", tuned_chain_bytes_per_pass: float | None = None) -> CandidateResult:
+    tuned = None if tuned_chain_bytes_per_pass is None else TunedFigures(
+        tuned_chain_bytes_per_pass=tuned_chain_bytes_per_pass, tuned_tree_bytes_per_pass=0.0, eager_speedup=1.0,
+        plain_bytes_s=1.0, repetition=None, decode=None)
+    return CandidateResult(name=name, sets=[], params=1000, budget_s=1.0, steps=10, bytes_seen=0, train_s=2.0,
+                           stopped_by="steps", val_bytes=0, val_bpb=[r, r + 1], head_agreement={}, tuned=tuned)
 
 
 def test_an_arm_is_better_or_worse_only_beyond_every_seed():
     base = [_run(2.0), _run(2.2)]
     better = quality.summary([_run(1.9), _run(2.1)], base, label="x", sets=[])
-    assert better["ratio"]["each"] == pytest.approx([0.95, 2.1 / 2.2]) and better["verdict"] == "better"
-    assert better["bpb"]["mean"] == pytest.approx(2.0) and better["ms_per_step"]["mean"] == pytest.approx(200)
+    assert better.ratio.each == pytest.approx([0.95, 2.1 / 2.2]) and better.verdict == "better"
+    assert better.bpb.mean == pytest.approx(2.0) and better.ms_per_step.mean == pytest.approx(200)
     mixed = quality.summary([_run(1.9), _run(2.3)], base, label="x", sets=[])
-    assert mixed["verdict"] == "within the seeds' spread"
-    assert quality.summary([_run(2.1), _run(2.3)], base, label="x", sets=[])["verdict"] == "worse"
+    assert mixed.verdict == "within the seeds' spread"
+    assert quality.summary([_run(2.1), _run(2.3)], base, label="x", sets=[]).verdict == "worse"
     tuned = quality.summary([_run(1.9, tuned_chain_bytes_per_pass=4.0), _run(2.0, tuned_chain_bytes_per_pass=5.0)],
                             base, label="x", sets=[])
-    assert tuned["tuned_chain_bytes_per_pass"]["mean"] == 4.5 and tuned["head_bpb"] == pytest.approx([1.95, 2.95])
+    assert tuned.tuned_chain_bytes_per_pass.mean == 4.5 and tuned.head_bpb == pytest.approx([1.95, 2.95])
+
+
+def test_the_comparison_reads_back_from_the_json_bench_quality_wrote():
+    spread = {"mean": 2.0, "min": 1.9, "max": 2.1, "each": [1.9, 2.1]}
+    arm = {"label": "x", "sets": ["model.n_future=1"], "params": 1000, "bpb": spread, "ratio": spread,
+           "steps": {"mean": 10.0, "min": 10, "max": 10, "each": [10, 10]}, "ms_per_step": spread, "verdict": "worse"}
+    data = {"preset": "tiny", "data": "c", "seeds": 2, "budget_s": 0.0, "steps": 3, "eval_bytes": 2048, "tune_s": 1.0,
+            "out": "q", "arms": {"ntp": arm, "mtp": {**arm, "verdict": "better", "head_bpb": [2.0, 3.0],
+                                                     "tuned_chain_bytes_per_pass": spread}}}
+    res = quality.QualityResult.from_json(data)
+    assert res.arms["ntp"].head_bpb is None and res.arms["mtp"].tuned_chain_bytes_per_pass.mean == 2.0
+    written = json.loads(json.dumps(res.to_json()))
+    assert list(written.items()) == list(data.items()) and quality.QualityResult.from_json(written) == res
+    assert [list(s) for s in written["arms"].values()] == [list(s) for s in data["arms"].values()]
+    assert quality.table(res).splitlines()[3] == "| ntp | x | 0.00M | 10 | 2 | 2.0000 (1.9000-2.1000) | 2.0000 (1.9000-2.1000) | - | - |"
 
 
 def test_the_grid_runs_every_arm_at_every_seed_seed_major_baseline_first():

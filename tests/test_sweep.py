@@ -1,5 +1,5 @@
-"""The preset sweep (bytemtp.sweep, `bytemtp bench sweep`): its grid file, its runs on the same
-budget and held-out bytes, the read-back of a measured candidate, and the table."""
+"""The preset sweep (bytemtp.experiments.sweep, `bytemtp bench sweep`): its grid file, its runs
+on the same budget and held-out bytes, the read-back of a measured candidate, and the table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from bytemtp import sweep
+from bytemtp.experiments import sweep
 from bytemtp_cli.main import main
 
 
@@ -47,15 +47,15 @@ def test_every_candidate_gets_the_budget_and_the_same_held_out_bytes(tmp_path, c
     cfg = grid.config("muon", budget_s=60.0)
     assert cfg.train.max_time == 60.0 and cfg.train.steps == 0 and cfg.train.optimizer == "muon"
     results = sweep.run_sweep(grid, tmp_path / "out", budget_s=2.0, eval_bytes=1024)
-    assert [r["name"] for r in results] == ["adamw", "muon"]
+    assert [r.name for r in results] == ["adamw", "muon"]
     for r in results:
-        assert r["steps"] > 0 and r["stopped_by"] in ("time", "schedule")
-        assert r["val_bytes"] == results[0]["val_bytes"] > 0 and len(r["val_bpb"]) == 8
-        assert json.loads((tmp_path / "out" / r["name"] / sweep.RESULT).read_text()) == r
+        assert r.steps > 0 and r.stopped_by in ("time", "schedule")
+        assert r.val_bytes == results[0].val_bytes > 0 and len(r.val_bpb) == 8
+        assert json.loads((tmp_path / "out" / r.name / sweep.RESULT).read_text()) == r.to_json()
     table = sweep.table(results).splitlines()
     assert len(table) == 4 and table[0].startswith("| candidate |")
-    best = min(results, key=lambda r: r["val_bpb"][0])
-    assert table[2].startswith(f"| {best['name']} |") and f"{best['val_bpb'][0]:.3f}" in table[2]
+    best = min(results, key=lambda r: r.val_bpb[0])
+    assert table[2].startswith(f"| {best.name} |") and f"{best.val_bpb[0]:.3f}" in table[2]
 
 
 def test_a_measured_candidate_is_read_back_and_tuned_when_asked(tmp_path, corpus_dir):
@@ -65,9 +65,9 @@ def test_a_measured_candidate_is_read_back_and_tuned_when_asked(tmp_path, corpus
     assert again == first  # not trained again
     tuned = sweep.run_sweep(grid, tmp_path / "out", budget_s=1.0, eval_bytes=512, only=["adamw"], tune_s=1.0,
                             prompts=2)[0]
-    assert tuned["steps"] == first[0]["steps"] and (tmp_path / "out" / "adamw-tuned" / "checkpoints").is_dir()
-    assert tuned["tuned_chain_bytes_per_pass"] >= 1.0 and tuned["eager_speedup"] > 0
-    assert tuned["repetition"]["decoded"]["distinct_8grams"] is not None
+    assert tuned.steps == first[0].steps and (tmp_path / "out" / "adamw-tuned" / "checkpoints").is_dir()
+    assert tuned.tuned.tuned_chain_bytes_per_pass >= 1.0 and tuned.tuned.eager_speedup > 0
+    assert tuned.tuned.repetition.decoded.distinct_8grams is not None
     with pytest.raises(ValueError, match="no candidate 'nope' in the grid; it has adamw, muon"):
         sweep.run_sweep(grid, tmp_path / "out", budget_s=1.0, only=["nope"])
 
@@ -101,7 +101,7 @@ def test_a_signal_stops_the_sweep_and_its_candidate_trains_anew_next_time(tmp_pa
     monkeypatch.setattr(sweep, "train", real)
     (tmp_path / "out" / "adamw" / "stale").write_text("")
     results = sweep.run_sweep(sweep.read_grid(path), tmp_path / "out", budget_s=1.0, eval_bytes=512)
-    assert [r["name"] for r in results] == ["adamw", "muon"]
+    assert [r.name for r in results] == ["adamw", "muon"]
     assert not (tmp_path / "out" / "adamw" / "stale").exists()  # its interrupted run was replaced
 
 
@@ -113,3 +113,29 @@ def test_a_corpus_without_a_val_split_stops_the_sweep_before_anything_trains(tmp
     with pytest.raises(ValueError, match="candidate 'adamw': .* has no val split to score on"):
         sweep.run_sweep(grid, tmp_path / "out", budget_s=1.0)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_json_of_an_earlier_version_is_read_back_not_trained_again(tmp_path, corpus_dir):
+    """The first sweeps wrote no train_s; a tuned one carries the decode case of its tuned heads."""
+    case = {"speedup": 1.4, "speedup_min": 1.3, "speedup_max": 1.5, "speedup_runs": [1.3, 1.5],
+            "bytes_per_forward": 2.0, "pass_cost": 1.1, "plain_bytes_s": 300.0, "spec_bytes_s": 420.0,
+            "identical": True, "heads_used": {"8": 12}, "shapes": {"chain-8": 12},
+            "repetition": {"decoded": {"distinct_8grams": 0.7, "zstd_ratio": 2.0, "bytes": 256}, "real": None,
+                           "zstd_ratio_over_real": None}}
+    old = {"name": "adamw", "sets": ["train.lr=3e-3"], "params": 123456, "budget_s": 1.0, "steps": 7,
+           "bytes_seen": 7168, "stopped_by": "time", "val_bytes": 512, "val_bpb": [3.1, 4.2],
+           "head_agreement": {"2": 0.25}, "tuned_chain_bytes_per_pass": 2.0, "tuned_tree_bytes_per_pass": 2.2,
+           "eager_speedup": 1.4, "plain_bytes_s": 300.0, "repetition": case["repetition"], "decode": case}
+    (tmp_path / "out" / "adamw").mkdir(parents=True)
+    (tmp_path / "out" / "adamw" / sweep.RESULT).write_text(json.dumps(old, indent=2) + "\n")
+    grid = sweep.read_grid(_grid(tmp_path, corpus_dir, TWO))
+    [got] = sweep.run_sweep(grid, tmp_path / "out", budget_s=1.0, eval_bytes=512, only=["adamw"])
+    assert not (tmp_path / "out" / "adamw" / "checkpoints").exists()  # read back, not trained
+    assert got.train_s is None and got.head_agreement == {2: 0.25} and got.tuned.decode.figures.heads_used == {8: 12}
+    assert list(json.loads(json.dumps(got.to_json())).items()) == list(old.items())
+    assert json.loads((tmp_path / "out" / "adamw" / sweep.RESULT).read_text()) == old  # written back the same
+    assert sweep.table([got]).splitlines()[2] == ("| adamw | train.lr=3e-3 | 0.12M | 7 | 0.01 MB | 3.100 | 0.250 | "
+                                                  "2.00 | 1.40x | - |")
+    untuned = {k: v for k, v in old.items() if k in list(old)[:10]} | {"train_s": 2.5}
+    assert sweep.CandidateResult.from_json(untuned).tuned is None
+    assert sweep.CandidateResult.from_json(untuned).to_json() == untuned

@@ -25,6 +25,10 @@ a time budget spent over two sessions is not the budget the others had.
 The trade-off: candidates run one after another in the process, so a
 sweep of n candidates takes n budgets; the figures are comparable only within one machine and one
 sitting (run two halves at the same time, one thread each, for twice the candidates an hour).
+
+A candidate's figures are a `CandidateResult`; OUT/NAME/sweep.json is its JSON form (`to_json`),
+unchanged since the sweep began, and `from_json` reads back every file a sweep has written (the
+first ones had no `train_s`).
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ import torch
 from tqdm import tqdm
 
 from bytemtp import config as config_lib
-from bytemtp.bench import decode_speed
+from bytemtp.decoding.repetition import Repetition
 from bytemtp.evaluation.evaluate import draft_report, evaluate
+from bytemtp.experiments.bench import DecodeCase, decode_speed, repetition_from_json
 from bytemtp.runtime.checkpoint import load_model, read_train_state
 from bytemtp.runtime.devices import resolve_device
 from bytemtp.training import runs
@@ -103,14 +108,76 @@ def read_grid(path: str | Path) -> Grid:
     return grid
 
 
+@dataclasses.dataclass(frozen=True)
+class TunedFigures:
+    """What a candidate's draft heads give decoding after the demo's tune (`_tuned`)."""
+    tuned_chain_bytes_per_pass: float  # the greedy chain of every head, on held-out prompts
+    tuned_tree_bytes_per_pass: float  # the tree of every head, the same prompts
+    eager_speedup: float  # eager decoding's speed, the chain of every head over plain
+    plain_bytes_s: float
+    repetition: Repetition | None  # how repetitive the chain's decoded text is
+    decode: DecodeCase  # the decode benchmark's case: chain-all at batch 1
+
+    def to_json(self) -> dict:
+        case = {k: v for k, v in self.decode.to_json().items() if k not in ("batch_size", "mode")}
+        return {"tuned_chain_bytes_per_pass": self.tuned_chain_bytes_per_pass,
+                "tuned_tree_bytes_per_pass": self.tuned_tree_bytes_per_pass, "eager_speedup": self.eager_speedup,
+                "plain_bytes_s": self.plain_bytes_s,
+                "repetition": None if self.repetition is None else dataclasses.asdict(self.repetition),
+                "decode": case}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TunedFigures:
+        rep = data.get("repetition")
+        return cls(tuned_chain_bytes_per_pass=data["tuned_chain_bytes_per_pass"],
+                   tuned_tree_bytes_per_pass=data["tuned_tree_bytes_per_pass"], eager_speedup=data["eager_speedup"],
+                   plain_bytes_s=data["plain_bytes_s"], repetition=None if rep is None else repetition_from_json(rep),
+                   decode=DecodeCase.from_json({"batch_size": 1, "mode": "chain-all", **data["decode"]}))
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateResult:
+    """One candidate trained and scored (`run_candidate`); its JSON form is OUT/NAME/sweep.json."""
+    name: str
+    sets: list[str]  # its own settings, on top of the preset and the shared ones
+    params: int
+    budget_s: float
+    steps: int  # steps trained
+    bytes_seen: int
+    train_s: float | None  # seconds of training; None in files of the first sweeps, which did not keep it
+    stopped_by: str  # what ended the training: time, schedule, steps, ...
+    val_bytes: int  # bytes scored, the same for every candidate
+    val_bpb: list[float]  # bits per byte of each head on them
+    head_agreement: dict[int, float]  # k: heads 2..k all agree with head 1
+    tuned: TunedFigures | None = None  # None: its draft heads not tuned (yet)
+
+    def to_json(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)[:11]}
+        if self.train_s is None:
+            del out["train_s"]
+        out.update(sets=list(self.sets), val_bpb=list(self.val_bpb),
+                   head_agreement={str(k): v for k, v in self.head_agreement.items()})
+        return out | (self.tuned.to_json() if self.tuned is not None else {})
+
+    @classmethod
+    def from_json(cls, data: dict) -> CandidateResult:
+        """A sweep.json read back, from this version or an earlier one."""
+        given = {f.name: data[f.name] for f in dataclasses.fields(cls)[:11]
+                 if f.name not in ("train_s", "head_agreement")}
+        return cls(**given,
+                   train_s=data.get("train_s"),
+                   head_agreement={int(k): v for k, v in data["head_agreement"].items()},
+                   tuned=TunedFigures.from_json(data) if "tuned_chain_bytes_per_pass" in data else None)
+
+
 def run_candidate(grid: Grid, name: str, out: Path, *, budget_s: float, eval_bytes: int, tune_s: float,
-                  prompts: int, steps: int = 0, say=tqdm.write) -> dict:
+                  prompts: int, steps: int = 0, say=tqdm.write) -> CandidateResult:
     """Train, score and (with tune_s) tune one candidate; its figures, also kept in OUT/NAME/sweep.json."""
     cfg = grid.config(name, budget_s=budget_s, steps=steps)
     run_dir = out / name
     device = resolve_device(cfg.train.device)
     if (run_dir / RESULT).is_file():  # measured before; a tune may be asked for now
-        figures = json.loads((run_dir / RESULT).read_text())
+        figures = CandidateResult.from_json(json.loads((run_dir / RESULT).read_text()))
     else:
         if run_dir.exists() and not steps:  # interrupted: a time budget is not split over sessions
             say(f"{name} was interrupted before it was measured: training it anew")
@@ -122,18 +189,19 @@ def run_candidate(grid: Grid, name: str, out: Path, *, budget_s: float, eval_byt
         model, _ = load_model(result.checkpoint, device=device)
         batches = max(1, math.ceil(eval_bytes / (EVAL_BATCH * cfg.model.seq_len)))
         ev = evaluate(model, cfg.data.path, split="val", batches=batches, batch_size=EVAL_BATCH, device=device)
-        figures = {"name": name, "sets": list(grid.candidates[name]), "params": model.num_params(),
-                   "budget_s": budget_s, "steps": result.step, "bytes_seen": result.bytes_seen,
-                   "train_s": read_train_state(result.checkpoint)["elapsed_s"],
-                   "stopped_by": result.stopped_by, "val_bytes": ev.bytes, "val_bpb": ev.bpb,
-                   "head_agreement": {str(k): v for k, v in ev.agreement.items()}}
-    if tune_s and cfg.model.n_future > 1 and "tuned_chain_bytes_per_pass" not in figures:
-        figures.update(_tuned(run_dir, budget_s=tune_s, prompts=prompts, device=device, say=say))
-    (run_dir / RESULT).write_text(json.dumps(figures, indent=2) + "\n")
+        figures = CandidateResult(name=name, sets=list(grid.candidates[name]), params=model.num_params(),
+                                  budget_s=budget_s, steps=result.step, bytes_seen=result.bytes_seen,
+                                  train_s=read_train_state(result.checkpoint)["elapsed_s"],
+                                  stopped_by=result.stopped_by, val_bytes=ev.bytes, val_bpb=ev.bpb,
+                                  head_agreement=dict(ev.agreement))
+    if tune_s and cfg.model.n_future > 1 and figures.tuned is None:
+        figures = dataclasses.replace(figures, tuned=_tuned(run_dir, budget_s=tune_s, prompts=prompts, device=device,
+                                                            say=say))
+    (run_dir / RESULT).write_text(json.dumps(figures.to_json(), indent=2) + "\n")
     return figures
 
 
-def _tuned(run_dir: Path, *, budget_s: float, prompts: int, device: torch.device, say) -> dict:
+def _tuned(run_dir: Path, *, budget_s: float, prompts: int, device: torch.device, say) -> TunedFigures:
     """The demo's tune of the draft heads for budget_s, then the greedy chain's bytes per pass and
     eager decoding's speed (plain against the chain of every head) on held-out prompts."""
     tuned = run_dir.with_name(run_dir.name + "-tuned")
@@ -143,15 +211,15 @@ def _tuned(run_dir: Path, *, budget_s: float, prompts: int, device: torch.device
     report = draft_report(model, cfg.data.path, batches=4, prompts=prompts)
     speed = decode_speed(str(tuned), n_prompts=prompts, max_bytes=128, batch_sizes=(1,), modes=("chain-all",),
                          rounds=1, device=str(device), eval_batches=0, compile="off")
-    return {"tuned_chain_bytes_per_pass": report.decoded_bytes_per_forward["chain-all"],
-            "tuned_tree_bytes_per_pass": report.decoded_bytes_per_forward["tree-all"],
-            "eager_speedup": speed["speedup"], "plain_bytes_s": speed["plain_bytes_s"],
-            "repetition": speed.get("repetition"),
-            "decode": {k: v for k, v in speed["cases"][0].items() if k not in ("batch_size", "mode")}}
+    top = speed.top.figures
+    return TunedFigures(tuned_chain_bytes_per_pass=report.decoded_bytes_per_forward["chain-all"],
+                        tuned_tree_bytes_per_pass=report.decoded_bytes_per_forward["tree-all"],
+                        eager_speedup=top.speedup, plain_bytes_s=top.plain_bytes_s, repetition=top.repetition,
+                        decode=speed.cases[0])
 
 
 def run_sweep(grid: Grid, out: str | Path, *, budget_s: float, eval_bytes: int = 102_400, tune_s: float = 0.0,
-              prompts: int = 8, only: list[str] | None = None, steps: int = 0) -> list[dict]:
+              prompts: int = 8, only: list[str] | None = None, steps: int = 0) -> list[CandidateResult]:
     """`run_candidate` of every candidate (or those named in `only`), in the grid's order; with
     `steps`, each trains that many steps instead of budget_s seconds."""
     names = only or list(grid.candidates)
@@ -170,16 +238,17 @@ def run_sweep(grid: Grid, out: str | Path, *, budget_s: float, eval_bytes: int =
                           steps=steps, say=say) for n in names]
 
 
-def table(results: list[dict]) -> str:
+def table(results: list[CandidateResult]) -> str:
     """The sweep as a Markdown table, lowest head-1 bits per byte first."""
     rows = ["| candidate | settings | params | steps | bytes seen | head-1 val bpb | head-2 agrees | "
             "tuned chain bytes/pass | eager speedup | decoded zstd ratio / real |",
             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(results, key=lambda r: r["val_bpb"][0]):
-        chain, speed = r.get("tuned_chain_bytes_per_pass"), r.get("eager_speedup")
-        over = (r.get("repetition") or {}).get("zstd_ratio_over_real")
-        rows.append(f"| {r['name']} | {' '.join(r['sets'])} | {r['params'] / 1e6:.2f}M | {r['steps']} | "
-                    f"{r['bytes_seen'] / 1e6:.2f} MB | {r['val_bpb'][0]:.3f} | {r['head_agreement'].get('2', 0):.3f} | "
+    for r in sorted(results, key=lambda r: r.val_bpb[0]):
+        tuned = r.tuned
+        chain, speed = (tuned.tuned_chain_bytes_per_pass, tuned.eager_speedup) if tuned else (None, None)
+        over = tuned.repetition.zstd_ratio_over_real if tuned and tuned.repetition else None
+        rows.append(f"| {r.name} | {' '.join(r.sets)} | {r.params / 1e6:.2f}M | {r.steps} | "
+                    f"{r.bytes_seen / 1e6:.2f} MB | {r.val_bpb[0]:.3f} | {r.head_agreement.get(2, 0):.3f} | "
                     f"{'-' if chain is None else f'{chain:.2f}'} | {'-' if speed is None else f'{speed:.2f}x'} | "
                     f"{'-' if over is None else f'{over:.2f}'} |")
     return "\n".join(rows)

@@ -9,19 +9,27 @@ chain's bytes per pass on held-out prompts. An arm's head 1 is held against the 
 same seed (same initial stream of batches where the shapes allow): the ratio of their bits per
 byte, with its spread over the seeds, says whether a recipe is better beyond the noise of a seed.
 
-Built on the sweep (`bytemtp.sweep`): one candidate per arm and seed, named ARM-sSEED, trained in
+Built on the sweep (`sweep`): one candidate per arm and seed, named ARM-sSEED, trained in
 seed-major order (every arm's first seed, then every arm's second) so that a machine whose speed
 drifts slows every arm alike, and read back when measured, so an interrupted comparison goes on
 where it stopped. The arms are read without torch (the command line lists them in its help); the
 sweep, and torch with it, is imported when a comparison runs. The trade-off: equal wall time on
 one machine is what a user with a budget faces, but its figures hold for that machine only; equal
 steps (`steps`) compare the same bytes.
+
+The comparison is a `QualityResult` of one `ArmSummary` per arm; its JSON form (`to_json`, read back
+by `from_json`) is what `bench quality --json` writes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the sweep imports torch: only when a comparison runs
+    from bytemtp.experiments.sweep import CandidateResult
 
 BASELINE = "ntp"
 ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -63,7 +71,7 @@ def arm_sets(arm: str, preset: str, sets: list[str]) -> tuple[str, ...]:
 
 def grid_of(preset: str, sets: list[str], arms: dict[str, tuple[str, ...]], seeds: int):
     """The sweep grid of the comparison: every arm at every seed, seed-major, the baseline first."""
-    from bytemtp.sweep import Grid
+    from bytemtp.experiments.sweep import Grid
 
     candidates = {f"{arm}-s{seed}": (*settings, f"train.seed={seed}", f"data.seed={seed}")
                   for seed in range(seeds) for arm, settings in arms.items()}
@@ -73,10 +81,10 @@ def grid_of(preset: str, sets: list[str], arms: dict[str, tuple[str, ...]], seed
 def compare(preset: str = "small", *, data: str, arms: list[str] | None = None,
             extra: list[tuple[str, tuple[str, ...]]] = (), sets: list[str] = (), seeds: int = 2,
             budget_s: float = 180.0, steps: int = 0, eval_bytes: int = 102_400, tune_s: float = 30.0,
-            prompts: int = 8, out: str | Path) -> dict:
+            prompts: int = 8, out: str | Path) -> QualityResult:
     """Train, score and tune every arm at every seed (see the module docstring) into `out`, and
     summarize them against the baseline (`summary`)."""
-    from bytemtp.sweep import run_sweep
+    from bytemtp.experiments.sweep import run_sweep
 
     names = list(arms or DEFAULT_ARMS)
     unknown = [a for a in names if a not in ARMS]
@@ -94,52 +102,118 @@ def compare(preset: str = "small", *, data: str, arms: list[str] | None = None,
             raise ValueError(f"arm {name.rsplit('-s', 1)[0]!r}: {e}") from None
     results = run_sweep(grid, out, budget_s=budget_s, eval_bytes=eval_bytes, tune_s=tune_s, prompts=prompts,
                         steps=steps)
-    by_arm: dict[str, list[dict]] = {arm: [] for arm in chosen}
+    by_arm: dict[str, list[CandidateResult]] = {arm: [] for arm in chosen}
     for r in results:
-        by_arm[r["name"].rsplit("-s", 1)[0]].append(r)
+        by_arm[r.name.rsplit("-s", 1)[0]].append(r)
     labels = {**{a: ARMS[a][0] for a in chosen if a in ARMS}, **{a: " ".join(s) for a, s in extra}}
-    return {"preset": preset, "data": data, "seeds": seeds, "budget_s": 0.0 if steps else budget_s,
-            "steps": steps, "eval_bytes": eval_bytes, "tune_s": tune_s, "out": str(out),
-            "arms": {arm: summary(rs, by_arm[BASELINE], label=labels[arm], sets=list(chosen[arm]))
-                     for arm, rs in by_arm.items()}}
+    return QualityResult(preset=preset, data=data, seeds=seeds, budget_s=0.0 if steps else budget_s, steps=steps,
+                         eval_bytes=eval_bytes, tune_s=tune_s, out=str(out),
+                         arms={arm: summary(rs, by_arm[BASELINE], label=labels[arm], sets=list(chosen[arm]))
+                               for arm, rs in by_arm.items()})
 
 
-def _spread(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "each": values}
+@dataclasses.dataclass(frozen=True)
+class SeedSpread:
+    """A figure over an arm's seeds."""
+    mean: float
+    min: float
+    max: float
+    each: list[float]  # seed by seed
+
+    @classmethod
+    def of(cls, values: list[float]) -> SeedSpread:
+        return cls(mean=statistics.fmean(values), min=min(values), max=max(values), each=values)
+
+    @classmethod
+    def from_json(cls, data: dict) -> SeedSpread:
+        return cls(**{**data, "each": list(data["each"])})
 
 
-def summary(runs: list[dict], baseline: list[dict], *, label: str, sets: list[str]) -> dict:
+@dataclasses.dataclass(frozen=True)
+class ArmSummary:
+    """One arm over its seeds (`summary`)."""
+    label: str  # what the arm is
+    sets: list[str]  # its settings on top of the preset and the shared ones
+    params: int
+    bpb: SeedSpread  # head-1 val bits per byte
+    ratio: SeedSpread  # head-1 bits per byte over the baseline's of the same seed
+    steps: SeedSpread
+    ms_per_step: SeedSpread
+    verdict: str  # "better", "worse" or "within the seeds' spread"
+    head_bpb: list[float] | None = None  # each head's bits per byte, the mean over the seeds (None: one head)
+    tuned_chain_bytes_per_pass: SeedSpread | None = None  # over the seeds whose draft heads were tuned
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        for key in ("head_bpb", "tuned_chain_bytes_per_pass"):
+            if out[key] is None:
+                del out[key]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> ArmSummary:
+        chain = data.get("tuned_chain_bytes_per_pass")
+        return cls(label=data["label"], sets=list(data["sets"]), params=data["params"],
+                   **{k: SeedSpread.from_json(data[k]) for k in ("bpb", "ratio", "steps", "ms_per_step")},
+                   verdict=data["verdict"], head_bpb=data.get("head_bpb"),
+                   tuned_chain_bytes_per_pass=None if chain is None else SeedSpread.from_json(chain))
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityResult:
+    """Every arm against the baseline (`compare`)."""
+    preset: str
+    data: str  # the corpus
+    seeds: int
+    budget_s: float  # each arm's training time (0.0: limited by steps)
+    steps: int  # each arm's steps (0: limited by time)
+    eval_bytes: int  # val bytes head 1 is scored on
+    tune_s: float  # the draft heads' tune
+    out: str  # where the runs are
+    arms: dict[str, ArmSummary]  # the baseline first
+
+    def to_json(self) -> dict:
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)[:8]},
+                "arms": {arm: s.to_json() for arm, s in self.arms.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> QualityResult:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)[:8]},
+                   arms={arm: ArmSummary.from_json(s) for arm, s in data["arms"].items()})
+
+
+def summary(runs: list[CandidateResult], baseline: list[CandidateResult], *, label: str,
+            sets: list[str]) -> ArmSummary:
     """One arm over its seeds: head-1 bits per byte, its ratio to the baseline of the same seed,
     steps and seconds a step, and (where tuned) the tuned chain's bytes per pass; `verdict` says
     whether every seed's ratio lies below 1 (better), above 1 (worse) or some on each side."""
-    ratios = [r["val_bpb"][0] / b["val_bpb"][0] for r, b in zip(runs, baseline)]
-    out = {"label": label, "sets": sets, "params": runs[0]["params"], "bpb": _spread([r["val_bpb"][0] for r in runs]),
-           "ratio": _spread(ratios), "steps": _spread([r["steps"] for r in runs]),
-           "ms_per_step": _spread([1000 * r["train_s"] / r["steps"] for r in runs]),
-           "verdict": "better" if max(ratios) < 1 else "worse" if min(ratios) > 1 else "within the seeds' spread"}
-    if len(runs[0]["val_bpb"]) > 1:
-        out["head_bpb"] = [statistics.fmean(r["val_bpb"][k] for r in runs) for k in range(len(runs[0]["val_bpb"]))]
-    chains = [r["tuned_chain_bytes_per_pass"] for r in runs if "tuned_chain_bytes_per_pass" in r]
-    if chains:
-        out["tuned_chain_bytes_per_pass"] = _spread(chains)
-    return out
+    ratios = [r.val_bpb[0] / b.val_bpb[0] for r, b in zip(runs, baseline)]
+    heads = len(runs[0].val_bpb)
+    chains = [r.tuned.tuned_chain_bytes_per_pass for r in runs if r.tuned is not None]
+    return ArmSummary(
+        label=label, sets=sets, params=runs[0].params, bpb=SeedSpread.of([r.val_bpb[0] for r in runs]),
+        ratio=SeedSpread.of(ratios), steps=SeedSpread.of([r.steps for r in runs]),
+        ms_per_step=SeedSpread.of([1000 * r.train_s / r.steps for r in runs]),
+        verdict="better" if max(ratios) < 1 else "worse" if min(ratios) > 1 else "within the seeds' spread",
+        head_bpb=[statistics.fmean(r.val_bpb[k] for r in runs) for k in range(heads)] if heads > 1 else None,
+        tuned_chain_bytes_per_pass=SeedSpread.of(chains) if chains else None)
 
 
-def table(res: dict) -> str:
+def table(res: QualityResult) -> str:
     """The comparison as a Markdown table, the baseline first, then by head-1 bits per byte."""
-    arms = res["arms"]
-    order = [BASELINE] + sorted((a for a in arms if a != BASELINE), key=lambda a: arms[a]["bpb"]["mean"])
-    limit = f"{res['steps']} steps" if res["steps"] else f"{res['budget_s']:g} s"
-    lines = [f"{res['preset']} on {res['data']}, {limit} each, {res['seeds']} seed(s); head 1 on the first "
-             f"{res['eval_bytes']:,} val bytes; draft heads tuned {res['tune_s']:g} s",
+    arms = res.arms
+    order = [BASELINE] + sorted((a for a in arms if a != BASELINE), key=lambda a: arms[a].bpb.mean)
+    limit = f"{res.steps} steps" if res.steps else f"{res.budget_s:g} s"
+    lines = [f"{res.preset} on {res.data}, {limit} each, {res.seeds} seed(s); head 1 on the first "
+             f"{res.eval_bytes:,} val bytes; draft heads tuned {res.tune_s:g} s",
              "| arm | what | params | steps | ms/step | head-1 val bpb (seeds' range) | ratio to ntp (range) | "
              "verdict | tuned chain-8 bytes/pass |", "|---|---|---|---|---|---|---|---|---|"]
     for a in order:
         s = arms[a]
-        chain = s.get("tuned_chain_bytes_per_pass")
-        lines.append(f"| {a} | {s['label']} | {s['params'] / 1e6:.2f}M | {s['steps']['mean']:.0f} | "
-                     f"{s['ms_per_step']['mean']:.0f} | {s['bpb']['mean']:.4f} ({s['bpb']['min']:.4f}-"
-                     f"{s['bpb']['max']:.4f}) | {s['ratio']['mean']:.4f} ({s['ratio']['min']:.4f}-"
-                     f"{s['ratio']['max']:.4f}) | {'-' if a == BASELINE else s['verdict']} | "
-                     f"{'-' if chain is None else '%.2f' % chain['mean']} |")
+        chain = s.tuned_chain_bytes_per_pass
+        lines.append(f"| {a} | {s.label} | {s.params / 1e6:.2f}M | {s.steps.mean:.0f} | "
+                     f"{s.ms_per_step.mean:.0f} | {s.bpb.mean:.4f} ({s.bpb.min:.4f}-"
+                     f"{s.bpb.max:.4f}) | {s.ratio.mean:.4f} ({s.ratio.min:.4f}-"
+                     f"{s.ratio.max:.4f}) | {'-' if a == BASELINE else s.verdict} | "
+                     f"{'-' if chain is None else '%.2f' % chain.mean} |")
     return "\n".join(lines)
