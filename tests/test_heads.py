@@ -1,16 +1,22 @@
 """Head types (`bytemtp.config.HeadType`): each type's layers, stacking and skipping, what a head
-reads, and the cache layers a pass writes, held against what the model really does."""
+reads, and the cache layers a pass writes, held against what the model really does; and no module
+compares a head type's name."""
 
+import ast
 import dataclasses
+import pathlib
 
 import pytest
 import torch
 from doubles import tiny_model
 
+import bytemtp
 from bytemtp import config as C
 from bytemtp.config import HEAD_TYPES, ModelConfig
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
+
+PACKAGE = pathlib.Path(bytemtp.__file__).parent
 
 
 def test_each_type_says_its_layers_and_whether_it_stacks_skips_and_chains():
@@ -106,3 +112,37 @@ def test_the_cache_layers_are_the_ones_a_pass_writes_in_the_order_it_writes_them
     written = torch.cat([k if k.dim() == 5 else k[None] for k, _ in layout.written])  # (N, B, H, T, E)
     assert written.shape[0] == len(order)
     torch.testing.assert_close(written, cache.k[list(order), :, :, :5])
+
+
+# --- no module compares a head type's name ------------------------------------------------------
+
+
+def _is_head_type(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "head_type") or \
+        (isinstance(node, ast.Attribute) and node.attr == "head_type")
+
+
+def _is_str_literal(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_is_str_literal(e) for e in node.elts)
+
+
+def name_comparisons(source: str) -> list[int]:
+    """Lines where `head_type` is compared with a string literal (==, !=, in, ...)."""
+    return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Compare)
+            and any(map(_is_head_type, [node.left, *node.comparators]))
+            and any(map(_is_str_literal, [node.left, *node.comparators]))]
+
+
+def test_no_module_compares_a_head_type_name():
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+             for line in name_comparisons(path.read_text())]
+    assert found == [], f"ask the head type (ModelConfig.head) instead: {found}"
+
+
+def test_the_check_finds_a_comparison_of_the_name():
+    for code in ('if cfg.head_type == "linear":\n    pass', 'x = "causal" != self.config.head_type',
+                 'y = head_type in ("linear", "causal")', 'z = a < cfg.head_type == "causal"'):
+        assert name_comparisons(code) == [1], code
+    assert name_comparisons('ok = cfg.head_type in HEAD_TYPES\nname = f"{cfg.head_type} heads"\n') == []
