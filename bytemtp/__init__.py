@@ -4,8 +4,10 @@ The library is importable without side effects. Its floors, lowest first; a modu
 from its own floor's package or from lower floors (tests/test_layering.py keeps it so):
 
     0  config, config_docs, vocab
-                         frozen configuration and presets, their docs; byte ids and UTF-8 output (no torch)
-    1  data/             corpus files, prepared shards, prep, the streaming loader
+                         frozen configuration, head types and presets, their docs; byte ids and UTF-8
+                         output (no torch)
+    1  config_io         configurations in and out: dicts, JSON, files, overrides (no torch)
+       data/             corpus files, prepared shards, prep, the streaming loader
     2  model/            the byte transformer and its heads, KV cache and layout, loss, flops
     3  runtime/          devices, checkpoints, torchrun processes (DDP, FSDP2)
     4  decoding/         draft strategy, sampling, drafting, compiled step, pass costs, decoding, speed,

@@ -1,33 +1,32 @@
-"""Configuration: frozen dataclasses, their validation, JSON round trip, presets.
+"""Configuration: frozen dataclasses, their validation, the head types, presets.
 
 No torch here, so the CLI can parse and validate a configuration before paying for the torch
 import. Each field carries a one-line docstring under it; `bytemtp.config_docs` reads those
-docstrings back from the source, so the CLI's help describes the same thing as the code.
+docstrings back from the source, so the CLI's help describes the same thing as the code. Reading
+and writing configurations (dicts, JSON, files, `--set` overrides) is `bytemtp.config_io`'s.
 
 Layer accounting (`ModelConfig.param_match`, on by default): `n_layers` is the total number of
-transformer layers in the model, trunk and heads together, as in the paper's released code
-(the next-byte model is a trunk of n_layers - 1 layers plus one head layer). With n_future heads
-of `head_layers` layers each, the trunk has n_layers - n_future * head_layers layers, so a model
-with 8 heads and the next-byte baseline with the same `n_layers` have the same layer count and,
-up to the extra unembeddings, the same parameter count. With `param_match` off the trunk keeps
-the next-byte size (n_layers - head_layers) and the extra heads come on top.
+transformer layers in the model, trunk and heads together, as in the paper's released code (the
+next-byte model is a trunk of n_layers - 1 layers plus one head layer). With n_future heads of
+`head_layers` layers each, the trunk has n_layers - n_future * head_layers layers, so a model with
+8 heads and the next-byte baseline with the same `n_layers` have the same layer count and, up to
+the extra unembeddings, the same parameter count. With `param_match` off the trunk keeps the
+next-byte size (n_layers - head_layers) and the extra heads come on top. Linear heads take none.
+
+Head types: `head_type` stays a name (in config.json, and `--set model.head_type=causal`);
+`ModelConfig.head` is its `HeadType`, which answers what the rest asks of a kind of head (its
+layers, whether it stacks or skips, what it reads, which cache layers a pass writes), so no module
+compares names. It lives here because the accounting above needs it and floor-0 modules import no
+other (tests/test_layering.py); what a head computes stays in `bytemtp.model.model`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
 import math
 import re
-import tomllib
-import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-FORMAT_VERSION = 1
-
-HEAD_TYPES = ("transformer", "linear", "causal")
 UNEMBED_TYPES = ("shared", "replicated")
 MLP_TYPES = ("swiglu", "gelu")
 HEAD_WEIGHTS = ("uniform", "geometric")
@@ -53,6 +52,73 @@ def check_device(name: str, value: Any) -> None:
 def _positive_int(name: str, value: Any) -> None:
     _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
            name, value, "expected an integer >= 1")
+
+
+# --- head types -------------------------------------------------------------------------------
+
+State = TypeVar("State")  # a head's input or output state: a tensor to the model, anything here
+
+
+class HeadType:
+    """One kind of future-byte head, one stateless instance a type (`HEAD_TYPES`). `layered`: a head is
+    `head_layers` transformer layers (else one D x D map); `stackable`: the first k run as one batched
+    layer; `skippable`: a head can be left out while later ones run; `chained`: head k reads head k-1's
+    state (else every head reads the trunk's)."""
+
+    name: str
+    layered: bool
+    stackable: bool
+    skippable: bool
+    chained: bool
+
+    def layers_per_head(self, head_layers: int) -> int:
+        return head_layers if self.layered else 0
+
+    def trunk_layers(self, *, n_layers: int, n_future: int, head_layers: int, param_match: bool) -> int:
+        """n_layers less the layers of every head (param_match) or of the next-byte model's one head."""
+        return n_layers - (n_future if param_match else 1) * self.layers_per_head(head_layers)
+
+    def head_input(self, k: int, trunk: State, previous: State | None) -> State:
+        """What head k (from 0) runs on: the trunk's state, or head k-1's for chained heads."""
+        if self.chained and k > 0:
+            assert previous is not None, f"{self.name} head {k} needs head {k - 1}'s state"
+            return previous
+        return trunk
+
+    def skipped(self, weights: list[float]) -> frozenset[int]:
+        """The heads a training step does not run for their weight of 0: each such head where heads
+        can be skipped, else the heads after the last one with weight (the others feed them)."""
+        if self.skippable:
+            return frozenset(k for k, w in enumerate(weights) if w == 0)
+        return frozenset(range(1 + max(k for k, w in enumerate(weights) if w), len(weights)))
+
+    def cache_layers(self, *, trunk_layers: int, head_layers: int, heads: int, stacked: bool) -> tuple[int, ...]:
+        """The cache layers a pass of the first `heads` heads writes, in the order it writes them:
+        the trunk's, then every layer of head 0, of head 1, ... (one by one) or layer i of every
+        head in turn, i = 0, 1, ... (stacked). Head j's layer i is layer trunk_layers + j * per + i."""
+        assert self.stackable or not stacked, f"{self.name} heads do not stack"
+        t, per = trunk_layers, self.layers_per_head(head_layers)
+        pairs = [(j, i) for i in range(per) for j in range(heads)] if stacked else \
+            [(j, i) for j in range(heads) for i in range(per)]
+        return tuple(range(t)) + tuple(t + j * per + i for j, i in pairs)
+
+
+class TransformerHeads(HeadType):
+    """The paper's heads: `head_layers` transformer layers each on the trunk's state, independent."""
+    name, layered, stackable, skippable, chained = "transformer", True, True, True, False
+
+
+class LinearHeads(HeadType):
+    """One D x D linear map each on the trunk's state: no layer taken from the trunk, nothing cached."""
+    name, layered, stackable, skippable, chained = "linear", False, True, True, False
+
+
+class CausalHeads(HeadType):
+    """Transformer layers, head k on head k-1's state (DeepSeek-V3's sequential modules): run in order."""
+    name, layered, stackable, skippable, chained = "causal", True, False, False, True
+
+
+HEAD_TYPES: dict[str, HeadType] = {t.name: t for t in (TransformerHeads(), LinearHeads(), CausalHeads())}
 
 
 @dataclass(frozen=True)
@@ -124,16 +190,19 @@ class ModelConfig:
         return self.d_model // self.n_attn_heads
 
     @property
+    def head(self) -> HeadType:
+        """The type of the heads, which whatever depends on the kind of head asks (never the name)."""
+        return HEAD_TYPES[self.head_type]
+
+    @property
     def layers_per_head(self) -> int:
         """Transformer layers inside one head (0 for linear heads)."""
-        return 0 if self.head_type == "linear" else self.head_layers
+        return self.head.layers_per_head(self.head_layers)
 
     @property
     def trunk_layers(self) -> int:
-        if self.head_type == "linear":
-            return self.n_layers
-        heads = self.n_future if self.param_match else 1
-        return self.n_layers - heads * self.head_layers
+        return self.head.trunk_layers(n_layers=self.n_layers, n_future=self.n_future,
+                                      head_layers=self.head_layers, param_match=self.param_match)
 
     @property
     def window(self) -> int:
@@ -426,129 +495,3 @@ def preset(name: str) -> Config:
     if name not in PRESETS:
         raise ValueError(f"preset {name!r} does not exist; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]()
-
-
-# --- dict / JSON round trip and overrides ------------------------------------------------------
-
-
-def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
-
-
-def to_json(cfg: Any) -> str:
-    return json.dumps(to_dict(cfg), indent=2, sort_keys=True)
-
-
-@functools.cache
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _coerce(path: str, typ: Any, value: Any) -> Any:
-    if dataclasses.is_dataclass(typ):
-        if not isinstance(value, dict):
-            raise ValueError(f"{path} must be a table of settings, got {value!r}")
-        return from_dict(typ, value, prefix=path + ".")
-    if typ is bool:
-        ok = isinstance(value, bool)
-    elif typ is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif typ is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    else:
-        ok = isinstance(value, typ)
-    if not ok:
-        raise ValueError(f"{path}={value!r} is not allowed; expected {typ.__name__}")
-    return value
-
-
-def from_dict(cls: type, data: dict, *, prefix: str = "") -> Any:
-    """Build `cls` from a nested dict; unknown keys and wrong types raise ValueError."""
-    types = _field_types(cls)
-    unknown = sorted(set(data) - set(types))
-    if unknown:
-        raise ValueError(f"unknown setting {prefix}{unknown[0]}; "
-                         f"allowed: {', '.join(prefix + k for k in types)}")
-    kwargs = {k: _coerce(prefix + k, types[k], v) for k, v in data.items()}
-    return cls(**kwargs)
-
-
-def from_json(text: str, cls: type = Config) -> Any:
-    return from_dict(cls, json.loads(text))
-
-
-def _parse_value(path: str, typ: Any, text: str) -> Any:
-    if typ is bool:
-        if text.lower() in ("true", "1", "yes", "on"):
-            return True
-        if text.lower() in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"{path}={text!r} is not allowed; expected true or false")
-    if typ in (int, float):
-        try:
-            return typ(text)
-        except ValueError:
-            raise ValueError(f"{path}={text!r} is not allowed; expected {typ.__name__}") from None
-    return text
-
-
-def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
-    """Apply `a.b=value` strings (the CLI's repeated --set) to a frozen config, validating them."""
-    data = to_dict(cfg)
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"override {item!r} is not of the form section.key=value")
-        parts = key.strip().split(".")
-        cls, node = type(cfg), data
-        for depth, part in enumerate(parts):
-            types = _field_types(cls)
-            here = ".".join(parts[: depth + 1])
-            if part not in types:
-                allowed = ", ".join(".".join(parts[:depth] + [k]) for k in types)
-                raise ValueError(f"unknown setting {here}; allowed: {allowed}")
-            typ = types[part]
-            if depth == len(parts) - 1:
-                if dataclasses.is_dataclass(typ):
-                    raise ValueError(f"{here} is a section; set one of its keys, e.g. {here}.<key>=value")
-                node[part] = _parse_value(here, typ, text.strip())
-            else:
-                if not dataclasses.is_dataclass(typ):
-                    raise ValueError(f"{here} is a setting, not a section")
-                cls, node = typ, node[part]
-    return from_dict(type(cfg), data)
-
-
-def _merge(base: dict, data: dict) -> dict:
-    out = dict(base)
-    for key, value in data.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            out[key] = _merge(base[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def load_file(path: str, cfg: Any) -> Any:
-    """Apply a TOML or JSON file of (possibly partial) settings on top of cfg."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise ValueError(f"cannot read config file {path}: {e.strerror}") from None
-    try:
-        data = json.loads(raw) if path.endswith(".json") else tomllib.loads(raw.decode())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"config file {path} is not valid {'JSON' if path.endswith('.json') else 'TOML'}: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {path} must hold a table of settings")
-    return from_dict(type(cfg), _merge(to_dict(cfg), data))
-
-
-def resolve(preset_name: str, *, config_file: str | None = None, overrides: list[str] = ()) -> Config:
-    """The CLI's order: preset, then a config file, then each --set in turn."""
-    cfg = preset(preset_name)
-    if config_file:
-        cfg = load_file(config_file, cfg)
-    return apply_overrides(cfg, list(overrides))

@@ -16,6 +16,7 @@ import click
 
 from bytemtp import __version__
 from bytemtp import config as config_lib
+from bytemtp import config_io
 from bytemtp import config_docs
 
 from . import report
@@ -47,7 +48,7 @@ def main() -> None:
               help="List every setting with its value (after --preset, --config and --set) and meaning.")
 def config_cmd(preset: str, config_file: str | None, overrides: tuple[str, ...], keys: bool) -> None:
     """Show the resolved configuration and the model's parameter counts."""
-    cfg = config_lib.resolve(preset, config_file=config_file, overrides=list(overrides))
+    cfg = config_io.resolve(preset, config_file=config_file, overrides=list(overrides))
     if keys:
         click.echo(table(config_docs.settings(config_lib.Config, values=cfg), ("setting", f"value ({preset})", "meaning")))
         return
@@ -57,7 +58,7 @@ def config_cmd(preset: str, config_file: str | None, overrides: tuple[str, ...],
 
     with torch.device("meta"):
         model = ByteMTP(cfg.model)
-    click.echo(config_lib.to_json(cfg))
+    click.echo(config_io.to_json(cfg))
     m = cfg.model
     rows = [(part, f"{model.num_params(part):,}") for part in ("embed", "trunk", "heads", "unembed")]
     rows.append(("total", f"{model.num_params():,}"))
@@ -453,7 +454,7 @@ def inspect_cmd(path: str | None, ckpt: str | None, json_path: str | None) -> No
 
     info = describe(one_target(path, ckpt, "checkpoint"))
     echo(report.checkpoint_report(info))
-    write_json(json_path, {**info, "config": config_lib.to_dict(info["config"])})
+    write_json(json_path, {**info, "config": config_io.to_dict(info["config"])})
 
 
 main.add_command(generate_cmd)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.config_docs import field_docs
 from bytemtp.model.model import ByteMTP
 
@@ -47,29 +48,29 @@ def test_loss_validation():
 def test_json_round_trip():
     cfg = C.Config(model=C.ModelConfig(n_future=4, head_type="causal", dropout=0.1),
                    loss=C.LossConfig(mask_after_eos=False))
-    text = C.to_json(cfg)
-    assert C.from_json(text) == cfg
+    text = config_io.to_json(cfg)
+    assert config_io.from_json(text) == cfg
     assert json.loads(text)["model"]["head_type"] == "causal"
 
 
 def test_from_dict_rejects_unknown_keys_and_wrong_types():
     with pytest.raises(ValueError, match="unknown setting model.widht"):
-        C.from_dict(C.Config, {"model": {"widht": 3}})
+        config_io.from_dict(C.Config, {"model": {"widht": 3}})
     with pytest.raises(ValueError, match="model.n_layers='12'"):
-        C.from_dict(C.Config, {"model": {"n_layers": "12"}})
+        config_io.from_dict(C.Config, {"model": {"n_layers": "12"}})
     with pytest.raises(ValueError, match="model.param_match"):
-        C.from_dict(C.Config, {"model": {"param_match": "yes"}})
+        config_io.from_dict(C.Config, {"model": {"param_match": "yes"}})
 
 
 def test_document_masking_is_off_unless_set_and_old_configs_load_without_it():
-    assert C.apply_overrides(C.tiny(), ["model.doc_mask=true"]).model.doc_mask
-    old = json.loads(C.to_json(C.tiny()))
+    assert config_io.apply_overrides(C.tiny(), ["model.doc_mask=true"]).model.doc_mask
+    old = json.loads(config_io.to_json(C.tiny()))
     del old["model"]["doc_mask"]  # a checkpoint written before the option existed
-    assert C.from_dict(C.Config, old).model.doc_mask is False
+    assert config_io.from_dict(C.Config, old).model.doc_mask is False
 
 
 def test_overrides():
-    cfg = C.apply_overrides(C.tiny(), ["model.n_future=4", "model.param_match=false",
+    cfg = config_io.apply_overrides(C.tiny(), ["model.n_future=4", "model.param_match=false",
                                        "loss.head_weights=geometric", "model.dropout=0.25"])
     assert (cfg.model.n_future, cfg.model.param_match, cfg.model.dropout) == (4, False, 0.25)
     assert cfg.loss.head_weights == "geometric"
@@ -78,20 +79,20 @@ def test_overrides():
                        ("model.n_future=four", "expected int"),
                        ("model.n_future.x=1", "is a setting, not a section")]:
         with pytest.raises(ValueError, match=words):
-            C.apply_overrides(C.tiny(), [bad])
+            config_io.apply_overrides(C.tiny(), [bad])
 
 
 def test_config_file_then_overrides(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text('[model]\nn_future = 2\nd_model = 64\n')
-    cfg = C.resolve("tiny", config_file=str(toml), overrides=["model.n_future=3"])
+    cfg = config_io.resolve("tiny", config_file=str(toml), overrides=["model.n_future=3"])
     assert (cfg.model.n_future, cfg.model.d_model, cfg.model.seq_len) == (3, 64, C.tiny().model.seq_len)
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="bad.json is not valid JSON"):
-        C.resolve("tiny", config_file=str(bad))
+        config_io.resolve("tiny", config_file=str(bad))
     with pytest.raises(ValueError, match="cannot read config file"):
-        C.resolve("tiny", config_file=str(tmp_path / "missing.toml"))
+        config_io.resolve("tiny", config_file=str(tmp_path / "missing.toml"))
     with pytest.raises(ValueError, match="preset 'huge' does not exist"):
         C.preset("huge")
 
@@ -164,5 +165,5 @@ def test_data_validation():
         C.DataConfig(num_workers=-1)
     with pytest.raises(ValueError, match="data.max_bad_fraction"):
         C.DataConfig(max_bad_fraction=2.0)
-    cfg = C.apply_overrides(C.tiny(), ["data.path=corp", "data.num_workers=2"])
+    cfg = config_io.apply_overrides(C.tiny(), ["data.path=corp", "data.num_workers=2"])
     assert (cfg.data.path, cfg.data.num_workers) == ("corp", 2)

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from doubles import tiny_model
 
 from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.config import DataConfig
 from bytemtp.data.loader import ByteLoader
 from bytemtp.data.shards import CorpusError
@@ -33,7 +34,7 @@ def _model(head_type="transformer", seed=2):
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])
 def test_training_validation_is_this_evaluation(code_corpus, tmp_path, head_type):
     """The val bits per byte a run records are evaluate's on its final weights."""
-    cfg = C.apply_overrides(C.tiny(), [f"data.path={code_corpus}", f"model.head_type={head_type}",
+    cfg = config_io.apply_overrides(C.tiny(), [f"data.path={code_corpus}", f"model.head_type={head_type}",
                                        "model.n_future=4", "train.steps=2", "train.eval_batches=3",
                                        "data.batch_size=2"])
     result = train(cfg, tmp_path / "run", show_progress=False, say=lambda m: None)

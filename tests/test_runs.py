@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 import bytemtp.training.train as train_lib
 from bytemtp import config as config_lib
+from bytemtp import config_io
 from bytemtp.data.loader import ByteLoader
 from bytemtp.runtime import distributed as dist_lib
 from bytemtp.runtime.checkpoint import latest_checkpoint
@@ -32,7 +33,7 @@ from bytemtp_cli.main import main
 
 
 def tiny_cfg(corpus: Path, *sets: str) -> config_lib.Config:
-    return config_lib.resolve("tiny", overrides=[f"data.path={corpus}", "data.batch_size=2", "train.eval_batches=1",
+    return config_io.resolve("tiny", overrides=[f"data.path={corpus}", "data.batch_size=2", "train.eval_batches=1",
                                                  *sets])
 
 

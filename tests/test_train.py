@@ -20,6 +20,7 @@ from train_runs import BATCH, BYTES_PER_STEP, SEQ_LEN, ckpt_step, cli, loss_line
 
 import bytemtp.training.train as train_lib
 from bytemtp import config as config_lib
+from bytemtp import config_io
 from bytemtp.config import TrainConfig
 from bytemtp.data.loader import ByteLoader
 from bytemtp.model.model import ByteMTP
@@ -299,7 +300,7 @@ def test_bytes_budget_keeps_two_checkpoints_and_logs_every_metric(tmp_path, corp
     records = read_metrics(run)
     lines = loss_lines(records)
     assert [r["step"] for r in lines] == list(range(1, final + 1))
-    cfg = config_lib.from_dict(config_lib.Config, json.loads((run / "run-config.json").read_text()))
+    cfg = config_io.from_dict(config_lib.Config, json.loads((run / "run-config.json").read_text()))
     assert cfg.train.max_bytes == budget
     for r in lines:
         for key in ("step", "bytes", "loss", "bpb", "head_loss", "head_acc", "lr", "grad_norm",

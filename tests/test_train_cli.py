@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from train_runs import BATCH, ckpt_step, cli, loss_lines, read_metrics, tiny_cfg
 
 from bytemtp import config as config_lib
+from bytemtp import config_io
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import latest_checkpoint, list_checkpoints
 from bytemtp.training import runs
@@ -349,7 +350,7 @@ def test_train_prints_a_header_and_the_next_byte_loss(tmp_path, corpus_dir):
     for words in (f"run      {run} (new", "run-config.json", f"corpus   {corpus_dir}", f"{params:,} parameters",
                   "device   cpu"):
         assert words in res.stdout, words
-    saved = config_lib.from_dict(config_lib.Config, json.loads((run / "run-config.json").read_text()))
+    saved = config_io.from_dict(config_lib.Config, json.loads((run / "run-config.json").read_text()))
     assert saved == tiny_cfg(corpus_dir, "train.steps=3", "train.device=cpu")
     shown = re.findall(r"next-byte loss (\d+\.\d+)", res.stderr)
     last = loss_lines(read_metrics(run))[-1]

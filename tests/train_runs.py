@@ -11,6 +11,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from bytemtp import config as config_lib
+from bytemtp import config_io
 from bytemtp_cli.main import main
 
 BATCH = 4
@@ -19,7 +20,7 @@ BYTES_PER_STEP = BATCH * SEQ_LEN
 
 
 def tiny_cfg(corpus_dir: Path, *sets: str) -> config_lib.Config:
-    return config_lib.resolve("tiny", overrides=[f"data.path={corpus_dir}", f"data.batch_size={BATCH}",
+    return config_io.resolve("tiny", overrides=[f"data.path={corpus_dir}", f"data.batch_size={BATCH}",
                                                  "train.log_every=1", *sets])
 
 

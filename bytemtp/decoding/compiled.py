@@ -132,19 +132,12 @@ class StaticStep:
 
     def _indices(self, B: int, heads: int, padded: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where a pass's returned keys and values go, made once per shape: their cache layers
-        (N, 1, 1) in the order they come (the trunk's, then head layer i of every head in turn
-        for stacked heads, or every layer of head 0, then head 1, ... one by one), the rows
-        (B, 1) and the nodes' offsets from each row's start (padded,)."""
+        (N, 1, 1) in the order they come (`ByteMTP.cache_layers`: the trunk's, then head layer
+        i of every head in turn for stacked heads, or every layer of head 0, then head 1, ... one
+        by one), the rows (B, 1) and the nodes' offsets from each row's start (padded,)."""
         key = (B, heads, padded)
         if key not in self._index:
-            cfg = self.model.config
-            t, per = cfg.trunk_layers, cfg.layers_per_head
-            if cfg.head_type == "linear":
-                order = list(range(t))
-            elif self.stacked is not None:
-                order = list(range(t)) + [t + j * per + i for i in range(per) for j in range(heads)]
-            else:
-                order = list(range(t)) + [t + j * per + i for j in range(heads) for i in range(per)]
+            order = self.model.cache_layers(heads, stacked=self.stacked is not None)
             self._index[key] = (torch.tensor(order, device=self.device)[:, None, None],
                                 torch.arange(B, device=self.device)[:, None],
                                 torch.arange(padded, device=self.device))

@@ -63,7 +63,7 @@ def arm_sets(arm: str, preset: str, sets: list[str]) -> tuple[str, ...]:
     heads 2..n share (the control that tells a gain of multi-token training from one of depth)."""
     if arm != "ntp-trunk":
         return ARMS[arm][1]
-    from bytemtp.config import resolve
+    from bytemtp.config_io import resolve
 
     model = resolve(preset, overrides=list(sets)).model
     return ("model.n_future=1", f"model.n_layers={model.trunk_layers + model.layers_per_head}")

@@ -45,6 +45,7 @@ import torch
 from tqdm import tqdm
 
 from bytemtp import config as config_lib
+from bytemtp import config_io
 from bytemtp.decoding.repetition import Repetition
 from bytemtp.evaluation.evaluate import draft_report, evaluate
 from bytemtp.experiments.bench import DecodeCase, decode_speed, repetition_from_json
@@ -74,7 +75,7 @@ class Grid:
     def config(self, name: str, *, budget_s: float, steps: int = 0) -> config_lib.Config:
         """The candidate's configuration, limited by time alone (or, given `steps`, by steps alone)."""
         limit = [f"train.steps={steps}", "train.max_time=0"] if steps else ["train.steps=0", f"train.max_time={budget_s}"]
-        return config_lib.resolve(self.preset, overrides=[*self.sets, *self.candidates[name], "train.max_bytes=0",
+        return config_io.resolve(self.preset, overrides=[*self.sets, *self.candidates[name], "train.max_bytes=0",
                                                           *limit])
 
 

@@ -35,7 +35,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from bytemtp.config import ModelConfig, to_dict
+from bytemtp.config import ModelConfig
+from bytemtp.config_io import to_dict
 from bytemtp.interop import remote_code
 from bytemtp.runtime.checkpoint import (CONFIG_FILE, FORMAT_VERSION, MODEL_FILE, CheckpointError, fsync, load_model,
                                         read_config_json, replace_dir, resolve_checkpoint)

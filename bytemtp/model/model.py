@@ -8,8 +8,10 @@ time; `logits` runs everything and returns (B, T, K, V).
 
 Heads: `transformer` heads are independent stacks of `head_layers` blocks on z; `causal` heads
 run on the previous head's output state (head 0 on z), so head k sees head k-1, like
-DeepSeek-V3's sequential modules; `linear` heads are one D x D matrix each. The unembedding is
-one matrix per head (`replicated`) or one shared matrix.
+DeepSeek-V3's sequential modules; `linear` heads are one D x D matrix each. What the code needs
+of a head type it asks `config.head` (`bytemtp.config.HeadType`: layered, stackable, skippable,
+its input, its cache layers), never the type's name. The unembedding is one matrix per head
+(`replicated`) or one shared matrix.
 
 The model is a pre-norm decoder: RMSNorm, rotary positions, SwiGLU (or GELU) feed-forward, and
 attention through `scaled_dot_product_attention`. Every pass is handed its layout
@@ -102,10 +104,10 @@ class Head(nn.Module):
 
     def __init__(self, cfg: ModelConfig, first_layer_idx: int):
         super().__init__()
-        if cfg.head_type == "linear":
-            self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        else:
+        if cfg.head.layered:
             self.layers = nn.ModuleList(Block(cfg, first_layer_idx + i) for i in range(cfg.head_layers))
+        else:
+            self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
 
     def forward(self, x_BTD, layout: Layout, cache: KVCache | None) -> torch.Tensor:
@@ -159,11 +161,8 @@ class ByteMTP(nn.Module):
         return x_BTD
 
     def head_input(self, k: int, z_BTD: torch.Tensor, prev_BTD: torch.Tensor | None) -> torch.Tensor:
-        """What head k runs on: the trunk state, or head k-1's state for causal heads."""
-        if self.config.head_type == "causal" and k > 0:
-            assert prev_BTD is not None, "causal head k needs head k-1's state"
-            return prev_BTD
-        return z_BTD
+        """What head k runs on: the trunk state, or head k-1's state for chained (causal) heads."""
+        return self.config.head.head_input(k, z_BTD, prev_BTD)
 
     def head_state(self, k: int, x_BTD: torch.Tensor, cache: KVCache | None = None, *,
                    layout: Layout) -> torch.Tensor:
@@ -176,7 +175,7 @@ class ByteMTP(nn.Module):
         trunk state z, or, for causal heads, on the previous head's state. The one loop over heads;
         a caller may run backward on head k before it asks for head k + 1. Heads in `skip` do not
         run (independent heads only: a causal head's state is the next one's input)."""
-        assert not (skip and self.config.head_type == "causal"), "causal heads cannot skip a head"
+        assert not skip or self.config.head.skippable, f"{self.config.head_type} heads cannot skip a head"
         h_BTD = None
         for k in range(self.config.n_future if heads is None else heads):
             if k in skip:
@@ -218,9 +217,22 @@ class ByteMTP(nn.Module):
     def stack_heads(self) -> StackedHeads | None:
         """All heads stacked for decoding (any first k of them run as one batched layer), or
         None where they cannot run side by side (causal heads: each needs the previous one's state)."""
-        if self.config.head_type == "causal":
+        if not self.config.head.stackable:
             return None
         return StackedHeads(self)
+
+    def cache_layers(self, heads: int, *, stacked: bool = False) -> tuple[int, ...]:
+        """The cache layers that a pass of the first `heads` heads writes, in the order it writes
+        them (`layout.written`): the trunk's, then each head's layers one by one, or with `stacked`
+        (the pass runs `stack_heads()`) layer i of every head in turn."""
+        cfg = self.config
+        return cfg.head.cache_layers(trunk_layers=cfg.trunk_layers, head_layers=cfg.head_layers,
+                                     heads=heads, stacked=stacked)
+
+    def layers_written(self, heads: int) -> int:
+        """How many cache layers a pass of the first `heads` heads writes: they are the cache's first
+        this many (the trunk's, then heads 1..heads'), what `KVCache.compact(layers=)` takes."""
+        return len(self.cache_layers(heads))
 
     def draft_heads(self) -> list[nn.Module]:
         """The modules that only heads 2..n use: their heads and their own unembeddings (a
@@ -251,12 +263,12 @@ class StackedHeads:
 
     def __init__(self, model: ByteMTP):
         cfg = model.config
-        assert cfg.head_type != "causal", cfg.head_type
+        assert cfg.head.stackable, cfg.head_type
         self.cfg, self.model = cfg, model
         heads = list(model.heads)
         stack = lambda get: torch.stack([get(h) for h in heads]).detach()  # noqa: E731
         self.final_norm = stack(lambda h: h.norm.weight)[:, None, None, :]  # (K, 1, 1, D)
-        if cfg.head_type == "linear":
+        if not cfg.head.layered:
             self.proj = stack(lambda h: h.proj.weight).transpose(1, 2)  # (K, D, D) as x @ W
             self.layers = []
         else:

@@ -41,7 +41,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 import bytemtp
-from bytemtp.config import Config, from_dict, to_dict
+from bytemtp.config import Config
+from bytemtp.config_io import from_dict, to_dict
 from bytemtp.model.model import ByteMTP
 
 FORMAT_VERSION = 1

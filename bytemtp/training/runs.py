@@ -32,8 +32,9 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from bytemtp import config as config_lib
-from bytemtp.config import Config, TrainConfig, to_dict, to_json
+from bytemtp import config_io
+from bytemtp.config import Config, TrainConfig
+from bytemtp.config_io import to_dict, to_json
 from bytemtp.data import corpus, shards
 from bytemtp.runtime import distributed as dist_lib
 from bytemtp.runtime.checkpoint import (is_checkpoint_dir, latest_checkpoint, load_config, read_train_state,
@@ -270,11 +271,11 @@ def plan_run(path: str | os.PathLike, *, resume: bool = False, preset: str | Non
     if resume:
         run_dir, ckpt = resume_target(path)
         saved = load_config(ckpt)
-        cfg = config_lib.load_file(config_file, saved) if config_file else saved
+        cfg = config_io.load_file(config_file, saved) if config_file else saved
     else:
         run_dir = Path(path)
-        cfg = config_lib.resolve(preset or "small", config_file=config_file)
-    return plan_config(config_lib.apply_overrides(cfg, list(overrides)), run_dir, resume=resume)
+        cfg = config_io.resolve(preset or "small", config_file=config_file)
+    return plan_config(config_io.apply_overrides(cfg, list(overrides)), run_dir, resume=resume)
 
 
 def plan_config(cfg: Config, run_dir: str | os.PathLike, *, resume: bool = False) -> RunPlan:
@@ -334,8 +335,8 @@ def plan_tune(source: str | os.PathLike, out: str | os.PathLike, *, config_file:
     if saved.model.n_future < 2:
         raise ValueError(f"{ckpt} has one head (model.n_future=1): there are no draft heads to tune")
     base = tune_config(saved, ckpt)
-    cfg = config_lib.load_file(config_file, base) if config_file else base
-    cfg = config_lib.apply_overrides(cfg, list(overrides))
+    cfg = config_io.load_file(config_file, base) if config_file else base
+    cfg = config_io.apply_overrides(cfg, list(overrides))
     if cfg.model != saved.model:
         raise ValueError("model.* cannot change in a tune: it starts from the weights of "
                          f"{ckpt}; train a new run for another model")

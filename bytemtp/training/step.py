@@ -84,9 +84,7 @@ def _weights(model: ByteMTP, loss_cfg: LossConfig, weights: list[float] | None) 
 def skipped_heads(model: ByteMTP, weights: list[float]) -> frozenset[int]:
     """The heads that a step does not run for their weight of 0: every such independent head, and
     the causal heads after the last one with weight (a causal head's state feeds the next)."""
-    if model.config.head_type == "causal":
-        return frozenset(range(1 + max(k for k, w in enumerate(weights) if w), len(weights)))
-    return frozenset(k for k, w in enumerate(weights) if w == 0)
+    return model.config.head.skipped(weights)
 
 
 def _release(model: ByteMTP, skip: frozenset[int]) -> None:
@@ -115,7 +113,7 @@ def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConf
     layout = build_layout(model, ids_BT)
     z_BTD = model(ids_BT, layout=layout)
     z_leaf = z_BTD.detach().requires_grad_(z_BTD.requires_grad)
-    if model.config.head_type == "causal":
+    if model.config.head.chained:
         heads = _causal_heads_backward(model, z_leaf, targets_BTK, weights, teacher, scale, layout=layout)
     else:
         skip = skipped_heads(model, weights)

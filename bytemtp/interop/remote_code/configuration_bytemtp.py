@@ -2,8 +2,10 @@
 
 The fields are bytemtp's `ModelConfig` fields with the same names and meanings, plus what
 transformers expects of a causal LM (vocabulary size, special ids, cache use). The layer
-accounting (`trunk_layers`, `total_layers`) repeats bytemtp.config's, because this file may not
-import bytemtp: a user loading an exported folder need not have it installed.
+accounting (`trunk_layers`, `total_layers`) and what each head type is (`HEAD_TYPES`, the part of
+bytemtp.config's `HeadType` that a forward pass needs) repeat bytemtp's, because this file may not
+import bytemtp: a user loading an exported folder need not have it installed. As in bytemtp, the
+code asks `config.head` what the heads are and never compares the type's name.
 
 `bytemtp` holds the checkpoint's own config.json ({"format_version", "bytemtp_version",
 "config"}), so bytemtp loads the exported folder back as a checkpoint.
@@ -12,10 +14,24 @@ import bytemtp: a user loading an exported folder need not have it installed.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from transformers import PretrainedConfig
 
-HEAD_TYPES = ("transformer", "linear", "causal")
+
+@dataclass(frozen=True)
+class HeadKind:
+    """What one head type is."""
+
+    layered: bool
+    """Each head is head_layers transformer layers (else one D x D linear map, no layer)."""
+    chained: bool
+    """Head k runs on head k-1's state (head 1 on the trunk's); else every head on the trunk's."""
+
+
+HEAD_TYPES = {"transformer": HeadKind(layered=True, chained=False),
+              "linear": HeadKind(layered=False, chained=False),
+              "causal": HeadKind(layered=True, chained=True)}
 UNEMBED_TYPES = ("shared", "replicated")
 MLP_TYPES = ("swiglu", "gelu")
 
@@ -89,16 +105,20 @@ class ByteMTPConfig(PretrainedConfig):
         return self.d_model // self.n_attn_heads
 
     @property
+    def head(self) -> HeadKind:
+        """What the heads are (`HEAD_TYPES`)."""
+        return HEAD_TYPES[self.head_type]
+
+    @property
     def layers_per_head(self) -> int:
         """Transformer layers inside one head (0 for linear heads)."""
-        return 0 if self.head_type == "linear" else self.head_layers
+        return self.head_layers if self.head.layered else 0
 
     @property
     def trunk_layers(self) -> int:
-        if self.head_type == "linear":
-            return self.n_layers
+        """n_layers less the layers of every head (param_match) or of the next-byte model's one head."""
         heads = self.n_future if self.param_match else 1
-        return self.n_layers - heads * self.head_layers
+        return self.n_layers - heads * self.layers_per_head
 
     @property
     def total_layers(self) -> int:

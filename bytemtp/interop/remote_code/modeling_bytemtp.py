@@ -119,10 +119,10 @@ class Head(nn.Module):
 
     def __init__(self, config: ByteMTPConfig, first_layer_idx: int):
         super().__init__()
-        if config.head_type == "linear":
-            self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
-        else:
+        if config.head.layered:
             self.layers = nn.ModuleList(Block(config, first_layer_idx + i) for i in range(config.head_layers))
+        else:
+            self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
         self.norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
 
     def forward(self, x_BTD: torch.Tensor, layout: Layout, cache: DynamicCache | None) -> torch.Tensor:
@@ -230,7 +230,7 @@ class ByteMTPForCausalLM(ByteMTPPreTrainedModel, GenerationMixin):
         or, for causal heads, on the previous head's state (bytemtp's `head_states`)."""
         h_BTD = None
         for k in range(self.config.n_future if heads is None else heads):
-            x_BTD = h_BTD if self.config.head_type == "causal" and k > 0 else z_BTD
+            x_BTD = h_BTD if self.config.head.chained and k > 0 else z_BTD
             h_BTD = self.heads[k](x_BTD, layout, cache)
             yield k, h_BTD
 

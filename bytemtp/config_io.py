@@ -1,0 +1,143 @@
+"""Configurations in and out: the dict and JSON round trip (config.json, run-config.json), TOML or
+JSON files of settings, the CLI's `--set section.key=value` overrides, and `resolve`, the CLI's order
+(a preset, then a file, then each override). Every value is checked against the field's type here;
+the dataclasses' own `__post_init__` then checks what it means.
+
+No torch here. Kept apart from `bytemtp.config`, which says what the settings are, so that module
+stays readable at a glance; it sits on floor 1, above `config`, because it builds on config's
+classes and presets and two modules on one floor do not import each other (tests/test_layering.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import tomllib
+import typing
+from typing import Any
+
+from bytemtp.config import Config, preset
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_json(cfg: Any) -> str:
+    return json.dumps(to_dict(cfg), indent=2, sort_keys=True)
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(path: str, typ: Any, value: Any) -> Any:
+    if dataclasses.is_dataclass(typ):
+        if not isinstance(value, dict):
+            raise ValueError(f"{path} must be a table of settings, got {value!r}")
+        return from_dict(typ, value, prefix=path + ".")
+    if typ is bool:
+        ok = isinstance(value, bool)
+    elif typ is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif typ is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    else:
+        ok = isinstance(value, typ)
+    if not ok:
+        raise ValueError(f"{path}={value!r} is not allowed; expected {typ.__name__}")
+    return value
+
+
+def from_dict(cls: type, data: dict, *, prefix: str = "") -> Any:
+    """Build `cls` from a nested dict; unknown keys and wrong types raise ValueError."""
+    types = _field_types(cls)
+    unknown = sorted(set(data) - set(types))
+    if unknown:
+        raise ValueError(f"unknown setting {prefix}{unknown[0]}; "
+                         f"allowed: {', '.join(prefix + k for k in types)}")
+    kwargs = {k: _coerce(prefix + k, types[k], v) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def from_json(text: str, cls: type = Config) -> Any:
+    return from_dict(cls, json.loads(text))
+
+
+def _parse_value(path: str, typ: Any, text: str) -> Any:
+    if typ is bool:
+        if text.lower() in ("true", "1", "yes", "on"):
+            return True
+        if text.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"{path}={text!r} is not allowed; expected true or false")
+    if typ in (int, float):
+        try:
+            return typ(text)
+        except ValueError:
+            raise ValueError(f"{path}={text!r} is not allowed; expected {typ.__name__}") from None
+    return text
+
+
+def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
+    """Apply `a.b=value` strings (the CLI's repeated --set) to a frozen config, validating them."""
+    data = to_dict(cfg)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} is not of the form section.key=value")
+        parts = key.strip().split(".")
+        cls, node = type(cfg), data
+        for depth, part in enumerate(parts):
+            types = _field_types(cls)
+            here = ".".join(parts[: depth + 1])
+            if part not in types:
+                allowed = ", ".join(".".join(parts[:depth] + [k]) for k in types)
+                raise ValueError(f"unknown setting {here}; allowed: {allowed}")
+            typ = types[part]
+            if depth == len(parts) - 1:
+                if dataclasses.is_dataclass(typ):
+                    raise ValueError(f"{here} is a section; set one of its keys, e.g. {here}.<key>=value")
+                node[part] = _parse_value(here, typ, text.strip())
+            else:
+                if not dataclasses.is_dataclass(typ):
+                    raise ValueError(f"{here} is a setting, not a section")
+                cls, node = typ, node[part]
+    return from_dict(type(cfg), data)
+
+
+def _merge(base: dict, data: dict) -> dict:
+    out = dict(base)
+    for key, value in data.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = _merge(base[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_file(path: str, cfg: Any) -> Any:
+    """Apply a TOML or JSON file of (possibly partial) settings on top of cfg."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        data = json.loads(raw) if path.endswith(".json") else tomllib.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"config file {path} is not valid {'JSON' if path.endswith('.json') else 'TOML'}: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a table of settings")
+    return from_dict(type(cfg), _merge(to_dict(cfg), data))
+
+
+def resolve(preset_name: str, *, config_file: str | None = None, overrides: list[str] = ()) -> Config:
+    """The CLI's order: preset, then a config file, then each --set in turn."""
+    cfg = preset(preset_name)
+    if config_file:
+        cfg = load_file(config_file, cfg)
+    return apply_overrides(cfg, list(overrides))
