@@ -42,7 +42,7 @@ def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, min_
     Says when the time ratio is too noisy to mean anything (time_ratio_noisy in the JSON)."""
     from tqdm import tqdm
 
-    from bytemtp.experiments.bench import TRAIN_STEP_VARIANTS, train_step
+    from bytemtp.experiments.step_bench import TRAIN_STEP_VARIANTS, train_step
     from bytemtp.runtime.devices import resolve_device
 
     with tqdm(total=warmup + steps + len(TRAIN_STEP_VARIANTS), desc="train-step", unit="round") as bar:
@@ -167,7 +167,7 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
                 load_time: str, load_clients: int, draft: str, device: str, json_path: str | None) -> None:
     """Concurrent streaming clients against `bytemtp serve` on loopback: aggregate bytes/s against
     one client, time to first byte, every byte checked against solo decoding; then a timed load."""
-    from bytemtp.experiments.bench import serve_speed
+    from bytemtp.experiments.serve_bench import serve_speed
     from bytemtp.decoding.strategy import Draft
 
     counts = parse_batch_sizes(clients)

@@ -8,7 +8,7 @@ import pytest
 
 
 def test_train_step_time_ratio_spread_says_when_it_is_noise():
-    from bytemtp.experiments.bench import NOISY_SPREAD, ratio_spread
+    from bytemtp.experiments.step_bench import NOISY_SPREAD, ratio_spread
 
     quiet = ratio_spread([1.02, 0.98, 1.0, 1.05, 1.01])
     assert (quiet.min, quiet.median, quiet.max) == (0.98, 1.01, 1.05)
@@ -96,7 +96,7 @@ def test_decode_speed_reads_back_from_the_json_bench_decode_wrote(data):
 
 @pytest.mark.parametrize("data", [TRAIN_STEP, {**TRAIN_STEP, "time_ratio_noisy": True, "time_ratio_note": "noise"}])
 def test_train_step_reads_back_from_the_flat_json_bench_train_step_wrote(data):
-    from bytemtp.experiments.bench import TrainStepResult
+    from bytemtp.experiments.step_bench import TrainStepResult
 
     res = TrainStepResult.from_json(data)
     assert list(res.variants) == ["ntp", "mtp", "mtp_plain"] and res.variants["mtp"].peak_mb == 12.0
@@ -121,7 +121,7 @@ def test_loader_throughput_reads_back_from_the_json_bench_loader_wrote(data):
 
 @pytest.mark.parametrize("data", [SERVE, {k: v for k, v in SERVE.items() if k != "load"}])
 def test_serve_speed_reads_back_from_the_json_bench_serve_wrote(data):
-    from bytemtp.experiments.bench import ServeSpeed
+    from bytemtp.experiments.serve_bench import ServeSpeed
 
     res = ServeSpeed.from_json(data)
     assert list(res.cases) == [1] and res.cases[1].runs[0].bytes_out == 512

@@ -228,7 +228,7 @@ ANY = "every command"
 # The library functions (and constants) whose messages name options, and the commands that show
 # them; a new one fails the test until it is listed here.
 LIBRARY_MESSAGES = {
-    "bytemtp.experiments.bench.ratio_spread": ("bench train-step", "bench all"),
+    "bytemtp.experiments.step_bench.ratio_spread": ("bench train-step", "bench all"),
     "bytemtp.data.compression._zstd_error": ANY,
     "bytemtp.data.corpus._empty_split": ANY,
     "bytemtp.data.prep.build_atomically": ("prep", "task-corpus"),

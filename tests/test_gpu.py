@@ -68,7 +68,7 @@ def test_cached_logits_equal_full_sequence_on_cuda():
 
 
 def test_peak_memory_efficient_below_plain_on_cuda():
-    from bytemtp.experiments.bench import peak_memory_mb
+    from bytemtp.experiments.step_bench import peak_memory_mb
 
     efficient = peak_memory_mb("small", "mtp", batch_size=8, device="cuda")
     plain = peak_memory_mb("small", "mtp_plain", batch_size=8, device="cuda")

@@ -210,7 +210,7 @@ class Decoder:
         logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static)
         cache.rewind(tree.T)
         verdicts = self.verify(logits, state, batch, tree, offered)
-        layers = model.config.trunk_layers + k * model.config.layers_per_head
+        layers = model.layers_written(k)
         shapes: dict[int, str] = {}  # the shape offered to rows that may use drafts to a depth, by depth
         gained = []  # bytes each live row gets from this pass
         for b, (r, row) in enumerate(zip(state.active, batch)):

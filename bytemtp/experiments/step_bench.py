@@ -1,0 +1,282 @@
+"""The training-step benchmark (`bench train-step`), measured as ratios within one run (shared
+machines are noisy).
+
+`train_step` compares one training step as `bytemtp train` takes it (forward, backward, gradient
+clipping, and the optimizer that `optimizer.build_optimizer` builds from the preset) of three
+parameter-matched variants of a preset: the next-byte baseline (n_future=1), the memory-efficient
+multi-token step with n_future=8, and the plain all-heads step with n_future=8.
+
+Time: after warm-up steps, the three take turns in one process for a number of rounds, the order
+rotating from round to round, so a change in the machine's speed hits all of them alike. A round's
+sample of a variant repeats its step until the sample lasts `min_sample_s` (judged in the warm-up),
+so that a fast preset is not timed below the machine's scheduling jitter. Each variant reports its
+median step; `time_ratio` is the memory-efficient multi-token median over the next-byte one. Its
+spread is the pair ratios, one a round (multi-token over next-byte time in the same round): their
+min, median and max. A result whose pair ratios spread over more than `NOISY_SPREAD` of their
+median, or that has fewer than `MIN_ROUNDS` of them, is flagged as too noisy to mean anything
+(`time_ratio_noisy` and a note): the targets in BENCHMARKS.md need the ratio to about 10%.
+
+Memory: each variant builds and steps in a fresh subprocess, so its peak is its own: on the CPU the
+peak resident set (VmHWM) minus the resident set before the model was built, on CUDA
+`torch.cuda.max_memory_allocated`. Both count weights, gradients, optimizer state and activations.
+
+`TrainStepResult` is a frozen dataclass whose JSON form (`to_json`, read back by `from_json`) is
+what `bench train-step --json` writes, key for key and in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from bytemtp.config import preset
+from bytemtp.model.flops import peak_gpu_flops, step_flops
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.devices import autocast, synchronize
+from bytemtp.training.step import forward_backward, plain_forward_backward
+from bytemtp.training.optimizer import build_optimizer
+from bytemtp.vocab import EOS
+
+TRAIN_STEP_VARIANTS = {  # name: (n_future, memory-efficient step)
+    "ntp": (1, True),
+    "mtp": (8, True),
+    "mtp_plain": (8, False),
+}
+NOISY_SPREAD = 0.2  # (max - min) / median of the pair ratios above this: the time ratio is noise
+MIN_ROUNDS = 3  # fewer pair ratios than this say nothing about their spread
+
+
+@dataclasses.dataclass(frozen=True)
+class RatioSpread:
+    """Pair ratios, one a round (`ratio_spread`): their range, and whether they mean anything."""
+    min: float
+    median: float
+    max: float
+    runs: list[float]  # the ratios in order
+    spread: float  # (max - min) / median
+    noisy: bool  # too few rounds to judge, or a spread over NOISY_SPREAD
+    note: str | None  # why it is noisy; None when it is not
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> RatioSpread:
+        return cls(**{**data, "runs": list(data["runs"])})
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantStep:
+    """One variant's training step (`train_step`)."""
+    step_s: float  # the median seconds a step
+    bytes_s: float  # bytes a second at that median
+    params: int
+    peak_mb: float  # peak memory of building it and taking two steps, in a fresh process
+    mfu: float | None = None  # model FLOPs utilisation, where the device's peak is known
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainStepResult:
+    """The variants' steps and their ratios (`train_step`). Its JSON form is flat, as `bench
+    train-step --json` has always written it: the settings, `{variant}_{figure}` keys, then the
+    ratios and `time_ratio_{min,median,max,runs,spread,noisy,note}`."""
+    preset: str
+    device: str
+    batch_size: int
+    seq_len: int
+    steps: int  # timed rounds
+    warmup: int  # untimed rounds
+    steps_per_sample: int  # steps a timed sample repeats
+    variants: dict[str, VariantStep]  # by TRAIN_STEP_VARIANTS name, in its order
+    time_ratio_rounds: RatioSpread  # the memory-efficient 8-head step over the next-byte one, round by round
+
+    @property
+    def time_ratio(self) -> float:
+        """The memory-efficient 8-head median step over the next-byte one."""
+        return self.variants["mtp"].step_s / self.variants["ntp"].step_s
+
+    @property
+    def memory_ratio(self) -> float:
+        return self.variants["mtp"].peak_mb / self.variants["ntp"].peak_mb
+
+    @property
+    def plain_memory_ratio(self) -> float:
+        """The plain (all heads at once) 8-head step's peak over the next-byte one's."""
+        return self.variants["mtp_plain"].peak_mb / self.variants["ntp"].peak_mb
+
+    def to_json(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)[:7]}
+        for name, v in self.variants.items():
+            out.update({f"{name}_step_s": v.step_s, f"{name}_bytes_s": v.bytes_s, f"{name}_params": v.params})
+            if v.mfu is not None:
+                out[f"{name}_mfu"] = v.mfu
+        out.update({f"{name}_peak_mb": v.peak_mb for name, v in self.variants.items()})
+        out["time_ratio"] = self.time_ratio
+        out.update({f"time_ratio_{key}": value for key, value in self.time_ratio_rounds.to_json().items()})
+        out.update(memory_ratio=self.memory_ratio, plain_memory_ratio=self.plain_memory_ratio)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> TrainStepResult:
+        names = [key.removesuffix("_step_s") for key in data if key.endswith("_step_s")]
+        variants = {n: VariantStep(step_s=data[f"{n}_step_s"], bytes_s=data[f"{n}_bytes_s"], params=data[f"{n}_params"],
+                                   peak_mb=data[f"{n}_peak_mb"], mfu=data.get(f"{n}_mfu")) for n in names}
+        rounds = {f.name: data[f"time_ratio_{f.name}"] for f in dataclasses.fields(RatioSpread)}
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)[:7]}, variants=variants,
+                   time_ratio_rounds=RatioSpread.from_json(rounds))
+
+
+def _memory_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+class _Variant:
+    """One parameter-matched variant of a preset, ready to step."""
+
+    def __init__(self, preset_name: str, variant: str, *, batch_size: int, device: torch.device):
+        n_future, efficient = TRAIN_STEP_VARIANTS[variant]
+        base = preset(preset_name)
+        self.cfg = cfg = dataclasses.replace(base.model, n_future=n_future)
+        self.loss_cfg, self.grad_clip = base.loss, base.train.grad_clip
+        gen = torch.Generator().manual_seed(0)
+        self.model = ByteMTP(cfg).to(device)
+        self.model.init_weights(generator=gen)  # the same weights in every process
+        self.optimizer = build_optimizer(self.model, base.train, device)
+        ids = torch.randint(0, 256, (batch_size, cfg.seq_len + cfg.n_future), generator=gen)
+        ids[:, ::97] = EOS  # a few document ends, as in packed data
+        self.ids = ids.to(device)
+        self.step_fn = forward_backward if efficient else plain_forward_backward
+        self.device, self.precision = device, base.train.precision
+        self.bytes_per_step = batch_size * cfg.seq_len
+
+    def step(self) -> None:
+        """One training step, as the training loop takes it (one micro-batch)."""
+        with autocast(self.device, self.precision):
+            self.step_fn(self.model, self.ids, loss_cfg=self.loss_cfg)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def sync(self) -> None:
+        synchronize(self.device)
+
+
+def peak_memory_mb(preset_name: str, variant: str, *, batch_size: int, device: str) -> float:
+    """Peak memory of building one variant and taking two steps (run in a fresh process)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    base_kib = _memory_kib("VmRSS") if dev.type == "cpu" else 0
+    v = _Variant(preset_name, variant, batch_size=batch_size, device=dev)
+    for _ in range(2):
+        v.step()
+    v.sync()
+    if dev.type == "cuda":
+        return torch.cuda.max_memory_allocated(dev) / 2**20
+    return (_memory_kib("VmHWM") - base_kib) / 1024
+
+
+def _peak_memory_in_subprocess(args: dict) -> float:
+    # glibc's mmap threshold pinned low, so freed activations go back to the system at once and
+    # the resident set follows the live tensors (it slows allocation: never timed)
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    proc = subprocess.run([sys.executable, "-m", "bytemtp.experiments.step_bench", json.dumps(args)],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory run of {args['variant']} failed:\n{proc.stderr.strip()}")
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def _timed_rounds(variants: dict[str, _Variant], *, rounds: int, warmup: int, min_sample_s: float,
+                  progress=None) -> tuple[dict[str, list[float]], int]:
+    """Seconds per step of each variant in each round, and the steps a sample repeated. The
+    variants take turns, the order rotating each round; the warm-up rounds take one step each and
+    decide how many steps a sample repeats (enough for the fastest variant to last min_sample_s)."""
+    names = list(variants)
+    warm: dict[str, float] = {}
+    for _ in range(warmup):
+        for name in names:
+            warm[name] = _time_steps(variants[name], 1)
+        if progress is not None:
+            progress("warm-up")
+    repeats = max(1, math.ceil(min_sample_s / min(warm.values()))) if warm else 1
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(_time_steps(variants[name], repeats) / repeats)
+        if progress is not None:
+            progress("timing")
+    return times, repeats
+
+
+def _time_steps(v: _Variant, n: int) -> float:
+    v.sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        v.step()
+    v.sync()
+    return time.perf_counter() - t0
+
+
+def ratio_spread(ratios: list[float]) -> RatioSpread:
+    """The spread of pair ratios (one a round): min, median, max, the ratios in order, (max - min)
+    / median, and whether the result is too noisy to mean anything, with a note that says why."""
+    ratios = sorted(ratios)
+    median = statistics.median(ratios)
+    spread = (ratios[-1] - ratios[0]) / median
+    note = None
+    if len(ratios) < MIN_ROUNDS:
+        note = (f"{len(ratios)} timed round(s) cannot show how noisy the time ratio is; "
+                f"take {MIN_ROUNDS} or more (`bytemtp bench train-step --steps`)")
+    elif spread > NOISY_SPREAD:
+        note = (f"the time ratio is noise: its pair ratios run from {ratios[0]:.3f} to {ratios[-1]:.3f}, "
+                f"{100 * spread:.0f}% of their median (more than {100 * NOISY_SPREAD:.0f}%); rerun on a "
+                "quieter machine or with more rounds (`bytemtp bench train-step --steps`)")
+    return RatioSpread(min=ratios[0], median=median, max=ratios[-1], runs=ratios, spread=spread,
+                       noisy=note is not None, note=note)
+
+
+def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 6, warmup: int = 2,
+               min_sample_s: float = 0.2, device: str | None = None, progress=None) -> TrainStepResult:
+    """Time the three variants in `steps` interleaved rounds after `warmup` rounds (the module doc
+    says how), then measure each one's peak memory in a fresh subprocess; report the ratios and the
+    spread of the time ratio."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    variants = {name: _Variant(preset_name, name, batch_size=batch_size, device=dev)
+                for name in TRAIN_STEP_VARIANTS}
+    times, repeats = _timed_rounds(variants, rounds=steps, warmup=warmup, min_sample_s=min_sample_s,
+                                   progress=progress)
+    seq_len, peak_flops, timed = variants["ntp"].cfg.seq_len, peak_gpu_flops(dev), {}
+    for name, v in variants.items():
+        step_s = statistics.median(times[name])
+        mfu = step_flops(v.model, v.bytes_per_step, v.cfg.seq_len) / step_s / peak_flops if peak_flops else None
+        timed[name] = (step_s, v.bytes_per_step / step_s, v.model.num_params(), mfu)
+    del variants
+    steps_of = {}
+    for name in TRAIN_STEP_VARIANTS:
+        args = {"preset_name": preset_name, "variant": name, "batch_size": batch_size, "device": device}
+        step_s, bytes_s, params, mfu = timed[name]
+        steps_of[name] = VariantStep(step_s=step_s, bytes_s=bytes_s, params=params, mfu=mfu,
+                                     peak_mb=_peak_memory_in_subprocess(args))
+        if progress is not None:
+            progress(f"memory {name}")
+    return TrainStepResult(preset=preset_name, device=device, batch_size=batch_size, seq_len=seq_len, steps=steps,
+                           warmup=warmup, steps_per_sample=repeats, variants=steps_of,
+                           time_ratio_rounds=ratio_spread([m / n for m, n in zip(times["mtp"], times["ntp"])]))
+
+
+if __name__ == "__main__":
+    print(peak_memory_mb(**json.loads(sys.argv[1])))
