@@ -10,7 +10,8 @@ from its own floor's package or from lower floors (tests/test_layering.py keeps 
        data/             corpus files, prepared shards, prep, the streaming loader
     2  model/            the byte transformer and its heads, KV cache and layout, loss, flops
     3  runtime/          devices, checkpoints, torchrun processes (DDP, FSDP2)
-    4  decoding/         draft strategy, sampling, drafting, compiled step, pass costs, decoding, speed,
+    4  decoding/         draft strategy, sampling, drafting, compiled step, pass costs, the pass cycle,
+                         decoding, speed,
                          the repetition of decoded text
     5  evaluation/       bits per byte, likelihoods, synthetic tasks, HumanEval, sandboxed execution
     6  training/         the step, rollouts, optimizer and schedule, run directories, the training loop, plots
