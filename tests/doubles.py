@@ -88,6 +88,9 @@ class ScriptedModel:
     """Knows a text: head 1 always predicts its next byte; head j > 1 predicts the byte j ahead
     when `right(j)` says so, else a wrong byte. Positions count from the leading EOS."""
 
+    cache_layers = ByteMTP.cache_layers  # what a pass writes, from the config as the model says it
+    layers_written = ByteMTP.layers_written
+
     def __init__(self, text: bytes, right, n_future: int = 8):
         self.config = dataclasses.replace(C.tiny().model, n_future=n_future, seq_len=128)
         self.embed = torch.nn.Embedding(1, 1)  # only its device is read
@@ -131,6 +134,9 @@ class ScriptedBatchModel:
     The stub keeps each row's ids in the KV cache it is given (layer 0, head 0, feature 0), so
     it sees every row's prefix exactly as the decoder's cache bookkeeping (per-row lengths,
     rewinds, dropped rows) leaves it; a prefix that matches no document predicts '?' bytes."""
+
+    cache_layers = ByteMTP.cache_layers  # what a pass writes, from the config as the model says it
+    layers_written = ByteMTP.layers_written
 
     def __init__(self, docs: list[tuple[bytes, bytes, object]], n_future: int = 8):
         self.config = dataclasses.replace(C.tiny().model, head_type="linear", n_layers=1, d_model=2,
@@ -197,6 +203,9 @@ class MarkovModel:
     other id at -inf); heads 2..K draft from `drafts` (head 3 and every other one reversed). The
     default: a, b or c (EOS excluded) by the position's parity. Vectorized over the batch, so
     thousands of rows decode in seconds."""
+
+    cache_layers = ByteMTP.cache_layers  # what a pass writes, from the config as the model says it
+    layers_written = ByteMTP.layers_written
 
     def __init__(self, n_future: int = 3, *, head1=(MARKOV_TARGET[0], MARKOV_TARGET[1]), drafts=MARKOV_DRAFT,
                  ids=MARKOV_SYMBOLS, seq_len: int = 8):
@@ -273,6 +282,9 @@ class PathModel:
     """The scripted model of the module docstring: documents are known by their last CONTEXT
     tokens (fewer at a document's start), so every window of the context, slid or not,
     predicts the same bytes."""
+
+    cache_layers = ByteMTP.cache_layers  # what a pass writes, from the config as the model says it
+    layers_written = ByteMTP.layers_written
 
     def __init__(self, docs: list[Doc], *, n_future: int = 4, seq_len: int = 128):
         self.config = ModelConfig(n_layers=n_future + 1, d_model=2, n_attn_heads=1, n_future=n_future,
