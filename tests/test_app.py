@@ -21,7 +21,6 @@ from bytemtp.serving.app import Running, Server
 from bytemtp.serving.engine import Engine
 from bytemtp.serving.load import run_load
 
-openai = pytest.importorskip("openai")
 _FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})
 
 
@@ -30,8 +29,14 @@ def _server(model, *, name="m", max_prompt_bytes=4096, **kw):
     return Running(Server(engine, model_name=name, max_prompt_bytes=max_prompt_bytes))
 
 
+def _openai():
+    """The openai package, imported where a test uses it (it takes half a second, which every test
+    process would pay at collection), or the test skips without it."""
+    return pytest.importorskip("openai")
+
+
 def _client(url):
-    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    return _openai().OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
 
 
 def _plain(model, prompt, n):
@@ -110,7 +115,7 @@ def test_bad_requests_get_openai_error_bodies_never_a_traceback():
             assert response.status_code == status, response.text
             error = response.json()["error"]
             assert error["code"] == status and error["param"] == param and "Traceback" not in response.text
-        with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        with pytest.raises(_openai().BadRequestError, match="max_tokens"):
             _client(srv.url).completions.create(model="m", prompt="x", max_tokens=-1)
 
 

@@ -250,7 +250,7 @@ LIBRARY_MESSAGES = {
     "bytemtp.training.runs.plan_config": ("train", "tune-heads"),
     "bytemtp.training.runs.plan_run": ("train",),  # tune-heads passes no preset: its --preset message is train's
     "bytemtp.training.runs.plan_tune": ("tune-heads",),
-    "bytemtp.training.train.TrainState.load_state_dict": ("train", "tune-heads"),
+    "bytemtp.training.train_state.TrainState.load_state_dict": ("train", "tune-heads"),
 }
 
 

@@ -147,7 +147,7 @@ def _prompts(seq_len: int) -> list[bytes]:
     return [b"def f(x):\n    return x", b"o", bytes(range(100, 100 + seq_len + 9)), b"la la la, la la lo\n"]
 
 
-@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+@pytest.mark.parametrize("head_type", ["transformer", pytest.param("causal", marks=pytest.mark.slow)])
 def test_uncompiled_static_decoding_equals_plain_greedy(head_type):
     model = _model(head_type)
     prompts = _prompts(model.config.seq_len)

@@ -77,7 +77,9 @@ def test_tiny_models_greedy_with_lookup_equals_plain_greedy(draft):
     assert sum(g.stats.lookup_passes for g in got) > 0
 
 
-@pytest.mark.parametrize("prompt_len", [40, 63, 150])
+# the quick suite keeps the prompt that starts beyond the context
+@pytest.mark.parametrize("prompt_len", [pytest.param(40, marks=pytest.mark.slow),
+                                        pytest.param(63, marks=pytest.mark.slow), 150])
 def test_lookup_drafts_stop_at_the_window_end_and_slide(prompt_len):
     """seq_len is 64: lookup drafts, which may reach 15 bytes past the heads, are cut where the
     window ends (each row's own: rows of a batch stand at different places in their windows), and

@@ -169,6 +169,7 @@ def test_scripted_batch_stop_strings_per_row():
     assert [g.stats.stopped_by for g in batch] == ["stop"] * 4 + ["eos"]
 
 
+@pytest.mark.slow  # 100 examples; the fixed batches above stay in the quick suite
 @pytest.mark.usefixtures("one_thread")
 @settings(max_examples=100, deadline=None)
 @given(docs=st.lists(st.tuples(st.binary(max_size=3), st.binary(max_size=30),

@@ -113,7 +113,8 @@ def test_ctrl_c_and_a_workers_error_leave_nothing(tmp_path):
     assert not (tmp_path / "out").exists() and _children() == []
 
 
-@pytest.mark.parametrize("method", list(SPLITS))
+# five preps each, four of them with reader processes: the quick suite keeps the split by inputs
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m != "inputs" else m for m in SPLITS])
 def test_parts_merged_hold_each_splits_documents_of_one_prep(tmp_path, method):
     sources, split = _sources(tmp_path), _split(method, tmp_path)
     whole = prepare(sources, tmp_path / "whole", frame_bytes=256, max_bad_fraction=0.1, **split)

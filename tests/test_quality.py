@@ -67,6 +67,7 @@ def test_a_users_arm_is_a_name_and_settings(text, message):
         "s3", ("loss.head_schedule=reverse", "loss.head_schedule_span=0.3"))
 
 
+@pytest.mark.slow  # six trainings and four tunes end to end
 def test_bench_quality_compares_arms_over_seeds_against_the_baseline_of_each_seed(corpus_dir, tmp_path):
     out = tmp_path / "q"
     args = ["bench", "quality", "--preset", "tiny", "--data", str(corpus_dir), "--steps", "3", "--seeds", "2",

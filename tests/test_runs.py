@@ -1,5 +1,5 @@
 """Run directories: one writer at a time (the lock), the checks a run's plan makes once, and the
-state a run resumes (`TrainState`) restored from one state dict.
+state a run resumes (`train_state.TrainState`) restored from one state dict.
 
 The lock is tested in this process (a second open of the lock file conflicts like another
 process's) and, in one slow test, with two real trainings: the second stops at once naming the
@@ -29,6 +29,7 @@ from bytemtp.data.loader import ByteLoader
 from bytemtp.runtime import distributed as dist_lib
 from bytemtp.runtime.checkpoint import latest_checkpoint
 from bytemtp.training import runs
+from bytemtp.training.train_state import TrainState
 from bytemtp_cli.main import main
 
 
@@ -244,8 +245,8 @@ def test_plan_run_resolves_and_checks_before_any_work(tmp_path, corpus_dir, shor
 def test_the_train_state_resumes_counters_loader_and_rng_from_its_state_dict(code_corpus):
     cfg = tiny_cfg(code_corpus)
     with torch.random.fork_rng():
-        state = train_lib.TrainState(ByteLoader(cfg.data, cfg.model), dist_lib.Dist(), step=7, bytes_seen=896,
-                                     elapsed_s=1.5, skipped_steps=1, bad_run=1, val_bpb=[2.0, 3.0])
+        state = TrainState(ByteLoader(cfg.data, cfg.model), dist_lib.Dist(), step=7, bytes_seen=896,
+                           elapsed_s=1.5, skipped_steps=1, bad_run=1, val_bpb=[2.0, 3.0])
         for _ in range(3):
             next(state.loader)
         torch.manual_seed(5)
@@ -253,7 +254,7 @@ def test_the_train_state_resumes_counters_loader_and_rng_from_its_state_dict(cod
         saved = json.loads(json.dumps(state.state_dict()))  # as train_state.json holds it
         want = [next(state.loader) for _ in range(3)], torch.rand(4)
 
-        other = train_lib.TrainState(ByteLoader(cfg.data, cfg.model), dist_lib.Dist())
+        other = TrainState(ByteLoader(cfg.data, cfg.model), dist_lib.Dist())
         torch.manual_seed(6)
         other.load_state_dict(saved)
         got = [next(other.loader) for _ in range(3)], torch.rand(4)

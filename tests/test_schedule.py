@@ -135,7 +135,9 @@ def _clock(monkeypatch, tick: float = 0.125) -> list[float]:
 
 
 def _timed_run(run, corpus_dir, *more):
-    return cli("--preset", "tiny", "--data", corpus_dir, "--out", run, "--time", "10s",
+    """A run of the tiny preset on a 10 s budget; windows of 16 bytes (what is tested is the schedule,
+    and its steps cost a third less than at the preset's 64)."""
+    return cli("--preset", "tiny", "--data", corpus_dir, "--out", run, "--time", "10s", "--set", "model.seq_len=16",
                "--set", f"data.batch_size={BATCH}", "--set", "train.log_every=1", "--set", "train.eval_every=0",
                "--set", "train.ckpt_every=20", "--set", "train.warmup_steps=5", *more)
 
@@ -170,6 +172,7 @@ def test_a_step_limit_below_the_time_keeps_the_step_limit(tmp_path, corpus_dir, 
     assert "fitted to the time budget: 30 steps" in res.output and "stopped by steps at step 30" in res.output
 
 
+@pytest.mark.slow  # a run of about 76 steps; test_a_fitted_run_resumes...[wsd-reverse] fits wsd in the quick suite
 def test_a_wsd_schedule_is_fitted_where_its_decay_starts(tmp_path, corpus_dir, monkeypatch):
     _clock(monkeypatch)
     res = _timed_run(tmp_path / "run", corpus_dir, "--set", "train.schedule=wsd")
@@ -184,6 +187,7 @@ def test_a_wsd_schedule_is_fitted_where_its_decay_starts(tmp_path, corpus_dir, m
     assert lines[-1]["lr"] < 0.2e-3  # one step of the decay before its floor
 
 
+@pytest.mark.slow  # a run of about 76 steps
 def test_a_head_schedule_of_a_timed_wsd_run_follows_the_first_estimate(tmp_path, corpus_dir, monkeypatch):
     _clock(monkeypatch)
     run = tmp_path / "run"
@@ -199,7 +203,10 @@ def test_a_head_schedule_of_a_timed_wsd_run_follows_the_first_estimate(tmp_path,
     assert r["head_weights"] == [1.0] * 8
 
 
-@pytest.mark.parametrize("schedule_name,heads", [("cosine", "constant"), ("wsd", "constant"), ("wsd", "reverse")])
+# two runs of about 76 steps each; the quick suite keeps wsd with the heads' weights moving
+@pytest.mark.parametrize("schedule_name,heads", [pytest.param("cosine", "constant", marks=pytest.mark.slow),
+                                                 pytest.param("wsd", "constant", marks=pytest.mark.slow),
+                                                 ("wsd", "reverse")])
 def test_a_fitted_run_resumes_on_the_same_schedule_bit_for_bit(tmp_path, corpus_dir, monkeypatch, schedule_name,
                                                                heads):
     _clock(monkeypatch)

@@ -42,6 +42,7 @@ def test_a_grid_is_checked_whole_before_anything_trains(tmp_path, corpus_dir, bo
         sweep.read_grid(_grid(tmp_path, corpus_dir, body))
 
 
+@pytest.mark.slow  # two candidates trained for 2 s each
 def test_every_candidate_gets_the_budget_and_the_same_held_out_bytes(tmp_path, corpus_dir):
     grid = sweep.read_grid(_grid(tmp_path, corpus_dir, TWO))
     cfg = grid.config("muon", budget_s=60.0)
@@ -58,6 +59,7 @@ def test_every_candidate_gets_the_budget_and_the_same_held_out_bytes(tmp_path, c
     assert table[2].startswith(f"| {best.name} |") and f"{best.val_bpb[0]:.3f}" in table[2]
 
 
+@pytest.mark.slow  # a training and a tune of 1 s each, and decoding
 def test_a_measured_candidate_is_read_back_and_tuned_when_asked(tmp_path, corpus_dir):
     grid = sweep.read_grid(_grid(tmp_path, corpus_dir, TWO))
     first = sweep.run_sweep(grid, tmp_path / "out", budget_s=1.0, eval_bytes=512, only=["adamw"])
@@ -85,6 +87,7 @@ def test_the_sweep_command_prints_the_table_and_refuses_a_bad_grid_in_one_line(t
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # trainings on a time budget
 def test_a_signal_stops_the_sweep_and_its_candidate_trains_anew_next_time(tmp_path, corpus_dir, monkeypatch):
     real = sweep.train
 

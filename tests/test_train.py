@@ -154,7 +154,7 @@ def test_a_failed_periodic_save_warns_and_the_run_goes_on(tmp_path, corpus_dir, 
     calls = flaky_save(monkeypatch, lambda call, step: call == 2)
     messages = []
     run = tmp_path / "run"
-    cfg = tiny_cfg(corpus_dir, "train.steps=30", "train.ckpt_every=10")
+    cfg = tiny_cfg(corpus_dir, "train.steps=30", "train.ckpt_every=10", "model.seq_len=16")  # short windows: faster
     result = train_lib.train(cfg, run, show_progress=False, say=messages.append)
     assert result.step == 30 and calls == [10, 20, 30]
     warnings = [m for m in messages if m.startswith("warning")]
@@ -168,7 +168,7 @@ def test_a_failed_periodic_save_warns_and_the_run_goes_on(tmp_path, corpus_dir, 
 def test_a_failed_final_save_is_an_error(tmp_path, corpus_dir, monkeypatch):
     calls = flaky_save(monkeypatch, lambda call, step: step == 30)
     run = tmp_path / "run"
-    cfg = tiny_cfg(corpus_dir, "train.steps=30", "train.ckpt_every=10")
+    cfg = tiny_cfg(corpus_dir, "train.steps=30", "train.ckpt_every=10", "model.seq_len=16")  # short windows: faster
     with pytest.raises(train_lib.TrainingError, match="is intact"):
         train_lib.train(cfg, run, show_progress=False, say=lambda m: None)
     assert calls == [10, 20, 30, 30]  # the periodic save at the last step, then the final one

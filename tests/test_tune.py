@@ -14,6 +14,9 @@ from bytemtp.runtime.checkpoint import load_model
 from bytemtp.training.train import train
 from bytemtp_cli.main import main
 
+# most tests tune the module's `source` run: on one test worker it is trained once
+pytestmark = pytest.mark.xdist_group("tune-source")
+
 
 @pytest.fixture(scope="module")
 def source(code_corpus, tmp_path_factory):
@@ -64,6 +67,7 @@ def test_a_tune_trains_only_the_draft_heads_and_reports_before_and_after(source,
     assert "before" in res.output and "after" in res.output and "chain-all bytes/pass" in res.output
 
 
+@pytest.mark.slow  # three tunes with rollouts
 def test_a_tune_resumes_exactly(source, tmp_path, monkeypatch):
     """A tune stopped at step 3 by its own train.steps and resumed to 6 ends where an uninterrupted
     tune of 6 steps does (one schedule over 6 steps in both): the same checkpoints, weights and

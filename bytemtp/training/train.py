@@ -3,8 +3,8 @@
 readies the run directory, builds a `_Run` (model, wrapper, optimizer, loader), restores it from
 the checkpoint when resuming, and loops: stop condition, optimizer step, log, validate, save.
 What a run resumes besides its weights and optimizer state is one `TrainState` (the loop's
-counters, every rank's loader position and RNG state) with a state dict, like the loader's; a
-checkpoint is restored in one place, `_Run.restore`.
+counters, every rank's loader position and RNG state; `bytemtp.training.train_state`) with a state
+dict, like the loader's; a checkpoint is restored in one place, `_Run.restore`.
 
 AdamW or Muon (`bytemtp.training.optimizer`) on a warmup and decay schedule
 (`bytemtp.training.schedule`; one limited by time is fitted to the time from the measured step
@@ -53,7 +53,6 @@ torchrun then stops the job.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import math
@@ -76,13 +75,14 @@ from bytemtp.model.model import Block, ByteMTP
 from bytemtp.runtime import distributed as dist_lib
 from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, load_optimizer_state, load_weights,
                                         read_train_state, save_checkpoint)
-from bytemtp.runtime.devices import autocast, out_of_memory, resolve_device, rng_state, set_rng_state
+from bytemtp.runtime.devices import autocast, out_of_memory, resolve_device
 from bytemtp.training import runs
 from bytemtp.training.optimizer import build_optimizer, set_lr, set_trainable, start_from
 from bytemtp.training.rollout import greedy_rollout
 from bytemtp.training.runs import METRICS, RunPlan, RunResult
 from bytemtp.training.schedule import TimeFit, head_weights, lr_scale, schedule_horizon
 from bytemtp.training.step import forward_backward, plain_forward_backward
+from bytemtp.training.train_state import TrainState
 
 
 class TrainingError(RuntimeError):
@@ -91,16 +91,6 @@ class TrainingError(RuntimeError):
 
 class OutOfMemory(TrainingError):
     """A step or validation ran out of device memory; the message says what to lower."""
-
-
-def _encoded_rng(device: torch.device) -> dict:
-    """The device's random state as text, for train_state.json."""
-    return {name: base64.b64encode(t.numpy().tobytes()).decode() for name, t in rng_state(device).items()}
-
-
-def _restore_rng(state: dict, device: torch.device) -> None:
-    set_rng_state({name: torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
-                   for name, text in state.items()}, device)
 
 
 def has_val_split(data: DataConfig) -> bool:
@@ -126,49 +116,6 @@ def stop_on_signals():
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-
-
-@dataclass
-class TrainState:
-    """What a run resumes besides its weights and optimizer state (which the checkpoint keeps in
-    files of their own): the loop's counters, and every rank's loader position and RNG state.
-    `state_dict` gathers the ranks' parts, so every rank calls it; `load_state_dict` takes this
-    rank's part, and refuses the state of another number of processes."""
-
-    loader: ByteLoader
-    d: dist_lib.Dist
-    step: int = 0
-    bytes_seen: int = 0
-    elapsed_s: float = 0.0  # training time over every session of the run
-    skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient
-    bad_run: int = 0  # of those, how many in a row up to now
-    val_bpb: list[float] | None = None  # the last validation
-    schedule_steps: int = 0  # the schedule's length where it was fitted to a time budget (0: not)
-    head_schedule_steps: int = 0  # the heads' schedule's length, where the time fit's first estimate gave it
-
-    def state_dict(self) -> dict:
-        d = self.d
-        return {"step": self.step, "bytes_seen": self.bytes_seen, "elapsed_s": self.elapsed_s,
-                "skipped_steps": self.skipped_steps, "bad_run": self.bad_run, "val_bpb": self.val_bpb,
-                "schedule_steps": self.schedule_steps, "head_schedule_steps": self.head_schedule_steps,
-                "world_size": d.world_size,
-                "loaders": dist_lib.gather(self.loader.state_dict(), d),
-                "loader_stats": combine_stats(dist_lib.gather(self.loader.stats(), d)),
-                "rngs": dist_lib.gather(_encoded_rng(d.device), d)}
-
-    def load_state_dict(self, state: dict) -> None:
-        d = self.d
-        loaders = state.get("loaders", [state.get("loader")])  # (one-process runs once saved one)
-        if len(loaders) != d.world_size:
-            raise ValueError(f"it was saved by {len(loaders)} process(es) and this run has {d.world_size}: "
-                             f"each reads its own share of the corpus, so resume with {len(loaders)} "
-                             "(torchrun --nproc-per-node, --nnodes) or start a new run")
-        self.loader.load_state_dict(loaders[d.rank])
-        _restore_rng(state.get("rngs", [state.get("rng")])[d.rank], d.device)
-        self.step, self.bytes_seen, self.elapsed_s = state["step"], state["bytes_seen"], state["elapsed_s"]
-        self.skipped_steps, self.bad_run, self.val_bpb = state["skipped_steps"], state["bad_run"], state.get("val_bpb")
-        self.schedule_steps = state.get("schedule_steps", 0)
-        self.head_schedule_steps = state.get("head_schedule_steps", 0)
 
 
 def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, show_progress: bool = True,
