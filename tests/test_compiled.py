@@ -219,6 +219,7 @@ def _pass_equals_eager(model, step: StaticStep, *, heads: int, T: int, tree: Dra
         torch.testing.assert_close(caches[1].v[:layers, b, :, :end], caches[0].v[:layers, b, :, :end])
 
 
+@pytest.mark.slow
 @FITTED
 @pytest.mark.usefixtures("one_thread")
 def test_uncompiled_static_decoding_of_a_fitted_model_equals_plain_greedy():
@@ -375,6 +376,7 @@ def test_tests_use_a_compile_cache_of_their_own(compile_cache):
     assert record_path(_model(), stacked=True, batch_size=1).is_relative_to(compile_cache)
 
 
+@pytest.mark.slow
 @FITTED
 def test_compile_shapes_covers_the_lookup_passes_a_decode_runs():
     """The warm-up of a timed decode compiles every shape it will run, the long chains that one

@@ -43,7 +43,7 @@ def test_cached_greedy_equals_full_recompute(head_type, prompt):
     assert got.stats.forward_passes == len(got.output) + eos
 
 
-@pytest.mark.parametrize("draft", ["tree-all", "chain-all"])
+@pytest.mark.parametrize("draft", [pytest.param("tree-all", marks=pytest.mark.slow), "chain-all"])
 def test_a_doc_masked_models_speculative_greedy_equals_its_plain_greedy(draft):
     """Draft passes stay causal under model.doc_mask (the rows hold EOS at slot 0 only), and the
     prefill's EOS padding moves no row's document start that a later pass reads: right-padded

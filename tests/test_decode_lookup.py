@@ -67,7 +67,9 @@ def test_lookup_stats_are_summed():
     assert total.lookup_passes == 2 * got[0].stats.lookup_passes
 
 
-@pytest.mark.parametrize("draft", ["auto+lookup", "tree-4+lookup", "plain+lookup", "chain-all+lookup"])
+# the quick suite keeps the default draft and plain decoding with lookup
+@pytest.mark.parametrize("draft", ["auto+lookup", pytest.param("tree-4+lookup", marks=pytest.mark.slow), "plain+lookup",
+                                   pytest.param("chain-all+lookup", marks=pytest.mark.slow)])
 def test_tiny_models_greedy_with_lookup_equals_plain_greedy(draft):
     """An untrained model repeats itself, so its own output holds matches; the prompts repeat too."""
     model = tiny_model(n_future=4)

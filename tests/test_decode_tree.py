@@ -166,7 +166,7 @@ def test_tree_decoding_slides_its_window_as_plain_decoding_does(draft, costs):
 # --- the same comparison through a real model ------------------------------------------------------
 
 @FITTED
-@pytest.mark.parametrize("head_type", ["transformer", "linear", "causal"])
+@pytest.mark.parametrize("head_type", ["transformer", *(pytest.param(t, marks=pytest.mark.slow) for t in ("linear", "causal"))])
 def test_tree_decoding_of_a_fitted_model_equals_plain_greedy(head_type):
     """Through the real model's tree masks, rotary positions and stacked heads (the fitted
     models of doubles.py, whose drafts are often right as their heads' top byte and sometimes as the

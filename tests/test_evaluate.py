@@ -105,6 +105,7 @@ def test_a_model_trained_to_copy_gets_drafts_right(code_corpus):
     assert after.acceptance[2] > before.acceptance[2]
 
 
+@pytest.mark.slow
 def test_eval_command(code_corpus, tmp_path):
     model = _model()
     cfg = dataclasses.replace(C.tiny(), model=model.config,

@@ -54,6 +54,7 @@ def test_a_scripted_model_scores_what_its_completions_earn(runs, one_thread, tmp
     assert data["problems_file"] == str(runs / "toy.jsonl") and data["settings"]["max_bytes"] == 512
 
 
+@pytest.mark.slow
 def test_sampled_runs_report_pass_at_k_up_to_the_samples(runs, one_thread, tmp_path):
     out = tmp_path / "s.json"
     args = ("--ckpt", runs / "random", "--problems", runs / "toy.jsonl", "--samples", 10, "--temperature", 0.8,

@@ -94,11 +94,12 @@ def test_muon_under_fsdp_is_refused_in_one_line_saying_why():
     assert "\n" not in str(e.value)
 
 
-# three runs each: the quick suite keeps muon with wsd together, and bf16
+# three runs each: the quick suite keeps bf16
 @pytest.mark.parametrize("sets", [pytest.param(("train.optimizer=muon",), marks=pytest.mark.slow),
                                   pytest.param(("train.schedule=wsd",), marks=pytest.mark.slow),
                                   pytest.param(("train.schedule=linear",), marks=pytest.mark.slow),
-                                  ("train.optimizer=muon", "train.schedule=wsd", "train.muon_weight_decay=0.01"),
+                                  pytest.param(("train.optimizer=muon", "train.schedule=wsd", "train.muon_weight_decay=0.01"),
+                                               marks=pytest.mark.slow),
                                   ("train.precision=bf16",)])
 def test_runs_with_the_new_options_resume_bit_for_bit(tmp_path, corpus_dir, sets):
     common = (*sets, "train.schedule_steps=16", "train.warmup_steps=3", "train.ckpt_every=100", "model.dropout=0.1",

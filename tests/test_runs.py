@@ -113,6 +113,7 @@ def test_a_new_run_rechecks_its_directory_under_the_lock(run, code_corpus, tmp_p
     assert after == before
 
 
+@pytest.mark.slow
 def test_reading_commands_never_take_the_lock(run):
     with runs.run_lock(run):
         for args in (["inspect", run],

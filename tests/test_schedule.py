@@ -142,6 +142,7 @@ def _timed_run(run, corpus_dir, *more):
                "--set", "train.ckpt_every=20", "--set", "train.warmup_steps=5", *more)
 
 
+@pytest.mark.slow
 def test_a_time_budget_fits_the_schedule_so_the_decay_ends_with_the_time(tmp_path, corpus_dir, monkeypatch):
     _clock(monkeypatch)
     run = tmp_path / "run"
@@ -203,10 +204,10 @@ def test_a_head_schedule_of_a_timed_wsd_run_follows_the_first_estimate(tmp_path,
     assert r["head_weights"] == [1.0] * 8
 
 
-# two runs of about 76 steps each; the quick suite keeps wsd with the heads' weights moving
+# two runs of about 76 steps each (test_train keeps a resumed run in the quick suite)
 @pytest.mark.parametrize("schedule_name,heads", [pytest.param("cosine", "constant", marks=pytest.mark.slow),
                                                  pytest.param("wsd", "constant", marks=pytest.mark.slow),
-                                                 ("wsd", "reverse")])
+                                                 pytest.param("wsd", "reverse", marks=pytest.mark.slow)])
 def test_a_fitted_run_resumes_on_the_same_schedule_bit_for_bit(tmp_path, corpus_dir, monkeypatch, schedule_name,
                                                                heads):
     _clock(monkeypatch)

@@ -74,6 +74,7 @@ def test_a_measured_candidate_is_read_back_and_tuned_when_asked(tmp_path, corpus
         sweep.run_sweep(grid, tmp_path / "out", budget_s=1.0, only=["nope"])
 
 
+@pytest.mark.slow
 def test_the_sweep_command_prints_the_table_and_refuses_a_bad_grid_in_one_line(tmp_path, corpus_dir):
     path = _grid(tmp_path, corpus_dir, TWO)
     res = CliRunner().invoke(main, ["bench", "sweep", str(path), "--out", str(tmp_path / "out"), "--time", "1s",

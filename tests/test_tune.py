@@ -15,7 +15,8 @@ from bytemtp.training.train import train
 from bytemtp_cli.main import main
 
 # most tests tune the module's `source` run: on one test worker it is trained once
-pytestmark = pytest.mark.xdist_group("tune-source")
+# every test tunes a trained run (make test runs them; make test-quick leaves them out)
+pytestmark = [pytest.mark.xdist_group("tune-source"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,7 @@ def _weights(path):
     return model, cfg
 
 
+@pytest.mark.slow
 def test_a_tune_trains_only_the_draft_heads_and_reports_before_and_after(source, tmp_path):
     report = tmp_path / "tune.json"
     res = _tune(["--ckpt", str(source), "--out", str(tmp_path / "tuned"), "--steps", "6", "--report-prompts", "2",
