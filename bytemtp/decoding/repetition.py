@@ -41,6 +41,14 @@ class Repetition:
     real: RepetitionFigures | None = None  # the real continuations, each cut to its decoded text's length
     zstd_ratio_over_real: float | None = None  # decoded zstd ratio / real zstd ratio: 1 is as varied as real text
 
+    @classmethod
+    def from_json(cls, data: dict) -> Repetition:
+        """Its JSON form (`dataclasses.asdict`) read back."""
+        def figures(f: dict | None) -> RepetitionFigures | None:
+            return None if f is None else RepetitionFigures(**f)
+        return cls(decoded=figures(data["decoded"]), real=figures(data.get("real")),
+                   zstd_ratio_over_real=data.get("zstd_ratio_over_real"))
+
 
 def distinct_ngram_share(texts: list[bytes], n: int = NGRAM) -> float | None:
     """The distinct n-grams within each text, summed over texts, over all the texts' n-grams;

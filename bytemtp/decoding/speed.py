@@ -94,6 +94,14 @@ class SpeedFigures:
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_json(cls, data: dict) -> SpeedFigures:
+        """`to_json` read back (other keys ignored; JSON's string keys of `heads_used` as ints)."""
+        fields = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+        return cls(**{**fields, "speedup_runs": list(data["speedup_runs"]),
+                      "heads_used": {int(k): n for k, n in data["heads_used"].items()},
+                      "shapes": dict(data["shapes"]), "repetition": Repetition.from_json(data["repetition"])})
+
 
 def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", same_step: bool = True,
                   real: list[bytes] | None = None) -> SpeedFigures:

@@ -26,7 +26,6 @@ from bytemtp.data.loader import ByteLoader
 from bytemtp.data.shards import CorpusError
 from bytemtp.decoding import decode
 from bytemtp.decoding.generation import load_prompts
-from bytemtp.decoding.repetition import Repetition, RepetitionFigures
 from bytemtp.decoding.speed import SpeedFigures, interleaved_decodes, speed_figures
 from bytemtp.decoding.strategy import DECODE_MODES, Draft
 from bytemtp.evaluation.evaluate import EvalResult, evaluate, held_out_split, val_continuations
@@ -77,22 +76,6 @@ class LoaderThroughput:
                       "vs": None if vs is None else VsThroughput(**{**vs, "pair_ratios": list(vs["pair_ratios"])})})
 
 
-def repetition_from_json(data: dict) -> Repetition:
-    """A `Repetition` in its JSON form (`dataclasses.asdict`) read back."""
-    def figures(f: dict | None) -> RepetitionFigures | None:
-        return None if f is None else RepetitionFigures(**f)
-    return Repetition(decoded=figures(data["decoded"]), real=figures(data.get("real")),
-                      zstd_ratio_over_real=data.get("zstd_ratio_over_real"))
-
-
-def _speed_figures_from_json(data: dict) -> SpeedFigures:
-    """`SpeedFigures.to_json` read back (its other keys ignored; JSON's string keys of `heads_used` as ints)."""
-    fields = {f.name: data[f.name] for f in dataclasses.fields(SpeedFigures)}
-    return SpeedFigures(**{**fields, "speedup_runs": list(data["speedup_runs"]),
-                           "heads_used": {int(k): n for k, n in data["heads_used"].items()},
-                           "shapes": dict(data["shapes"]), "repetition": repetition_from_json(data["repetition"])})
-
-
 @dataclasses.dataclass(frozen=True)
 class DecodeCase:
     """One mode at one batch size (`decode_speed`): its figures against plain decoding on the
@@ -112,7 +95,7 @@ class DecodeCase:
 
     @classmethod
     def from_json(cls, data: dict) -> DecodeCase:
-        return cls(batch_size=data["batch_size"], figures=_speed_figures_from_json(data),
+        return cls(batch_size=data["batch_size"], figures=SpeedFigures.from_json(data),
                    eager_plain_bytes_s=data.get("eager_plain_bytes_s"), eager_speedup=data.get("eager_speedup"),
                    compiled_plain_speedup=data.get("compiled_plain_speedup"))
 

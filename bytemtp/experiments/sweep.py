@@ -48,7 +48,7 @@ from bytemtp import config as config_lib
 from bytemtp import config_io
 from bytemtp.decoding.repetition import Repetition
 from bytemtp.evaluation.evaluate import draft_report, evaluate
-from bytemtp.experiments.bench import DecodeCase, decode_speed, repetition_from_json
+from bytemtp.experiments.bench import DecodeCase, decode_speed
 from bytemtp.runtime.checkpoint import load_model, read_train_state
 from bytemtp.runtime.devices import resolve_device
 from bytemtp.training import runs
@@ -132,7 +132,7 @@ class TunedFigures:
         rep = data.get("repetition")
         return cls(tuned_chain_bytes_per_pass=data["tuned_chain_bytes_per_pass"],
                    tuned_tree_bytes_per_pass=data["tuned_tree_bytes_per_pass"], eager_speedup=data["eager_speedup"],
-                   plain_bytes_s=data["plain_bytes_s"], repetition=None if rep is None else repetition_from_json(rep),
+                   plain_bytes_s=data["plain_bytes_s"], repetition=None if rep is None else Repetition.from_json(rep),
                    decode=DecodeCase.from_json({"batch_size": 1, "mode": "chain-all", **data["decode"]}))
 
 

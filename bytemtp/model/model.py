@@ -231,8 +231,9 @@ class ByteMTP(nn.Module):
 
     def layers_written(self, heads: int) -> int:
         """How many cache layers a pass of the first `heads` heads writes: they are the cache's first
-        this many (the trunk's, then heads 1..heads'), what `KVCache.compact(layers=)` takes."""
-        return len(self.cache_layers(heads))
+        this many (the trunk's, then heads 1..heads'), what `KVCache.compact(layers=)` takes; asked
+        every pass, so counted rather than listed."""
+        return self.config.trunk_layers + heads * self.config.layers_per_head
 
     def draft_heads(self) -> list[nn.Module]:
         """The modules that only heads 2..n use: their heads and their own unembeddings (a

@@ -228,7 +228,7 @@ class Engine:
             return
         loop = self._loop
         state = loop.state
-        for b, r in enumerate(state.active):
+        for r in state.active:
             live = self._live.get(id(state.rows[r]))
             if live is not None and live.job.cancelled and r not in state.finished:
                 live.row.out.stats.stopped_by = "cancelled"
