@@ -34,6 +34,8 @@ HEAD_SCHEDULES = ("constant", "forward", "reverse")  # how heads 2..n's weights 
 PRECISIONS = ("auto", "bf16", "fp32")  # of training's matmuls (bf16: autocast; weights stay fp32)
 PARALLEL = ("ddp", "fsdp")  # how many processes share a model: DistributedDataParallel or FSDP2
 TRAINABLE = ("all", "draft-heads")  # what trains: the whole model, or heads 2..n only (tune-heads)
+DRAFTS = ("none", "medusa", "hydra")  # cheap draft heads beside the training heads (bytemtp.model.draft)
+DIVERGENCES = ("kl", "tv")  # the teacher term: KL from head 1, or total variation (1 - speculative acceptance)
 SCHEDULES = ("cosine", "wsd", "linear")  # the learning rate's decay after warmup
 OPTIMIZERS = ("adamw", "muon")  # muon: Muon on the trunk's and heads' matrices, AdamW on the rest
 
@@ -139,6 +141,8 @@ class ModelConfig:
     """Transformer layers in each transformer or causal head."""
     unembed: str = "replicated"
     """Unembedding: one matrix per head (replicated, the paper's byte models) or one shared by all."""
+    draft: str = "none"
+    """Cheap draft heads for decoding beside the training heads: none, medusa (n_future - 1 parallel residual blocks on head 1's state) or hydra (sequential blocks that also read the byte drafted before); trained by `bytemtp tune-heads --draft`."""
     param_match: bool = True
     """Take the heads' layers out of the trunk so the layer count does not grow with n_future."""
     doc_mask: bool = False
@@ -165,6 +169,9 @@ class ModelConfig:
                f"choose one of {', '.join(HEAD_TYPES)}")
         _check(self.unembed in UNEMBED_TYPES, "model.unembed", self.unembed,
                f"choose one of {', '.join(UNEMBED_TYPES)}")
+        _check(self.draft in DRAFTS, "model.draft", self.draft, f"choose one of {', '.join(DRAFTS)}")
+        _check(self.draft == "none" or self.n_future >= 2, "model.draft", self.draft,
+               "draft heads draft bytes 2..n_future ahead; set model.n_future >= 2")
         _check(self.mlp in MLP_TYPES, "model.mlp", self.mlp, f"choose one of {', '.join(MLP_TYPES)}")
         for name in ("param_match", "doc_mask"):
             value = getattr(self, name)
@@ -242,6 +249,8 @@ class LossConfig:
     """Ignore targets that lie beyond the end of the document the prediction starts in."""
     teacher_weight: float = 0.0
     """Weight of the teacher term of heads 2..n: the KL from head 1's distribution (detached), where the head's byte is next, to the head's own (0: off)."""
+    teacher_divergence: str = "kl"
+    """The teacher term's divergence: kl (from head 1's distribution) or tv (total variation to it: one minus the acceptance rate of speculative sampling)."""
     teacher_temperature: float = 1.0
     """Temperature of head 1's distribution as the teacher; below 1 sharpens it toward head 1's greedy byte."""
     draft_data_weight: float = 1.0
@@ -266,6 +275,8 @@ class LossConfig:
             value = getattr(self, name)
             _check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                    and value >= 0, f"loss.{name}", value, "expected a number >= 0")
+        _check(self.teacher_divergence in DIVERGENCES, "loss.teacher_divergence", self.teacher_divergence,
+               f"choose {' or '.join(DIVERGENCES)}")
         _check(isinstance(self.teacher_temperature, (int, float)) and self.teacher_temperature > 0,
                "loss.teacher_temperature", self.teacher_temperature, "expected a number > 0")
         _check(isinstance(self.rollout_bytes, int) and not isinstance(self.rollout_bytes, bool)
@@ -432,6 +443,9 @@ class Config:
     """The training loop."""
 
     def __post_init__(self) -> None:
+        _check(self.model.draft == "none" or self.train.trainable == "draft-heads", "model.draft", self.model.draft,
+               "draft heads train with everything else frozen (train.trainable=draft-heads, as bytemtp tune-heads "
+               "--draft sets)")
         if self.loss.rollout_bytes:
             _check(self.train.trainable == "draft-heads", "loss.rollout_bytes", self.loss.rollout_bytes,
                    "self-generated targets need the trunk and head 1 frozen (train.trainable=draft-heads, "

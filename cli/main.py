@@ -183,6 +183,13 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
 @click.option("--rollout-bytes", type=click.IntRange(0), default=None,
               help="Bytes at the end of every window that the model writes itself, greedily, before the "
                    "heads learn from it (loss.rollout_bytes; 0: the corpus alone).  [default: half the context]")
+@click.option("--draft", type=click.Choice(["medusa", "hydra"]), default=None,
+              help="Add cheap draft heads of this design and train them instead of heads 2..n (model.draft): "
+                   "medusa, parallel residual blocks on head 1's state; hydra, blocks that also read the byte "
+                   "drafted before. The decoder drafts with them.  [default: tune heads 2..n]")
+@click.option("--divergence", type=click.Choice(["kl", "tv"]), default=None,
+              help="The teacher term: KL from head 1's distribution, or total variation to it (one minus the "
+                   "acceptance of speculative sampling) (loss.teacher_divergence).  [default: kl]")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="TOML or JSON file of settings applied on top of the source run's.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -196,9 +203,10 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
 @json_option()
 def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str | None, max_time: str | None,
                    teacher_weight: float | None, temperature: float | None, data_term: float | None,
-                   rollout_bytes: int | None, config_file: str | None, overrides: tuple[str, ...], resume: bool,
+                   rollout_bytes: int | None, draft: str | None, divergence: str | None, config_file: str | None, overrides: tuple[str, ...], resume: bool,
                    report_prompts: int, nproc: int | None, device: str | None, json_path: str | None) -> None:
-    """Train heads 2..n of a run toward its next-byte head, which stays frozen with the trunk.
+    """Train heads 2..n of a run (or, with --draft, cheap draft heads added to it) toward its
+    next-byte head, which stays frozen with the trunk.
 
     Greedy self-speculative decoding keeps a drafted byte only when head 1 would have chosen it,
     after bytes head 1 chose too. So the draft heads learn from text the model writes itself: the
@@ -218,7 +226,7 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
     flags = {"train.device": device, "train.steps": steps, "train.max_bytes": max_bytes and parse_size(max_bytes),
              "train.max_time": max_time and parse_duration(max_time), "loss.teacher_weight": teacher_weight,
              "loss.teacher_temperature": temperature, "loss.draft_data_weight": data_term,
-             "loss.rollout_bytes": rollout_bytes}
+             "loss.rollout_bytes": rollout_bytes, "model.draft": draft, "loss.teacher_divergence": divergence}
     sets = list(overrides) + [f"{key}={value}" for key, value in flags.items() if value is not None]
     if resume:
         if ckpt:

@@ -137,7 +137,7 @@ class StaticStep:
         by one), the rows (B, 1) and the nodes' offsets from each row's start (padded,)."""
         key = (B, heads, padded)
         if key not in self._index:
-            order = self.model.cache_layers(heads, stacked=self.stacked is not None)
+            order = self.stacked.cache_layers(heads) if self.stacked is not None else self.model.cache_layers(heads)
             self._index[key] = (torch.tensor(order, device=self.device)[:, None, None],
                                 torch.arange(B, device=self.device)[:, None],
                                 torch.arange(padded, device=self.device))

@@ -101,13 +101,25 @@ class Decoder:
     def __init__(self, model: ByteMTP, *, stacked: bool = True, costs: PassCosts | None = None,
                  compile: Compile | str | bool = Compile.AUTO):
         self.model = model
-        self.stacked = model.stack_heads() if stacked else None
+        # the heads a pass runs: head 1 and the draft heads (`model.draft`), else the training heads,
+        # stacked (or, with stacked=False, one by one: the reference)
+        self.stacked = model.decode_heads() if stacked or model.drafter is not None else None
         n = model.config.n_future
         self.profiles = {True: AcceptanceProfile(n), False: AcceptanceProfile(n, ranks=1)}  # by greedy
         self.lookups = LookupProfile()  # how often prompt-lookup drafts are accepted
         self.calibration = CalibratedCosts(model, stacked=self.stacked is not None, given=costs)
         self.policy = CompilePolicy(model, self.stacked, compile)
         self.last_choice: Choice | None = None
+
+    @property
+    def keeps_warm(self) -> bool:
+        """Whether a pass leaves every head's cache whole (draft heads need none), so that more heads
+        than the last pass ran need only their candidates taken anew, at one position."""
+        return getattr(self.stacked, "keeps_warm", False)
+
+    def layers_written(self, heads: int) -> int:
+        """The cache layers a pass of `heads` heads writes (the first this many of the cache)."""
+        return (self.stacked or self.model).layers_written(heads)
 
     # --- compiling and what a pass costs (`compiled`, `calibration`) -----------------------------
 
@@ -210,7 +222,7 @@ class Decoder:
         logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static)
         cache.rewind(tree.T)
         verdicts = self.verify(logits, state, batch, tree, offered)
-        layers = model.layers_written(k)
+        layers = self.layers_written(k)
         shapes: dict[int, str] = {}  # the shape offered to rows that may use drafts to a depth, by depth
         gained = []  # bytes each live row gets from this pass
         for b, (r, row) in enumerate(zip(state.active, batch)):
@@ -238,7 +250,7 @@ class Decoder:
                 state.finished.add(r)
                 continue
             self.propose(row, logits[b, path[-1], :k], nxt, cand)
-        state.warm = k
+        state.warm = k  # the heads whose candidates the rows hold (and, for training heads, whose caches are whole)
         if state.costs is not None and not (state.static and self.policy.static.last_was_new):  # compiling: not a cost
             lookup = any(m is not None for m in used)  # lookup's bytes say nothing of the heads' (k, T)
             state.costs.observe(k, tree.T, time.perf_counter() - t0,

@@ -51,6 +51,7 @@ class Steps(Protocol):
     profiles: dict[bool, AcceptanceProfile]
     calibration: CalibratedCosts
     last_choice: Choice | None
+    keeps_warm: bool
 
     def plan(self, draft: Draft, *, batch_size: int, static: bool, greedy: bool) -> Choice: ...
 
@@ -126,7 +127,7 @@ class Loop:
         state.warm = max(warm, self.full)  # what emit_next runs a slide with
         going = self.decoder.emit_next(state)
         for r, start in starts.items():
-            if state.rows[r].start != start:
+            if state.rows[r].start != start and not self.decoder.keeps_warm:
                 state.stale.slid(r, heads=state.warm)
         state.warm = warm
         return going
@@ -141,8 +142,9 @@ class Loop:
             self.rewarm(choice.heads)
         starts = {r: state.cache.lengths[b] for b, r in enumerate(state.active)}
         self.decoder.step(state, choice)
-        for r, start in starts.items():
-            state.stale.passed(r, heads=state.warm, start=start)
+        if not self.decoder.keeps_warm:  # draft heads keep no cache: nothing goes stale
+            for r, start in starts.items():
+                state.stale.passed(r, heads=state.warm, start=start)
 
     def plan(self) -> Choice:
         """The draft of the next pass: re-planned every PLAN_EVERY passes when the draft adapts,

@@ -37,6 +37,7 @@ from bytemtp.data.corpus import corpus_files, iter_documents
 from bytemtp.data.loader import ByteLoader
 from bytemtp.data.shards import MANIFEST, CorpusError
 from bytemtp.decoding.strategy import EVALUATED_DRAFTS, Draft
+from bytemtp.model.draft import forced_logits
 from bytemtp.model.layout import build_layout
 from bytemtp.model.loss import IGNORE, LN2, future_targets, head_loss
 from bytemtp.model.model import ByteMTP
@@ -170,8 +171,7 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
         right_BTK = torch.zeros(targets_BTK.shape, dtype=torch.bool, device=device)
         agree_BTK = torch.ones(targets_BTK.shape, dtype=torch.bool, device=device)
         T = targets_BTK.shape[1]
-        for k, h_BTD in model.head_states(z_BTD, layout=layout):
-            logits = model.head_logits(k, h_BTD)
+        for k, logits in _head_logits(model, batch, z_BTD, layout):
             h = head_loss(logits, targets_BTK[:, :, k])
             greedy_BT = logits.argmax(-1)
             right_BTK[:, :, k] = (greedy_BT == targets_BTK[:, :, k]) & (targets_BTK[:, :, k] != IGNORE)
@@ -196,6 +196,19 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
     if sums[2, 0] == 0:
         raise CorpusError(f"{data} gave no bytes to evaluate ({split or 'all'} split)")
     return _result(sums, runs)
+
+
+def _head_logits(model: ByteMTP, batch: torch.Tensor, z_BTD: torch.Tensor, layout):
+    """(k, logits (B, T, V)) of each head in turn: head 1 and the draft heads where the model has
+    them (`model.draft`, reading the text's bytes), else the training heads."""
+    if model.drafter is None:
+        for k, h_BTD in model.head_states(z_BTD, layout=layout):
+            yield k, model.head_logits(k, h_BTD)
+        return
+    first, drafts = forced_logits(model, batch, z_BTD.shape[1], layout=layout, z_BTD=z_BTD)
+    yield 0, first
+    for d in range(drafts.shape[2]):
+        yield d + 1, drafts[:, :, d]
 
 
 def _count_profiles(right_BTK, agree_BTK, targets_BTK, *, sums, runs) -> None:

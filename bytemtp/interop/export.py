@@ -170,6 +170,9 @@ def tokenizer_config(model: ModelConfig) -> dict:
 def model_card(model: ModelConfig, *, params: int, dtype: str, source: dict) -> str:
     """README.md of the export."""
     heads = ", ".join(f"heads.{k}" for k in range(model.n_future))
+    drafts = ("" if model.draft == "none" else
+              f"\n- The weights also hold {model.n_future - 1} {model.draft} draft heads (`drafter.*`, cheap heads trained "
+              "for acceptance), which bytemtp's decoder drafts with; transformers leaves them unloaded.")
     unembed = ("unembed.0 (shared by every head)" if model.unembed == "shared"
                else ", ".join(f"unembed.{k}" for k in range(model.n_future)))
     return f"""---
@@ -216,7 +219,7 @@ turns ids back into bytes and reads them as UTF-8, invalid bytes as U+FFFD. Batc
   `model.future_logits(input_ids)` returns the logits of every head, (batch, time, {model.n_future}, {VOCAB_SIZE}):
   index k - 1 predicts the byte k positions ahead.
 - Self-speculative decoding (the extra heads draft, head 1 verifies; the same output as greedy
-  decoding, several bytes a pass) is bytemtp's: `bytemtp generate --ckpt PATH` reads this folder.
+  decoding, several bytes a pass) is bytemtp's: `bytemtp generate --ckpt PATH` reads this folder.{drafts}
 - The context is {model.seq_len} bytes: longer inputs are refused (bytemtp's decoding slides its window
   past the context; this export does not).
 """

@@ -17,7 +17,9 @@ ids[t + k + 1], which head 1 predicts at position t + k. The teacher term of hea
 head 1's distribution at t + k (detached, at `Teacher.temperature`) to head k's at t, averaged
 over the positions where both exist and the data target is valid (same document); its weight is
 `Teacher.weight` (Hydra's "teacher loss", DeepSeek-V3's MTP fine-tuning, Medusa's
-self-distillation). Each head also counts its agreement with head 1: its greedy byte equals head
+self-distillation). With `Teacher.divergence` "tv" the term is the total variation between the two
+distributions instead, one minus the probability that speculative sampling accepts the head's draft
+(Leviathan et al.): the acceptance objective. Each head also counts its agreement with head 1: its greedy byte equals head
 1's at the shifted position, the event a greedy draft is accepted on.
 
 Legend: B batch, T time, W window (T + n_future), K heads, V vocabulary.
@@ -62,6 +64,7 @@ class Teacher:
     weight: float = 0.0
     temperature: float = 1.0
     data_weight: float = 1.0
+    divergence: str = "kl"  # or "tv": total variation, one minus the acceptance of speculative sampling
 
 
 @dataclass
@@ -89,7 +92,7 @@ class HeadLoss:
     correct: torch.Tensor  # valid targets whose argmax is right
     count: torch.Tensor  # valid targets
     objective: torch.Tensor | None = None  # what the head trains on, before its head weight (None: loss)
-    kl: torch.Tensor | None = None  # summed teacher KL, nats (heads 2..n with the teacher on)
+    kl: torch.Tensor | None = None  # summed teacher divergence: KL in nats, or TV (heads 2..n with the teacher on)
     agree: torch.Tensor | None = None  # positions whose greedy byte equals head 1's there (heads 2..n)
     pairs: torch.Tensor | None = None  # positions where head 1 is there to compare with
     ran: bool = True  # False: the head did not run this step (its weight was 0); its figures are NaN
@@ -121,7 +124,10 @@ def head_loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor, *, k: int = 0,
     objective = h.loss if teacher.data_weight == 1 else teacher.data_weight * h.loss
     if teacher.weight:
         logq_BTV = ref.logq_BTV[:, k:]
-        kl_BT = (logq_BTV.exp() * (logq_BTV - F.log_softmax(mine_BTV, dim=-1))).sum(dim=-1)
+        if teacher.divergence == "tv":
+            kl_BT = 0.5 * (logq_BTV.exp() - F.softmax(mine_BTV, dim=-1)).abs().sum(dim=-1)
+        else:
+            kl_BT = (logq_BTV.exp() * (logq_BTV - F.log_softmax(mine_BTV, dim=-1))).sum(dim=-1)
         h.kl = (kl_BT * paired_BT).sum()
         objective = objective + teacher.weight * h.kl / h.pairs.clamp(min=1)
     h.objective = objective

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bytemtp.config import ModelConfig
+from bytemtp.model.draft import DraftHeads, DraftPass, _allowed, build_drafts
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import Layout, attend
 from bytemtp.vocab import VOCAB_SIZE
@@ -129,6 +130,7 @@ class ByteMTP(nn.Module):
         n_unembed = cfg.n_future if cfg.unembed == "replicated" else 1
         self.unembed = nn.ModuleList(
             nn.Linear(cfg.d_model, VOCAB_SIZE, bias=False) for _ in range(n_unembed))
+        self.drafter: DraftHeads | None = build_drafts(cfg)  # model.draft's heads (bytemtp.model.draft)
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -145,12 +147,21 @@ class ByteMTP(nn.Module):
             else:
                 is_out = name.endswith(("attn.out.weight", "mlp.out.weight"))
                 nn.init.normal_(p, 0.0, out_std if is_out else std, generator=generator)
+        self.init_drafts()
+
+    def init_drafts(self) -> None:
+        """The draft heads (if any) as copies of head 1 (`DraftHeads.init_from`): where a tune starts."""
+        if self.drafter is not None:
+            self.drafter.init_from(self.heads[0].norm.weight, self.unembed[0].weight)
 
     def reset_rope(self) -> None:
-        """Recompute the rotary tables (after building on the meta device and moving off it)."""
+        """Recompute the unsaved buffers, the rotary tables and the draft heads' mask (after building
+        on the meta device and moving off it)."""
         cfg = self.config
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
         self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
+        if self.drafter is not None:
+            self.drafter.allowed = _allowed().to(self.rope_cos.device)
 
     def forward(self, ids_BT: torch.Tensor, cache: KVCache | None = None, *, layout: Layout) -> torch.Tensor:
         """Trunk state (B, T, D) for ids (B, T), placed as the pass's `layout` says (after the
@@ -214,6 +225,11 @@ class ByteMTP(nn.Module):
             cache.advance(T)
         return out
 
+    def decode_heads(self) -> StackedHeads | DraftPass | None:
+        """What a decoding pass runs after the trunk: head 1 and the draft heads where the model has
+        them (`model.draft`), else the training heads stacked (`stack_heads`)."""
+        return DraftPass(self) if self.drafter is not None else self.stack_heads()
+
     def stack_heads(self) -> StackedHeads | None:
         """All heads stacked for decoding (any first k of them run as one batched layer), or
         None where they cannot run side by side (causal heads: each needs the previous one's state)."""
@@ -236,15 +252,18 @@ class ByteMTP(nn.Module):
         return self.config.trunk_layers + heads * self.config.layers_per_head
 
     def draft_heads(self) -> list[nn.Module]:
-        """The modules that only heads 2..n use: their heads and their own unembeddings (a
-        shared unembedding is head 1's too). What `tune-heads` trains."""
+        """What `tune-heads` trains: the draft heads where the model has them (`model.draft`), else
+        the modules that only heads 2..n use, their heads and their own unembeddings (a shared
+        unembedding is head 1's too)."""
+        if self.drafter is not None:
+            return [self.drafter]
         own_unembed = list(self.unembed)[1:] if len(self.unembed) > 1 else []
         return list(self.heads)[1:] + own_unembed
 
     def num_params(self, part: str = "all") -> int:
         """Parameters in the whole model, or in one part: embed, trunk, heads, unembed."""
         modules = {"embed": self.embed, "trunk": self.trunk, "heads": self.heads,
-                   "unembed": self.unembed}
+                   "unembed": self.unembed, "drafter": self.drafter or nn.Module()}
         params = self.parameters() if part == "all" else modules[part].parameters()
         return sum(p.numel() for p in params)
 
@@ -269,6 +288,7 @@ class StackedHeads:
         heads = list(model.heads)
         stack = lambda get: torch.stack([get(h) for h in heads]).detach()  # noqa: E731
         self.final_norm = stack(lambda h: h.norm.weight)[:, None, None, :]  # (K, 1, 1, D)
+        self.keeps_warm = False  # a pass of k heads leaves heads past k without this pass's keys
         if not cfg.head.layered:
             self.proj = stack(lambda h: h.proj.weight).transpose(1, 2)  # (K, D, D) as x @ W
             self.layers = []
@@ -285,6 +305,13 @@ class StackedHeads:
             self.unembed = torch.stack([u.weight for u in model.unembed]).detach().transpose(1, 2)
         else:
             self.unembed = model.unembed[0].weight.detach().t()  # (D, V), shared
+
+    def cache_layers(self, heads: int) -> tuple[int, ...]:
+        """The cache layers a pass of the first `heads` heads writes (`ByteMTP.cache_layers`, stacked)."""
+        return self.model.cache_layers(heads, stacked=True)
+
+    def layers_written(self, heads: int) -> int:
+        return self.model.layers_written(heads)
 
     def _mm(self, x_KBTD: torch.Tensor, w_KDF: torch.Tensor) -> torch.Tensor:
         K, B, T, D = x_KBTD.shape

@@ -39,12 +39,18 @@ def start_from(model: ByteMTP, init: str, device: torch.device) -> Path:
     """Load the weights of train.init (a checkpoint, or a run's newest) into a new run's model."""
     ckpt = resolve_checkpoint(init)
     source, cfg = load_model(ckpt, device=device)
-    if cfg.model != model.config:
-        differ = [f"{k}={getattr(cfg.model, k)!r}" for k in vars(cfg.model) if getattr(cfg.model, k) !=
-                  getattr(model.config, k)]
+    differ = [f"{k}={getattr(cfg.model, k)!r}" for k in vars(cfg.model)
+              if getattr(cfg.model, k) != getattr(model.config, k) and k != "draft"]
+    if differ:
         raise ValueError(f"train.init {ckpt} is a model of other settings (its {', '.join(differ)}); "
                          "a run starts from a checkpoint of the same model.* settings")
-    model.load_state_dict(source.state_dict())
+    if cfg.model.draft == model.config.draft:
+        model.load_state_dict(source.state_dict())
+    else:  # draft heads added (or others in their place): everything else the source's, the drafts head 1's copies
+        state = {k: v for k, v in source.state_dict().items() if not k.startswith("drafter.")}
+        missing, _ = model.load_state_dict(state, strict=False)
+        assert all(k.startswith("drafter.") for k in missing), missing
+        model.init_drafts()
     return ckpt
 
 

@@ -337,9 +337,9 @@ def plan_tune(source: str | os.PathLike, out: str | os.PathLike, *, config_file:
     base = tune_config(saved, ckpt)
     cfg = config_io.load_file(config_file, base) if config_file else base
     cfg = config_io.apply_overrides(cfg, list(overrides))
-    if cfg.model != saved.model:
-        raise ValueError("model.* cannot change in a tune: it starts from the weights of "
-                         f"{ckpt}; train a new run for another model")
+    if dataclasses.replace(cfg.model, draft=saved.model.draft) != saved.model:
+        raise ValueError("model.* cannot change in a tune (but model.draft, which adds draft heads): it starts "
+                         f"from the weights of {ckpt}; train a new run for another model")
     run_dir = Path(out)
     if run_dir.resolve() == ckpt.resolve().parent.parent:
         raise ValueError(f"{out} is the run being tuned; write the tune to a new run directory (--out)")

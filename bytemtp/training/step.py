@@ -41,6 +41,7 @@ from __future__ import annotations
 import torch
 
 from bytemtp.config import LossConfig
+from bytemtp.model.draft import forced_logits
 from bytemtp.model.layout import Layout, build_layout
 from bytemtp.model.loss import (HeadLoss, LossOutput, Teacher, future_targets, head_loss, mtp_loss, reference,
                                 summarize, total_of)
@@ -56,7 +57,7 @@ def _targets(model: ByteMTP, ids_BW: torch.Tensor, loss_cfg: LossConfig) -> tupl
 
 def teacher_of(loss_cfg: LossConfig) -> Teacher:
     return Teacher(weight=loss_cfg.teacher_weight, temperature=loss_cfg.teacher_temperature,
-                   data_weight=loss_cfg.draft_data_weight)
+                   data_weight=loss_cfg.draft_data_weight, divergence=loss_cfg.teacher_divergence)
 
 
 def _detached(h: HeadLoss) -> HeadLoss:
@@ -175,3 +176,24 @@ def plain_forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: Lo
         _release(model, skipped_heads(model, weights))
     out.total = out.total.detach()
     return out
+
+
+def draft_forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig,
+                           scale: float = 1.0, weights: list[float] | None = None) -> LossOutput:
+    """Forward and backward of a model's draft heads (`model.draft`, `bytemtp.model.draft`), the
+    trunk and head 1 frozen: head 1's loss is reported, and draft depth d learns the byte d + 1
+    ahead as training head d + 1 would, from the data and from head 1 as teacher. The draft heads
+    are small, so all depths run in one graph."""
+    targets_BTK, T = _targets(model, ids_BW, loss_cfg)
+    weights, teacher = _weights(model, loss_cfg, weights), teacher_of(loss_cfg)
+    layout = build_layout(model, ids_BW[:, :T])
+    with torch.no_grad():
+        z_BTD = model(ids_BW[:, :T], layout=layout)
+    first_BTV, drafts_BTKV = forced_logits(model, ids_BW, T, layout=layout, z_BTD=z_BTD)
+    ref = reference(first_BTV, teacher)
+    heads = [head_loss(first_BTV.detach(), targets_BTK[:, :, 0], ref=ref)]
+    heads += [head_loss(drafts_BTKV[:, :, d - 1], targets_BTK[:, :, d], k=d, ref=ref, teacher=teacher)
+              for d in range(1, model.config.n_future)]
+    drafted = sum(w * h.trained for w, h in zip(weights[1:], heads[1:]))
+    _backward([drafted * scale], [None])
+    return summarize([_detached(h) for h in heads], weights, total_of(heads, weights).detach())

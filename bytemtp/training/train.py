@@ -81,7 +81,7 @@ from bytemtp.training.optimizer import build_optimizer, set_lr, set_trainable, s
 from bytemtp.training.rollout import greedy_rollout
 from bytemtp.training.runs import METRICS, RunPlan, RunResult
 from bytemtp.training.schedule import TimeFit, head_weights, lr_scale, schedule_horizon
-from bytemtp.training.step import forward_backward, plain_forward_backward
+from bytemtp.training.step import draft_forward_backward, forward_backward, plain_forward_backward
 from bytemtp.training.train_state import TrainState
 
 
@@ -187,7 +187,8 @@ class _Run:
             for module in self.model.modules():
                 if isinstance(module, Block):
                     module.compile()
-        self.step_fn = forward_backward if tc.memory_efficient else plain_forward_backward
+        self.step_fn = (draft_forward_backward if self.model.drafter is not None else
+                        forward_backward if tc.memory_efficient else plain_forward_backward)
         self.autocast = autocast(self.device, tc.precision)
         self.bytes_per_step = cfg.data.batch_size * mc.seq_len * tc.grad_accum * d.world_size
         self.flops_per_step = step_flops(self.model, self.bytes_per_step, mc.seq_len)  # the model's, all ranks

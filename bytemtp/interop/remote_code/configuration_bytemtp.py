@@ -57,6 +57,8 @@ class ByteMTPConfig(PretrainedConfig):
     """Transformer layers in each transformer or causal head."""
     unembed: str = "replicated"
     """One unembedding matrix per head (replicated) or one shared by all."""
+    draft: str = "none"
+    """Draft heads in the weights (none, medusa, hydra): bytemtp's decoder drafts with them; not loaded here."""
     param_match: bool = True
     """The heads' layers were taken out of the trunk (the trunk has n_layers - n_future * head_layers)."""
     doc_mask: bool = False

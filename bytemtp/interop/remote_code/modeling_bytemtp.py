@@ -139,6 +139,8 @@ class ByteMTPPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     _no_split_modules = ["Block"]
     _supports_sdpa = True
+    # draft heads (model.draft) travel in the weights for bytemtp's own decoder; this forward is head 1's
+    _keys_to_ignore_on_load_unexpected = [r"^drafter\."]
 
     def _init_weights(self, module: nn.Module) -> None:
         """bytemtp's initialisation for a new model: Normal(0, init_std), the projections into the

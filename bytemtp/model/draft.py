@@ -1,0 +1,186 @@
+"""Draft heads: cheap heads that exist to be accepted at decoding, beside the training heads.
+
+The paper's heads (training heads, `bytemtp.model.model.Head`) shape the trunk while it trains;
+in a small model they are most of its layers, so a pass that drafts with them costs nearly two
+plain passes. Draft heads are the other role (`model.draft`): n_future - 1 small blocks on
+head 1's state h (its output before the final norm, the model's "last hidden state"), where
+draft depth d (1..n_future - 1) predicts the byte d + 1 positions ahead, as training head d + 1
+does. They attend to nothing, so they write no cache and need none: a pass that drafts with them
+runs the trunk and head 1 as a plain pass does, then a few small matrix products.
+
+- `MedusaDrafts` (Medusa-1, Cai et al. 2024): depth d is one residual block on h,
+  u_d = h + SiLU(h W_d + b_d), then its own RMSNorm and unembedding; all depths in one batched
+  product.
+- `HydraDrafts` (Hydra, Ankner et al. 2024; the sequential "Markov" drafts): depth d also reads
+  the byte drafted at depth d - 1 (head 1's choice for depth 1), so a draft is a chain: s_0 = h,
+  s_d = s_{d-1} + SiLU(norm(s_{d-1}) W_d + E[x_d] C_d + b_d), with E the model's own (frozen) byte
+  embedding and x_d the byte read. In decoding x_d is the greedy choice of the depth before
+  (`allowed` bytes only, as the decoder ranks candidates); in training the text's own byte
+  (teacher forcing: on the model's own greedy text the two are the same wherever the draft is
+  still being accepted).
+
+Both start as copies of head 1 (`init_from`: the blocks at zero, each depth's norm and
+unembedding head 1's), and `bytemtp tune-heads --draft` trains them with the trunk and head 1
+frozen, on the model's own greedy text and from head 1 as teacher (KL or total variation), so
+greedy output never changes. The decoder drafts with them when a model has them: `DraftPass`
+runs head 1 and the drafts in the place of `StackedHeads`, with the same call.
+
+Legend: B batch, T time, K draft depths (n_future - 1), D width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bytemtp.config import ModelConfig
+from bytemtp.model.kvcache import KVCache
+from bytemtp.model.layout import Layout
+from bytemtp.vocab import EOS, N_BYTES, VOCAB_SIZE
+
+
+def _allowed() -> torch.Tensor:
+    """The ids a draft may read as the byte drafted before: the bytes and EOS (what generation emits)."""
+    mask = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
+    mask[:N_BYTES] = True
+    mask[EOS] = True
+    return mask
+
+
+class DraftHeads(nn.Module):
+    """What both designs share: K = n_future - 1 depths, each with its own final norm and unembedding."""
+
+    name: str
+    reads_bytes: bool  # whether depth d reads the byte drafted at depth d - 1
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        K, D = cfg.n_future - 1, cfg.d_model
+        self.depths, self.eps = K, cfg.norm_eps
+        self.w = nn.Parameter(torch.zeros(K, D, D))  # the block's map of the state, x @ w
+        self.b = nn.Parameter(torch.zeros(K, 1, D))
+        self.norm = nn.Parameter(torch.ones(K, 1, D))  # each depth's final RMSNorm weight
+        self.unembed = nn.Parameter(torch.zeros(K, D, VOCAB_SIZE))  # x @ unembed
+        self.register_buffer("allowed", _allowed(), persistent=False)
+
+    @torch.no_grad()
+    def init_from(self, head1_norm: torch.Tensor, head1_unembed: torch.Tensor) -> None:
+        """Every depth a copy of head 1 (its norm weight (D,), its unembedding (V, D)); the blocks
+        at zero, so an untrained draft says what head 1 says at the same position."""
+        for p in (self.w, self.b):
+            p.zero_()
+        self.norm.copy_(head1_norm.expand_as(self.norm))
+        self.unembed.copy_(head1_unembed.t().expand_as(self.unembed))
+
+    def forward(self, h_BTD: torch.Tensor, first_BT: torch.Tensor | None = None, *, embed: nn.Embedding,
+                forced_BTK: torch.Tensor | None = None, k: int | None = None) -> torch.Tensor:
+        """Logits (B, T, k, V) of the first k depths (all by default) from head 1's state h (B, T, D).
+        `first_BT`: the byte depth 1 reads (head 1's choice at each position); `forced_BTK`: the
+        bytes depths 1..k read instead of the drafts (training: the text's bytes at t + 1 .. t + k)."""
+        raise NotImplementedError
+
+
+class MedusaDrafts(DraftHeads):
+    """Parallel residual blocks on head 1's state (module docstring)."""
+
+    name, reads_bytes = "medusa", False
+
+    def forward(self, h_BTD, first_BT=None, *, embed, forced_BTK=None, k=None):
+        k = self.depths if k is None else k
+        B, T, D = h_BTD.shape
+        x = h_BTD.reshape(1, B * T, D).expand(k, B * T, D)
+        u = x + F.silu(torch.baddbmm(self.b[:k], x, self.w[:k]))
+        u = F.rms_norm(u, (D,), eps=self.eps) * self.norm[:k]
+        return torch.bmm(u, self.unembed[:k]).view(k, B, T, -1).permute(1, 2, 0, 3)
+
+
+class HydraDrafts(DraftHeads):
+    """Sequential blocks that read the byte drafted before (module docstring)."""
+
+    name, reads_bytes = "hydra", True
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        K, D = cfg.n_future - 1, cfg.d_model
+        self.c = nn.Parameter(torch.zeros(K, D, D))  # the byte's embedding into the block, E[x] @ c
+        self.norm_in = nn.Parameter(torch.ones(K, 1, D))
+
+    @torch.no_grad()
+    def init_from(self, head1_norm, head1_unembed):
+        super().init_from(head1_norm, head1_unembed)
+        self.c.zero_()
+        self.norm_in.fill_(1.0)
+
+    def forward(self, h_BTD, first_BT=None, *, embed, forced_BTK=None, k=None):
+        k = self.depths if k is None else k
+        B, T, D = h_BTD.shape
+        s = h_BTD.reshape(B * T, D)
+        read = (forced_BTK[:, :, 0] if forced_BTK is not None else first_BT).reshape(B * T)
+        out = []
+        for d in range(k):
+            x = F.rms_norm(s, (D,), eps=self.eps) * self.norm_in[d]
+            s = s + F.silu(x @ self.w[d] + embed(read) @ self.c[d] + self.b[d])
+            logits = (F.rms_norm(s, (D,), eps=self.eps) * self.norm[d]) @ self.unembed[d]  # (BT, V)
+            out.append(logits)
+            if d + 1 < k:
+                read = (forced_BTK[:, :, d + 1].reshape(B * T) if forced_BTK is not None else
+                        logits.masked_fill(~self.allowed, float("-inf")).argmax(-1))
+        return torch.stack(out, dim=1).view(B, T, k, -1)
+
+
+DRAFTERS: dict[str, type[DraftHeads]] = {cls.name: cls for cls in (MedusaDrafts, HydraDrafts)}
+
+
+def build_drafts(cfg: ModelConfig) -> DraftHeads | None:
+    """The draft heads `cfg.draft` names, or None."""
+    return None if cfg.draft == "none" else DRAFTERS[cfg.draft](cfg)
+
+
+def forced_logits(model, ids_BW: torch.Tensor, T: int, *, layout: Layout,
+                 z_BTD: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Head 1's logits (B, T, V) and the draft heads' (B, T, n_future - 1, V) on the inputs
+    ids_BW[:, :T], the drafts that read bytes reading the window's own (teacher forcing: depth d
+    at t reads the byte at t + d)."""
+    if z_BTD is None:
+        z_BTD = model(ids_BW[:, :T], layout=layout)
+    h_BTD = model.head_state(0, model.head_input(0, z_BTD, None), layout=layout)
+    first = model.head_logits(0, h_BTD)
+    K, forced = model.config.n_future - 1, None
+    if model.drafter.reads_bytes:
+        forced = torch.stack([ids_BW[:, d:d + T] for d in range(1, K + 1)], dim=2)
+    return first, model.drafter(h_BTD, embed=model.embed, forced_BTK=forced)
+
+
+class DraftPass:
+    """A decoding pass's heads when the model has draft heads: head 1 on the trunk state (its one
+    layer writing its cache as in a plain pass), then the first k - 1 draft depths on head 1's
+    state. Called as `StackedHeads` is (`ByteMTP.logits(stacked=)`, the compiled step), so the
+    decoder runs either without knowing which; every pass writes the cache layers of a plain one,
+    and none goes stale (`keeps_warm`)."""
+
+    keeps_warm = True
+
+    def __init__(self, model):
+        assert model.drafter is not None, "the model has no draft heads"
+        self.model = model
+
+    def __call__(self, z_BTD: torch.Tensor, layout: Layout, cache: KVCache | None, *, k: int,
+                 last: torch.Tensor | None = None) -> torch.Tensor:
+        model = self.model
+        h_BTD = model.head_state(0, model.head_input(0, z_BTD, None), cache, layout=layout)
+        if last is not None:
+            h_BTD = h_BTD[torch.arange(len(last), device=h_BTD.device), last][:, None]  # (B, 1, D)
+        logits = model.head_logits(0, h_BTD)[:, :, None]  # (B, T, 1, V)
+        if k <= 1:
+            return logits
+        first = logits[:, :, 0].masked_fill(~model.drafter.allowed, float("-inf")).argmax(-1)
+        drafts = model.drafter(h_BTD, first, embed=model.embed, k=k - 1)
+        return torch.cat([logits, drafts.to(logits.dtype)], dim=2)
+
+    def cache_layers(self, heads: int) -> tuple[int, ...]:
+        """The cache layers a pass writes, whatever its heads: the trunk's and head 1's."""
+        return self.model.cache_layers(1)
+
+    def layers_written(self, heads: int) -> int:
+        return self.model.layers_written(1)
