@@ -65,6 +65,23 @@ for run in gpu-base-8-tuned gpu-base-teacher; do
     --modes auto,chain-all,tree-all --compile on --json "$OUT/decode-$run.json" 2>&1 | tee "$OUT/decode-$run.log"
 done
 
+# ... and draft heads (issue 43): medusa and hydra draft heads added to small and base and tuned for
+# 90 s each (trunk and head 1 frozen), then the decode table at batch 1, 8 and 32 on the compiled step
+# (CUDA graphs), greedy and sampled at temperature 0.8, plain and every drafting mode, with the
+# repetition of the decoded text beside the real continuations'
+for src in gpu-small gpu-base-8; do
+  for design in medusa hydra; do
+    run="runs/$src-$design"; rm -rf "$run"
+    $B tune-heads --ckpt "runs/$src" --out "$run" --draft $design --time 90s --device cuda \
+      --json "$OUT/tune-$src-$design.json" > "$OUT/tune-$src-$design.log" 2>&1
+    for t in 0 0.8; do
+      $B bench decode --ckpt "$run" --device cuda --dtype bfloat16 --batch-sizes 1,8,32 --n-prompts 32 \
+        --modes auto,auto+lookup,plain+lookup,chain-4,chain-all --compile on --temperature $t \
+        --json "$OUT/decode-$src-$design-t$t.json" 2>&1 | tee "$OUT/decode-$src-$design-t$t.log"
+    done
+  done
+done
+
 # 5. the sweep's winner (small) and base, each trained for the same GPU time with AdamW and with Muon
 #    (one process: Muon is refused under FSDP2), schedules fitted to the time; head-1 bits/byte on
 #    the same 102,400 held-out bytes, and MFU from the metrics (issue 32)

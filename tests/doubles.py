@@ -90,6 +90,8 @@ class ScriptedModel:
 
     cache_layers = ByteMTP.cache_layers  # what a pass writes, from the config as the model says it
     layers_written = ByteMTP.layers_written
+    decode_heads = ByteMTP.decode_heads  # no draft heads: the training heads, stacked where they stack
+    drafter = None
 
     def __init__(self, text: bytes, right, n_future: int = 8):
         self.config = dataclasses.replace(C.tiny().model, n_future=n_future, seq_len=128)
@@ -137,6 +139,8 @@ class ScriptedBatchModel:
 
     cache_layers = ByteMTP.cache_layers  # what a pass writes, from the config as the model says it
     layers_written = ByteMTP.layers_written
+    decode_heads = ByteMTP.decode_heads  # no draft heads: the training heads, stacked where they stack
+    drafter = None
 
     def __init__(self, docs: list[tuple[bytes, bytes, object]], n_future: int = 8):
         self.config = dataclasses.replace(C.tiny().model, head_type="linear", n_layers=1, d_model=2,
@@ -206,6 +210,8 @@ class MarkovModel:
 
     cache_layers = ByteMTP.cache_layers  # what a pass writes, from the config as the model says it
     layers_written = ByteMTP.layers_written
+    decode_heads = ByteMTP.decode_heads  # no draft heads: the training heads, stacked where they stack
+    drafter = None
 
     def __init__(self, n_future: int = 3, *, head1=(MARKOV_TARGET[0], MARKOV_TARGET[1]), drafts=MARKOV_DRAFT,
                  ids=MARKOV_SYMBOLS, seq_len: int = 8):
@@ -285,6 +291,8 @@ class PathModel:
 
     cache_layers = ByteMTP.cache_layers  # what a pass writes, from the config as the model says it
     layers_written = ByteMTP.layers_written
+    decode_heads = ByteMTP.decode_heads  # no draft heads: the training heads, stacked where they stack
+    drafter = None
 
     def __init__(self, docs: list[Doc], *, n_future: int = 4, seq_len: int = 128):
         self.config = ModelConfig(n_layers=n_future + 1, d_model=2, n_attn_heads=1, n_future=n_future,

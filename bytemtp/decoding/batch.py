@@ -114,6 +114,7 @@ class Batch:
         self.active = list(range(len(rows)))
         self.finished: set[int] = set()
         self.stale = StaleHeads(len(rows), n_future, warm=warm)
+        self.carried_s = 0.0  # seconds spent for the next pass before it (a re-warm): its cost includes them
 
     @property
     def greedy(self) -> bool:

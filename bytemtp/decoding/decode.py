@@ -204,8 +204,10 @@ class Decoder:
 
     def step(self, state: Batch, choice: Choice) -> None:
         """One speculative pass over the batch: draft, forward, verify, then accept (or propose
-        anew) row by row; its time calibrates the pass costs (under automatic choice)."""
-        t0 = time.perf_counter()
+        anew) row by row; its time calibrates the pass costs (under automatic choice), with what
+        was spent for it before it (`Batch.carried_s`: a re-warm of the heads it runs), so that a
+        switch to more heads is charged what the switch costs."""
+        t0, state.carried_s = time.perf_counter() - state.carried_s, 0.0
         model, cache, seq_len = self.model, state.cache, self.model.config.seq_len
         k = min(choice.heads, state.warm)  # heads whose caches are complete can run
         tree = choice.tree.truncated(state.warm - 1)  # ... and only they gave candidates

@@ -20,6 +20,7 @@ its passes run the shapes compiled for the buckets when it started.
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 import torch
@@ -139,7 +140,9 @@ class Loop:
         state.drop_finished()
         choice = self.plan()
         if choice.heads > state.warm:  # more heads than have complete caches: complete them
+            t0 = time.perf_counter()
             self.rewarm(choice.heads)
+            state.carried_s = time.perf_counter() - t0  # the pass that needed it pays for it
         starts = {r: state.cache.lengths[b] for b, r in enumerate(state.active)}
         self.decoder.step(state, choice)
         if not self.decoder.keeps_warm:  # draft heads keep no cache: nothing goes stale
