@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
 
@@ -110,14 +109,20 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, vs: str
                    "each with +lookup to draft prompt-lookup bytes too (auto+lookup).")
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1),
               help="Times every batch is decoded in every mode (interleaved).")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="0 = greedy; above, every mode (plain too) samples, and outputs are not compared.")
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of each mode's sampler (every mode its own, seeded alike).")
 @compile_option()
 @device_option()
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
 @json_option()
 def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_bytes: int, max_bytes: int,
-                 batch_sizes: str, modes: str, rounds: int, compile_mode: str, device: str, dtype: str,
-                 json_path: str | None) -> None:
-    """Plain greedy vs self-speculative greedy (automatic, fixed chains, trees) on one model."""
+                 batch_sizes: str, modes: str, rounds: int, temperature: float, top_p: float, seed: int,
+                 compile_mode: str, device: str, dtype: str, json_path: str | None) -> None:
+    """Plain vs self-speculative decoding (automatic, fixed chains, trees) on one model, greedy
+    (outputs checked identical) or sampled (--temperature)."""
     from tqdm import tqdm
 
     from bytemtp.experiments.bench import decode_speed
@@ -129,21 +134,24 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
             res = decode_speed(ckpt, prompts_path=prompts_path, n_prompts=n_prompts, prompt_bytes=prompt_bytes,
                                max_bytes=max_bytes, batch_sizes=sizes, modes=mode_list, rounds=rounds,
                                device=str(resolve_device(device)), dtype=dtype, compile=compile_mode,
-                               progress=bar.update)
+                               temperature=temperature, top_p=top_p, seed=seed, progress=bar.update)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
         except ValueError as e:
             raise empty_split_error(e, "give prompts of your own (--prompts FILE)") from None
     bpb = f"; model val bits/byte {res.val_bpb:.3f}" if res.val_bpb is not None else ""
     echo(f"{res.prompts} held-out prompts of up to {res.prompt_bytes} bytes, {res.max_bytes} output "
-         f"bytes each, {res.rounds} interleaved rounds, {res.device} {res.dtype}, compiled step "
-         f"{res.compile}{bpb}")
+         f"bytes each, {report.decode_sampling(res)}, {res.rounds} interleaved rounds, {res.device} {res.dtype}, "
+         f"compiled step {res.compile}{bpb}")
     echo(report.decode_cases_table(res))
-    echo(report.repetition_line(dataclasses.asdict(res.top.figures.repetition)))
+    echo(report.real_continuation_line(res))
+    if res.sampled:
+        echo("sampled: speculative sampling keeps the model's distribution, not plain decoding's draws, so the "
+             "outputs are not compared")
     if res.compile_stats:
         echo(report.compile_line(res.compile_stats))
     write_json(json_path, res)
-    if not res.all_identical:
+    if res.all_identical is False:
         raise click.ClickException("speculative output differs from plain greedy output")
 
 

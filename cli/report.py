@@ -292,15 +292,58 @@ def train_step_table(res) -> str:
     return "\n".join(lines)
 
 
+def decode_sampling(res) -> str:
+    """How a `bench.DecodeSpeed` decoded: greedy, or sampled at its temperature and top-p."""
+    if not res.sampled:
+        return "greedy"
+    return f"sampled at temperature {res.temperature:g}, top-p {res.top_p:g} (seed {res.seed})"
+
+
+def _zstd_cell(rep) -> str:
+    """A `repetition.Repetition`'s zstd ratio, and over the real continuation's where there is one."""
+    if rep.decoded.zstd_ratio is None:
+        return "-"
+    over = "" if rep.zstd_ratio_over_real is None else f" ({rep.zstd_ratio_over_real:.2f})"
+    return f"{rep.decoded.zstd_ratio:.2f}x{over}"
+
+
 def decode_cases_table(res) -> str:
-    """`bench decode` (a `bench.DecodeSpeed`): one row a batch size and mode."""
+    """`bench decode` (a `bench.DecodeSpeed`): one row a batch size and mode, with how repetitive
+    that mode's decoded text is (distinct 8-grams; zstd ratio, over the real continuation's)."""
+    def identical(f) -> str:
+        return "n/a (sampled)" if res.sampled else "yes" if f.identical else "NO"
+
+    def distinct(f) -> str:
+        share = f.repetition.decoded.distinct_8grams
+        return "-" if share is None else f"{share:.2f}"
+
     rows = [(c.batch_size, f.mode, f"{f.plain_bytes_s:,.0f}", f"{f.spec_bytes_s:,.0f}",
              f"{f.speedup:.2f} ({f.speedup_min:.2f}-{f.speedup_max:.2f})",
-             f"{f.bytes_per_forward:.2f}", f"{f.pass_cost:.2f}", "yes" if f.identical else "NO",
-             ", ".join(f"{k}:{n}" for k, n in sorted(f.heads_used.items())))
+             f"{f.bytes_per_forward:.2f}", f"{f.pass_cost:.2f}", identical(f),
+             ", ".join(f"{k}:{n}" for k, n in sorted(f.heads_used.items())), distinct(f), _zstd_cell(f.repetition))
             for c in res.cases for f in [c.figures]]
     return table(rows, ("batch", "mode", "plain B/s", "spec B/s", "speedup (spread)", "bytes/pass",
-                        "pass cost", "identical", "heads:passes"))
+                        "pass cost", "identical", "heads:passes", "distinct 8-grams", "zstd x (over real)"))
+
+
+def real_continuation_line(res) -> str:
+    """Under `decode_cases_table`: the real continuation's own repetition, once (each row's is cut
+    to that row's decoded lengths, the same in every row unless rows stopped early apart), or
+    that the prompts had none."""
+    reals = [c.figures.repetition.real for c in res.cases]
+    if any(r is None for r in reals):
+        return "no real continuation (prompts from a file): the zstd ratios are of the decoded text alone"
+    distinct = sorted({r.distinct_8grams for r in reals if r.distinct_8grams is not None})
+    ratios = sorted({r.zstd_ratio for r in reals if r.zstd_ratio is not None})
+    sizes = sorted({r.bytes for r in reals})
+
+    def span(values: list, form: str) -> str:
+        if not values:
+            return "-"
+        low, high = format(values[0], form), format(values[-1], form)
+        return low if low == high else f"{low} to {high}"
+    return (f"real continuation ({span(sizes, ',')} bytes, cut to the decoded lengths): distinct 8-grams "
+            f"{span(distinct, '.2f')}, zstd ratio {span(ratios, '.2f')}x")
 
 
 class StageBars:

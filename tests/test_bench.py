@@ -67,6 +67,17 @@ PREP = {"input_files": 2, "input_bytes": 5000, "written_bytes": 9000, "rounds": 
                   "same_documents": True, "same_order": False}}
 
 
+def _sampling(decode: dict, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> dict:
+    """`bench decode --json` as written since runs may be sampled: how it decoded after `rounds`
+    (and `all_identical` None when sampled: not expected)."""
+    out = {}
+    for key, value in decode.items():
+        out[key] = value
+        if key == "rounds":
+            out.update(temperature=temperature, top_p=top_p, seed=seed)
+    return {**out, "all_identical": None} if temperature > 0 else out
+
+
 def _written(result) -> dict:
     """A result as a command writes it, then reads it: JSON text, keys in order."""
     return json.loads(json.dumps(result.to_json()))
@@ -86,12 +97,53 @@ def _compiled(decode: dict) -> dict:
 def test_decode_speed_reads_back_from_the_json_bench_decode_wrote(data):
     from bytemtp.experiments.bench import DecodeSpeed
 
-    res = DecodeSpeed.from_json(data)
-    assert list(_written(res).items()) == list(data.items())
+    res = DecodeSpeed.from_json(data)  # written before runs were sampled: greedy
+    assert (res.temperature, res.top_p, res.seed, res.sampled) == (0.0, 1.0, 0, False)
+    assert list(_written(res).items()) == list(_sampling(data).items())
     assert res.top.figures.mode == "auto" and res.top.batch_size == 1 and res.cases[0].figures.heads_used == {1: 3, 4: 10}
-    assert not res.all_identical and DecodeSpeed.from_json(_written(res)) == res
+    assert res.all_identical is False and DecodeSpeed.from_json(_written(res)) == res
     chains = DecodeSpeed.from_json({**data, "cases": data["cases"][1:2]})
     assert chains.top.figures.mode == "chain-2"  # no auto: the first mode measured at the first batch size
+
+
+@pytest.mark.parametrize("data", [_sampling(DECODE, 0.8, 0.95, 3), _sampling(_compiled(DECODE), 0.8, 0.95, 3)])
+def test_a_sampled_decode_speed_round_trips_and_does_not_judge_identity(data):
+    from bytemtp.experiments.bench import DecodeSpeed
+
+    res = DecodeSpeed.from_json(data)
+    assert (res.temperature, res.top_p, res.seed, res.sampled) == (0.8, 0.95, 3, True)
+    assert list(_written(res).items()) == list(data.items()) and DecodeSpeed.from_json(_written(res)) == res
+    # chain-2's outputs differ from plain's, as sampled draws do: no verdict, where greedy would fail
+    assert not res.cases[1].figures.identical and res.all_identical is None
+
+
+def test_decode_table_shows_each_rows_repetition_and_no_identity_verdict_when_sampled():
+    from bytemtp.experiments.bench import DecodeSpeed
+    from bytemtp_cli.report import decode_cases_table, decode_sampling, real_continuation_line
+
+    greedy = DecodeSpeed.from_json(DECODE)
+    lines = decode_cases_table(greedy).splitlines()
+    assert "distinct 8-grams" in lines[0] and "zstd x (over real)" in lines[0]
+    rows = lines[2:]
+    assert len(rows) == 3 and all(row.split()[-3:] == ["0.50", "2.50x", "(1.67)"] for row in rows), rows
+    assert [" yes " in r or " NO " in r for r in rows] == [True] * 3 and " NO " in rows[1]
+    assert real_continuation_line(greedy) == ("real continuation (300 bytes, cut to the decoded lengths): "
+                                              "distinct 8-grams 0.90, zstd ratio 1.50x")
+    assert decode_sampling(greedy) == "greedy"
+    sampled = DecodeSpeed.from_json(_sampling(DECODE, 0.8, 0.95))
+    table = decode_cases_table(sampled)
+    assert table.count("n/a (sampled)") == 3 and " NO " not in table and " yes " not in table
+    assert decode_sampling(sampled) == "sampled at temperature 0.8, top-p 0.95 (seed 0)"
+    # rows that stopped apart (sampled: EOS in one mode, not another) cut the real text apart too
+    other = {**REPETITION, "real": {"distinct_8grams": 0.8, "zstd_ratio": 1.75, "bytes": 250}}
+    apart = DecodeSpeed.from_json({**DECODE, "cases": [DECODE["cases"][0], {**CASE, "repetition": other}]})
+    assert real_continuation_line(apart).endswith("(250 to 300 bytes, cut to the decoded lengths): "
+                                                  "distinct 8-grams 0.80 to 0.90, zstd ratio 1.50 to 1.75x")
+    # prompts from a file: no real continuation, the decoded ratio alone
+    alone = {"decoded": REPETITION["decoded"], "real": None, "zstd_ratio_over_real": None}
+    from_file = DecodeSpeed.from_json({**DECODE, "cases": [{**CASE, "repetition": alone}]})
+    assert decode_cases_table(from_file).splitlines()[2].split()[-2:] == ["0.50", "2.50x"]
+    assert real_continuation_line(from_file).startswith("no real continuation")
 
 
 @pytest.mark.parametrize("data", [TRAIN_STEP, {**TRAIN_STEP, "time_ratio_noisy": True, "time_ratio_note": "noise"}])
@@ -145,7 +197,7 @@ def test_all_benchmarks_reads_back_and_its_summary_is_the_parts_figures():
     data = json.loads(json.dumps({"summary": summary, "train_step": TRAIN_STEP, "loader": LOADER, "decode": DECODE,
                                   "eval": ev.to_json()}))
     res = AllBenchmarks.from_json(data)
-    assert res.summary == summary and list(_written(res).items()) == list(data.items())
+    assert res.summary == summary and list(_written(res).items()) == list({**data, "decode": _sampling(DECODE)}.items())
 
 
 def test_prep_speed_reads_back_from_the_json_bench_prep_wrote():

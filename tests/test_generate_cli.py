@@ -304,11 +304,75 @@ def test_bench_decode_checks_identity_and_writes_keys(ckpt, code_corpus, tmp_pat
     for key in ("speedup", "speedup_min", "speedup_max", "bytes_per_forward", "pass_cost", "plain_bytes_s",
                 "repetition"):
         assert data[key] == auto[key], key
-    assert repetition_line(auto["repetition"]) in res.stdout and "real continuation: distinct 8-grams" in res.stdout
+    # every row's repetition in the table, the real continuation's once under it
+    rows = res.stdout.splitlines()
+    for case in data["cases"]:
+        rep = case["repetition"]
+        row = next(r for r in rows if r.split()[:2] == [str(case["batch_size"]), case["mode"]])
+        assert row.split()[-3:] == [f"{rep['decoded']['distinct_8grams']:.2f}", f"{rep['decoded']['zstd_ratio']:.2f}x",
+                                    f"({rep['zstd_ratio_over_real']:.2f})"], row
+    real = auto["repetition"]["real"]
+    assert (f"real continuation ({real['bytes']:,} bytes, cut to the decoded lengths): distinct 8-grams "
+            f"{real['distinct_8grams']:.2f}, zstd ratio {real['zstd_ratio']:.2f}x") in res.stdout
+    assert "80 output bytes each, greedy, " in res.stdout and "n/a (sampled)" not in res.stdout
     assert data["val_bpb"] > 0 and data["pass_costs_ms"]["1x1"] > 0
     assert data["prompts"] == 3 and data["max_bytes"] == 80  # past the context of 64: the window slides
     res = run("bench", "decode", "--ckpt", ckpt, "--modes", "auto,chain-x")
     assert res.exit_code != 0 and "'chain-x' is not a mode" in res.output
+
+
+def _one_ms(monkeypatch) -> list[dict]:
+    """Every timed decode takes 1 ms (an untrained model's speedup, measured on a busy machine,
+    could pass for impossible and stop the benchmark); returns the `generate` arguments of each call."""
+    from bytemtp.decoding import speed
+
+    calls = []
+
+    def timed(decoder, prompts, **kwargs):
+        calls.append(kwargs)
+        return decoder.generate(prompts, **kwargs), 1e-3
+    monkeypatch.setattr(speed, "timed_generate", timed)
+    return calls
+
+
+def test_sampled_decode_speed_gives_each_mode_its_own_sampler_and_no_identity_verdict(ckpt, monkeypatch):
+    from bytemtp.experiments.bench import DecodeSpeed, decode_speed
+
+    calls = _one_ms(monkeypatch)
+    res = decode_speed(str(ckpt), n_prompts=2, prompt_bytes=8, max_bytes=24, batch_sizes=(1, 2),
+                       modes=("auto", "chain-2"), rounds=1, compile="off", eval_batches=0,
+                       temperature=0.8, top_p=0.95, seed=3)
+    assert (res.temperature, res.top_p, res.seed, res.sampled) == (0.8, 0.95, 3, True)
+    assert [(c.batch_size, c.figures.mode) for c in res.cases] == [(b, m) for b in (1, 2) for m in ("auto", "chain-2")]
+    # chain-2 draws otherwise than plain (same seed, other draws), and that is no failure
+    assert not all(c.figures.identical for c in res.cases) and res.all_identical is None
+    assert all(c.figures.repetition.real is not None for c in res.cases)
+    # every mode, plain too, samples with a generator of its own, seeded alike, afresh at each batch size
+    samplers = {}
+    for kwargs in calls:
+        sampling = kwargs["sampling"]
+        assert (sampling.temperature, sampling.top_p, sampling.generator.initial_seed()) == (0.8, 0.95, 3)
+        samplers.setdefault(id(sampling.generator), set()).add(str(kwargs["draft"]))
+    assert sorted(map(len, samplers.values())) == [1] * 6 and len(samplers) == 2 * 3
+    data = json.loads(json.dumps(res.to_json()))
+    assert (data["temperature"], data["top_p"], data["seed"], data["all_identical"]) == (0.8, 0.95, 3, None)
+    assert DecodeSpeed.from_json(data) == res
+
+
+def test_bench_decode_samples_and_says_so(ckpt, tmp_path, monkeypatch):
+    _one_ms(monkeypatch)
+    out = tmp_path / "decode.json"
+    res = run("bench", "decode", "--ckpt", ckpt, "--n-prompts", 2, "--prompt-bytes", 8, "--max-bytes", 24,
+              "--batch-sizes", "2", "--modes", "chain-2", "--rounds", 1, "--device", "cpu", "--compile", "off",
+              "--temperature", 0.8, "--top-p", 0.95, "--json", out)
+    assert res.exit_code == 0, res.output
+    assert "24 output bytes each, sampled at temperature 0.8, top-p 0.95 (seed 0), 1 interleaved rounds" in res.stdout
+    data = json.loads(out.read_text())
+    assert (data["temperature"], data["top_p"], data["seed"], data["all_identical"]) == (0.8, 0.95, 0, None)
+    assert data["identical"] is False  # plain's draws, not chain-2's: compared, but not a failure
+    row = next(r for r in res.stdout.splitlines() if r.split()[:2] == ["2", "chain-2"])
+    assert "n/a (sampled)" in row and row.split()[-2].endswith("x") and row.split()[-1].startswith("(")
+    assert "real continuation (" in res.stdout
 
 
 @pytest.mark.slow

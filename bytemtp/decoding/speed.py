@@ -86,7 +86,7 @@ class SpeedFigures:
     pass_cost: float  # the mode's time per pass over plain's
     plain_bytes_s: float
     spec_bytes_s: float
-    identical: bool  # the mode's outputs are the base's
+    identical: bool  # the mode's outputs are the base's (expected of greedy decoding; sampled draws differ)
     heads_used: dict[int, int]  # heads run in a pass -> passes, in the order first seen
     shapes: dict[str, int]  # the three commonest draft shapes -> passes
     repetition: Repetition  # how repetitive the mode's outputs are, against the real continuations if given

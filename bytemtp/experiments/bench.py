@@ -1,6 +1,6 @@
 """Benchmarks, measured as ratios within one run (shared machines are noisy): the loader against
 `zstd -dc` on the same shard (`loader_throughput`), decoding modes against plain decoding on
-held-out prompts (`decode_speed`), and all of them with the training step
+held-out prompts, greedy or sampled (`decode_speed`), and all of them with the training step
 (`step_bench.train_step`) and evaluation in one run (`all_benchmarks`); the server's benchmark is
 `serve_bench`.
 
@@ -26,6 +26,7 @@ from bytemtp.data.loader import ByteLoader
 from bytemtp.data.shards import CorpusError
 from bytemtp.decoding import decode
 from bytemtp.decoding.generation import load_prompts
+from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.speed import SpeedFigures, interleaved_decodes, speed_figures
 from bytemtp.decoding.strategy import DECODE_MODES, Draft
 from bytemtp.evaluation.evaluate import EvalResult, evaluate, held_out_split, val_continuations
@@ -102,8 +103,9 @@ class DecodeCase:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSpeed:
-    """Plain against self-speculative greedy decoding in several modes (`decode_speed`). Its JSON
-    form (`bench decode --json`) also carries the `top` case's figures at the top level."""
+    """Plain against self-speculative decoding in several modes, greedy or sampled
+    (`decode_speed`). Its JSON form (`bench decode --json`) also carries the `top` case's figures at
+    the top level."""
     ckpt: str
     device: str
     dtype: str
@@ -116,6 +118,13 @@ class DecodeSpeed:
     compile_stats: dict | None  # what compiling cost (`StaticStep.stats`); None: no static step made
     pass_costs_ms: dict[str, float]  # the pass costs at the first batch size (`PassCosts.to_dict`)
     cases: list[DecodeCase]  # batch size by batch size, mode by mode
+    temperature: float = 0.0  # 0: greedy; above: every mode sampled (`sampling.Sampling`)
+    top_p: float = 1.0
+    seed: int = 0  # each mode's sampler's seed, the same for all (unused when greedy)
+
+    @property
+    def sampled(self) -> bool:
+        return self.temperature > 0
 
     @property
     def top(self) -> DecodeCase:
@@ -125,8 +134,10 @@ class DecodeSpeed:
         return next((c for c in first if c.figures.mode == "auto"), first[0])
 
     @property
-    def all_identical(self) -> bool:
-        return all(c.figures.identical for c in self.cases)
+    def all_identical(self) -> bool | None:
+        """Whether every mode's outputs are plain's; None when sampled, where they are not expected
+        to be (speculative sampling keeps the model's distribution, not plain's draws)."""
+        return None if self.sampled else all(c.figures.identical for c in self.cases)
 
     def to_json(self) -> dict:
         top = self.top.to_json()
@@ -134,15 +145,24 @@ class DecodeSpeed:
                 "plain_bytes_s", "spec_bytes_s", "repetition")
         if self.compile == "on":
             keys += ("eager_plain_bytes_s", "eager_speedup", "compiled_plain_speedup")
-        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)[:9]}, **{k: top[k] for k in keys},
+        return {**{k: getattr(self, k) for k in _DECODE_HEAD}, **{k: top[k] for k in keys},
                 "compile_stats": self.compile_stats, "pass_costs_ms": self.pass_costs_ms,
                 "all_identical": self.all_identical, "cases": [c.to_json() for c in self.cases]}
 
     @classmethod
     def from_json(cls, data: dict) -> DecodeSpeed:
-        """A `bench decode --json` file read back (the top case's figures come from its case)."""
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)[:11]},
+        """A `bench decode --json` file read back (the top case's figures come from its case); one
+        written before sampled runs, without `temperature`, `top_p` and `seed`, is greedy."""
+        sampling = ("temperature", "top_p", "seed")
+        return cls(**{k: data[k] for k in _DECODE_HEAD if k not in sampling},
+                   **{k: data[k] for k in sampling if k in data},
+                   compile_stats=data["compile_stats"], pass_costs_ms=data["pass_costs_ms"],
                    cases=[DecodeCase.from_json(c) for c in data["cases"]])
+
+
+# the keys that open `DecodeSpeed`'s JSON form, in order
+_DECODE_HEAD = ("ckpt", "device", "dtype", "prompts", "prompt_bytes", "max_bytes", "rounds", "temperature", "top_p",
+                "seed", "val_bpb", "compile")
 
 
 def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batch_size: int = 8,
@@ -209,13 +229,17 @@ def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batc
 def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128,
                  max_bytes: int = 256, batch_sizes=(1, 8), modes=DECODE_MODES, rounds: int = 2,
                  device: str = "cpu", dtype: str = "float32", eval_batches: int = 10, compile: str = "auto",
-                 progress=None) -> DecodeSpeed:
-    """Plain greedy against self-speculative greedy in several drafting modes, on the same model
-    and held-out prompts, in one run.
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, progress=None) -> DecodeSpeed:
+    """Plain against self-speculative decoding in several drafting modes, on the same model and
+    held-out prompts, in one run: greedy at `temperature` 0, else every mode (plain included)
+    sampled at that temperature and `top_p`, each mode with its own generator seeded with `seed`
+    afresh at every batch size.
 
     Every mode decodes with one `Decoder` (heads stacked once, pass costs measured once per batch
-    size, the acceptance profile kept across calls), by `interleaved_decodes`; the outputs must be
-    identical. Per batch size and mode, the figures of `speed_figures`, with `repetition`: how
+    size, the acceptance profile kept across calls), by `interleaved_decodes`; greedy outputs must
+    be identical (each case's `identical`), while sampled ones are not expected to be (speculative
+    sampling keeps the model's distribution, not plain's draws: `all_identical` is then None).
+    Per batch size and mode, the figures of `speed_figures`, with `repetition`: how
     repetitive the decoded text is, and, for prompts cut from val documents, the same figures of
     the bytes that follow each prompt there (the real continuation, cut to the decoded length) and
     the ratio of the zstd ratios (a prompts file has no continuation: `real` is then None). The
@@ -227,6 +251,7 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     `eager_speedup` (the mode over eager plain).
     """
     dev = torch.device(device)
+    Sampling(temperature=temperature, top_p=top_p)  # a bad value stops here, before the model loads
     model, cfg = load_model(ckpt, device=dev)
     model = model.to(getattr(torch, dtype))
     real = None  # the real continuations, where the prompts come from documents
@@ -240,12 +265,21 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     decoder = decode.Decoder(model, compile=compile)
     compiled = decoder.policy.settle(batch_size=batch_sizes[0],
                                      work_bytes=len(prompts) * max_bytes * len(modes) * rounds * len(batch_sizes))
-    runs = {m: (decoder, {"draft": Draft.parse(m).capped(n_future)}) for m in modes}
+    drafts = {m: (decoder, Draft.parse(m).capped(n_future)) for m in modes}
     if compiled:
-        runs["eager plain"] = (decode.Decoder(model, compile="off"), {"draft": Draft.plain()})
+        drafts["eager plain"] = (decode.Decoder(model, compile="off"), Draft.plain())
+
+    def args(draft: Draft) -> dict:
+        """A mode's `generate` arguments: its draft, and when sampled its own sampler."""
+        if temperature == 0:
+            return {"draft": draft}
+        generator = torch.Generator(device=dev).manual_seed(seed)
+        return {"draft": draft, "sampling": Sampling(temperature=temperature, top_p=top_p, generator=generator)}
+
     cases = []
     for B in batch_sizes:
         batches = [prompts[i:i + B] for i in range(0, len(prompts), B)]
+        runs = {m: (d, args(draft)) for m, (d, draft) in drafts.items()}
         took, outs = interleaved_decodes(runs, batches, max_bytes=max_bytes, rounds=rounds, progress=progress)
         for mode in modes[1:]:
             try:
@@ -269,7 +303,7 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
                        prompt_bytes=max(len(p) for p in prompts), max_bytes=max_bytes, rounds=rounds,
                        val_bpb=ev.bpb[0] if ev else None, compile="on" if compiled else "off",
                        compile_stats=static.stats() if static is not None else None, pass_costs_ms=costs.to_dict(),
-                       cases=cases)
+                       cases=cases, temperature=temperature, top_p=top_p, seed=seed)
 
 
 @dataclasses.dataclass(frozen=True)
