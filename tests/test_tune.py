@@ -261,3 +261,39 @@ def test_self_generated_targets_raise_the_bytes_per_pass_decoded(prose_source, t
         got[name] = data["after"]["decoded_bytes_per_forward"]["chain-all"]
         got["before"] = data["before"]["decoded_bytes_per_forward"]["chain-all"]
     assert got["rollouts"] > 1.5 * max(got["before"], got["corpus"]), got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("design", ["medusa", "hydra"])
+def test_a_tune_with_draft_adds_draft_heads_and_trains_them_alone(source, tmp_path, design):
+    """tune-heads --draft adds draft heads (model.draft) to the source's weights, trains them alone
+    (the training heads stay the source's), and the tuned run decodes with them; a resume keeps them."""
+    from bytemtp.decoding.decode import Decoder, generate
+
+    report = tmp_path / "tune.json"
+    out = tmp_path / "tuned"
+    res = _tune(["--ckpt", str(source), "--out", str(out), "--draft", design, "--divergence", "tv",
+                 "--steps", "4", "--report-prompts", "2", "--json", str(report)])
+    before, cfg_before = _weights(source)
+    after, cfg_after = _weights(out)
+    assert cfg_after.model.draft == design and cfg_before.model.draft == "none"
+    assert cfg_after.loss.teacher_divergence == "tv"
+    state_before = before.state_dict()
+    for name, p in after.state_dict().items():
+        if not name.startswith("drafter."):
+            assert torch.equal(p, state_before[name]), f"{name} changed"
+    assert after.drafter.w_out.abs().sum() > 0  # the way out left zero: the draft heads trained
+    data = json.loads(report.read_text())
+    assert data["before"]["bpb"][0] == data["after"]["bpb"][0]
+    assert "after" in res.output
+    prompts = [b"def ", b"import"]
+    assert [g.output for g in Decoder(after, compile="off").generate(prompts, max_bytes=40)] == \
+        [generate(after, p, max_bytes=40).output for p in prompts]
+    again = _tune(["--resume", "--out", str(out), "--steps", "6", "--report-prompts", "0"])
+    assert "resumed" in again.output and _weights(out)[1].model.draft == design
+
+
+def test_draft_heads_are_refused_outside_a_tune_with_one_line(tmp_path):
+    res = CliRunner().invoke(main, ["train", "--preset", "tiny", "--out", str(tmp_path / "r"), "--steps", "1",
+                                    "--set", "model.draft=medusa"])
+    assert res.exit_code != 0 and "train.trainable=draft-heads" in res.output and "Traceback" not in res.output

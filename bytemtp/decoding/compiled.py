@@ -100,13 +100,21 @@ class StaticStep:
     def __init__(self, model, stacked, *, compiled: bool = True):
         self.model, self.stacked, self.compiled = model, stacked, compiled
         self.n_future = model.config.n_future
+        # draft heads (`model.draft.DraftPass`): every pass runs head 1 alone and returns its states,
+        # from which the decoder drafts at the nodes it keeps (`drafts`, compiled per batch size)
+        self.two_phase = hasattr(stacked, "head1")
+        self.states: torch.Tensor | None = None  # head 1's states of the last pass (B, T, D), two-phase
+        self.drafts = stacked.drafts if self.two_phase else None
         self.device = model.embed.weight.device
         self._fn = self._pass
         if compiled:
             cuda = self.device.type == "cuda"
             self._fn = torch.compile(self._pass, dynamic=False, fullgraph=True,
                                      mode="reduce-overhead" if cuda else None)
-        self._shapes: set[tuple[int, int, int]] = set()  # (B, K, T) run so far
+            if self.two_phase:
+                self.drafts = torch.compile(stacked.drafts, dynamic=False, fullgraph=True,
+                                            mode="reduce-overhead" if cuda else None)
+        self._shapes: set[tuple] = set()  # (B, K, T) run so far, and ("drafts", B)
         self._trees: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.compile_s, self.graphs = 0.0, 0
@@ -114,21 +122,25 @@ class StaticStep:
 
     def _pass(self, ids_BT: torch.Tensor, starts_B: torch.Tensor, depths_T: torch.Tensor, see_TT: torch.Tensor,
               cache_k: torch.Tensor, cache_v: torch.Tensor,
-              heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Logits (B, T, heads, V) and the keys and values of the layers that ran, (N, B, H, T, E)
-        in the order of `_indices`. Reads the cache, writes nothing."""
+              heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, heads, V), the keys and values of the layers that ran, (N, B, H, T, E)
+        in the order of `_indices`, and (draft heads) head 1's states (B, T, D), else None. Reads
+        the cache, writes nothing."""
         model = self.model
         cache = _Buffers(cache_k, cache_v)
         layout = build_layout(model, ids_BT, cache, depths=depths_T, ancestors=see_TT, starts_B=starts_B)
         z_BTD = model(ids_BT, cache, layout=layout)
-        if self.stacked is not None:
+        states = None
+        if self.two_phase:  # draft heads: head 1 here, its states out for the drafts at the kept nodes
+            logits, states = self.stacked.head1(z_BTD, layout, cache)
+        elif self.stacked is not None:
             logits = self.stacked(z_BTD, layout, cache, k=heads)
         else:
             logits = torch.stack([model.head_logits(k, h_BTD)
                                   for k, h_BTD in model.head_states(z_BTD, cache, layout=layout, heads=heads)], dim=2)
         ks = [k if k.dim() == 5 else k[None] for k, _ in layout.written]  # stacked heads: (K, B, H, T, E)
         vs = [v if v.dim() == 5 else v[None] for _, v in layout.written]
-        return logits, torch.cat(ks), torch.cat(vs)
+        return logits, torch.cat(ks), torch.cat(vs), states
 
     def _indices(self, B: int, heads: int, padded: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where a pass's returned keys and values go, made once per shape: their cache layers
@@ -162,7 +174,7 @@ class StaticStep:
         the tree that `depths` and `ancestors` describe, as `Layout` takes them); advances the
         cache like `ByteMTP.logits`."""
         B, T = ids_BT.shape
-        K = head_bucket(heads, self.n_future)
+        K = 1 if self.two_phase else head_bucket(heads, self.n_future)
         padded = node_bucket(max(T, K))  # k heads over fewer nodes run as k nodes: no graph of their own
         assert max(cache.lengths) + padded <= cache.max_len, (cache.lengths, padded, cache.max_len)
         if padded > T:
@@ -180,12 +192,12 @@ class StaticStep:
 
             graphs, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
             with torch._dynamo.config.patch(recompile_limit=1024, accumulated_recompile_limit=1 << 16):
-                logits, k, v = self._fn(ids_BT, starts_B, depth_T, see_TT, cache.k, cache.v, K)
+                logits, k, v, states = self._fn(ids_BT, starts_B, depth_T, see_TT, cache.k, cache.v, K)
             if counters["stats"]["unique_graphs"] > graphs:
                 self.graphs += counters["stats"]["unique_graphs"] - graphs
                 self.compile_s += time.perf_counter() - t0
         else:
-            logits, k, v = self._fn(ids_BT, starts_B, depth_T, see_TT, cache.k, cache.v, K)
+            logits, k, v, states = self._fn(ids_BT, starts_B, depth_T, see_TT, cache.k, cache.v, K)
         self._shapes.add(shape)
         self.last_was_new = first
         # the new keys and values into their slots: (layers, B, L, H, E) views index them as (N, B, T)
@@ -194,11 +206,21 @@ class StaticStep:
         for cache_t, new in ((cache.k, k), (cache.v, v)):
             cache_t.transpose(2, 3)[layers, rows, slots] = new.transpose(2, 3)
         cache.advance(T)
+        self.states = None if states is None else states[:, :T]
         return logits[:, :T, :heads]
+
+    def drafts_at(self, h_BD: torch.Tensor, first_B: torch.Tensor) -> torch.Tensor:
+        """The draft heads' logits (B, n_future - 1, V) at one node a row (`DraftPass.drafts`),
+        compiled once per batch size; a call that compiles marks the step's time as not a cost."""
+        shape = ("drafts", h_BD.shape[0])
+        if shape not in self._shapes:
+            self._shapes.add(shape)
+            self.last_was_new = True
+        return self.drafts(h_BD, first_B)
 
     def ready(self, batch_size: int) -> bool:
         """Whether this batch size has run here, or its step is recorded in the disk cache."""
-        return (any(b == batch_size for b, _, _ in self._shapes)
+        return (any(shape[0] == batch_size for shape in self._shapes)
                 or cached_costs(self.model, stacked=self.stacked is not None, batch_size=batch_size) is not None)
 
     def stats(self) -> dict:

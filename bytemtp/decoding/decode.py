@@ -110,12 +110,18 @@ class Decoder:
         self.calibration = CalibratedCosts(model, stacked=self.stacked is not None, given=costs)
         self.policy = CompilePolicy(model, self.stacked, compile)
         self.last_choice: Choice | None = None
+        self._states: torch.Tensor | None = None  # head 1's states of the last pass (two-phase drafting)
 
     @property
     def keeps_warm(self) -> bool:
         """Whether a pass leaves every head's cache whole (draft heads need none), so that more heads
         than the last pass ran need only their candidates taken anew, at one position."""
         return getattr(self.stacked, "keeps_warm", False)
+
+    @property
+    def two_phase(self) -> bool:
+        """Whether a pass runs head 1 alone and the draft heads after it at the kept nodes (`DraftPass`)."""
+        return hasattr(self.stacked, "head1")
 
     def layers_written(self, heads: int) -> int:
         """The cache layers a pass of `heads` heads writes (the first this many of the cache)."""
@@ -224,6 +230,7 @@ class Decoder:
         logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static)
         cache.rewind(tree.T)
         verdicts = self.verify(logits, state, batch, tree, offered)
+        drafts = self.drafts_at(verdicts, static=state.static) if self.two_phase and k > 1 else None
         layers = self.layers_written(k)
         shapes: dict[int, str] = {}  # the shape offered to rows that may use drafts to a depth, by depth
         gained = []  # bytes each live row gets from this pass
@@ -251,7 +258,10 @@ class Decoder:
             if done:
                 state.finished.add(r)
                 continue
-            self.propose(row, logits[b, path[-1], :k], nxt, cand)
+            if drafts is None:
+                self.propose(row, logits[b, path[-1], :k], nxt, cand)
+            else:  # head 1's logits there and the draft heads', from the byte chosen there
+                self.propose(row, torch.cat([logits[b, path[-1], :1], drafts[b, :k - 1].to(logits.dtype)]), nxt)
         state.warm = k  # the heads whose candidates the rows hold (and, for training heads, whose caches are whole)
         if state.costs is not None and not (state.static and self.policy.static.last_was_new):  # compiling: not a cost
             lookup = any(m is not None for m in used)  # lookup's bytes say nothing of the heads' (k, T)
@@ -312,12 +322,28 @@ class Decoder:
         advances: on the compiled static step, or eagerly with the layout built here."""
         chain = tree.is_chain
         if static:
-            return self.policy.static(ids_BT, cache, heads=heads, depths=None if chain else tree.depths,
-                               ancestors=None if chain else tree.ancestors)
+            logits = self.policy.static(ids_BT, cache, heads=heads, depths=None if chain else tree.depths,
+                                        ancestors=None if chain else tree.ancestors)
+            self._states = self.policy.static.states
+            return logits
         model = self.model
         layout = build_layout(model, ids_BT, cache, depths=None if chain else list(tree.depths),
                               ancestors=None if chain else tree.ancestors, drafts=True)
+        if self.two_phase:  # head 1 over the nodes; the drafts come at the kept nodes (`drafts_at`)
+            logits, self._states = self.stacked.head1(model(ids_BT, cache, layout=layout), layout, cache)
+            cache.advance(ids_BT.shape[1])
+            return logits
         return model.logits(ids_BT, cache, heads=heads, stacked=self.stacked, layout=layout)
+
+    def drafts_at(self, verdicts: list[tuple[list[int], int, list[list[int]] | None]], *,
+                  static: bool) -> torch.Tensor:
+        """The draft heads' logits (B, n_future - 1, V) at each row's kept node of the last pass,
+        reading the byte chosen there (`DraftPass.drafts`, on the compiled step where it runs)."""
+        device = self._states.device
+        nodes = torch.tensor([path[-1] for path, _, _ in verdicts], device=device)
+        first = torch.tensor([nxt for _, nxt, _ in verdicts], device=device)
+        h_BD = self._states[torch.arange(len(verdicts), device=device), nodes]
+        return self.policy.static.drafts_at(h_BD, first) if static else self.stacked.drafts(h_BD, first)
 
     def verify(self, logits_BTKV: torch.Tensor, state: Batch, rows: list[Row], tree: DraftTree,
                offered: list[int]) -> list[tuple[list[int], int, list[list[int]] | None]]:

@@ -105,8 +105,9 @@ class SpeedFigures:
 
 def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", same_step: bool = True,
                   real: list[bytes] | None = None) -> SpeedFigures:
-    """One mode against plain decoding, from `interleaved_decodes`: speedup = plain time / mode
-    time over all batches and rounds, its spread (each batch and round's ratio), bytes per pass
+    """One mode against plain decoding, from `interleaved_decodes`: speedup = the mode's bytes a
+    second over plain's, over all batches and rounds (greedy: plain time / mode time; sampled runs
+    differ in their bytes, whose last round stands for every round), its spread (each batch and round's ratio), bytes per pass
     (output bytes over the passes each row took part in), pass cost (the mode's time per pass over
     plain's), both speeds, whether the outputs are identical, the heads run, the commonest draft
     shapes, and how repetitive the mode's outputs are (`repetition.measure_repetition`; `real`:
@@ -115,15 +116,20 @@ def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", sam
     decoding), where both run on the same step (`same_step`)."""
     total = SpeculativeStats.total(g.stats for got in outs[mode] for g in got)
     plain_time, mode_time = sum(map(sum, took[base])), sum(map(sum, took[mode]))
-    ratios = sorted(p / m for p_round, m_round in zip(took[base], took[mode]) for p, m in zip(p_round, m_round))
+    # bytes a second, not time: sampled outputs differ between the modes (and may end at EOS
+    # sooner); each batch's bytes are its last round's (greedy: every round's, and the base's)
+    mode_bytes = [sum(len(g.output) for g in got) or 1 for got in outs[mode]]
+    base_bytes = [sum(len(g.output) for g in got) or 1 for got in outs[base]]
+    ratios = sorted((mb / m) / (pb / p) for p_round, m_round in zip(took[base], took[mode])
+                    for p, m, mb, pb in zip(p_round, m_round, mode_bytes, base_bytes))
     passes = sum(max(g.stats.forward_passes for g in got) for got in outs[mode])
     plain_passes = sum(max(g.stats.forward_passes for g in got) for got in outs[base])
     rounds = len(took[mode])
     figures = SpeedFigures(
-        mode=mode, speedup=plain_time / mode_time, speedup_min=ratios[0], speedup_max=ratios[-1],
-        speedup_runs=ratios, bytes_per_forward=total.bytes_per_forward,
+        mode=mode, speedup=(sum(mode_bytes) / mode_time) / (sum(base_bytes) / plain_time), speedup_min=ratios[0],
+        speedup_max=ratios[-1], speedup_runs=ratios, bytes_per_forward=total.bytes_per_forward,
         pass_cost=(mode_time / passes) / (plain_time / plain_passes),
-        plain_bytes_s=total.bytes_out * rounds / plain_time, spec_bytes_s=total.bytes_out * rounds / mode_time,
+        plain_bytes_s=sum(base_bytes) * rounds / plain_time, spec_bytes_s=sum(mode_bytes) * rounds / mode_time,
         identical=[[g.output for g in got] for got in outs[mode]] == [[g.output for g in got] for got in outs[base]],
         heads_used=total.heads_used, shapes=dict(sorted(total.shapes.items(), key=lambda kv: -kv[1])[:3]),
         repetition=measure_repetition([g.output for got in outs[mode] for g in got], real))

@@ -8,19 +8,19 @@ draft depth d (1..n_future - 1) predicts the byte d + 1 positions ahead, as trai
 does. They attend to nothing, so they write no cache and need none: a pass that drafts with them
 runs the trunk and head 1 as a plain pass does, then a few small matrix products.
 
-- `MedusaDrafts` (Medusa-1, Cai et al. 2024): depth d is one residual block on h,
-  u_d = h + SiLU(h W_d + b_d), then its own RMSNorm and unembedding; all depths in one batched
-  product.
+- `MedusaDrafts` (Medusa-1, Cai et al. 2024): depth d is one residual MLP block on h,
+  u_d = h + SiLU(norm(h) W_d + b_d) O_d (hidden width 4 D), then its own RMSNorm and
+  unembedding; all depths in one batched product.
 - `HydraDrafts` (Hydra, Ankner et al. 2024; the sequential "Markov" drafts): depth d also reads
   the byte drafted at depth d - 1 (head 1's choice for depth 1), so a draft is a chain: s_0 = h,
-  s_d = s_{d-1} + SiLU(norm(s_{d-1}) W_d + E[x_d] C_d + b_d), with E the model's own (frozen) byte
-  embedding and x_d the byte read. In decoding x_d is the greedy choice of the depth before
+  s_d = s_{d-1} + SiLU(norm(s_{d-1}) W_d + E[x_d] C_d + b_d) O_d, with E the model's own (frozen)
+  byte embedding and x_d the byte read. In decoding x_d is the greedy choice of the depth before
   (`allowed` bytes only, as the decoder ranks candidates); in training the text's own byte
   (teacher forcing: on the model's own greedy text the two are the same wherever the draft is
   still being accepted).
 
-Both start as copies of head 1 (`init_from`: the blocks at zero, each depth's norm and
-unembedding head 1's), and `bytemtp tune-heads --draft` trains them with the trunk and head 1
+Both start as copies of head 1 (`init_from`: the blocks' way out O at zero, each depth's norm
+and unembedding head 1's), and `bytemtp tune-heads --draft` trains them with the trunk and head 1
 frozen, on the model's own greedy text and from head 1 as teacher (KL or total variation), so
 greedy output never changes. The decoder drafts with them when a model has them: `DraftPass`
 runs head 1 and the drafts in the place of `StackedHeads`, with the same call.
@@ -49,7 +49,8 @@ def _allowed() -> torch.Tensor:
 
 
 class DraftHeads(nn.Module):
-    """What both designs share: K = n_future - 1 depths, each with its own final norm and unembedding."""
+    """What both designs share: K = n_future - 1 depths, each a residual MLP block of hidden width
+    4 D (`w_in` then `w_out`) with its own final norm and unembedding."""
 
     name: str
     reads_bytes: bool  # whether depth d reads the byte drafted at depth d - 1
@@ -57,21 +58,30 @@ class DraftHeads(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         K, D = cfg.n_future - 1, cfg.d_model
+        H = 4 * D
         self.depths, self.eps = K, cfg.norm_eps
-        self.w = nn.Parameter(torch.zeros(K, D, D))  # the block's map of the state, x @ w
-        self.b = nn.Parameter(torch.zeros(K, 1, D))
+        self.w_in = nn.Parameter(torch.zeros(K, D, H))  # the block's map of the (normed) state, x @ w_in
+        self.b = nn.Parameter(torch.zeros(K, 1, H))
+        self.w_out = nn.Parameter(torch.zeros(K, H, D))  # back into the state
+        self.norm_in = nn.Parameter(torch.ones(K, 1, D))
         self.norm = nn.Parameter(torch.ones(K, 1, D))  # each depth's final RMSNorm weight
         self.unembed = nn.Parameter(torch.zeros(K, D, VOCAB_SIZE))  # x @ unembed
         self.register_buffer("allowed", _allowed(), persistent=False)
 
     @torch.no_grad()
     def init_from(self, head1_norm: torch.Tensor, head1_unembed: torch.Tensor) -> None:
-        """Every depth a copy of head 1 (its norm weight (D,), its unembedding (V, D)); the blocks
-        at zero, so an untrained draft says what head 1 says at the same position."""
-        for p in (self.w, self.b):
+        """Every depth a copy of head 1 (its norm weight (D,), its unembedding (V, D)): the blocks'
+        way out (`w_out`) at zero, so an untrained draft says what head 1 says at the same position.
+        The ways in keep their random initialisation (`ByteMTP.init_weights`), so that the way out
+        learns from the first step."""
+        for p in (self.w_out, self.b):
             p.zero_()
+        self.norm_in.fill_(1.0)
         self.norm.copy_(head1_norm.expand_as(self.norm))
         self.unembed.copy_(head1_unembed.t().expand_as(self.unembed))
+
+    def _normed(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), eps=self.eps) * weight
 
     def forward(self, h_BTD: torch.Tensor, first_BT: torch.Tensor | None = None, *, embed: nn.Embedding,
                 forced_BTK: torch.Tensor | None = None, k: int | None = None) -> torch.Tensor:
@@ -90,9 +100,9 @@ class MedusaDrafts(DraftHeads):
         k = self.depths if k is None else k
         B, T, D = h_BTD.shape
         x = h_BTD.reshape(1, B * T, D).expand(k, B * T, D)
-        u = x + F.silu(torch.baddbmm(self.b[:k], x, self.w[:k]))
-        u = F.rms_norm(u, (D,), eps=self.eps) * self.norm[:k]
-        return torch.bmm(u, self.unembed[:k]).view(k, B, T, -1).permute(1, 2, 0, 3)
+        u = x + torch.bmm(F.silu(torch.baddbmm(self.b[:k], self._normed(x, self.norm_in[:k]), self.w_in[:k])),
+                          self.w_out[:k])
+        return torch.bmm(self._normed(u, self.norm[:k]), self.unembed[:k]).view(k, B, T, -1).permute(1, 2, 0, 3)
 
 
 class HydraDrafts(DraftHeads):
@@ -103,14 +113,7 @@ class HydraDrafts(DraftHeads):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         K, D = cfg.n_future - 1, cfg.d_model
-        self.c = nn.Parameter(torch.zeros(K, D, D))  # the byte's embedding into the block, E[x] @ c
-        self.norm_in = nn.Parameter(torch.ones(K, 1, D))
-
-    @torch.no_grad()
-    def init_from(self, head1_norm, head1_unembed):
-        super().init_from(head1_norm, head1_unembed)
-        self.c.zero_()
-        self.norm_in.fill_(1.0)
+        self.w_byte = nn.Parameter(torch.zeros(K, D, 4 * D))  # the byte's embedding into the block, E[x] @ w_byte
 
     def forward(self, h_BTD, first_BT=None, *, embed, forced_BTK=None, k=None):
         k = self.depths if k is None else k
@@ -119,9 +122,9 @@ class HydraDrafts(DraftHeads):
         read = (forced_BTK[:, :, 0] if forced_BTK is not None else first_BT).reshape(B * T)
         out = []
         for d in range(k):
-            x = F.rms_norm(s, (D,), eps=self.eps) * self.norm_in[d]
-            s = s + F.silu(x @ self.w[d] + embed(read) @ self.c[d] + self.b[d])
-            logits = (F.rms_norm(s, (D,), eps=self.eps) * self.norm[d]) @ self.unembed[d]  # (BT, V)
+            hidden = F.silu(self._normed(s, self.norm_in[d]) @ self.w_in[d] + embed(read) @ self.w_byte[d] + self.b[d])
+            s = s + hidden @ self.w_out[d]
+            logits = self._normed(s, self.norm[d]) @ self.unembed[d]  # (BT, V)
             out.append(logits)
             if d + 1 < k:
                 read = (forced_BTK[:, :, d + 1].reshape(B * T) if forced_BTK is not None else
@@ -154,10 +157,12 @@ def forced_logits(model, ids_BW: torch.Tensor, T: int, *, layout: Layout,
 
 class DraftPass:
     """A decoding pass's heads when the model has draft heads: head 1 on the trunk state (its one
-    layer writing its cache as in a plain pass), then the first k - 1 draft depths on head 1's
-    state. Called as `StackedHeads` is (`ByteMTP.logits(stacked=)`, the compiled step), so the
-    decoder runs either without knowing which; every pass writes the cache layers of a plain one,
-    and none goes stale (`keeps_warm`)."""
+    layer writing its cache as in a plain pass), then the draft depths on head 1's state. Called as
+    `StackedHeads` is (`ByteMTP.logits(stacked=)`), which runs the drafts at every position asked
+    for (a prefill's last ones); a decoding pass runs in two phases instead: `head1` over the
+    pass's nodes, then, once verification has said which node each row keeps, `drafts` at that
+    node alone, reading the byte chosen there (so a sampled row's drafts read its sampled byte).
+    Every pass writes the cache layers of a plain one, and none goes stale (`keeps_warm`)."""
 
     keeps_warm = True
 
@@ -165,17 +170,28 @@ class DraftPass:
         assert model.drafter is not None, "the model has no draft heads"
         self.model = model
 
-    def __call__(self, z_BTD: torch.Tensor, layout: Layout, cache: KVCache | None, *, k: int,
-                 last: torch.Tensor | None = None) -> torch.Tensor:
+    def head1(self, z_BTD: torch.Tensor, layout: Layout, cache: KVCache | None,
+              last: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head 1's logits (B, T, 1, V) and state (B, T, D) (with `last`, at those positions only)."""
         model = self.model
         h_BTD = model.head_state(0, model.head_input(0, z_BTD, None), cache, layout=layout)
         if last is not None:
             h_BTD = h_BTD[torch.arange(len(last), device=h_BTD.device), last][:, None]  # (B, 1, D)
-        logits = model.head_logits(0, h_BTD)[:, :, None]  # (B, T, 1, V)
+        return model.head_logits(0, h_BTD)[:, :, None], h_BTD
+
+    def drafts(self, h_BD: torch.Tensor, first_B: torch.Tensor) -> torch.Tensor:
+        """Logits (B, n_future - 1, V) of every draft depth from head 1's state at one node a row and
+        the byte chosen there."""
+        model = self.model
+        return model.drafter(h_BD[:, None], first_B[:, None], embed=model.embed)[:, 0]
+
+    def __call__(self, z_BTD: torch.Tensor, layout: Layout, cache: KVCache | None, *, k: int,
+                 last: torch.Tensor | None = None) -> torch.Tensor:
+        logits, h_BTD = self.head1(z_BTD, layout, cache, last)
         if k <= 1:
             return logits
-        first = logits[:, :, 0].masked_fill(~model.drafter.allowed, float("-inf")).argmax(-1)
-        drafts = model.drafter(h_BTD, first, embed=model.embed, k=k - 1)
+        first = logits[:, :, 0].masked_fill(~self.model.drafter.allowed, float("-inf")).argmax(-1)
+        drafts = self.model.drafter(h_BTD, first, embed=self.model.embed, k=k - 1)
         return torch.cat([logits, drafts.to(logits.dtype)], dim=2)
 
     def cache_layers(self, heads: int) -> tuple[int, ...]:
