@@ -114,7 +114,7 @@ class StaticStep:
             if self.two_phase:
                 self.drafts = torch.compile(stacked.drafts, dynamic=False, fullgraph=True,
                                             mode="reduce-overhead" if cuda else None)
-        self._shapes: set[tuple] = set()  # (B, K, T) run so far, and ("drafts", B)
+        self._shapes: set[tuple] = set()  # (B, K, T) run so far, and ("drafts", B, K)
         self._trees: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.compile_s, self.graphs = 0.0, 0
@@ -209,14 +209,18 @@ class StaticStep:
         self.states = None if states is None else states[:, :T]
         return logits[:, :T, :heads]
 
-    def drafts_at(self, h_BD: torch.Tensor, first_B: torch.Tensor) -> torch.Tensor:
-        """The draft heads' logits (B, n_future - 1, V) at one node a row (`DraftPass.drafts`),
-        compiled once per batch size; a call that compiles marks the step's time as not a cost."""
-        shape = ("drafts", h_BD.shape[0])
+    def drafts_at(self, h_BD: torch.Tensor, first_B: torch.Tensor, heads: int) -> torch.Tensor:
+        """The draft heads' logits (B, heads - 1, V) at one node a row (`DraftPass.drafts`), compiled
+        once per batch size and head bucket (the depths of the bucket run; the first heads - 1 are
+        returned); a call that compiles marks the step's time as not a cost."""
+        K = head_bucket(heads, self.n_future)
+        shape = ("drafts", h_BD.shape[0], K)
         if shape not in self._shapes:
             self._shapes.add(shape)
             self.last_was_new = True
-        return self.drafts(h_BD, first_B)
+            with torch._dynamo.config.patch(recompile_limit=1024, accumulated_recompile_limit=1 << 16):
+                return self.drafts(h_BD, first_B, K - 1)[:, :heads - 1]
+        return self.drafts(h_BD, first_B, K - 1)[:, :heads - 1]
 
     def ready(self, batch_size: int) -> bool:
         """Whether this batch size has run here, or its step is recorded in the disk cache."""

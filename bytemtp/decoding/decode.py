@@ -230,7 +230,7 @@ class Decoder:
         logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static)
         cache.rewind(tree.T)
         verdicts = self.verify(logits, state, batch, tree, offered)
-        drafts = self.drafts_at(verdicts, static=state.static) if self.two_phase and k > 1 else None
+        drafts = self.drafts_at(verdicts, heads=k, static=state.static) if self.two_phase and k > 1 else None
         layers = self.layers_written(k)
         shapes: dict[int, str] = {}  # the shape offered to rows that may use drafts to a depth, by depth
         gained = []  # bytes each live row gets from this pass
@@ -261,7 +261,7 @@ class Decoder:
             if drafts is None:
                 self.propose(row, logits[b, path[-1], :k], nxt, cand)
             else:  # head 1's logits there and the draft heads', from the byte chosen there
-                self.propose(row, torch.cat([logits[b, path[-1], :1], drafts[b, :k - 1].to(logits.dtype)]), nxt)
+                self.propose(row, torch.cat([logits[b, path[-1], :1], drafts[b].to(logits.dtype)]), nxt)
         state.warm = k  # the heads whose candidates the rows hold (and, for training heads, whose caches are whole)
         if state.costs is not None and not (state.static and self.policy.static.last_was_new):  # compiling: not a cost
             lookup = any(m is not None for m in used)  # lookup's bytes say nothing of the heads' (k, T)
@@ -335,15 +335,17 @@ class Decoder:
             return logits
         return model.logits(ids_BT, cache, heads=heads, stacked=self.stacked, layout=layout)
 
-    def drafts_at(self, verdicts: list[tuple[list[int], int, list[list[int]] | None]], *,
+    def drafts_at(self, verdicts: list[tuple[list[int], int, list[list[int]] | None]], *, heads: int,
                   static: bool) -> torch.Tensor:
-        """The draft heads' logits (B, n_future - 1, V) at each row's kept node of the last pass,
+        """The draft heads' logits (B, heads - 1, V) at each row's kept node of the last pass,
         reading the byte chosen there (`DraftPass.drafts`, on the compiled step where it runs)."""
         device = self._states.device
         nodes = torch.tensor([path[-1] for path, _, _ in verdicts], device=device)
         first = torch.tensor([nxt for _, nxt, _ in verdicts], device=device)
         h_BD = self._states[torch.arange(len(verdicts), device=device), nodes]
-        return self.policy.static.drafts_at(h_BD, first) if static else self.stacked.drafts(h_BD, first)
+        if static:
+            return self.policy.static.drafts_at(h_BD, first, heads)
+        return self.stacked.drafts(h_BD, first, heads - 1)
 
     def verify(self, logits_BTKV: torch.Tensor, state: Batch, rows: list[Row], tree: DraftTree,
                offered: list[int]) -> list[tuple[list[int], int, list[list[int]] | None]]:

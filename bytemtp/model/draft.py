@@ -96,7 +96,7 @@ class MedusaDrafts(DraftHeads):
 
     name, reads_bytes = "medusa", False
 
-    def forward(self, h_BTD, first_BT=None, *, embed, forced_BTK=None, k=None):
+    def forward(self, h_BTD, first_BT=None, *, embed, forced_BTK=None, k=None, tables=None):
         k = self.depths if k is None else k
         B, T, D = h_BTD.shape
         x = h_BTD.reshape(1, B * T, D).expand(k, B * T, D)
@@ -115,14 +115,20 @@ class HydraDrafts(DraftHeads):
         K, D = cfg.n_future - 1, cfg.d_model
         self.w_byte = nn.Parameter(torch.zeros(K, D, 4 * D))  # the byte's embedding into the block, E[x] @ w_byte
 
-    def forward(self, h_BTD, first_BT=None, *, embed, forced_BTK=None, k=None):
+    def byte_tables(self, embed: nn.Embedding) -> torch.Tensor:
+        """What each byte adds to each depth's block, E @ w_byte, (K, V, 4 D): a lookup in place of
+        a product at decoding, where the weights are frozen (`DraftPass` makes it once)."""
+        return torch.matmul(embed.weight.detach()[None], self.w_byte.detach())
+
+    def forward(self, h_BTD, first_BT=None, *, embed, forced_BTK=None, k=None, tables=None):
         k = self.depths if k is None else k
         B, T, D = h_BTD.shape
         s = h_BTD.reshape(B * T, D)
         read = (forced_BTK[:, :, 0] if forced_BTK is not None else first_BT).reshape(B * T)
         out = []
         for d in range(k):
-            hidden = F.silu(self._normed(s, self.norm_in[d]) @ self.w_in[d] + embed(read) @ self.w_byte[d] + self.b[d])
+            byte = embed(read) @ self.w_byte[d] if tables is None else tables[d][read]
+            hidden = F.silu(self._normed(s, self.norm_in[d]) @ self.w_in[d] + byte + self.b[d])
             s = s + hidden @ self.w_out[d]
             logits = self._normed(s, self.norm[d]) @ self.unembed[d]  # (BT, V)
             out.append(logits)
@@ -169,6 +175,9 @@ class DraftPass:
     def __init__(self, model):
         assert model.drafter is not None, "the model has no draft heads"
         self.model = model
+        # a snapshot for inference, as StackedHeads is: what each byte adds to each hydra block
+        drafter = model.drafter
+        self.tables = drafter.byte_tables(model.embed) if drafter.reads_bytes else None
 
     def head1(self, z_BTD: torch.Tensor, layout: Layout, cache: KVCache | None,
               last: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,11 +188,11 @@ class DraftPass:
             h_BTD = h_BTD[torch.arange(len(last), device=h_BTD.device), last][:, None]  # (B, 1, D)
         return model.head_logits(0, h_BTD)[:, :, None], h_BTD
 
-    def drafts(self, h_BD: torch.Tensor, first_B: torch.Tensor) -> torch.Tensor:
-        """Logits (B, n_future - 1, V) of every draft depth from head 1's state at one node a row and
-        the byte chosen there."""
+    def drafts(self, h_BD: torch.Tensor, first_B: torch.Tensor, k: int) -> torch.Tensor:
+        """Logits (B, k, V) of the first k draft depths from head 1's state at one node a row and the
+        byte chosen there."""
         model = self.model
-        return model.drafter(h_BD[:, None], first_B[:, None], embed=model.embed)[:, 0]
+        return model.drafter(h_BD[:, None], first_B[:, None], embed=model.embed, k=k, tables=self.tables)[:, 0]
 
     def __call__(self, z_BTD: torch.Tensor, layout: Layout, cache: KVCache | None, *, k: int,
                  last: torch.Tensor | None = None) -> torch.Tensor:
@@ -191,7 +200,7 @@ class DraftPass:
         if k <= 1:
             return logits
         first = logits[:, :, 0].masked_fill(~self.model.drafter.allowed, float("-inf")).argmax(-1)
-        drafts = self.model.drafter(h_BTD, first, embed=self.model.embed, k=k - 1)
+        drafts = self.model.drafter(h_BTD, first, embed=self.model.embed, k=k - 1, tables=self.tables)
         return torch.cat([logits, drafts.to(logits.dtype)], dim=2)
 
     def cache_layers(self, heads: int) -> tuple[int, ...]:
