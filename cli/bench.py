@@ -169,12 +169,22 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
 @click.option("--load-clients", default=16, show_default=True, type=click.IntRange(1))
 @click.option("--draft", default="auto+lookup", show_default=True,
               help="The server's draft (a decode mode name; +lookup drafts prompt-lookup bytes too).")
+@click.option("--vs-plain/--no-vs-plain", default=True, show_default=True,
+              help="Also run a second server on the same model that decodes plainly, on the same step: every "
+                   "round runs each load against the draft's server, then the plain one (same prompts).")
+@click.option("--compile", "compile_mode", default="off", show_default=True,
+              type=click.Choice(["auto", "on", "off"]),
+              help="The servers' decode step, as `serve --compile` takes it: on compiles every batch bucket's "
+                   "shapes when the servers start (minutes on a CPU the first time); auto runs compiled when the "
+                   "compile cache holds every bucket's step already, else eagerly.")
 @device_option("cpu")
 @json_option()
 def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_bytes: int, rounds: int,
-                load_time: str, load_clients: int, draft: str, device: str, json_path: str | None) -> None:
+                load_time: str, load_clients: int, draft: str, vs_plain: bool, compile_mode: str, device: str,
+                json_path: str | None) -> None:
     """Concurrent streaming clients against `bytemtp serve` on loopback: aggregate bytes/s against
-    one client, time to first byte, every byte checked against solo decoding; then a timed load."""
+    one client and against the same server decoding plainly, time to first byte, every byte checked
+    against solo decoding; then a timed load."""
     from bytemtp.experiments.serve_bench import serve_speed
     from bytemtp.decoding.strategy import Draft
 
@@ -186,17 +196,26 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
         raise click.BadParameter(str(e), param_hint="--draft") from None
     try:
         res = serve_speed(ckpt, clients=counts, n_prompts=n_prompts, prompt_bytes=prompt_bytes, max_bytes=max_bytes,
-                          rounds=rounds, load_s=load_s, load_clients=load_clients, draft=policy,
-                          device=device, progress=lambda line: click.echo(line, err=True))
+                          rounds=rounds, load_s=load_s, load_clients=load_clients, draft=policy, vs_plain=vs_plain,
+                          compile=compile_mode, device=device, progress=lambda line: click.echo(line, err=True))
     except ValueError as e:
         raise empty_split_error(e, "the checkpoint's corpus needs a val split") from None
     bpb = f"; model val bits/byte {res.val_bpb:.3f}" if res.val_bpb is not None else ""
     echo(f"{res.prompts} held-out prompts, {res.max_bytes} bytes each, {res.rounds} interleaved rounds, "
-         f"draft {res.draft}, max batch {res.max_batch}, {res.device}{bpb}")
-    rows = [(n, f"{c.bytes_per_s:.0f}", f"{c.ratio:.2f} ({c.ratio_min:.2f}-{c.ratio_max:.2f})",
-             f"{c.ttfb_p50_s * 1e3:.0f} / {c.ttfb_p95_s * 1e3:.0f}", c.mismatches, c.errors)
-            for n, c in res.cases.items()]
-    echo(table(rows, ("clients", "bytes/s", f"over {counts[0]}", "first byte p50 / p95 ms", "mismatches", "errors")))
+         f"draft {res.draft}{' against plain' if vs_plain else ''}, max batch {res.max_batch}, {res.device}, "
+         f"{res.step} step (--compile {res.compile}){bpb}")
+    plain_head = ("plain bytes/s", "draft/plain (spread)") if vs_plain else ()
+    checks_head = ("mismatches draft / plain", "errors draft / plain") if vs_plain else ("mismatches", "errors")
+    head = ("clients", "bytes/s", f"over {counts[0]}", *plain_head, "first byte p50 / p95 ms", *checks_head)
+    rows = []
+    for n, c in res.cases.items():
+        plain = (f"{c.plain_bytes_per_s:.0f}", f"{c.over_plain:.2f} ({c.over_plain_min:.2f}-{c.over_plain_max:.2f})",
+                 ) if vs_plain else ()
+        checks = ((f"{c.mismatches} / {c.plain_mismatches}", f"{c.errors} / {c.plain_errors}") if vs_plain
+                  else (c.mismatches, c.errors))
+        rows.append((n, f"{c.bytes_per_s:.0f}", f"{c.ratio:.2f} ({c.ratio_min:.2f}-{c.ratio_max:.2f})", *plain,
+                     f"{c.ttfb_p50_s * 1e3:.0f} / {c.ttfb_p95_s * 1e3:.0f}", *checks))
+    echo(table(rows, head))
     ld = res.load
     if ld is not None:
         echo(f"load: {ld.clients} clients for {ld.wall_s:.0f} s: {ld.completions} completions, "
@@ -204,7 +223,7 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
              f"memory {ld.rss_mb_before:.0f} -> {ld.rss_mb_after:.0f} MB (after the first quarter "
              f"{ld.rss_mb_settled_min_max[0]:.0f}-{ld.rss_mb_settled_min_max[1]:.0f} MB)")
     write_json(json_path, res)
-    bad = sum(c.mismatches + c.errors for c in res.cases.values())
+    bad = sum(c.mismatches + c.errors + (c.plain_mismatches or 0) + (c.plain_errors or 0) for c in res.cases.values())
     bad += ld.mismatches + ld.errors if ld is not None else 0
     if bad:
         raise click.ClickException(f"{bad} completions differed from solo decoding or failed")

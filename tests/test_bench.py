@@ -57,6 +57,11 @@ SERVE = {"ckpt": "runs/demo", "device": "cpu", "prompts": 4, "max_bytes": 128, "
          "load": {**LOAD, "rss_mb_before": 500.0, "rss_mb_after": 510.5, "rss_mb_settled_min_max": [505.0, 510.5],
                   "rss_mb_samples": [[0.0, 500.0], [1.5, 510.5]], "engine_requests": 4, "engine_errors": 0},
          "mean_batch": 1.5, "bytes_per_row_pass": 1.8, "val_bpb": None}
+# `bench serve --json` with the plain server's arm (now the default) and the step both servers ran
+SERVE_VS_PLAIN = {**SERVE, "cases": {"1": {**SERVE["cases"]["1"], "plain_runs": [{**LOAD, "bytes_per_s": 170.0}],
+                                           "plain_bytes_per_s": 170.0, "over_plain": 2.01, "over_plain_min": 2.01,
+                                           "over_plain_max": 2.01, "plain_mismatches": 0, "plain_errors": 0}},
+                  "compile": "off", "step": "eager"}
 PREP = {"input_files": 2, "input_bytes": 5000, "written_bytes": 9000, "rounds": 2,
         "arms": {"workers 1": {"workers": 1, "seconds": [2.0, 2.2], "mb_s": {"median": 0.0043, "min": 0.0041,
                                                                            "max": 0.0045}, "same_corpus": True},
@@ -171,13 +176,22 @@ def test_loader_throughput_reads_back_from_the_json_bench_loader_wrote(data):
     assert list(_written(res).items()) == list(data.items()) and LoaderThroughput.from_json(_written(res)) == res
 
 
-@pytest.mark.parametrize("data", [SERVE, {k: v for k, v in SERVE.items() if k != "load"}])
+@pytest.mark.parametrize("data", [SERVE, {k: v for k, v in SERVE.items() if k != "load"}, SERVE_VS_PLAIN])
 def test_serve_speed_reads_back_from_the_json_bench_serve_wrote(data):
     from bytemtp.experiments.serve_bench import ServeSpeed
 
     res = ServeSpeed.from_json(data)
     assert list(res.cases) == [1] and res.cases[1].runs[0].bytes_out == 512
     assert list(_written(res).items()) == list(data.items()) and ServeSpeed.from_json(_written(res)) == res
+    case = res.cases[1]
+    if data is SERVE_VS_PLAIN:
+        assert case.plain_runs[0].bytes_per_s == 170.0 and case.over_plain == 2.01 and case.plain_mismatches == 0
+        assert (res.compile, res.step) == ("off", "eager")
+    else:  # written before the plain arm: its figures, and the step, are None
+        assert all(getattr(case, k) is None for k in ("plain_runs", "plain_bytes_per_s", "over_plain",
+                                                      "over_plain_min", "over_plain_max", "plain_mismatches",
+                                                      "plain_errors"))
+        assert res.compile is None and res.step is None
 
 
 def test_all_benchmarks_reads_back_and_its_summary_is_the_parts_figures():

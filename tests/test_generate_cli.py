@@ -375,6 +375,44 @@ def test_bench_decode_samples_and_says_so(ckpt, tmp_path, monkeypatch):
     assert "real continuation (" in res.stdout
 
 
+@pytest.mark.parametrize("vs_plain", [True, False])
+def test_bench_serve_weighs_the_draft_against_the_same_server_decoding_plainly(ckpt, tmp_path, vs_plain):
+    """`bench serve` (eager step): each count of clients against the draft's server and, in the
+    same rounds, against a plain one on the same model; every completion of both checked against
+    solo decoding, the ratios in the table and the JSON (read back as it was written)."""
+    pytest.importorskip("aiohttp")
+    from bytemtp.experiments.serve_bench import ServeSpeed
+
+    out = tmp_path / "serve.json"
+    res = run("bench", "serve", "--ckpt", ckpt, "--clients", "1,2", "--n-prompts", 2, "--prompt-bytes", 8,
+              "--max-bytes", 24, "--rounds", 2, "--compile", "off", "--json", out,
+              *([] if vs_plain else ["--no-vs-plain"]))
+    assert res.exit_code == 0, res.output
+    assert "eager step (--compile off)" in res.output and ("against plain" in res.output) is vs_plain
+    assert ("plain bytes/s" in res.output and "draft/plain (spread)" in res.output) is vs_plain
+    data = json.loads(out.read_text())
+    assert (data["compile"], data["step"]) == ("off", "eager") and list(data["cases"]) == ["1", "2"]
+    got = ServeSpeed.from_json(data)
+    assert json.loads(json.dumps(got.to_json())) == data
+    lines = res.output.splitlines()
+    rule = next(i for i, line in enumerate(lines) if line.startswith("---"))
+    rows = dict(zip(got.cases, lines[rule + 1:rule + 1 + len(got.cases)]))
+    for n, case in got.cases.items():
+        assert len(case.runs) == 2 and case.mismatches == 0 and case.errors == 0
+        if not vs_plain:
+            assert "plain_runs" not in data["cases"][str(n)] and case.plain_runs is None and case.over_plain is None
+            continue
+        assert len(case.plain_runs) == 2 and case.plain_mismatches == 0 and case.plain_errors == 0
+        assert all(r.completions == 2 and r.bytes_out == 2 * 24 for r in case.plain_runs)
+        over = sorted(a.bytes_per_s / b.bytes_per_s for a, b in zip(case.runs, case.plain_runs))
+        assert (case.over_plain_min, case.over_plain_max) == pytest.approx((over[0], over[-1]))
+        assert case.over_plain == pytest.approx(sum(over) / 2)  # the median of two rounds
+        assert case.plain_bytes_per_s == pytest.approx(sum(r.bytes_per_s for r in case.plain_runs) / 2)
+        row = rows[n]
+        assert f"{case.over_plain:.2f} ({case.over_plain_min:.2f}-{case.over_plain_max:.2f})" in row
+        assert re.split(r"\s{2,}", row.strip())[-2:] == ["0 / 0", "0 / 0"]  # mismatches, errors: draft / plain
+
+
 @pytest.mark.slow
 def test_bench_all_writes_one_json(ckpt, code_corpus, tmp_path, monkeypatch):
     from bytemtp.decoding import speed

@@ -1,10 +1,13 @@
 """The server's benchmark (`bench serve`): streaming clients against `bytemtp serve` on loopback,
-in this process, each completion checked against its prompt decoded alone; `ServeSpeed` (a frozen
-dataclass) is what `bench serve --json` writes, key for key and in order (`to_json`, `from_json`).
+in this process, each completion checked against its prompt decoded alone, and (`vs_plain`) the
+same loads against a second server on the same model that decodes plainly, on the same step, so
+that the draft's worth is a ratio within one run; `ServeSpeed` (a frozen dataclass) is what `bench
+serve --json` writes, key for key and in order (`to_json`, `from_json`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import threading
@@ -13,6 +16,7 @@ import time
 import torch
 
 from bytemtp.decoding import decode
+from bytemtp.decoding.compiled import Compile
 from bytemtp.decoding.strategy import Draft
 from bytemtp.evaluation.evaluate import evaluate, held_out_split, val_continuations
 from bytemtp.runtime.checkpoint import load_model
@@ -44,10 +48,37 @@ class ServeCase:
     ttfb_p95_s: float
     mismatches: int  # summed over the rounds
     errors: int
+    # the plain server's loads of the same rounds (None: no plain arm, or JSON written before it)
+    plain_runs: list[LoadFigures] | None = None
+    plain_bytes_per_s: float | None = None  # median over the rounds
+    over_plain: float | None = None  # bytes a second, draft over plain in the same round: median, min, max
+    over_plain_min: float | None = None
+    over_plain_max: float | None = None
+    plain_mismatches: int | None = None  # summed over the rounds
+    plain_errors: int | None = None
 
     @classmethod
     def from_json(cls, data: dict) -> ServeCase:
-        return cls(**{**data, "runs": [LoadFigures(**r) for r in data["runs"]]})
+        plain = data.get("plain_runs")
+        return cls(**{**data, "runs": [LoadFigures(**r) for r in data["runs"]],
+                      "plain_runs": None if plain is None else [LoadFigures(**r) for r in plain]})
+
+    @classmethod
+    def of(cls, runs: list[LoadFigures], base: list[LoadFigures], plain: list[LoadFigures] | None) -> ServeCase:
+        """The case of these rounds' loads, `base` the first count's (the ratio's), `plain` the plain
+        server's of the same rounds (or None)."""
+        ratios = [a.bytes_per_s / b.bytes_per_s for a, b in zip(runs, base)]
+        figures = {}
+        if plain is not None:
+            over = [a.bytes_per_s / b.bytes_per_s for a, b in zip(runs, plain)]
+            figures = dict(plain_runs=plain, plain_bytes_per_s=statistics.median(x.bytes_per_s for x in plain),
+                           over_plain=statistics.median(over), over_plain_min=min(over), over_plain_max=max(over),
+                           plain_mismatches=sum(x.mismatches for x in plain), plain_errors=sum(x.errors for x in plain))
+        return cls(runs=runs, bytes_per_s=statistics.median(x.bytes_per_s for x in runs),
+                   ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
+                   ttfb_p50_s=statistics.median(x.ttfb_p50_s for x in runs),
+                   ttfb_p95_s=statistics.median(x.ttfb_p95_s for x in runs),
+                   mismatches=sum(x.mismatches for x in runs), errors=sum(x.errors for x in runs), **figures)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +107,19 @@ class ServeSpeed:
     mean_batch: float  # the engine's rows a pass, over the whole run
     bytes_per_row_pass: float
     val_bpb: float | None  # the model's held-out bits per byte, next-byte head (None: not evaluated)
+    compile: str | None = None  # the compile policy asked for (None: JSON written before it was asked)
+    step: str | None = None  # the step both servers ran: "compiled" or "eager" (settled when they started)
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
         if self.load is None:
             del out["load"]
+        for key in ("compile", "step"):
+            if out[key] is None:
+                del out[key]
+        for case in out["cases"].values():  # no plain arm: the keys of before
+            for key in [k for k in case if k.startswith(("plain_", "over_plain")) and case[k] is None]:
+                del case[key]
         return out
 
     @classmethod
@@ -101,13 +140,20 @@ def _rss_mb() -> float:
 
 def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes: int = 128, max_bytes: int = 256,
                 rounds: int = 3, load_s: float = 0.0, load_clients: int = 16, draft: Draft = Draft(lookup=True),
-                device: str = "cpu", eval_batches: int = 10, progress=None) -> ServeSpeed:
+                vs_plain: bool = True, compile: Compile | str = "off", device: str = "cpu", eval_batches: int = 10,
+                progress=None) -> ServeSpeed:
     """Streaming clients against `bytemtp serve` on loopback, in this process: for each count of
     clients, every held-out prompt streamed once (the prompts shared out among the clients, each
     client's in turn), in interleaved rounds; bytes a second over all clients, the ratio to the
     first count in the same round, time to first byte, and every completion checked against that
-    prompt decoded alone (plain greedy). With `load_s`, then `load_clients` clients stream for
-    that long, and the process's memory is read before and after."""
+    prompt decoded alone (plain greedy). With `vs_plain`, a second server on the same model
+    decodes plainly (`Draft.plain()`) on the same step, and in every round each count's load runs
+    against the draft's server and then against the plain one (the same prompts): the draft's
+    bytes a second over plain's, round by round. `compile` (auto, on, off: as `serve --compile`)
+    is the draft server's policy; the plain server runs the step it settled on. With `load_s`,
+    then `load_clients` clients stream for that long against the draft's server, and the
+    process's memory is read before and after."""
+    from bytemtp.decoding.decode import Decoder
     from bytemtp.serving.app import Running, Server
     from bytemtp.serving.engine import Engine
     from bytemtp.serving.load import run_load
@@ -119,29 +165,45 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
     prompts = [p for p, _ in pairs]
     say(f"decoding {len(prompts)} prompts alone (plain greedy), the reference")
     expected = [decode.generate(model, p, max_bytes=max_bytes).output.decode("utf-8", "replace") for p in prompts]
-    engine = Engine(model, max_batch=max(*clients, load_clients if load_s else 1), max_queue=4 * load_clients,
-                    draft=draft)
+
+    def engine_of(policy: Draft, mode: Compile | str) -> Engine:
+        return Engine(model, max_batch=max(*clients, load_clients if load_s else 1), max_queue=4 * load_clients,
+                      draft=policy, decoder=Decoder(model, compile=mode))
+
+    engine = engine_of(draft, compile)
     engine.start(progress=say)
+    step = "compiled" if engine.static else "eager"
+    say(f"the draft's server ({draft}) runs the {step} step")
     cases, figures = {}, None
-    with Running(Server(engine, model_name="bench")) as server:
-        def load(n, **kw):
-            return run_load(server.url, model="bench", prompts=prompts, expected=expected, clients=n,
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(Running(Server(engine, model_name="bench")))
+        plain = None
+        if vs_plain:  # the same step as the draft's server, settled already
+            say("starting the plain server")
+            plain_engine = engine_of(Draft.plain(), Compile.ON if engine.static else Compile.OFF)
+            plain_engine.start(progress=say)
+            plain = stack.enter_context(Running(Server(plain_engine, model_name="bench")))
+
+        def load(n, at=server, **kw):
+            return run_load(at.url, model="bench", prompts=prompts, expected=expected, clients=n,
                             max_tokens=max_bytes, **kw)
 
         say("warm-up")
         load(max(clients), per_client=1)
+        if plain is not None:
+            load(max(clients), at=plain, per_client=1)
         by_count: dict[int, list[LoadFigures]] = {n: [] for n in clients}
+        plain_by_count: dict[int, list[LoadFigures]] = {n: [] for n in clients}
         for r in range(rounds):
             for n in clients:
                 say(f"round {r + 1}: {n} clients")
-                by_count[n].append(LoadFigures(**load(n, per_client=-(-len(prompts) // n)).to_json()))
+                per_client = -(-len(prompts) // n)
+                by_count[n].append(LoadFigures(**load(n, per_client=per_client).to_json()))
+                if plain is not None:
+                    say(f"round {r + 1}: {n} clients, plain")
+                    plain_by_count[n].append(LoadFigures(**load(n, at=plain, per_client=per_client).to_json()))
         for n, runs in by_count.items():
-            ratios = [a.bytes_per_s / b.bytes_per_s for a, b in zip(runs, by_count[clients[0]])]
-            cases[n] = ServeCase(runs=runs, bytes_per_s=statistics.median(x.bytes_per_s for x in runs),
-                                 ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
-                                 ttfb_p50_s=statistics.median(x.ttfb_p50_s for x in runs),
-                                 ttfb_p95_s=statistics.median(x.ttfb_p95_s for x in runs),
-                                 mismatches=sum(x.mismatches for x in runs), errors=sum(x.errors for x in runs))
+            cases[n] = ServeCase.of(runs, by_count[clients[0]], plain_by_count[n] if plain is not None else None)
         if load_s:
             say(f"load: {load_clients} clients for {load_s:.0f} s")
             rss, done = [(0.0, _rss_mb())], threading.Event()
@@ -169,4 +231,5 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
           if eval_batches else None)
     return ServeSpeed(ckpt=str(ckpt), device=str(dev), prompts=len(prompts), max_bytes=max_bytes, rounds=rounds,
                       draft=str(draft), max_batch=engine.max_batch, cases=cases, load=figures, mean_batch=mean_batch,
-                      bytes_per_row_pass=bytes_per_row_pass, val_bpb=ev.bpb[0] if ev else None)
+                      bytes_per_row_pass=bytes_per_row_pass, val_bpb=ev.bpb[0] if ev else None,
+                      compile=Compile.parse(compile).value, step=step)
