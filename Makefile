@@ -14,6 +14,7 @@ DEMO_RUN ?= runs/demo
 DEMO_TIME ?= 9m
 DEMO_TUNED ?= $(DEMO_RUN)-tuned
 DEMO_TUNE_TIME ?= 3m
+DEMO_PROMPTS ?= 16
 
 .PHONY: setup test test-quick corpus corpus-poly corpus-induction corpus-shakespeare corpus-speeches demo bench
 
@@ -104,7 +105,7 @@ corpus-speeches: setup
 # cores (its schedule fitted to the time; heads 2-8 fade out over its first half), head 1's held-out bits/byte,
 # a sample, its draft heads tuned for decoding for 3 minutes (trunk and head 1 frozen, so greedy output does not
 # change), and the compiled
-# comparison on the tuned heads. Run again to continue an unfinished run (the tune follows it).
+# comparison on the tuned heads over held-out prompts, greedy and sampled. Run again to continue an unfinished run (the tune follows it).
 demo: setup corpus
 	@if ls $(DEMO_RUN)/checkpoints 2>/dev/null | grep -q '^step-'; then \
 	  $(BYTEMTP) train --resume $(DEMO_RUN) --time $(DEMO_TIME); \
@@ -125,11 +126,14 @@ demo: setup corpus
 	  rm -rf $(DEMO_TUNED); \
 	  $(BYTEMTP) tune-heads --ckpt $(DEMO_RUN) --out $(DEMO_TUNED) --time $(DEMO_TUNE_TIME) --report-prompts 8; \
 	fi
-	@echo "--- greedy: eager plain, then on the compiled decode step plain and self-speculative (the tuned"
-	@echo "    heads draft, the next-byte head verifies); the first run compiles the step (a few minutes),"
-	@echo "    later ones take it from the compile cache:"
-	$(BYTEMTP) generate --ckpt $(DEMO_TUNED) --prompt "$$(printf 'class Parser:\n    def ')" --max-bytes 200 \
-	  --compare --compile on
+	@echo "--- the speed, on the compiled decode step, over $(DEMO_PROMPTS) held-out val prompts (256 bytes each): plain"
+	@echo "    decoding against the heads alone (auto) and the default (auto+lookup: the heads and prompt-lookup"
+	@echo "    drafts), greedy and then sampled, with how repetitive the decoded text is beside the real"
+	@echo "    continuations; the first run compiles the step (a few minutes), later ones take it from the cache:"
+	$(BYTEMTP) bench decode --ckpt $(DEMO_TUNED) --n-prompts $(DEMO_PROMPTS) --batch-sizes 1 --modes auto,auto+lookup \
+	  --compile on
+	$(BYTEMTP) bench decode --ckpt $(DEMO_TUNED) --n-prompts $(DEMO_PROMPTS) --batch-sizes 1 --modes auto,auto+lookup \
+	  --compile on --temperature 0.8 --top-p 0.95 --seed 1
 
 # Every benchmark in one run (a few minutes on two CPU cores); decode and eval use the
 # make demo run, so it comes first when there is none.

@@ -173,3 +173,18 @@ def test_the_chooser_settles_on_a_shape_that_has_become_better():
     spec = _replans(costs, profile, 40, lambda k: 1.0 if k == 1 else 2.0)  # now it wins
     assert spec[0] <= 3 and spec == list(range(spec[0], 40))  # retried, then kept
     assert not costs.retries.losses
+
+
+def test_after_a_loss_a_shape_with_no_figure_of_its_own_waits_for_the_retry_too():
+    """One back-off for all speculation: when the shape that ran lost, the next shape the chooser
+    prefers (which has never run) does not run at once, but at the retry."""
+    costs, _ = _lost_once()
+    lost = next(key for key in costs.realized if key != (1, 1))
+    other = AcceptanceProfile(8, prior=[0.9, 0.9] + [0.01] * 5)  # now a short chain is best
+    shapes = []
+    for _ in range(4):
+        got = choose(other, costs, max_heads=8, tree=False)
+        shapes.append(got.heads)
+    assert shapes[0] == 1  # waits, though its own shape never lost
+    spec = [k for k in shapes if k > 1]
+    assert spec and costs._key(spec[0], spec[0]) != lost  # the retry runs the shape preferred now

@@ -115,6 +115,7 @@ class Batch:
         self.finished: set[int] = set()
         self.stale = StaleHeads(len(rows), n_future, warm=warm)
         self.carried_s = 0.0  # seconds spent for the next pass before it (a re-warm): its cost includes them
+        self.compiled = False  # a pass compiled a new shape since the loop last looked (its time is no rate)
 
     @property
     def greedy(self) -> bool:

@@ -102,7 +102,7 @@ class StaticStep:
         self.n_future = model.config.n_future
         # draft heads (`model.draft.DraftPass`): every pass runs head 1 alone and returns its states,
         # from which the decoder drafts at the nodes it keeps (`drafts`, compiled per batch size)
-        self.two_phase = hasattr(stacked, "head1")
+        self.two_phase = getattr(stacked, "two_phase", False)
         self.states: torch.Tensor | None = None  # head 1's states of the last pass (B, T, D), two-phase
         self.drafts = stacked.drafts if self.two_phase else None
         self.device = model.embed.weight.device

@@ -121,7 +121,7 @@ class Decoder:
     @property
     def two_phase(self) -> bool:
         """Whether a pass runs head 1 alone and the draft heads after it at the kept nodes (`DraftPass`)."""
-        return hasattr(self.stacked, "head1")
+        return getattr(self.stacked, "two_phase", False)
 
     def layers_written(self, heads: int) -> int:
         """The cache layers a pass of `heads` heads writes (the first this many of the cache)."""
@@ -233,12 +233,10 @@ class Decoder:
         drafts = self.drafts_at(verdicts, heads=k, static=state.static) if self.two_phase and k > 1 else None
         layers = self.layers_written(k)
         shapes: dict[int, str] = {}  # the shape offered to rows that may use drafts to a depth, by depth
-        gained = []  # bytes each live row gets from this pass
         for b, (r, row) in enumerate(zip(state.active, batch)):
             if r in state.finished:
                 continue
             path, nxt, cand = verdicts[b]
-            gained.append(len(path))
             profile = state.profile(row)
             if used[b] is not None:  # lookup bytes were drafted: the lookup profile learns, not the heads'
                 run = accepted_run(path, tree, len(used[b].draft))
@@ -263,10 +261,10 @@ class Decoder:
             else:  # head 1's logits there and the draft heads', from the byte chosen there
                 self.propose(row, torch.cat([logits[b, path[-1], :1], drafts[b].to(logits.dtype)]), nxt)
         state.warm = k  # the heads whose candidates the rows hold (and, for training heads, whose caches are whole)
-        if state.costs is not None and not (state.static and self.policy.static.last_was_new):  # compiling: not a cost
-            lookup = any(m is not None for m in used)  # lookup's bytes say nothing of the heads' (k, T)
-            state.costs.observe(k, tree.T, time.perf_counter() - t0,
-                                bytes_per_row=None if lookup else sum(gained) / max(1, len(gained)))
+        if state.static and self.policy.static.last_was_new:  # compiling: not a cost, nor a rate
+            state.compiled = True
+        elif state.costs is not None:  # what it delivered is measured over the loop's windows (`loop.Window`)
+            state.costs.observe(k, tree.T, time.perf_counter() - t0)
 
     # --- the steps of a pass ---------------------------------------------------------------------
 

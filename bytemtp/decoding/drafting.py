@@ -20,10 +20,14 @@ proven for one draft per position).
 
 Where a shape has run and really delivered fewer bytes per second than plain decoding
 (`PassCosts.realized`), the chooser falls back to plain; but a figure that is never refreshed
-would keep the shape out for ever, whatever the load or the text do later. So a shape that lost
-is tried again (`Retries`): after its m-th loss in a row it waits `base * 2**(m - 1)` re-plans,
-then runs for one re-plan's passes, which refresh its figure; a retry that wins (the shape
-delivered at least what plain decoding did) clears its losses. The trade-off: a deterministic
+would keep the shape out for ever, whatever the load or the text do later. So speculation that
+lost is tried again (`Retries`): after its m-th loss in a row it waits `base * 2**(m - 1)`
+re-plans, then the shape the chooser prefers runs for one re-plan's passes, which refresh its
+figure; a retry that wins (the shape delivered at least what plain decoding did) clears the
+losses. The back-off is one for every speculative shape (`SPECULATION`): a shape that has not run
+yet waits while every shape that ran lost, so that trying the next shape and the next after a loss,
+each with no figure of its own, does not make the losses add up (at batch 8 on the compiled step,
+with heads right too rarely to pay, that exploration cost 10-20% against plain decoding). The trade-off: a deterministic
 exponential back-off rather than an optimistic bonus or random exploration, so that tests
 replay exactly and a shape that keeps losing costs a share of passes that halves with every
 loss (after m losses, about one re-plan in base * 2**m), while one that has become better is
@@ -39,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 TREE_RANKS = 8  # candidates per head that a tree may use (its top 8 bytes)
+SPECULATION = "speculation"  # the key of the one back-off (`Retries`) that every speculative shape shares
 MAX_NODES = 16  # fed nodes in one pass at most (root included)
 
 
@@ -236,6 +241,17 @@ class PassCosts:
         self.seen[k, T] = seconds if old is None else (1 - weight) * old + weight * seconds
         self.scale = (1 - weight) * self.scale + weight * seconds / self.predicted(k, T)
 
+    def realize(self, k: int, T: int, rate: float, *, weight: float = 0.3) -> None:
+        """What a stretch of passes of k heads over T nodes really delivered, `rate` bytes a row a
+        second over the loop's whole time (the passes, emitting, sliding, re-warming: `loop.Window`),
+        into `realized`, which weighs a plan against plain decoding."""
+        if not self.calibrate:
+            return
+        k, T = self._key(k, T)
+        old = self.realized.get((k, T))
+        self.realized[k, T] = rate if old is None else (1 - weight) * old + weight * rate
+        self.runs[k, T] = self.runs.get((k, T), 0) + 1
+
     def ratio(self, k: int, T: int) -> float:
         """What the pass costs over a plain one (one head, one node)."""
         return self(k, T) / self(1, 1)
@@ -253,9 +269,9 @@ class PassCosts:
 
 
 class Retries:
-    """When a pass shape that lost to plain decoding (by what it really delivered) runs again: after
+    """When speculation that lost to plain decoding (by what it really delivered) runs again: after
     its m-th loss in a row, once `base * 2**(m - 1)` re-plans that prefer it have gone by (module
-    docstring). Kept with the costs, per (k, T) as they keep `realized`, so that one decoder's calls
+    docstring). Kept with the costs, under one key (`SPECULATION`), so that one decoder's calls
     share it."""
 
     def __init__(self, base: int = 2):
@@ -346,11 +362,15 @@ def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree
             if best is None or rate > best[0] * 1.0001:
                 best = (rate, k, [p for p, _ in nodes[:n]], expected)
     rate, k, paths, expected = best
-    plain_rate = costs.realized.get(costs._key(1, 1), 1 / costs(1, 1))
+    plain_key = costs._key(1, 1)
+    plain_rate = costs.realized.get(plain_key, 1 / costs(1, 1))
     key = costs._key(k, len(paths) + 1)
     spec_rate = costs.realized.get(key)  # what this pass delivered, where it ran
+    # one back-off for all speculation: a shape that has not run yet waits while every one that ran lost
+    ran = [r for shape, r in costs.realized.items() if shape != plain_key]
+    lost = spec_rate < plain_rate if spec_rate is not None else bool(ran) and max(ran) < plain_rate
     if heads is None and k > 1 and (rate < (1 + margin) * plain_rate or not costs.retries.due(
-            key, lost=spec_rate is not None and spec_rate < plain_rate, runs=costs.runs.get(key, 0))):
+            SPECULATION, lost=lost, runs=sum(n for shape, n in costs.runs.items() if shape != plain_key))):
         rate, k, paths, expected = plain_rate, 1, [], 1.0
     return Choice(heads=k, tree=DraftTree.from_paths(paths) if paths else DraftTree.chain(0),
                   bytes_per_pass=expected, speedup=rate * costs(1, 1))

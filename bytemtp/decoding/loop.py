@@ -66,6 +66,29 @@ class Steps(Protocol):
     def emit_next(self, state: Batch) -> bool: ...
 
 
+class Window:
+    """The passes of one plan, timed as a whole: the bytes the rows emitted over them, per row live
+    when it opened, over the wall time between two re-plans. What a plan really delivers, with
+    everything a pass does not time itself (emitting, slides, re-warms, the loop), so that plain
+    decoding is a measured arm that a losing plan falls back to (`drafting.choose`)."""
+
+    def __init__(self, state: Batch, choice: Choice):
+        self.choice, self.t0 = choice, time.perf_counter()
+        live = [state.rows[r] for r in state.active if r not in state.finished and not state.rows[r].pad]
+        self.rows, self.bytes0 = len(live), sum(len(row.out.data) for row in state.rows)
+        self.passes = 0
+        state.compiled = False
+
+    def close(self, state: Batch) -> None:
+        """Record the window's rate in the batch's costs: not where a pass compiled, nor for a
+        window of fewer than 4 passes (a call's last few)."""
+        if state.costs is None or state.compiled or self.passes < 4 or not self.rows:
+            return
+        seconds = time.perf_counter() - self.t0
+        emitted = sum(len(row.out.data) for row in state.rows) - self.bytes0
+        state.costs.realize(self.choice.heads, self.choice.tree.T, emitted / self.rows / seconds)
+
+
 class Loop:
     """One batch's decoding, pass by pass (see the module docstring). `rows` are prefilled
     together; `greedy` fixes the plan's greediness (a call: whether all its rows are greedy; None:
@@ -86,6 +109,7 @@ class Loop:
         self.choice: Choice | None = None
         self._planned: tuple | None = None  # (size, greedy) the choice was made for
         self._since_plan = 0
+        self.window: Window | None = None  # the passes of the current plan, timed as a whole
         if rows:
             decoder.prefill(rows, cache, self.full)
 
@@ -159,11 +183,15 @@ class Loop:
         key = (size, greedy)
         if (self.choice is None or key != self._planned
                 or self._since_plan % PLAN_EVERY == 0 and self.draft.adapts(greedy)):
+            if self.window is not None and key == self._planned:
+                self.window.close(state)
             self.choice = decoder.last_choice = decoder.plan(self.draft, batch_size=size, static=state.static,
                                                              greedy=greedy)
             if key != self._planned:
                 state.costs = decoder.calibration.for_run(size, static=state.static)
                 self._planned, self._since_plan = key, 0
+            self.window = Window(state, self.choice)
+        self.window.passes += 1
         self._since_plan += 1
         return self.choice
 
