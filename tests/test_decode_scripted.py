@@ -7,7 +7,7 @@ from doubles import CPU_LIKE, FLAT, TEXT, ScriptedBatchModel, ScriptedModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bytemtp.decoding import decode
+from bytemtp.decoding import decode, loop
 from bytemtp.decoding.drafting import Choice, DraftTree, PassCosts
 from bytemtp.decoding.strategy import Draft
 
@@ -250,6 +250,7 @@ class _TimedModel(ScriptedModel):
 def test_auto_that_starts_stuck_on_plain_ends_at_the_best_fixed_shape(monkeypatch):
     clock, costs = _Clock(), PassCosts(dict(CPU_LIKE.table))
     monkeypatch.setattr(decode, "time", clock)
+    monkeypatch.setattr(loop, "time", clock)  # the windows of passes the chooser weighs, timed alike
     model = _TimedModel(TEXT * 30, lambda j: True, clock, costs)
     dec = decode.Decoder(model, compile="off")
     dec.calibration.known[1, False] = costs  # calibrated by the fake clock's passes

@@ -2,12 +2,13 @@
 plain greedy decoding (`decode.generate`), which knows nothing of drafts, trees or costs."""
 
 import pytest
+import torch
 from doubles import CPU_LIKE, FITTED, FLAT, SONGS, TEXT, ScriptedModel, fitted_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bytemtp.decoding import decode
-from bytemtp.decoding.drafting import AcceptanceProfile, DraftTree, PassCosts, best_tree, choose
+from bytemtp.decoding.drafting import AcceptanceProfile, Choice, DraftTree, PassCosts, best_tree, choose
 from bytemtp.decoding.strategy import Draft
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -188,3 +189,41 @@ def test_after_a_loss_a_shape_with_no_figure_of_its_own_waits_for_the_retry_too(
     assert shapes[0] == 1  # waits, though its own shape never lost
     spec = [k for k in shapes if k > 1]
     assert spec and costs._key(spec[0], spec[0]) != lost  # the retry runs the shape preferred now
+
+
+def test_a_window_records_what_its_plan_delivered_over_the_loop_s_whole_time():
+    """`loop.Window`: bytes the rows emitted, per row live when it opened, over the wall time
+    between two re-plans, into the costs' realized rate of the plan's shape; nothing for a window
+    that compiled a shape or ran fewer than 4 passes."""
+    import time
+
+    from bytemtp.decoding.batch import Batch, Row
+    from bytemtp.decoding.generation import Output, SpeculativeStats
+    from bytemtp.decoding.loop import Window
+    from bytemtp.model.kvcache import KVCache
+
+    def batch():
+        rows = [Row(b"p", Output(SpeculativeStats(), max_bytes=100, stop=(), on_bytes=None)) for _ in range(2)]
+        costs = PassCosts(dict(CPU_LIKE.table))
+        cache = KVCache(n_layers=1, batch_size=2, max_len=8, n_attn_heads=1, head_dim=2, device="cpu",
+                        dtype=torch.float32)
+        return Batch(rows, cache, warm=8, n_future=8, profiles=None, costs=costs), costs
+
+    chain = Choice(4, DraftTree.chain(3), 2.0, 1.5)
+    state, costs = batch()
+    window = Window(state, chain)
+    t0 = time.perf_counter()
+    for row in state.rows:
+        row.out.data += b"abcdef"
+    window.passes = 4
+    time.sleep(0.05)
+    window.close(state)
+    seconds = time.perf_counter() - t0
+    assert costs.realized[costs._key(4, 4)] == pytest.approx(6 / seconds, rel=0.2)
+    assert costs.runs[costs._key(4, 4)] == 1
+    for compiled, passes in ((True, 4), (False, 3)):
+        state, costs = batch()
+        window = Window(state, chain)
+        state.compiled, window.passes = compiled, passes
+        window.close(state)
+        assert not costs.realized

@@ -311,10 +311,13 @@ def record_path(model, *, stacked: bool, batch_size: int) -> pathlib.Path:
 
 
 def _key(model, *, stacked: bool, batch_size: int) -> list:
-    """What the compiled step's graphs depend on, as JSON reads it back."""
+    """What the compiled step's graphs depend on, as JSON reads it back (the draft heads' shapes too,
+    where the model has them: their design is more than their name)."""
     weight = model.embed.weight
+    drafter = getattr(model, "drafter", None)
+    drafts = [] if drafter is None else [[name, list(p.shape)] for name, p in drafter.named_parameters()]
     return json.loads(json.dumps([dataclasses.asdict(model.config), str(weight.dtype), weight.device.type,
-                                  torch.__version__, batch_size, stacked]))
+                                  torch.__version__, batch_size, stacked, *([drafts] if drafts else [])]))
 
 
 @functools.cache

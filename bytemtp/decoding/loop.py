@@ -144,12 +144,17 @@ class Loop:
     # --- the cycle -------------------------------------------------------------------------------
 
     def emit(self) -> bool:
-        """Emit each row's next byte (`Decoder.emit_next`), a slide running every head the draft
-        may use (at least the warm ones), noting the rows whose windows slid; False when every row
-        is finished."""
+        """Emit each row's next byte (`Decoder.emit_next`), noting the rows whose windows slid; False
+        when every row is finished. A slide runs the heads of the passes now (the warm ones): a
+        later plan that wants more re-warms the window then, so a call that has settled on few heads
+        (or on plain decoding) does not pay for all of them at every slide (at batch 8 on the
+        compiled step, slides of all 8 transformer heads made the automatic draft 0.77x plain while
+        it ran plain passes). Draft heads need no cache, so their slides run every head the draft
+        may use (at the window's last position alone)."""
         state = self.state
         starts, warm = {r: state.rows[r].start for r in state.active}, state.warm
-        state.warm = max(warm, self.full)  # what emit_next runs a slide with
+        if self.decoder.keeps_warm:
+            state.warm = max(warm, self.full)  # what emit_next runs a slide with
         going = self.decoder.emit_next(state)
         for r, start in starts.items():
             if state.rows[r].start != start and not self.decoder.keeps_warm:
