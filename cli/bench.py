@@ -114,13 +114,16 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, vs: str
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
 @click.option("--seed", default=0, show_default=True, type=int,
               help="Seed of each mode's sampler (every mode its own, seeded alike).")
+@click.option("--draft-confidence", "confidence", default=0.0, show_default=True, type=click.FloatRange(0, 1),
+              help="End a greedy row's draft of the heads where the heads' own probability that their top chain is "
+                   "right so far falls below this (0: off).")
 @compile_option()
 @device_option()
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
 @json_option()
 def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_bytes: int, max_bytes: int,
                  batch_sizes: str, modes: str, rounds: int, temperature: float, top_p: float, seed: int,
-                 compile_mode: str, device: str, dtype: str, json_path: str | None) -> None:
+                 confidence: float, compile_mode: str, device: str, dtype: str, json_path: str | None) -> None:
     """Plain vs self-speculative decoding (automatic, fixed chains, trees) on one model, greedy
     (outputs checked identical) or sampled (--temperature)."""
     from tqdm import tqdm
@@ -134,7 +137,8 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
             res = decode_speed(ckpt, prompts_path=prompts_path, n_prompts=n_prompts, prompt_bytes=prompt_bytes,
                                max_bytes=max_bytes, batch_sizes=sizes, modes=mode_list, rounds=rounds,
                                device=str(resolve_device(device)), dtype=dtype, compile=compile_mode,
-                               temperature=temperature, top_p=top_p, seed=seed, progress=bar.update)
+                               temperature=temperature, top_p=top_p, seed=seed, confidence=confidence,
+                               progress=bar.update)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
         except ValueError as e:

@@ -58,6 +58,9 @@ from .options import check_heads, check_output_file, compile_option, device_opti
               help="Greedy only: decode plainly and speculatively (3 interleaved rounds), check that the "
                    "outputs are identical, and print bytes per forward pass, the speedup and how repetitive the "
                    "output is.")
+@click.option("--draft-confidence", "confidence", default=0.0, show_default=True, type=click.FloatRange(0, 1),
+              help="End a greedy row's draft of the heads where the heads' own probability that their top chain is "
+                   "right so far falls below this (0: off).")
 @compile_option()
 @device_option()
 @dtype_option()
@@ -67,7 +70,7 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
                  batch_size: int, max_bytes: int, temperature: float, top_k: int, top_p: float,
                  seed: int | None, stop: tuple[str, ...], heads: int | None, draft: str, lookup: bool, no_speculative: bool,
                  raw: bool,
-                 show_stats: bool, compare: bool, compile_mode: str, device: str, dtype: str,
+                 show_stats: bool, compare: bool, confidence: float, compile_mode: str, device: str, dtype: str,
                  json_path: str | None) -> None:
     """Continue a prompt with a trained model, streaming the output.
 
@@ -104,7 +107,7 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     speculative = not no_speculative and model.config.n_future > 1
     policy = Draft(heads=heads if speculative else 1, shape=draft, lookup=lookup and not no_speculative)
-    decoder = decode.Decoder(model, compile=compile_mode)
+    decoder = decode.Decoder(model, compile=compile_mode, confidence=confidence)
     decoder.policy.settle(batch_size=min(batch_size, len(prompts)), work_bytes=len(prompts) * max_bytes
                            * (4 if compare else 1))  # --compare decodes every mode after a warm-up
     kwargs = dict(max_bytes=max_bytes, sampling=sampling, stop=tuple(s.encode() for s in stop), draft=policy)

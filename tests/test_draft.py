@@ -199,3 +199,21 @@ def test_what_a_user_can_get_wrong_about_draft_heads():
         config_io.apply_overrides(C.tiny(), ["model.draft=medusa"])
     with pytest.raises(ValueError, match="loss.teacher_divergence"):
         C.LossConfig(teacher_divergence="js")
+
+
+@pytest.mark.parametrize("design", [None, "medusa"])
+def test_a_draft_confidence_ends_drafts_early_and_greedy_output_stays_plain(design):
+    """`Decoder(confidence=)`: a row's heads' drafts end where the heads' own probability that their
+    top chain is right so far falls below it; at 1.0 nothing is ever sure enough, so nothing is
+    drafted from the heads; the output is plain greedy's at every setting."""
+    model = _drafted_model(design) if design else rare_eos_model(0)
+    prompts = [b"def main():\n    return", b"abcabcabc"]
+    want = [generate(model, p, max_bytes=60).output for p in prompts]
+    drafted = {}
+    for confidence in (0.0, 1e-3, 1.0):
+        got = Decoder(model, compile="off", confidence=confidence).generate(prompts, max_bytes=60, draft="chain-all")
+        assert [g.output for g in got] == want
+        drafted[confidence] = sum(sum(g.stats.drafted) for g in got)
+    assert drafted[1.0] == 0 < drafted[1e-3] < drafted[0.0]
+    with pytest.raises(ValueError, match="confidence=1.5"):
+        Decoder(model, confidence=1.5)

@@ -41,6 +41,7 @@ class Row:
         self.nxt = EOS
         self.cand: list[list[int]] = []  # [depth - 1][rank]
         self.q: torch.Tensor | None = None  # (depths, V) draft distributions when sampling
+        self.sure = 1 << 30  # depths of the heads' top chain that are sure enough (`Decoder.confidence`)
 
     @property
     def stats(self) -> SpeculativeStats:

@@ -92,15 +92,19 @@ class Decoder:
 
     Made once per model and reused: the heads are stacked once (`ByteMTP.stack_heads`), what a
     pass costs is measured once per batch size (`pass_costs`, kept in `calibration`), and the
-    heads' acceptance is tracked across calls. `costs` gives the pass costs instead of measuring
-    them (tests). `compile` says when the passes run the compiled static step: on, off, or auto
+    heads' acceptance is tracked across calls. `confidence` (0: off) ends a greedy row's draft of
+    the heads where the probability that its top chain is right so far, as the heads' own
+    distributions say, falls below it, and a pass whose rows all end early runs fewer nodes.
+    `costs` gives the pass costs instead of measuring them (tests). `compile` says when the passes run the compiled static step: on, off, or auto
     (when a call's work repays compiling); `policy` (a `compiled.CompilePolicy`) applies it and
     holds the step.
     """
 
     def __init__(self, model: ByteMTP, *, stacked: bool = True, costs: PassCosts | None = None,
-                 compile: Compile | str | bool = Compile.AUTO):
-        self.model = model
+                 compile: Compile | str | bool = Compile.AUTO, confidence: float = 0.0):
+        if not 0.0 <= confidence <= 1.0:
+            raise ValueError(f"confidence={confidence} is not allowed; expected 0 <= confidence <= 1 (0: off)")
+        self.model, self.confidence = model, confidence
         # the heads a pass runs: head 1 and the draft heads (`model.draft`), else the training heads,
         # stacked (or, with stacked=False, one by one: the reference)
         self.stacked = model.decode_heads() if stacked or model.drafter is not None else None
@@ -226,6 +230,11 @@ class Decoder:
         if any(row.lookup for row in batch):
             tree, offered, used = lookup_pass(state, batch, tree, limits, heads=k, lookups=self.lookups,
                                               costs=lambda: self.pass_costs(len(state.rows), static=state.static))
+        if self.confidence:  # a greedy row's heads' drafts end where they stop being sure; the pass with them
+            offered = [o if u is not None or not row.sampling.greedy else min(o, row.sure)
+                       for o, u, row in zip(offered, used, batch)]
+            if max(offered, default=0) < tree.depth and all(u is None for u in used):
+                tree = tree.truncated(max(offered, default=0))
         starts = list(cache.lengths)
         logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static)
         cache.rewind(tree.T)
@@ -290,17 +299,22 @@ class Decoder:
             self.propose(row, logits_KV, None)
             row.stats.forward_passes += 1
 
-    @staticmethod
-    def propose(row: Row, logits_KV: torch.Tensor, nxt: int | None, cand: list[list[int]] | None = None) -> None:
+    def propose(self, row: Row, logits_KV: torch.Tensor, nxt: int | None, cand: list[list[int]] | None = None) -> None:
         """The next byte (head 1's choice, unless verification already made it) and the heads'
         candidates after it, from the logits (K, V) at the row's last accepted node, by the row's
-        own sampling."""
+        own sampling. With `confidence`, a greedy row also notes how deep its drafts stay sure
+        enough (`Row.sure`: the leading depths whose top candidates' probabilities multiply to at
+        least it)."""
         sampling = row.sampling
         if sampling.greedy:
-            if cand is None:
+            if cand is None or self.confidence:
                 masked = masked_logits(logits_KV)
-                cand = masked[1:].topk(TREE_RANKS, dim=-1).indices.tolist()
+                top = masked[1:].topk(TREE_RANKS, dim=-1)
+                cand = top.indices.tolist()
                 nxt = int(masked[0].argmax()) if nxt is None else nxt
+                if self.confidence:
+                    sure = (top.values[:, 0] - masked[1:].logsumexp(-1)).cumsum(0).exp()  # P(top chain to d)
+                    row.sure = int((sure >= self.confidence).sum())
             row.nxt, row.cand = nxt, cand
             return
         probs = distribution(logits_KV, sampling)

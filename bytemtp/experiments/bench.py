@@ -121,6 +121,7 @@ class DecodeSpeed:
     temperature: float = 0.0  # 0: greedy; above: every mode sampled (`sampling.Sampling`)
     top_p: float = 1.0
     seed: int = 0  # each mode's sampler's seed, the same for all (unused when greedy)
+    confidence: float = 0.0  # the decoder's draft confidence (`Decoder.confidence`; 0: off)
 
     @property
     def sampled(self) -> bool:
@@ -153,7 +154,7 @@ class DecodeSpeed:
     def from_json(cls, data: dict) -> DecodeSpeed:
         """A `bench decode --json` file read back (the top case's figures come from its case); one
         written before sampled runs, without `temperature`, `top_p` and `seed`, is greedy."""
-        sampling = ("temperature", "top_p", "seed")
+        sampling = ("temperature", "top_p", "seed", "confidence")
         return cls(**{k: data[k] for k in _DECODE_HEAD if k not in sampling},
                    **{k: data[k] for k in sampling if k in data},
                    compile_stats=data["compile_stats"], pass_costs_ms=data["pass_costs_ms"],
@@ -162,7 +163,7 @@ class DecodeSpeed:
 
 # the keys that open `DecodeSpeed`'s JSON form, in order
 _DECODE_HEAD = ("ckpt", "device", "dtype", "prompts", "prompt_bytes", "max_bytes", "rounds", "temperature", "top_p",
-                "seed", "val_bpb", "compile")
+                "seed", "confidence", "val_bpb", "compile")
 
 
 def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batch_size: int = 8,
@@ -229,7 +230,8 @@ def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batc
 def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128,
                  max_bytes: int = 256, batch_sizes=(1, 8), modes=DECODE_MODES, rounds: int = 2,
                  device: str = "cpu", dtype: str = "float32", eval_batches: int = 10, compile: str = "auto",
-                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, progress=None) -> DecodeSpeed:
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, confidence: float = 0.0,
+                 progress=None) -> DecodeSpeed:
     """Plain against self-speculative decoding in several drafting modes, on the same model and
     held-out prompts, in one run: greedy at `temperature` 0, else every mode (plain included)
     sampled at that temperature and `top_p`, each mode with its own generator seeded with `seed`
@@ -262,7 +264,7 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
         prompts, real = [p for p, _ in pairs], [c for _, c in pairs]
     n_future = model.config.n_future
     modes = ["plain", *[m for m in modes if n_future > 1 or m == "auto"]]
-    decoder = decode.Decoder(model, compile=compile)
+    decoder = decode.Decoder(model, compile=compile, confidence=confidence)
     compiled = decoder.policy.settle(batch_size=batch_sizes[0],
                                      work_bytes=len(prompts) * max_bytes * len(modes) * rounds * len(batch_sizes))
     drafts = {m: (decoder, Draft.parse(m).capped(n_future)) for m in modes}
@@ -303,7 +305,7 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
                        prompt_bytes=max(len(p) for p in prompts), max_bytes=max_bytes, rounds=rounds,
                        val_bpb=ev.bpb[0] if ev else None, compile="on" if compiled else "off",
                        compile_stats=static.stats() if static is not None else None, pass_costs_ms=costs.to_dict(),
-                       cases=cases, temperature=temperature, top_p=top_p, seed=seed)
+                       cases=cases, temperature=temperature, top_p=top_p, seed=seed, confidence=confidence)
 
 
 @dataclasses.dataclass(frozen=True)

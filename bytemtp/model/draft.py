@@ -40,7 +40,7 @@ from bytemtp.model.layout import Layout
 from bytemtp.vocab import EOS, N_BYTES, VOCAB_SIZE
 
 
-def _allowed() -> torch.Tensor:
+def readable_ids() -> torch.Tensor:
     """The ids a draft may read as the byte drafted before: the bytes and EOS (what generation emits)."""
     mask = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
     mask[:N_BYTES] = True
@@ -66,7 +66,7 @@ class DraftHeads(nn.Module):
         self.norm_in = nn.Parameter(torch.ones(K, 1, D))
         self.norm = nn.Parameter(torch.ones(K, 1, D))  # each depth's final RMSNorm weight
         self.unembed = nn.Parameter(torch.zeros(K, D, VOCAB_SIZE))  # x @ unembed
-        self.register_buffer("allowed", _allowed(), persistent=False)
+        self.register_buffer("allowed", readable_ids(), persistent=False)
 
     @torch.no_grad()
     def init_from(self, head1_norm: torch.Tensor, head1_unembed: torch.Tensor) -> None:

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bytemtp.config import ModelConfig
-from bytemtp.model.draft import DraftHeads, DraftPass, _allowed, build_drafts
+from bytemtp.model.draft import DraftHeads, DraftPass, build_drafts, readable_ids
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import Layout, attend
 from bytemtp.vocab import VOCAB_SIZE
@@ -161,7 +161,7 @@ class ByteMTP(nn.Module):
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
         self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
         if self.drafter is not None:
-            self.drafter.allowed = _allowed().to(self.rope_cos.device)
+            self.drafter.allowed = readable_ids().to(self.rope_cos.device)
 
     def forward(self, ids_BT: torch.Tensor, cache: KVCache | None = None, *, layout: Layout) -> torch.Tensor:
         """Trunk state (B, T, D) for ids (B, T), placed as the pass's `layout` says (after the
