@@ -60,7 +60,8 @@ def config_cmd(preset: str, config_file: str | None, overrides: tuple[str, ...],
         model = ByteMTP(cfg.model)
     click.echo(config_io.to_json(cfg))
     m = cfg.model
-    rows = [(part, f"{model.num_params(part):,}") for part in ("embed", "trunk", "heads", "unembed")]
+    parts = ("embed", "trunk", "heads", "unembed", *(("drafter",) if model.drafter is not None else ()))
+    rows = [(part, f"{model.num_params(part):,}") for part in parts]
     rows.append(("total", f"{model.num_params():,}"))
     click.echo(f"\n{m.trunk_layers} trunk layers + {m.n_future} {m.head_type} heads "
                f"of {m.layers_per_head} layer(s) = {m.total_layers} layers\n")

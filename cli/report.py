@@ -76,7 +76,8 @@ def corpus_table(manifest: dict) -> str:
 
 def model_line(m, params: int) -> str:
     """One line that says what a model is."""
-    return (f"{params:,} parameters: {m.trunk_layers} trunk layers + {m.n_future} {m.head_type} heads, "
+    drafts = "" if m.draft == "none" else f" + {m.n_future - 1} {m.draft} draft heads"
+    return (f"{params:,} parameters: {m.trunk_layers} trunk layers + {m.n_future} {m.head_type} heads{drafts}, "
             f"width {m.d_model}, context {m.seq_len}")
 
 

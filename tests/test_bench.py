@@ -2,6 +2,7 @@
 says a time ratio is noise, and the results' JSON form, the one the `bench` commands have always
 written, read back. The `bench` commands end to end are in test_cli.py and test_generate_cli.py."""
 
+import dataclasses
 import json
 
 import pytest
@@ -120,6 +121,10 @@ def test_a_sampled_decode_speed_round_trips_and_does_not_judge_identity(data):
     assert list(_written(res).items()) == list(data.items()) and DecodeSpeed.from_json(_written(res)) == res
     # chain-2's outputs differ from plain's, as sampled draws do: no verdict, where greedy would fail
     assert not res.cases[1].figures.identical and res.all_identical is None
+    # a draft confidence is written where it was set, and read back
+    sure = dataclasses.replace(res, confidence=0.3)
+    assert _written(sure)["confidence"] == 0.3 and DecodeSpeed.from_json(_written(sure)) == sure
+    assert "confidence" not in _written(res)
 
 
 def test_decode_table_shows_each_rows_repetition_and_no_identity_verdict_when_sampled():

@@ -146,7 +146,8 @@ class DecodeSpeed:
                 "plain_bytes_s", "spec_bytes_s", "repetition")
         if self.compile == "on":
             keys += ("eager_plain_bytes_s", "eager_speedup", "compiled_plain_speedup")
-        return {**{k: getattr(self, k) for k in _DECODE_HEAD}, **{k: top[k] for k in keys},
+        head = [k for k in _DECODE_HEAD if k != "confidence" or self.confidence]  # written where it was set
+        return {**{k: getattr(self, k) for k in head}, **{k: top[k] for k in keys},
                 "compile_stats": self.compile_stats, "pass_costs_ms": self.pass_costs_ms,
                 "all_identical": self.all_identical, "cases": [c.to_json() for c in self.cases]}
 
