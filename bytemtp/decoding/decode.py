@@ -95,9 +95,9 @@ class Decoder:
     heads' acceptance is tracked across calls. `confidence` (0: off) ends a greedy row's draft of
     the heads where the probability that its top chain is right so far, as the heads' own
     distributions say, falls below it, and a pass whose rows all end early runs fewer nodes.
-    `costs` gives the pass costs instead of measuring them (tests). `compile` says when the passes run the compiled static step: on, off, or auto
-    (when a call's work repays compiling); `policy` (a `compiled.CompilePolicy`) applies it and
-    holds the step.
+    `costs` gives the pass costs instead of measuring them (tests). `compile` says when the passes
+    run the compiled static step: on, off, or auto (when a call's work repays compiling); `policy`
+    (a `compiled.CompilePolicy`) applies it and holds the step.
     """
 
     def __init__(self, model: ByteMTP, *, stacked: bool = True, costs: PassCosts | None = None,
