@@ -69,3 +69,22 @@ def test_speed_figures_and_their_json_form():
     # prompts without a real continuation (a prompts file): the decoded figures alone
     alone = speed_figures(took, {"plain": plain, "spec": spec}, "spec").to_json()["repetition"]
     assert alone == {"decoded": dataclasses.asdict(decoded), "real": None, "zstd_ratio_over_real": None}
+
+
+def test_a_speedup_above_bytes_per_pass_is_refused_where_both_did_the_same_work_only():
+    """Greedy modes decode the same bytes, so a speedup above bytes per pass is a bad measurement;
+    sampled modes draw other bytes (and end sooner or later), so they are not judged by it."""
+    import pytest
+
+    from bytemtp.decoding.generation import Generation, SpeculativeStats
+    from bytemtp.decoding.speed import speed_figures
+
+    def gen(out: bytes, passes: int) -> Generation:
+        return Generation(out, SpeculativeStats(bytes_out=len(out), forward_passes=passes))
+
+    took = {"plain": [[2.0]], "auto": [[1.0]]}  # twice as fast at 1.25 bytes a pass: impossible
+    same = {"plain": [[gen(b"x" * 100, 100)]], "auto": [[gen(b"x" * 100, 80)]]}
+    with pytest.raises(RuntimeError, match="contradicts itself"):
+        speed_figures(took, same, "auto")
+    other = {"plain": [[gen(b"x" * 100, 100)]], "auto": [[gen(b"y" * 100, 80)]]}
+    assert speed_figures(took, other, "auto").speedup == pytest.approx(2.0)
