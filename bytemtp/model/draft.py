@@ -50,7 +50,11 @@ def readable_ids() -> torch.Tensor:
 
 class DraftHeads(nn.Module):
     """What both designs share: K = n_future - 1 depths, each a residual MLP block of hidden width
-    4 D (`w_in` then `w_out`) with its own final norm and unembedding."""
+    4 D (`w_in` then `w_out`) with its own final norm and unembedding. Each design's `forward(h_BTD,
+    first_BT, *, embed, forced_BTK=None, k=None, tables=None)` gives the logits (B, T, k, V) of the
+    first k depths from head 1's state h: `first_BT` is the byte depth 1 reads (head 1's choice),
+    `forced_BTK` the bytes depths 1..k read instead of the drafts (training: the text's own), and
+    `tables` the byte tables a hydra block reads at decoding (`HydraDrafts.byte_tables`)."""
 
     name: str
     reads_bytes: bool  # whether depth d reads the byte drafted at depth d - 1
@@ -82,13 +86,6 @@ class DraftHeads(nn.Module):
 
     def _normed(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), eps=self.eps) * weight
-
-    def forward(self, h_BTD: torch.Tensor, first_BT: torch.Tensor | None = None, *, embed: nn.Embedding,
-                forced_BTK: torch.Tensor | None = None, k: int | None = None) -> torch.Tensor:
-        """Logits (B, T, k, V) of the first k depths (all by default) from head 1's state h (B, T, D).
-        `first_BT`: the byte depth 1 reads (head 1's choice at each position); `forced_BTK`: the
-        bytes depths 1..k read instead of the drafts (training: the text's bytes at t + 1 .. t + k)."""
-        raise NotImplementedError
 
 
 class MedusaDrafts(DraftHeads):
