@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from bytemtp.vocab import table_rows
+
 UNEMBED_TYPES = ("shared", "replicated")
 MLP_TYPES = ("swiglu", "gelu")
 HEAD_WEIGHTS = ("uniform", "geometric")
@@ -148,7 +150,9 @@ class ModelConfig:
     doc_mask: bool = False
     """Attend only within each document of a packed window (an EOS starts a document); off: causal across them."""
     seq_len: int = 512
-    """Context length in bytes (positions the model attends over)."""
+    """Context length in bytes (positions the model attends over; tokens where vocab_size is a BPE's)."""
+    vocab_size: int = 259
+    """Ids the model predicts: 259 for bytes (256 byte values, BOS, EOS, PAD); a byte-level BPE's size (its merges from id 264 on) for the token baseline of `bench tokens` (with data.tokenizer). Tables are padded to a multiple of 8."""
     mlp: str = "swiglu"
     """Feed-forward block: swiglu or gelu."""
     ffn_hidden: int = 0
@@ -162,9 +166,17 @@ class ModelConfig:
     init_std: float = 0.02
     """Standard deviation of the normal weight initialisation (residual outputs are scaled down by depth)."""
 
+    @property
+    def table_rows(self) -> int:
+        """Rows of the embedding and unembedding tables: vocab_size padded to a multiple of 8."""
+        return table_rows(self.vocab_size)
+
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_attn_heads", "n_future", "head_layers", "seq_len"):
             _positive_int(f"model.{name}", getattr(self, name))
+        _check(isinstance(self.vocab_size, int) and (self.vocab_size == 259 or self.vocab_size > 264),
+               "model.vocab_size", self.vocab_size, "expected 259 (bytes) or a BPE's size (above 264, "
+               "with data.tokenizer)")
         _check(self.head_type in HEAD_TYPES, "model.head_type", self.head_type,
                f"choose one of {', '.join(HEAD_TYPES)}")
         _check(self.unembed in UNEMBED_TYPES, "model.unembed", self.unembed,
@@ -308,6 +320,8 @@ class DataConfig:
     """DataLoader worker processes per rank; 0 reads in the training process."""
     max_bad_fraction: float = 0.01
     """Abort when more than this fraction of records is unusable (JSONL lines of invalid JSON or no text, null table rows)."""
+    tokenizer: str = ""
+    """A byte-level BPE's tokenizer.json (from `bench tokens`) to train on its tokens instead of bytes, with model.vocab_size its size; empty: bytes."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.path, str) and bool(self.path), "data.path", self.path,
@@ -320,6 +334,8 @@ class DataConfig:
                self.num_workers, "expected an integer >= 0")
         _check(0.0 <= self.max_bad_fraction <= 1.0, "data.max_bad_fraction", self.max_bad_fraction,
                "expected 0 <= fraction <= 1")
+        _check(isinstance(self.tokenizer, str), "data.tokenizer", self.tokenizer,
+               "expected the path of a tokenizer.json, or empty for bytes")
 
 
 @dataclass(frozen=True)
@@ -452,6 +468,9 @@ class Config:
                    "as bytemtp tune-heads sets)")
             _check(self.loss.rollout_bytes <= self.model.seq_len, "loss.rollout_bytes", self.loss.rollout_bytes,
                    f"expected at most model.seq_len={self.model.seq_len}")
+        _check((self.model.vocab_size == 259) == (not self.data.tokenizer), "model.vocab_size", self.model.vocab_size,
+               "259 trains on bytes (data.tokenizer empty); a BPE's size needs its tokenizer.json in data.tokenizer"
+               if self.data.tokenizer else "a size above 259 needs the BPE's tokenizer.json in data.tokenizer")
 
 
 # --- presets --------------------------------------------------------------------------------

@@ -16,6 +16,12 @@ VOCAB_SIZE = 264  # 259 real ids padded to a multiple of 8
 SPECIAL_NAMES = {BOS: "<bos>", EOS: "<eos>", PAD: "<pad>"}
 
 
+def table_rows(vocab_size: int) -> int:
+    """Rows of the embedding and unembedding tables for `vocab_size` ids: padded to a multiple of 8
+    (264 for bytes; a BPE baseline's merges follow from 264 on, `bytemtp.tokens`)."""
+    return -(-vocab_size // 8) * 8
+
+
 class TextStream:
     """Incremental UTF-8: a character split across pieces prints whole; invalid bytes become U+FFFD."""
 

@@ -314,6 +314,68 @@ def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, a
     write_json(json_path, res)
 
 
+@bench.command("tokens")
+@preset_option("small")
+@click.option("--data", default="data/corpus/stdlib", show_default=True,
+              help="A prepared corpus with a val split: the tokenizer and both models train on its train split.")
+@click.option("--time", "budget", default="9m", show_default=True,
+              help="Training wall time of each arm and seed (the schedule is fitted to it).")
+@click.option("--steps", default=0, show_default=True, type=click.IntRange(0),
+              help="Train each arm this many steps instead (0: equal wall time).")
+@click.option("--seeds", default=1, show_default=True, type=click.IntRange(1),
+              help="Seeds of each arm (train.seed and data.seed 0..N-1); the ratios' spread is over them.")
+@click.option("--vocab", "vocab_size", default=4096, show_default=True, type=click.IntRange(265),
+              help="Ids of the byte-level BPE: the 264 byte ids and the rest merges.")
+@click.option("--held-out", type=click.Path(exists=True), default=None,
+              help="Text neither arm trained on, scored whole by both (a file, a folder of files, or a prepared "
+                   "corpus's val split), e.g. the source of another project.")
+@click.option("--held-out-bytes", default=0, show_default=True, type=click.IntRange(0),
+              help="Score only the first this many bytes of --held-out (0: all).")
+@click.option("--token-heads", default=1, show_default=True, type=click.IntRange(1),
+              help="Heads of the token arm (1: next-token only).")
+@click.option("--token-seq-len", default=0, show_default=True, type=click.IntRange(0),
+              help="The token arm's context in tokens (0: the byte arm's context over the train split's bytes a token).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="A setting both arms share.")
+@click.option("--token-set", "token_overrides", multiple=True, metavar="KEY=VALUE",
+              help="A setting of the token arm only (e.g. model.d_model=128).")
+@click.option("--prompts", default=16, show_default=True, type=click.IntRange(1),
+              help="Held-out prompts (val documents' first 128 bytes) that both arms decode.")
+@click.option("--max-bytes", default=256, show_default=True, type=click.IntRange(1), help="Bytes decoded from each.")
+@click.option("--batch-sizes", default="1,8", show_default=True, help="Comma-separated.")
+@click.option("--rounds", default=2, show_default=True, type=click.IntRange(1),
+              help="Interleaved rounds of decoding (after a warm-up).")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="0: greedy; above: both arms sample, each mode with its own seeded generator.")
+@compile_option()
+@click.option("--out", required=True, type=click.Path(file_okay=False), callback=check_output_dir,
+              help="The tokenizer and each arm's run (OUT/bytes-sN, OUT/tokens-sN); one measured before is read back.")
+@device_option()
+@json_option()
+def bench_tokens(preset: str, data: str, budget: str, steps: int, seeds: int, vocab_size: int, held_out: str | None,
+                 held_out_bytes: int, token_heads: int, token_seq_len: int, overrides: tuple[str, ...],
+                 token_overrides: tuple[str, ...], prompts: int, max_bytes: int, batch_sizes: str, rounds: int,
+                 temperature: float, compile_mode: str, out: str, device: str, json_path: str | None) -> None:
+    """Bytes against tokens: train a byte-level BPE on the corpus, the same model family on its
+    tokens and on bytes for the same budget, and compare bits per byte on the same bytes (val and
+    held-out) and decoding speed in bytes a second at each batch size."""
+    from bytemtp.experiments import token_bench
+    from bytemtp.runtime.devices import resolve_device
+
+    from .options import parse_duration
+
+    sizes = parse_batch_sizes(batch_sizes)
+    dev = resolve_device(device)
+    with _interrupted_in_one_line():
+        res = token_bench.compare(data, out=out, preset=preset, budget_s=parse_duration(budget), steps=steps,
+                                  seeds=seeds, vocab_size=vocab_size, held_out=held_out, held_out_bytes=held_out_bytes,
+                                  sets=[*overrides, f"train.device={dev}"], token_sets=list(token_overrides),
+                                  token_heads=token_heads, token_seq_len=token_seq_len, prompts=prompts,
+                                  max_bytes=max_bytes, batch_sizes=sizes, rounds=rounds, compile=compile_mode,
+                                  temperature=temperature, device=str(dev))
+    echo(token_bench.table(res))
+    write_json(json_path, res)
+
+
 @bench.command("sweep")
 @click.argument("grid", type=click.Path(dir_okay=False, exists=True))
 @click.option("--out", required=True, type=click.Path(file_okay=False),

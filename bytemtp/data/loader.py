@@ -59,6 +59,8 @@ from bytemtp.data.corpus import corpus_files
 from bytemtp.data.readers import reader_for
 from bytemtp.data.shards import CorpusError
 from bytemtp.data.steps import Share
+from bytemtp.data.tokenized import TokenStream
+from bytemtp.tokens import load_vocabulary
 from bytemtp.vocab import EOS
 
 STATE_VERSION = 2  # 2: segment shuffle (1: block shuffle, its pending windows in the state)
@@ -85,12 +87,16 @@ _FEW_BOUNDARIES = 256  # up to this many EOS in a piece, slice copies beat a boo
 
 def write_ids(out: np.ndarray, data: np.ndarray, at: np.ndarray) -> int:
     """Write uint8 `data` as uint16 ids into the start of `out`, with EOS before each (sorted)
-    offset in `at`; return how many ids were written (len(data) + len(at)).
+    offset in `at`; return how many ids were written (len(data) + len(at)). uint16 `data` are
+    ids already (a BPE's, EOS included) and are copied as they are.
 
     What np.insert does, without allocating: with few boundaries (long documents) the runs between
     them are copied as slices, a bounded loop per piece; with many (short documents) one boolean
     scatter places every byte at once. Both cost well under a millisecond for a 1 MiB frame.
     """
+    if data.dtype == np.uint16:  # ids already, EOS included (`tokenized.TokenStream`)
+        out[:len(data)] = data
+        return len(data)
     n = len(data) + len(at)
     slots = at + np.arange(len(at))
     if len(at) <= _FEW_BOUNDARIES:
@@ -387,6 +393,8 @@ def _make_packer(files: list, cfg: DataConfig, slot: int, *, rank: int, world_si
     """The packer of one reader of the corpus: local slot `slot` of `rank`."""
     docs = DocumentStream(files, field=cfg.field, reader=rank * n_local + slot, n_readers=world_size * n_local,
                           seed=cfg.seed, max_bad_fraction=cfg.max_bad_fraction)
+    if cfg.tokenizer:
+        docs = TokenStream(docs, load_vocabulary(cfg.tokenizer))
     return WindowPacker(docs, window=window, stride=stride, batch_size=cfg.batch_size,
                         shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed)
 

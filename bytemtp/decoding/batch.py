@@ -31,9 +31,11 @@ class Row:
     """One prompt's decoding: its output rules, how it chooses bytes (`sampling`: rows of one batch
     may differ), its window, the byte due next and the candidates of the heads after it (greedy:
     each head's top bytes; sampling: one draft each and its q). `lookup`: whether the row may
-    draft prompt-lookup bytes (`lookup`; greedy rows only)."""
+    draft prompt-lookup bytes (`lookup`; greedy rows only). `prompt` holds the prompt's ids: its
+    bytes, or a list of a BPE baseline's token ids."""
 
-    def __init__(self, prompt: bytes, out: Output, sampling: Sampling | None = None, *, lookup: bool = False):
+    def __init__(self, prompt: bytes | list[int], out: Output, sampling: Sampling | None = None, *,
+                 lookup: bool = False):
         self.prompt, self.out, self.sampling = prompt, out, sampling or Sampling()
         self.lookup = lookup
         self.pad = False  # a placeholder that keeps a compiled batch at its bucket's size (`Batch.pad_to`)
@@ -49,6 +51,13 @@ class Row:
 
     def tokens(self) -> list[int]:
         return [EOS, *self.prompt, *self.out.data]
+
+    def history(self) -> bytes | str:
+        """The prompt's and output's ids as one string that prompt lookup searches: bytes, or for a
+        BPE baseline's ids (`prompt` a list) a str of one character an id."""
+        if isinstance(self.prompt, bytes):
+            return self.prompt + bytes(self.out.data)
+        return "".join(map(chr, self.prompt)) + "".join(map(chr, self.out.data))
 
     @property
     def n_tokens(self) -> int:

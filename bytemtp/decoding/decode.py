@@ -62,7 +62,9 @@ def generate(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, sampling: S
     prompt, stop = as_bytes(prompt), tuple(as_bytes(s) for s in stop)
     sampling = sampling or Sampling()
     t0 = time.perf_counter()
-    out = Output(DecodeStats(), max_bytes=max_bytes, stop=stop, on_bytes=on_bytes)
+    vocab = model.vocab
+    out = Output(DecodeStats(), max_bytes=max_bytes, stop=stop, on_bytes=on_bytes, pieces=vocab.pieces)
+    prompt = prompt if vocab.is_bytes else vocab.encode(prompt)
     if max_bytes == 0:
         out.stats.stopped_by = "max_bytes"
         return out.result(t0)
@@ -188,9 +190,11 @@ class Decoder:
         draft = (Draft.parse(draft) if isinstance(draft, str) else draft).for_model(self.model.config.n_future)
         t0 = time.perf_counter()
         depths = draft.max_depth(self.model.config.n_future)
-        rows = [Row(p, Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
-                                max_bytes=max_bytes, stop=stop,
-                                on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))),
+        vocab = self.model.vocab  # bytes, or a BPE baseline's tokens: prompts are encoded, ids written as bytes
+        rows = [Row(p if vocab.is_bytes else vocab.encode(p),
+                    Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
+                           max_bytes=max_bytes, stop=stop, pieces=vocab.pieces,
+                           on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))),
                     sampling, lookup=draft.lookup)
                 for r, p in enumerate(prompts)]
         if max_bytes == 0:
@@ -224,7 +228,7 @@ class Decoder:
         batch = [state.rows[r] for r in state.active]
         # a row offers drafts up to the depth that max_bytes and its window leave
         limits = [0 if r in state.finished else
-                  min(row.out.max_bytes - len(row.out.data), context_left(row.n_tokens, row.start, seq_len))
+                  min(row.out.bytes_left(), context_left(row.n_tokens, row.start, seq_len))
                   for r, row in zip(state.active, batch)]
         offered, used = [min(tree.depth, limit) for limit in limits], [None] * len(batch)
         if any(row.lookup for row in batch):

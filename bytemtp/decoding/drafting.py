@@ -156,8 +156,9 @@ class AcceptanceProfile:
         """What the heads got right in one pass, whose candidates were `cand` [depth - 1][rank]
         and whose true bytes are `truth` (the accepted drafts, then head 1's byte after them): at
         each depth up to the first miss, the rank of the true byte among that head's candidates
-        (sampling: accepted or not), up to the depth the row was `offered`."""
-        for depth in range(1, min(len(truth), len(cand), max(offered, 1)) + 1):
+        (sampling: accepted or not), up to the depth the row was `offered` and the heads reach."""
+        # candidates deeper than the heads reach (a lookup draft's, left from an earlier pass) teach nothing
+        for depth in range(1, min(len(truth), len(cand), max(offered, 1), len(self.trials)) + 1):
             if greedy:
                 ranks = cand[depth - 1]
                 self.record(depth, ranks.index(truth[depth - 1]) if truth[depth - 1] in ranks else None)

@@ -96,12 +96,22 @@ class SpeculativeStats(DecodeStats):
 
 
 class Output:
-    """The bytes generated so far and the rules that end generation (EOS, stop strings, max_bytes)."""
+    """The bytes generated so far and the rules that end generation (EOS, stop strings, max_bytes).
+
+    `data` holds the ids generated; for the bytes (`pieces` None) they are the text itself. A model
+    over BPE tokens (the baseline of `bench tokens`) gives the bytes of each id in `pieces`: its
+    text is then the ids' bytes joined, and stop strings and max_bytes count in that text (a stop
+    string that ends inside a token cuts the text after it; the last token may pass max_bytes)."""
 
     def __init__(self, stats: DecodeStats, *, max_bytes: int, stop: tuple[bytes, ...],
-                 on_bytes: Callable[[bytes], None] | None):
-        self.data, self.stats, self.max_bytes = bytearray(), stats, max_bytes
-        self.stop, self.on_bytes = stop, on_bytes
+                 on_bytes: Callable[[bytes], None] | None, pieces: list[bytes] | None = None):
+        self.data, self.stats, self.max_bytes = bytearray() if pieces is None else [], stats, max_bytes
+        self.text = self.data if pieces is None else bytearray()
+        self.stop, self.on_bytes, self.pieces = stop, on_bytes, pieces
+
+    def bytes_left(self) -> int:
+        """Bytes still allowed (an upper bound on the ids still allowed)."""
+        return self.max_bytes - len(self.text)
 
     def emit(self, byte: int) -> bool:
         """Append one generated id; True when generation must stop."""
@@ -109,6 +119,8 @@ class Output:
             self.stats.stopped_by = "eos"
             return True
         self.data.append(byte)
+        if self.pieces is not None:
+            return self._emit_piece(self.pieces[byte])
         if self.on_bytes is not None:
             self.on_bytes(bytes([byte]))
         if any(s and self.data.endswith(s) for s in self.stop):
@@ -119,11 +131,31 @@ class Output:
             return True
         return False
 
-    def result(self, t0: float) -> Generation:
-        self.stats.bytes_out = len(self.data)
-        self.stats.wall_s = time.perf_counter() - t0
-        return Generation(bytes(self.data), self.stats)
+    def _emit_piece(self, piece: bytes) -> bool:
+        """A token's bytes: appended, streamed and checked against the stop strings and max_bytes."""
+        before = len(self.text)
+        self.text += piece
+        cut = None  # where the earliest stop string that the new bytes complete ends
+        for s in self.stop:
+            at = self.text.find(s, max(0, before - len(s) + 1)) if s else -1
+            if at >= 0 and (cut is None or at + len(s) < cut):
+                cut = at + len(s)
+        if cut is not None:
+            del self.text[cut:]
+        if self.on_bytes is not None and len(self.text) > before:
+            self.on_bytes(bytes(self.text[before:]))
+        if cut is not None:
+            self.stats.stopped_by = "stop"
+            return True
+        if len(self.text) >= self.max_bytes:
+            self.stats.stopped_by = "max_bytes"
+            return True
+        return False
 
+    def result(self, t0: float) -> Generation:
+        self.stats.bytes_out = len(self.text)
+        self.stats.wall_s = time.perf_counter() - t0
+        return Generation(bytes(self.text), self.stats)
 
 
 def load_prompts(path, field: str = "prompt") -> list[bytes]:

@@ -40,13 +40,14 @@ class Match:
     """A suffix of `length` bytes found earlier, and the bytes that followed it there."""
 
     length: int
-    draft: bytes
+    draft: bytes | tuple[int, ...]  # the ids that followed
 
 
-def find(history: bytes, *, max_draft: int = MAX_DRAFT, min_ngram: int = MIN_NGRAM,
+def find(history: bytes | str, *, max_draft: int = MAX_DRAFT, min_ngram: int = MIN_NGRAM,
          max_ngram: int = MAX_NGRAM) -> Match | None:
     """The longest suffix of `history` (min_ngram..max_ngram bytes) that occurs earlier in it, at its
-    latest earlier occurrence, with up to `max_draft` bytes that followed it; None without one."""
+    latest earlier occurrence, with up to `max_draft` bytes that followed it; None without one.
+    A str history holds a BPE baseline's ids, one character each (`Row.history`); its draft is ids."""
     n = len(history)
     lo, hi, best = min_ngram, min(max_ngram, n - 1), None
     while lo <= hi:  # occurring earlier is monotone in the length: bisect for the longest
@@ -59,7 +60,8 @@ def find(history: bytes, *, max_draft: int = MAX_DRAFT, min_ngram: int = MIN_NGR
     if best is None or max_draft < 1:
         return None
     length, pos = best
-    return Match(length, history[pos + length:pos + length + max_draft])
+    draft = history[pos + length:pos + length + max_draft]
+    return Match(length, tuple(map(ord, draft)) if isinstance(draft, str) else draft)
 
 
 class LookupProfile:
@@ -178,7 +180,7 @@ def plan_pass(tree: DraftTree, rows: list[RowDraft | None], *, heads: int, costs
     return best[1], best[2]
 
 
-def substitute(cand: list[list[int]], draft: bytes | None, depth: int, *, filler: int) -> list[list[int]]:
+def substitute(cand: list[list[int]], draft: bytes | tuple[int, ...] | None, depth: int, *, filler: int) -> list[list[int]]:
     """A row's candidates for a tree `depth` deep: the heads' `cand` [depth - 1][rank], with the
     lookup `draft` as the top rank where it reaches, and `filler` where neither has a byte (depths
     the row is not offered)."""
@@ -211,7 +213,7 @@ def lookup_pass(state: Batch, batch: list[Row], tree: DraftTree, limits: list[in
     depth = tree.depth  # the heads' candidates reach this deep
     rows = [None if r in state.finished else
             RowDraft(limit, depth, state.profile(row),
-                     find(row.prompt + bytes(row.out.data)) if row.lookup and row.sampling.greedy else None)
+                     find(row.history()) if row.lookup and row.sampling.greedy else None)
             for r, row, limit in zip(state.active, batch, limits)]
     if all(r is None or r.match is None for r in rows):
         return tree, [min(depth, limit) for limit in limits], [None] * len(batch)

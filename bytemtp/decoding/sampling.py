@@ -1,7 +1,8 @@
 """Choosing bytes from the next-byte head: greedy picks, sampling (temperature, top-k, top-p
 through a seeded `torch.Generator`, on the logits' device), and the speculative sampling rule.
-The ids generation may emit (the bytes and EOS) are named once, here; the likelihood's greedy
-flag asks `greedy_ids` too, so it says what greedy decoding would write.
+The ids generation may emit (the bytes, EOS and a BPE baseline's merged tokens) are named once,
+in `bytemtp.model.draft.emitted_ids`, and masked here; the likelihood's greedy flag asks
+`greedy_ids` too, so it says what greedy decoding would write.
 
 Legend: N rows (any leading dimensions), T positions, D drafts, V vocabulary.
 """
@@ -12,12 +13,18 @@ from dataclasses import dataclass
 
 import torch
 
-from bytemtp.vocab import EOS, VOCAB_SIZE
+from bytemtp.model.draft import emitted_ids
 
-# ids that generation may emit: the 256 bytes and EOS
-_ALLOWED = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
-_ALLOWED[:256] = True
-_ALLOWED[EOS] = True
+_MASKS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _allowed(logits: torch.Tensor) -> torch.Tensor:
+    """The mask of ids generation may emit (`emitted_ids`) for logits of this width, on their device."""
+    key = (logits.shape[-1], logits.device)
+    mask = _MASKS.get(key)
+    if mask is None:
+        mask = _MASKS[key] = emitted_ids(logits.shape[-1]).to(logits.device)
+    return mask
 
 
 @dataclass
@@ -44,10 +51,11 @@ class Sampling:
 
 def distribution(logits_V: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """Probabilities over the vocabulary after masking, temperature, top-k and top-p."""
-    logits = logits_V.float().masked_fill(~_ALLOWED.to(logits_V.device), float("-inf"))
+    allowed = _allowed(logits_V)
+    logits = logits_V.float().masked_fill(~allowed, float("-inf"))
     logits = logits / sampling.temperature
     if sampling.top_k:
-        kth = torch.topk(logits, min(sampling.top_k, int(_ALLOWED.sum()))).values[..., -1, None]
+        kth = torch.topk(logits, min(sampling.top_k, int(allowed.sum()))).values[..., -1, None]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if sampling.top_p < 1.0:
@@ -62,7 +70,7 @@ def distribution(logits_V: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 def masked_logits(logits: torch.Tensor) -> torch.Tensor:
     """The logits (..., V) in float32 with every id generation never emits (BOS, PAD, the padding
     ids) at -inf: what greedy choices and draft candidates rank."""
-    return logits.float().masked_fill(~_ALLOWED.to(logits.device), float("-inf"))
+    return logits.float().masked_fill(~_allowed(logits), float("-inf"))
 
 
 def _sample(probs_NV: torch.Tensor, generator: torch.Generator | None) -> list[int]:

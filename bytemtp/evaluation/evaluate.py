@@ -141,18 +141,24 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
     split shorter than one batch is still scored). Under torchrun each rank reads its share, the
     ranks run their forward passes in step until every share is done (a sharded model needs every
     rank in each forward pass; a rank that is done scores nothing more), and the sums are added
-    over the ranks before anything is divided. The model's train/eval mode is restored."""
+    over the ranks before anything is divided. The model's train/eval mode is restored.
+
+    A model over BPE tokens (`model.vocab`, the baseline of `bench tokens`) reads the corpus as its tokens,
+    and its bits per byte divide its nats by the bytes its targets stand for (`Vocabulary.lengths`),
+    so they are bits per byte of the same text; accuracy and the profiles stay per token."""
     if split is not None and not has_splits(data):
         raise CorpusError(f"{data} is not a prepared corpus, so it has no splits (no {split} split); "
                           "pass split=None to evaluate every file, or prepare it with bytemtp prep")
     d = d or dist_lib.Dist(device=device)
     cfg = model.config
     K = cfg.n_future
-    loader = ByteLoader(DataConfig(path=data, batch_size=batch_size, shuffle_buffer=1), cfg, rank=d.rank,
-                        world_size=d.world_size, split=split)
+    vocab = model.vocab
+    loader = ByteLoader(DataConfig(path=data, batch_size=batch_size, shuffle_buffer=1, tokenizer=vocab.path), cfg,
+                        rank=d.rank, world_size=d.world_size, split=split)
+    lengths = None if vocab.is_bytes else torch.from_numpy(vocab.lengths).to(device)
     if not loader.files:
         raise CorpusError(f"{data} has no {split} split to evaluate; pass split=None to read every file")
-    sums = torch.zeros(5, K, dtype=torch.float64)  # nats, correct, count per head; accepted, agreed per k
+    sums = torch.zeros(6, K, dtype=torch.float64)  # nats, correct, count per head; accepted, agreed per k; bytes per head
     runs = torch.zeros(2, K, dtype=torch.float64)  # positions whose targets 1..k are all valid; and head 1's
     was_training = model.training
     model.eval()
@@ -182,6 +188,7 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
                 agree_BTK[:, T - k:, k] = False
             if not done:
                 sums[:3, k] += torch.tensor([float(h.nats), float(h.correct), float(h.count)], dtype=torch.float64)
+                sums[5, k] += float(h.count) if lengths is None else float(_target_bytes(targets_BTK[:, :, k], lengths))
         if done:
             continue
         _count_profiles(right_BTK, agree_BTK, targets_BTK, sums=sums, runs=runs)
@@ -192,10 +199,16 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
         both = torch.cat([sums.flatten(), runs.flatten()]).to(device)
         torch.distributed.all_reduce(both)
         both = both.cpu()
-        sums, runs = both[:5 * K].view(5, K), both[5 * K:].view(2, K)
+        sums, runs = both[:6 * K].view(6, K), both[6 * K:].view(2, K)
     if sums[2, 0] == 0:
         raise CorpusError(f"{data} gave no bytes to evaluate ({split or 'all'} split)")
     return _result(sums, runs)
+
+
+def _target_bytes(targets_BT: torch.Tensor, lengths_V: torch.Tensor) -> torch.Tensor:
+    """The bytes that the scored targets (not IGNORE) stand for."""
+    scored = targets_BT != IGNORE
+    return (lengths_V[targets_BT.clamp(min=0)] * scored).sum()
 
 
 def _head_logits(model: ByteMTP, batch: torch.Tensor, z_BTD: torch.Tensor, layout):
@@ -234,13 +247,13 @@ def _result(sums, runs) -> EvalResult:
     """The result from the sums over every rank: nats, correct and count per head, accepted and
     agreed runs per k (sums), and the positions that could hold them (runs)."""
     K = sums.shape[1]
-    nats, correct, count, accepted, agreed = sums
+    nats, correct, count, accepted, agreed, nbytes = sums
     acceptance = (accepted / runs[0].clamp(min=1)).tolist()
     agreement = (agreed / runs[1].clamp(min=1)).tolist()
     acceptance[0] = agreement[0] = 1.0
     return EvalResult(
-        bytes=int(count[0]),
-        bpb=(nats / count.clamp(min=1) / LN2).tolist(),
+        bytes=int(nbytes[0]),
+        bpb=(nats / nbytes.clamp(min=1) / LN2).tolist(),
         accuracy=(correct / count.clamp(min=1)).tolist(),
         acceptance={k + 1: acceptance[k] for k in range(1, K)},
         bytes_per_forward={k + 1: 1 + sum(acceptance[1:k + 1]) for k in range(1, K)},

@@ -28,6 +28,7 @@ Legend: B batch, T time, V vocabulary.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -50,8 +51,10 @@ class Window:
     request: int
 
 
-def windows(context: bytes, continuation: bytes, *, seq_len: int, request: int = 0) -> list[Window]:
-    """The windows that score `continuation` after EOS + `context` (see the module docstring)."""
+def windows(context: bytes | tuple[int, ...], continuation: bytes | tuple[int, ...], *, seq_len: int,
+            request: int = 0) -> list[Window]:
+    """The windows that score `continuation` after EOS + `context` (see the module docstring); both
+    are ids (bytes, or tuples of a BPE baseline's token ids)."""
     ids = (EOS, *context, *continuation)
     out = []
     start = 1 + len(context)  # ids[start:] are scored
@@ -158,3 +161,31 @@ def rolling_loglikelihoods(model: ByteMTP, texts: list[bytes], *, batch_size: in
 def n_windows(pairs: list[tuple[bytes, bytes]], *, seq_len: int) -> int:
     """How many windows `loglikelihoods` runs for these pairs (for a progress bar's total)."""
     return sum(-(-len(cont) // seq_len) for _, cont in pairs)
+
+
+@dataclass(frozen=True)
+class TextScore:
+    """Nats that the next-byte head gives a set of texts, and the bytes they stand for (`score_texts`)."""
+
+    nats: float
+    bytes: int  # the texts' bytes plus one for each text's closing EOS
+    ids: int  # positions scored: bytes for a byte model, tokens (EOS included) for a BPE baseline
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.nats / max(1, self.bytes) / math.log(2)
+
+
+def score_texts(model: ByteMTP, texts: list[bytes], *, batch_size: int = 8,
+                progress: Callable[[int], None] | None = None) -> TextScore:
+    """Every text scored whole as one document (after EOS, and its closing EOS predicted too), in
+    the windows of `rolling_loglikelihoods` over the model's own ids (`model.vocab`: bytes, or a BPE
+    baseline's tokens, so a window holds seq_len of them). Nats are summed over every position and
+    divided by the same bytes for either vocabulary: the texts' bytes and one for each EOS (as
+    `bytemtp eval` counts it), so bits per byte compare across vocabularies."""
+    vocab = model.vocab
+    encoded = vocab.encode_many(texts)
+    wins = [w for i, ids in enumerate(encoded)
+            for w in windows((), (*ids, EOS), seq_len=model.config.seq_len, request=i)]
+    nats = sum(lp for lp, _ in score_windows(model, wins, len(texts), batch_size=batch_size, progress=progress))
+    return TextScore(nats=-nats, bytes=sum(len(t) + 1 for t in texts), ids=sum(len(ids) + 1 for ids in encoded))

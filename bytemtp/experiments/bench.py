@@ -264,7 +264,8 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
         pairs = val_continuations(cfg.data.path, n=n_prompts, prompt_bytes=prompt_bytes, continuation_bytes=max_bytes)
         prompts, real = [p for p, _ in pairs], [c for _, c in pairs]
     n_future = model.config.n_future
-    modes = ["plain", *[m for m in modes if n_future > 1 or m == "auto"]]
+    # a model of one head (a next-byte or a BPE baseline's) has the modes that need no other head
+    modes = ["plain", *[m for m in modes if n_future > 1 or Draft.parse(m).heads in (None, 1)]]
     decoder = decode.Decoder(model, compile=compile, confidence=confidence)
     compiled = decoder.policy.settle(batch_size=batch_sizes[0],
                                      work_bytes=len(prompts) * max_bytes * len(modes) * rounds * len(batch_sizes))

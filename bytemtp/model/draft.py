@@ -40,11 +40,14 @@ from bytemtp.model.layout import Layout
 from bytemtp.vocab import EOS, N_BYTES, VOCAB_SIZE
 
 
-def readable_ids() -> torch.Tensor:
-    """The ids a draft may read as the byte drafted before: the bytes and EOS (what generation emits)."""
-    mask = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
+def emitted_ids(rows: int = VOCAB_SIZE) -> torch.Tensor:
+    """The ids generation may emit, as a mask over a table of `rows` ids: the bytes, EOS and a BPE
+    baseline's merged tokens (from 264 on); never BOS, PAD or the byte table's padding. A draft
+    reads only these as the id drafted before it; decoding ranks only these."""
+    mask = torch.zeros(rows, dtype=torch.bool)
     mask[:N_BYTES] = True
     mask[EOS] = True
+    mask[VOCAB_SIZE:] = True
     return mask
 
 
@@ -69,8 +72,8 @@ class DraftHeads(nn.Module):
         self.w_out = nn.Parameter(torch.zeros(K, H, D))  # back into the state
         self.norm_in = nn.Parameter(torch.ones(K, 1, D))
         self.norm = nn.Parameter(torch.ones(K, 1, D))  # each depth's final RMSNorm weight
-        self.unembed = nn.Parameter(torch.zeros(K, D, VOCAB_SIZE))  # x @ unembed
-        self.register_buffer("allowed", readable_ids(), persistent=False)
+        self.unembed = nn.Parameter(torch.zeros(K, D, cfg.table_rows))  # x @ unembed
+        self.register_buffer("allowed", emitted_ids(cfg.table_rows), persistent=False)
 
     @torch.no_grad()
     def init_from(self, head1_norm: torch.Tensor, head1_unembed: torch.Tensor) -> None:

@@ -39,10 +39,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from bytemtp.config import ModelConfig
-from bytemtp.model.draft import DraftHeads, DraftPass, build_drafts, readable_ids
+from bytemtp.tokens import BYTES, Vocabulary
+from bytemtp.model.draft import DraftHeads, DraftPass, build_drafts, emitted_ids
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import Layout, attend
-from bytemtp.vocab import VOCAB_SIZE
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,13 +123,16 @@ class ByteMTP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = cfg = config
-        self.embed = nn.Embedding(VOCAB_SIZE, cfg.d_model)
+        # what the ids stand for: the bytes, or a BPE baseline's tokens (`bytemtp.tokens`), which a
+        # checkpoint's tokenizer.json gives back (`runtime.checkpoint.load_model`)
+        self.vocab: Vocabulary = BYTES
+        self.embed = nn.Embedding(cfg.table_rows, cfg.d_model)
         self.trunk = nn.ModuleList(Block(cfg, i) for i in range(cfg.trunk_layers))
         self.heads = nn.ModuleList(
             Head(cfg, cfg.trunk_layers + k * cfg.layers_per_head) for k in range(cfg.n_future))
         n_unembed = cfg.n_future if cfg.unembed == "replicated" else 1
         self.unembed = nn.ModuleList(
-            nn.Linear(cfg.d_model, VOCAB_SIZE, bias=False) for _ in range(n_unembed))
+            nn.Linear(cfg.d_model, cfg.table_rows, bias=False) for _ in range(n_unembed))
         self.drafter: DraftHeads | None = build_drafts(cfg)  # model.draft's heads (bytemtp.model.draft)
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -161,7 +164,7 @@ class ByteMTP(nn.Module):
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
         self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
         if self.drafter is not None:
-            self.drafter.allowed = readable_ids().to(self.rope_cos.device)
+            self.drafter.allowed = emitted_ids(cfg.table_rows).to(self.rope_cos.device)
 
     def forward(self, ids_BT: torch.Tensor, cache: KVCache | None = None, *, layout: Layout) -> torch.Tensor:
         """Trunk state (B, T, D) for ids (B, T), placed as the pass's `layout` says (after the

@@ -7,8 +7,9 @@ Layout under a run directory:
         config.json         {"format_version": 1, "bytemtp_version": ..., "config": {...}}
         train_state.json    the caller's loop state (bytes seen, loader, RNG, metrics) plus "step"
         optimizer.pt        optimizer.state_dict(), tensors only; absent in inference-only exports
+        tokenizer.json      only for a model over BPE tokens (the baseline of `bench tokens`): its vocabulary
 
-Inference (`load_model`) reads only config.json and model.safetensors, so no pickle is ever
+Inference (`load_model`) reads only config.json and model.safetensors (and tokenizer.json), so no pickle is ever
 executed to generate or evaluate; `load_train_state` reads optimizer.pt with `weights_only=True`.
 
 Atomicity. A save writes every file into `checkpoints/.tmp-step-NNNNNNNN-<pid>/`, fsyncs each file
@@ -44,6 +45,7 @@ import bytemtp
 from bytemtp.config import Config
 from bytemtp.config_io import from_dict, to_dict
 from bytemtp.model.model import ByteMTP
+from bytemtp.tokens import BYTES, TokenizerError, Vocabulary, check_vocab_size, load_vocabulary
 
 FORMAT_VERSION = 1
 
@@ -51,6 +53,7 @@ MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 STATE_FILE = "train_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
+TOKENIZER_FILE = "tokenizer.json"  # a BPE baseline's vocabulary (`bytemtp.tokens`), copied from data.tokenizer
 REQUIRED_FILES = (MODEL_FILE, CONFIG_FILE, STATE_FILE)
 
 _STEP_DIR = re.compile(r"step-(\d{8,})")
@@ -103,6 +106,8 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, model: ByteMTP, co
                 "config": to_dict(config)}
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         (tmp / STATE_FILE).write_text(state_json + "\n", encoding="utf-8")
+        if config.data.tokenizer:
+            shutil.copyfile(config.data.tokenizer, tmp / TOKENIZER_FILE)
         if optimizer_state is not None or optimizer is not None:
             torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state,
                        tmp / OPTIMIZER_FILE)
@@ -275,9 +280,26 @@ def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu",
     model.to_empty(device=device)
     model.reset_rope()
     model.load_state_dict(tensors)
+    model.vocab = checkpoint_vocabulary(ckpt, cfg)
     if dtype is not None:
         model = model.to(dtype)
     return model.eval(), cfg
+
+
+def checkpoint_vocabulary(ckpt: Path, cfg: Config) -> Vocabulary:
+    """The vocabulary of a checkpoint's model: bytes, or the BPE in its tokenizer.json."""
+    if cfg.model.vocab_size == BYTES.size:
+        return BYTES
+    path = ckpt / TOKENIZER_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{ckpt} holds a model of {cfg.model.vocab_size} token ids but no {TOKENIZER_FILE}; "
+                              "copy the run's tokenizer.json into it")
+    try:
+        vocab = load_vocabulary(path)
+        check_vocab_size(vocab, cfg.model.vocab_size)
+    except TokenizerError as e:
+        raise CheckpointError(str(e)) from None
+    return vocab
 
 
 def load_train_state(ckpt_dir: str | os.PathLike, *, model: ByteMTP,

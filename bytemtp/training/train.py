@@ -68,6 +68,7 @@ from tqdm import tqdm
 from bytemtp.config import Config, DataConfig
 from bytemtp.data import shards
 from bytemtp.data.loader import ByteLoader, combine_stats
+from bytemtp.tokens import check_vocab_size, load_vocabulary
 from bytemtp.evaluation.evaluate import evaluate, has_splits
 from bytemtp.model.flops import peak_gpu_flops, step_flops
 from bytemtp.model.loss import LN2
@@ -171,6 +172,8 @@ class _Run:
         self.cfg, self.run_dir, self.d, self.device, self.say = cfg, run_dir, d, d.device, say
         self.model = ByteMTP(mc).to(self.device)  # the same initial weights on every rank
         self.model.init_weights(generator=torch.Generator().manual_seed(tc.seed))
+        self.model.vocab = load_vocabulary(cfg.data.tokenizer)  # bytes, or a BPE baseline's tokens
+        check_vocab_size(self.model.vocab, mc.vocab_size)
         self.loader = ByteLoader(cfg.data, mc, rank=d.rank, world_size=d.world_size)
         self.has_val = has_val_split(cfg.data)
         if not self.has_val:

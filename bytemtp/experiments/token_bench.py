@@ -1,0 +1,362 @@
+"""Bytes against tokens, on the user's corpus: `bench tokens`.
+
+What a byte-level model is judged against is the model its users would otherwise train: the
+same family over BPE tokens. The comparison here:
+
+1. trains a byte-level BPE (`bytemtp.tokens`: Hugging Face `tokenizers`, lossless for any bytes)
+   of `vocab` ids on the corpus's train split, and measures its bytes a token there;
+2. trains two arms of the same preset with the same trunk code, optimizer, schedule fitting and
+   budget (wall time, or steps), one after the other in one sitting, seed after seed (each seed
+   both arms: `bytes-sN`, then `tokens-sN`, as the sweep runs candidates, read back when measured,
+   so an interrupted comparison goes on where it stopped):
+   - `bytes`: the preset as it is (multi-token heads and all);
+   - `tokens`: the preset over the BPE's ids (`model.vocab_size`, `data.tokenizer`), next-token
+     only by default (`token_heads`), with a context of `token_seq_len` tokens (by default the
+     byte context over the train split's bytes a token, so both windows hold about the same
+     text) and its settings (`token_sets`) on top;
+3. scores both on the whole val split and on `held_out` text with `likelihood.score_texts`: every
+   document whole, each arm in windows of its own context, nats summed over the document and its
+   closing EOS, divided by the same bytes for both arms;
+4. decodes the same held-out prompts (val documents cut at `prompt_bytes`) with both arms'
+   decoders in one interleaved run, at each batch size: plain decoding and every speculative mode
+   each arm has (the byte arm's heads and its default, auto with prompt lookup; the token arm's
+   prompt lookup, and its heads where it has them), in bytes a second, with the repetition of the
+   decoded text beside the real continuation's; each arm's best mode, and the byte arm's default
+   over the token arm's best with its spread (batch by batch and round by round).
+
+What it does not control for is said in docs/benchmarks.md: the tokenizer is trained on the same
+train split the models see (no tokenizer is that well fitted to a user's text for free); the
+byte arm's preset was sized for bytes by a sweep and the token arm takes it as it is; and a
+context of the same number of bytes is a shorter one in positions for tokens.
+
+The result is a `TokenBench` of one `ArmFigures` per arm (and seed) and one `TokenDecoding` per
+batch size; its JSON form (`to_json`) is what `bench tokens --json` writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+import torch
+import tqdm
+
+from bytemtp.data.corpus import corpus_files, iter_documents
+from bytemtp.decoding.decode import Decoder
+from bytemtp.decoding.sampling import Sampling
+from bytemtp.decoding.speed import SpeedFigures, interleaved_decodes, speed_figures
+from bytemtp.decoding.strategy import Draft
+from bytemtp.evaluation.evaluate import has_splits, val_continuations
+from bytemtp.evaluation.likelihood import score_texts
+from bytemtp.experiments.sweep import Grid, run_sweep
+from bytemtp.runtime.checkpoint import load_model
+from bytemtp.runtime.devices import resolve_device
+from bytemtp.tokens import BPE, load_vocabulary, train_bpe
+
+TOKENIZER = "tokenizer.json"
+SCORES = "scores.json"  # OUT/ARM-sN/scores.json: the arm's bits per byte, once measured
+BYTE_MODES = ("plain", "auto", "auto+lookup")  # the byte arm's decoders; auto+lookup is its default
+TOKEN_MODES = ("plain", "plain+lookup")  # the token arm's, without heads
+TOKEN_HEAD_MODES = ("plain", "plain+lookup", "auto", "auto+lookup")  # with heads
+DEFAULT_MODE = "auto+lookup"  # what `generate` and the server decode with
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmFigures:
+    """One arm at one seed, trained and scored."""
+    name: str  # bytes-sN or tokens-sN
+    arm: str  # bytes or tokens
+    seed: int
+    sets: list[str]  # its settings on top of the preset and the shared ones
+    params: int
+    steps: int
+    train_s: float
+    tokens_seen: int  # positions trained on (ids: bytes for the byte arm)
+    bytes_seen: int  # the bytes they stand for (the token arm: tokens x the train split's bytes a token)
+    context_ids: int  # the context (model.seq_len) in the arm's ids
+    context_bytes: float  # ... and in bytes (the token arm: at the train split's bytes a token)
+    val_bpb: float  # head 1, the whole val split
+    val_bytes: int
+    held_out_bpb: float | None  # head 1, the held-out text (None without one)
+    held_out_bytes: int
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> ArmFigures:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenDecoding:
+    """Both arms' decoders at one batch size, in one interleaved run."""
+    batch_size: int
+    modes: dict[str, SpeedFigures]  # "ARM MODE": the mode against its arm's plain decoding
+    best: dict[str, str]  # arm: its fastest mode (plain included)
+    default_over_best_tokens: SpeedFigures  # the byte arm's default against the token arm's best mode
+
+    def bytes_s(self, name: str) -> float:
+        figures = self.modes[name]
+        return figures.plain_bytes_s if name.endswith(" plain") else figures.spec_bytes_s
+
+    def to_json(self) -> dict:
+        return {"batch_size": self.batch_size, "modes": {k: v.to_json() for k, v in self.modes.items()},
+                "best": dict(self.best), "default_over_best_tokens": self.default_over_best_tokens.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TokenDecoding:
+        return cls(batch_size=data["batch_size"], best=dict(data["best"]),
+                   modes={k: SpeedFigures.from_json(v) for k, v in data["modes"].items()},
+                   default_over_best_tokens=SpeedFigures.from_json(data["default_over_best_tokens"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenBench:
+    """The comparison (`compare`); its JSON form is `to_json`."""
+    data: str
+    preset: str
+    budget_s: float  # 0 when limited by steps
+    steps: int
+    seeds: int
+    tokenizer: str
+    vocab_size: int
+    train_bytes_per_token: float
+    val_bytes_per_token: float
+    held_out: str | None
+    arms: list[ArmFigures]
+    decoding: list[TokenDecoding]
+    prompts: int
+    max_bytes: int
+    temperature: float
+    compiled: bool
+
+    def of(self, arm: str) -> list[ArmFigures]:
+        return [a for a in self.arms if a.arm == arm]
+
+    def ratio(self, field: str) -> tuple[float, float, float] | None:
+        """The byte arm's figure over the token arm's, seed by seed: (mean, min, max)."""
+        pairs = [(b, t) for b, t in zip(self.of("bytes"), self.of("tokens"))
+                 if getattr(b, field) is not None and getattr(t, field) is not None]
+        if not pairs:
+            return None
+        ratios = [getattr(b, field) / getattr(t, field) for b, t in pairs]
+        return statistics.mean(ratios), min(ratios), max(ratios)
+
+    def to_json(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["arms"] = [a.to_json() for a in self.arms]
+        out["decoding"] = [d.to_json() for d in self.decoding]
+        out["ratios"] = {f: self.ratio(f) for f in ("val_bpb", "held_out_bpb", "bytes_seen")}
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> TokenBench:
+        given = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+        return cls(**{**given, "arms": [ArmFigures.from_json(a) for a in data["arms"]],
+                      "decoding": [TokenDecoding.from_json(d) for d in data["decoding"]]})
+
+
+def documents(path: str, split: str | None) -> list[bytes]:
+    """Every document of a corpus (its `split` where it has splits), in order."""
+    return [doc for f in corpus_files(path, split=split) for doc in iter_documents(f)]
+
+
+def held_out_texts(path: str, limit: int = 0) -> list[bytes]:
+    """The documents of a held-out corpus (a prepared one's val split, or every file), cut to
+    `limit` bytes in all (0: all of them)."""
+    docs = documents(path, "val" if has_splits(path) else None)
+    if not limit:
+        return docs
+    out, left = [], limit
+    for doc in docs:
+        if left <= 0:
+            break
+        out.append(doc[:left])
+        left -= len(out[-1])
+    return out
+
+
+def bytes_per_token(vocab: BPE, docs: list[bytes]) -> float:
+    """The documents' bytes over their tokens (EOS not counted)."""
+    tokens = sum(len(ids) for ids in vocab.encode_many(docs))
+    return sum(map(len, docs)) / max(1, tokens)
+
+
+def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: float = 540.0, steps: int = 0,
+            seeds: int = 1, vocab_size: int = 4096, held_out: str | None = None, held_out_bytes: int = 0,
+            sets: list[str] = (), token_sets: list[str] = (), token_heads: int = 1, token_seq_len: int = 0,
+            prompts: int = 16, prompt_bytes: int = 128, max_bytes: int = 256, batch_sizes=(1, 8),
+            rounds: int = 2, compile: str = "auto", temperature: float = 0.0, device: str = "cpu",
+            say=tqdm.tqdm.write) -> TokenBench:
+    """The whole comparison into `out` (see the module docstring)."""
+    from bytemtp.config_io import resolve
+
+    if not has_splits(data):
+        raise ValueError(f"{data} is not a prepared corpus with a val split; bench tokens trains the tokenizer "
+                         "and both models on its train split and scores them on its val split (bytemtp prep)")
+    if held_out and not corpus_files(held_out, split="val" if has_splits(held_out) else None):
+        raise ValueError(f"--held-out {held_out}: no files to score")
+    Sampling(temperature=temperature)  # a bad value stops here
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok_path = out / TOKENIZER
+    train_docs = documents(data, "train")
+    vocab = load_vocabulary(tok_path) if tok_path.is_file() else None
+    if vocab is None or vocab.size != vocab_size:
+        say(f"training a byte-level BPE of {vocab_size} ids on {sum(map(len, train_docs)):,} bytes of {data}'s train split")
+        vocab = train_bpe(train_docs, vocab_size=vocab_size, path=tok_path)
+    train_bpt = bytes_per_token(vocab, train_docs)
+    val_docs = documents(data, "val")
+    val_bpt = bytes_per_token(vocab, val_docs)
+    base = resolve(preset, overrides=list(sets)).model
+    seq_len = token_seq_len or max(8, round(base.seq_len / train_bpt / 8) * 8)
+    shared = [f"data.path={data}", "train.eval_every=0", *sets]
+    token_arm = (f"model.vocab_size={vocab.size}", f"data.tokenizer={tok_path.resolve()}",
+                 f"model.n_future={token_heads}", f"model.seq_len={seq_len}", *token_sets)
+    candidates = {}
+    for seed in range(seeds):
+        seeded = (f"train.seed={seed}", f"data.seed={seed}")
+        candidates[f"bytes-s{seed}"] = seeded
+        candidates[f"tokens-s{seed}"] = (*token_arm, *seeded)
+    grid = Grid(preset=preset, sets=tuple(shared), candidates=candidates)
+    for name in candidates:  # every setting checked before anything trains
+        try:
+            grid.config(name, budget_s=budget_s, steps=steps)
+        except ValueError as e:
+            raise ValueError(f"the {name.rsplit('-s', 1)[0]} arm: {e}") from None
+    trained = run_sweep(grid, out, budget_s=budget_s, eval_bytes=1, tune_s=0.0, steps=steps)
+    dev = resolve_device(device)
+    held = held_out_texts(held_out, held_out_bytes) if held_out else []
+    arms = [_scored(out, r, grid, bpt=train_bpt, val_docs=val_docs, held=held, budget_s=budget_s, steps=steps,
+                    device=dev, say=say) for r in trained]
+    decoding, compiled = _decode(out, data, prompts=prompts, prompt_bytes=prompt_bytes, max_bytes=max_bytes,
+                                 batch_sizes=batch_sizes, rounds=rounds, compile=compile, temperature=temperature,
+                                 device=dev, token_heads=token_heads, say=say)
+    return TokenBench(data=data, preset=preset, budget_s=0.0 if steps else budget_s, steps=steps, seeds=seeds,
+                      tokenizer=str(tok_path), vocab_size=vocab.size, train_bytes_per_token=train_bpt,
+                      val_bytes_per_token=val_bpt, held_out=held_out, arms=arms, decoding=decoding,
+                      prompts=prompts, max_bytes=max_bytes, temperature=temperature, compiled=compiled)
+
+
+def _scored(out: Path, r, grid: Grid, *, bpt: float, val_docs: list[bytes], held: list[bytes], budget_s: float,
+            steps: int, device: torch.device, say) -> ArmFigures:
+    """An arm's figures: read back where measured before, else scored now (and kept)."""
+    path = out / r.name / SCORES
+    if path.is_file():
+        return ArmFigures.from_json(json.loads(path.read_text()))
+    arm, seed = r.name.rsplit("-s", 1)
+    model, cfg = load_model(out / r.name, device=device)
+    say(f"scoring {r.name} on {sum(map(len, val_docs)):,} val bytes" + (f" and {sum(map(len, held)):,} held-out bytes"
+                                                                         if held else ""))
+    val = score_texts(model, val_docs)
+    held_score = score_texts(model, held) if held else None
+    per_id = 1.0 if arm == "bytes" else bpt
+    figures = ArmFigures(
+        name=r.name, arm=arm, seed=int(seed), sets=list(grid.candidates[r.name]), params=model.num_params(),
+        steps=r.steps, train_s=r.train_s or 0.0, tokens_seen=r.bytes_seen, bytes_seen=round(r.bytes_seen * per_id),
+        context_ids=cfg.model.seq_len, context_bytes=cfg.model.seq_len * per_id,
+        val_bpb=val.bits_per_byte, val_bytes=val.bytes,
+        held_out_bpb=None if held_score is None else held_score.bits_per_byte,
+        held_out_bytes=0 if held_score is None else held_score.bytes)
+    path.write_text(json.dumps(figures.to_json(), indent=2) + "\n")
+    return figures
+
+
+def _decode(out: Path, data: str, *, prompts: int, prompt_bytes: int, max_bytes: int, batch_sizes, rounds: int,
+            compile: str, temperature: float, device: torch.device, token_heads: int,
+            say) -> tuple[list[TokenDecoding], bool]:
+    """Both seed-0 arms decoding the same held-out prompts, every mode of each, interleaved."""
+    pairs = val_continuations(data, n=prompts, prompt_bytes=prompt_bytes, continuation_bytes=max_bytes)
+    texts, real = [p for p, _ in pairs], [c for _, c in pairs]
+    decoders = {}
+    for arm in ("bytes", "tokens"):
+        model, _ = load_model(out / f"{arm}-s0", device=device)
+        decoders[arm] = Decoder(model, compile=compile)
+    modes_of = {"bytes": BYTE_MODES, "tokens": TOKEN_HEAD_MODES if token_heads > 1 else TOKEN_MODES}
+    work = len(texts) * max_bytes * rounds * len(batch_sizes) * 4
+    compiled = all([decoders[arm].policy.settle(batch_size=batch_sizes[0], work_bytes=work) for arm in decoders])
+    if not compiled:  # both arms on the same kind of step
+        decoders = {arm: Decoder(d.model, compile="off") for arm, d in decoders.items()}
+
+    def args(mode: str) -> dict:
+        draft = Draft.parse(mode)
+        if temperature == 0:
+            return {"draft": draft}
+        generator = torch.Generator(device=device).manual_seed(0)
+        return {"draft": draft, "sampling": Sampling(temperature=temperature, generator=generator)}
+
+    results = []
+    for B in batch_sizes:
+        say(f"decoding {len(texts)} held-out prompts x {max_bytes} bytes at batch {B}, both arms interleaved")
+        runs = {f"{arm} {mode}": (decoders[arm], args(mode)) for arm, modes in modes_of.items() for mode in modes}
+        batches = [texts[i:i + B] for i in range(0, len(texts), B)]
+        took, outs = interleaved_decodes(runs, batches, max_bytes=max_bytes, rounds=rounds)
+        figures = {name: speed_figures(took, outs, name, base=f"{name.split()[0]} plain", real=real)
+                   for name in runs}
+        best = {}
+        for arm in modes_of:
+            names = [n for n in runs if n.startswith(arm + " ")]
+            best[arm] = max(names, key=lambda n: figures[n].plain_bytes_s if n.endswith(" plain")
+                            else figures[n].spec_bytes_s)
+        vs = speed_figures(took, outs, f"bytes {DEFAULT_MODE}", base=best["tokens"], same_step=False, real=real)
+        results.append(TokenDecoding(batch_size=B, modes=figures, best=best, default_over_best_tokens=vs))
+    return results, compiled
+
+
+def _spread(values: list[float], fmt: str = "{:.3f}") -> str:
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.mean(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def table(res: TokenBench) -> str:
+    """The comparison as Markdown: the arms side by side, the ratios, then decoding by batch size."""
+    b, t = res.of("bytes"), res.of("tokens")
+
+    def row(label: str, get, fmt: str = "{:.3f}") -> str:
+        return (f"| {label} | {_spread([get(a) for a in b], fmt)} | {_spread([get(a) for a in t], fmt)} |")
+
+    limit = f"{res.steps} steps" if res.steps else f"{res.budget_s / 60:g} min"
+    seeds = f"{res.seeds} seed{'s' if res.seeds > 1 else ''}"
+    lines = [f"{res.preset} on {res.data}, {limit} each, {seeds} (mean and range); tokens: byte-level BPE of "
+             f"{res.vocab_size} ids, {res.train_bytes_per_token:.2f} bytes a token on train, "
+             f"{res.val_bytes_per_token:.2f} on val", "",
+             "| | bytes | tokens |", "|---|---|---|",
+             row("parameters", lambda a: a.params / 1e6, "{:.2f}M"),
+             row("steps", lambda a: a.steps, "{:,.0f}"),
+             row("tokens seen (ids)", lambda a: a.tokens_seen / 1e6, "{:.2f}M"),
+             row("bytes seen", lambda a: a.bytes_seen / 1e6, "{:.2f} MB"),
+             row("context (ids)", lambda a: a.context_ids, "{:.0f}"),
+             row("context (bytes)", lambda a: a.context_bytes, "{:.0f}"),
+             row(f"bits/byte, whole val ({b[0].val_bytes:,} bytes)", lambda a: a.val_bpb)]
+    if b[0].held_out_bpb is not None:
+        lines.append(row(f"bits/byte, held-out ({b[0].held_out_bytes:,} bytes)", lambda a: a.held_out_bpb))
+    lines.append("")
+    for field, label in (("val_bpb", "val bits/byte"), ("held_out_bpb", "held-out bits/byte"),
+                         ("bytes_seen", "bytes seen")):
+        r = res.ratio(field)
+        if r is not None:
+            lines.append(f"bytes/tokens, {label}: {r[0]:.3f}x ({r[1]:.3f}-{r[2]:.3f})")
+    sampled = f"sampled at {res.temperature:g}" if res.temperature else "greedy"
+    lines += ["", f"decoding, {sampled}, {res.prompts} held-out prompts x {res.max_bytes} bytes, "
+              f"{'compiled' if res.compiled else 'eager'} step (seed 0's models):", "",
+              "| batch | mode | bytes/s | over its arm's plain | bytes/pass | distinct 8-grams | zstd ratio / real |",
+              "|---|---|---|---|---|---|---|"]
+    for dec in res.decoding:
+        for name, f in dec.modes.items():
+            rep = f.repetition
+            star = " (best)" if name in dec.best.values() else ""
+            over = rep.zstd_ratio_over_real
+            lines.append(f"| {dec.batch_size} | {name}{star} | {dec.bytes_s(name):,.0f} | "
+                         f"{'-' if name.endswith(' plain') else f'{f.speedup:.2f}x'} | {f.bytes_per_forward:.2f} | "
+                         f"{'-' if rep.decoded.distinct_8grams is None else f'{rep.decoded.distinct_8grams:.2f}'} | "
+                         f"{'-' if over is None else f'{over:.2f}'} |")
+    lines.append("")
+    for dec in res.decoding:
+        vs = dec.default_over_best_tokens
+        lines.append(f"batch {dec.batch_size}: bytes {DEFAULT_MODE} over the token arm's best ({dec.best['tokens']}): "
+                     f"{vs.speedup:.2f}x ({vs.speedup_min:.2f}-{vs.speedup_max:.2f})")
+    return "\n".join(lines)
