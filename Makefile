@@ -16,7 +16,7 @@ DEMO_TUNED ?= $(DEMO_RUN)-tuned
 DEMO_TUNE_TIME ?= 3m
 DEMO_PROMPTS ?= 16
 
-.PHONY: setup test test-quick corpus corpus-poly corpus-induction corpus-shakespeare corpus-speeches demo bench
+.PHONY: setup test test-quick corpus corpus-poly corpus-induction corpus-shakespeare corpus-speeches demo bench bench-tokens
 
 # Installs into the interpreter that PYTHON names (activate a virtual environment first if you
 # want one). A torch that is already importable (a CUDA build, say) is kept; only when there is
@@ -140,3 +140,13 @@ demo: setup corpus
 bench: setup corpus
 	@ls $(DEMO_RUN)/checkpoints 2>/dev/null | grep -q '^step-' || $(MAKE) demo
 	$(BYTEMTP) bench all --ckpt $(DEMO_RUN) --data data/corpus/$(NAME) --json bench-all.json
+
+# Bytes against tokens on the default corpus (docs/tokens.md): a byte-level BPE and the same
+# model family on its tokens beside the byte model, 9 minutes each and 2 seeds (about 45 minutes
+# on two CPU cores); held-out code: click's source, which neither arm trained on.
+TOKENS_TIME ?= 9m
+TOKENS_SEEDS ?= 2
+bench-tokens: setup corpus
+	$(BYTEMTP) bench tokens --data data/corpus/$(NAME) --time $(TOKENS_TIME) --seeds $(TOKENS_SEEDS) \
+	  --held-out "$$($(PYTHON) -c 'import click, os; print(os.path.dirname(click.__file__))')/*.py" \
+	  --held-out-bytes 107666 --out runs/tokens --json bench-tokens.json

@@ -326,9 +326,9 @@ def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, a
               help="Seeds of each arm (train.seed and data.seed 0..N-1); the ratios' spread is over them.")
 @click.option("--vocab", "vocab_size", default=4096, show_default=True, type=click.IntRange(265),
               help="Ids of the byte-level BPE: the 264 byte ids and the rest merges.")
-@click.option("--held-out", type=click.Path(exists=True), default=None,
-              help="Text neither arm trained on, scored whole by both (a file, a folder of files, or a prepared "
-                   "corpus's val split), e.g. the source of another project.")
+@click.option("--held-out", default=None,
+              help="Text neither arm trained on, scored whole by both (a file, a folder of files, a glob such as "
+                   "'src/*.py', or a prepared corpus's val split), e.g. the source of another project.")
 @click.option("--held-out-bytes", default=0, show_default=True, type=click.IntRange(0),
               help="Score only the first this many bytes of --held-out (0: all).")
 @click.option("--token-heads", default=1, show_default=True, type=click.IntRange(1),

@@ -56,7 +56,7 @@ def synthetic_cmd(ckpt: str, per_count: int | None, counts: str | None, stories:
     test, until_eos = tasks.fixed_test_set(task, per_count=per_count, counts=parse_counts(counts or "1-10"),
                                            n_stories=stories)
     header, settings = ("operations", {"per_count": per_count}) if task == "poly" else ("mention", {"stories": stories})
-    model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype)
+    model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype, bytes_only=f"eval-task {task}")
     longest, seq_len = task_context(test, until_eos=until_eos), model.config.seq_len
     if context_left(longest, 0, seq_len) < 0:
         click.echo(f"note: the {task} test set needs up to {longest} bytes of context and this model has "
@@ -148,7 +148,7 @@ def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperatur
         click.echo(f"note: greedy decoding gives {samples} identical samples, so pass@k for k > 1 equals "
                    "pass@1; sample with --temperature (Chen et al. 2021 used 0.2 for pass@1, 0.8 for pass@100)", err=True)
     dev = resolve_device(device)
-    model, _ = load_model(ckpt, device=dev, dtype=dtype)
+    model, _ = load_model(ckpt, device=dev, dtype=dtype, bytes_only="eval-task humaneval")
     with report.StageBars({"decode": "problem", "execute": "program"}) as bars:
         try:
             res = he.run_humaneval(model, problems, samples=samples, temperature=temperature, top_p=top_p,

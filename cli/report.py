@@ -260,6 +260,7 @@ def checkpoint_report(info: dict) -> str:
     lines = [f"checkpoint  {info['checkpoint']}", f"step        {info['step']}",
              f"model       {model_line(info['config'].model, info['params'])}, "
              f"{info['config'].model.unembed} unembedding",
+             f"vocabulary  {info['vocabulary']}",
              f"resumable   {'yes' if info['resumable'] else 'no (no optimizer.pt: inference only)'}",
              table([(name, f"{size:,}") for name, size in info["files"].items()], ("file", "bytes"))]
     extra = {k: v for k, v in info["train_state"].items() if k != "step" and not isinstance(v, (dict, list))}

@@ -65,7 +65,7 @@ def serve_cmd(ckpt: str, host: str, port: int, max_batch: int, max_queue: int, m
     from bytemtp.serving.engine import Engine
 
     draft = dataclasses.replace(draft, lookup=draft.lookup or lookup)
-    model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype)
+    model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype, bytes_only="serve")
     draft.for_model(model.config.n_future)  # a draft of more heads than the model has: one line
     path = pathlib.Path(ckpt).resolve()
     name = model_name or (path.parent.name if path.name.startswith("step") else path.name)

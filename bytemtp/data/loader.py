@@ -329,6 +329,12 @@ class WindowPacker:
         self._ready, self._gathered = self._rows[picked].astype(np.int32), self._gathered + len(picked)
         self._at = 0
 
+    def warm(self) -> None:
+        """Read (and, for a BPE baseline, encode) what the next batch needs now, without handing
+        anything out: the batches that follow are the same."""
+        if self.shuffled and self._at >= len(self._ready):
+            self._gather()
+
     def _taken(self) -> int:
         """Windows of the current segment handed out."""
         return self._gathered - (len(self._ready) - self._at)
@@ -429,13 +435,23 @@ class ByteLoader:
     def __iter__(self) -> Iterator[torch.Tensor]:
         return self
 
+    def _live_packer(self) -> WindowPacker:
+        if self._packer is None:
+            self._packer = self.make_packer(0)
+            if self.states[0] is not None:
+                self._packer.load_state_dict(self.states[0])
+        return self._packer
+
+    def warm(self) -> None:
+        """Read the first segment now (training calls it before its clock starts, so that reading
+        and encoding the shuffle buffer is not counted as training time); in this process only."""
+        if self.cfg.num_workers == 0:
+            self._live_packer().warm()
+            self.states[0] = None
+
     def __next__(self) -> torch.Tensor:
         if self.cfg.num_workers == 0:
-            if self._packer is None:
-                self._packer = self.make_packer(0)
-                if self.states[0] is not None:
-                    self._packer.load_state_dict(self.states[0])
-            batch = self._packer.next_batch()
+            batch = self._live_packer().next_batch()
             self.states[0] = None  # the live packer holds the state
             return batch
         if self._iter is None:

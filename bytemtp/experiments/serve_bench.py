@@ -160,7 +160,7 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
 
     say = progress or (lambda line: None)
     dev = torch.device(device)
-    model, cfg = load_model(ckpt, device=dev)
+    model, cfg = load_model(ckpt, device=dev, bytes_only="bench serve")
     pairs = val_continuations(cfg.data.path, n=n_prompts, prompt_bytes=prompt_bytes, continuation_bytes=max_bytes)
     prompts = [p for p, _ in pairs]
     say(f"decoding {len(prompts)} prompts alone (plain greedy), the reference")

@@ -71,7 +71,7 @@ def export_hf(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
     source = resolve_checkpoint(ckpt).resolve()
     if source == out.resolve() or out.resolve() in source.parents:
         raise ValueError(f"{out} holds the checkpoint being exported ({source}); choose another folder")
-    model, cfg = load_model(source)  # checks the files, and names the one at fault
+    model, cfg = load_model(source, bytes_only="the Hugging Face export")  # checks the files, and names the one at fault
     if cfg.model.doc_mask:
         raise ValueError(f"{source} has model.doc_mask=true, which the Hugging Face export does not carry (its forward "
                          "attends across documents); score and decode it with bytemtp itself (eval, generate, "

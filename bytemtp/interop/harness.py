@@ -78,7 +78,7 @@ class ByteMTPLM(LM):
                  max_gen_toks: int = DEFAULT_MAX_GEN_BYTES, draft: str = "auto", seed: int = 1234):
         super().__init__()
         self._device = resolve_device(device or "auto")
-        self.model, _ = load_model(ckpt, device=self._device, dtype=dtype)
+        self.model, _ = load_model(ckpt, device=self._device, dtype=dtype, bytes_only="the lm-evaluation-harness model")
         self.batch_size = _batch_size(batch_size, self._device)
         if max_batch_size is not None:
             self.batch_size = min(self.batch_size, _batch_size(max_batch_size, self._device))

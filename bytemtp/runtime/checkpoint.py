@@ -258,9 +258,11 @@ def read_train_state(path: str | os.PathLike) -> dict:
 
 
 def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu",
-               dtype: str | torch.dtype | None = None) -> tuple[ByteMTP, Config]:
+               dtype: str | torch.dtype | None = None, bytes_only: str | None = None) -> tuple[ByteMTP, Config]:
     """Rebuild the model of a checkpoint (or of a run's newest one) for inference, in eval mode,
     its weights in `dtype` (a torch dtype or its name, e.g. "bfloat16"; None keeps the saved one).
+    `bytes_only` names a use that takes byte models only: a BPE baseline's checkpoint is then
+    refused with one line, before its weights are read.
 
     Reads config.json and model.safetensors only. The model is built on the meta device and
     materialised once on `device`, so no time goes into an initialisation that is overwritten.
@@ -271,6 +273,9 @@ def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu",
         dtype = getattr(torch, dtype)
     ckpt = resolve_checkpoint(path)
     cfg = load_config(ckpt)
+    if bytes_only and cfg.model.vocab_size != BYTES.size:
+        raise CheckpointError(f"{bytes_only} takes byte models; {ckpt} is a model of {cfg.model.vocab_size} BPE "
+                              "token ids (the baseline of bytemtp bench tokens): generate, eval and bench decode take it")
     weights = ckpt / MODEL_FILE
     tensors = _read_weights(weights, device=device)
     with torch.device("meta"):
@@ -445,6 +450,7 @@ def describe(path: str | os.PathLike) -> dict:
         "config": cfg,
         "train_state": state,
         "params": model.num_params(),
+        "vocabulary": checkpoint_vocabulary(ckpt, cfg).describe(),
         "files": {p.name: p.stat().st_size for p in sorted(ckpt.iterdir()) if p.is_file()},
         "resumable": (ckpt / OPTIMIZER_FILE).is_file(),
     }

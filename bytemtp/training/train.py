@@ -228,6 +228,7 @@ class _Run:
         tc, st = self.cfg.train, self.state
         bar = tqdm(total=tc.steps or None, initial=st.step, desc="train", unit="step",
                    disable=not show_progress, dynamic_ncols=True)
+        self.loader.warm()  # the shuffle buffer's first read is not training time
         started, session_start = time.perf_counter() - st.elapsed_s, time.perf_counter()
         self.model.train()
         metrics = contextlib.closing(self.metrics) if self.metrics is not None else contextlib.nullcontext()
@@ -371,10 +372,13 @@ class _Run:
     def _progress_line(self, figures: StepFigures, step_s: float) -> str:
         """The next-byte head's loss (the figure a byte model is judged by; the sum over heads is
         logged), or, where head 1 is frozen, how often head 2 agrees with it."""
-        speed = f"{self.bytes_per_step / step_s:,.0f} B/s"
+        unit = "B" if self.model.vocab.is_bytes else "tokens"  # a BPE baseline counts its positions in tokens
+        speed = f"{self.bytes_per_step / step_s:,.0f} {unit}/s"
         if self.cfg.train.trainable == "draft-heads" and figures.head_agreement is not None:
             return f"head 2 agrees with head 1 {figures.head_agreement[1].item():.3f} {speed}"
         nats = figures.head_loss[0].item()
+        if not self.model.vocab.is_bytes:
+            return f"next-token loss {nats:.3f} ({nats / LN2:.3f} bits/token) {speed}"
         return f"next-byte loss {nats:.3f} ({nats / LN2:.3f} bits/byte) {speed}"
 
     def _log_step(self, step_s: float, figures: StepFigures, grad_norm, lr: float) -> None:
@@ -391,7 +395,8 @@ class _Run:
         if self.cfg.loss.head_schedule != "constant":
             heads["head_weights"] = self.step_weights
         self.log({**gpu, "step": st.step, "bytes": st.bytes_seen, "loss": figures.total.item(),
-                  "bpb": figures.head_loss[0].item() / LN2, "head_loss": figures.head_loss.tolist(),
+                  ("bpb" if self.model.vocab.is_bytes else "bits_per_token"): figures.head_loss[0].item() / LN2,
+                  "head_loss": figures.head_loss.tolist(),
                   "head_acc": figures.head_accuracy.tolist(), **heads,
                   "lr": lr, "grad_norm": grad_norm.item(), "bytes_per_s": self.bytes_per_step / step_s,
                   "skipped_steps": st.skipped_steps, "elapsed_s": st.elapsed_s, "data": data_stats})

@@ -1,0 +1,242 @@
+"""The BPE baseline of `bench tokens`: the vocabulary, the token loader, a token model's checkpoint
+that generates and evaluates, bits per byte on the same bytes for both vocabularies, and the
+benchmark itself on a tiny corpus."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+from train_runs import tiny_cfg
+
+import bytemtp.training.train as train_lib
+from bytemtp.config import DataConfig, ModelConfig
+from bytemtp.data.corpus import corpus_files, iter_documents
+from bytemtp.data.loader import ByteLoader, DocumentStream
+from bytemtp.decoding.decode import Decoder, generate
+from bytemtp.decoding.generation import Output, DecodeStats
+from bytemtp.evaluation.evaluate import evaluate
+from bytemtp.evaluation.likelihood import score_texts
+from bytemtp.model.model import ByteMTP
+from bytemtp.runtime.checkpoint import CheckpointError, load_model
+from bytemtp.tokens import BYTES, FIRST_MERGE, TokenizerError, load_vocabulary, train_bpe
+from bytemtp.vocab import EOS
+from bytemtp_cli.main import main
+
+
+def train_docs(corpus) -> list[bytes]:
+    return [d for f in corpus_files(str(corpus), split="train") for d in iter_documents(f)]
+
+
+@pytest.fixture(scope="module")
+def bpe(corpus_dir, tmp_path_factory):
+    return train_bpe(train_docs(corpus_dir), vocab_size=320, path=tmp_path_factory.mktemp("bpe") / "tokenizer.json")
+
+
+def test_bpe_keeps_the_byte_ids_and_round_trips_any_bytes(bpe):
+    assert bpe.size == 320 and not bpe.is_bytes
+    odd = b"\x00\xff\xfe the quick \xc3\x28 brown\n\n    fox \xe2\x82\xac" * 3
+    ids = bpe.encode(odd)
+    assert bpe.decode(ids) == odd
+    assert all(i < 256 or FIRST_MERGE <= i < bpe.size for i in ids)
+    words = bpe.encode(b" the quick brown fox")
+    assert len(words) < len(b" the quick brown fox") and max(words) >= FIRST_MERGE  # merges were learnt
+    assert bpe.pieces[ord("a")] == b"a" and bpe.lengths[EOS] == 1 and bpe.lengths[256] == 0
+    assert [bpe.lengths[i] for i in words] == [len(bpe.pieces[i]) for i in words]
+    assert load_vocabulary(bpe.path).pieces == bpe.pieces  # the file is all a checkpoint keeps
+
+
+def test_bad_tokenizers_give_one_line(tmp_path):
+    with pytest.raises(TokenizerError, match="no such tokenizer file"):
+        load_vocabulary(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(TokenizerError, match="is not a tokenizers JSON file"):
+        load_vocabulary(tmp_path / "bad.json")
+    with pytest.raises(TokenizerError, match="leaves no room for merges"):
+        train_bpe([b"abc"], vocab_size=264, path=tmp_path / "t.json")
+
+
+def test_config_ties_the_vocabulary_size_to_a_tokenizer(corpus_dir, bpe):
+    with pytest.raises(ValueError, match="model.vocab_size=260 is not allowed"):
+        ModelConfig(vocab_size=260)
+    with pytest.raises(ValueError, match="needs the BPE's tokenizer.json in data.tokenizer"):
+        tiny_cfg(corpus_dir, "model.vocab_size=320")
+    cfg = tiny_cfg(corpus_dir, "model.vocab_size=400", f"data.tokenizer={bpe.path}", "train.steps=1")
+    with pytest.raises(TokenizerError, match="set model.vocab_size=320"):
+        train_lib.train(cfg, corpus_dir.parent / "mismatch", show_progress=False, say=lambda m: None)
+
+
+def test_the_token_loader_hands_out_every_document_encoded_and_resumes_exactly(corpus_dir, bpe, monkeypatch):
+    monkeypatch.setattr(DocumentStream, "CHUNK", 97)  # documents arrive cut into pieces: BPE must see them whole
+    model = ModelConfig(n_layers=3, d_model=16, n_attn_heads=2, n_future=2, seq_len=16, vocab_size=bpe.size)
+    cfg = DataConfig(path=str(corpus_dir), batch_size=3, shuffle_buffer=1, tokenizer=bpe.path)
+    loader = ByteLoader(cfg, model)
+    stream = []
+    for _ in range(40):
+        batch = next(loader)
+        stream += batch[:, :16].flatten().tolist()  # stride seq_len: each id an input once, in order
+    docs = train_docs(corpus_dir)
+    expected = [i for d in (bpe.encode(doc) + [EOS] for doc in docs) for i in d]
+    assert stream == expected[:len(stream)]
+
+    shuffled = DataConfig(path=str(corpus_dir), batch_size=3, shuffle_buffer=8, tokenizer=bpe.path)
+    whole = ByteLoader(shuffled, model)
+    first = [next(whole) for _ in range(7)]
+    state = whole.state_dict()
+    rest = [next(whole) for _ in range(30)]
+    resumed = ByteLoader(shuffled, model)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert all(torch.equal(a, next(resumed)) for a in rest) and first
+
+
+def uniform(cfg: ModelConfig) -> ByteMTP:
+    """A model whose every logit is 0: each of its table's ids has probability 1/rows."""
+    model = ByteMTP(cfg)
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for u in model.unembed:
+            u.weight.zero_()
+    return model.eval()
+
+
+def test_bits_per_byte_of_both_vocabularies_divide_by_the_same_bytes(bpe):
+    text = [b"the quick brown fox jumps over the lazy dog " * 9, b"\x00\xffodd bytes"]
+    n_bytes = sum(len(t) + 1 for t in text)  # each document's bytes and its EOS
+    small = dict(n_layers=2, d_model=16, n_attn_heads=2, n_future=1, seq_len=32)
+    byte_model = uniform(ModelConfig(**small))
+    score = score_texts(byte_model, text)
+    assert score.bytes == score.ids == n_bytes
+    assert score.bits_per_byte == pytest.approx(math.log2(264), rel=1e-6)
+    token_model = uniform(ModelConfig(**small, vocab_size=bpe.size))
+    token_model.vocab = bpe
+    tokens = sum(len(bpe.encode(t)) + 1 for t in text)
+    score = score_texts(token_model, text)
+    assert score.bytes == n_bytes and score.ids == tokens < n_bytes
+    assert score.bits_per_byte == pytest.approx(tokens * math.log2(320) / n_bytes, rel=1e-6)
+
+
+def test_evaluate_divides_a_token_models_nats_by_the_bytes_of_its_targets(corpus_dir, bpe):
+    model = uniform(ModelConfig(n_layers=3, d_model=16, n_attn_heads=2, n_future=2, seq_len=16, vocab_size=bpe.size))
+    model.vocab = bpe
+    res = evaluate(model, str(corpus_dir), split="val", batches=3, batch_size=2)
+    loader = ByteLoader(DataConfig(path=str(corpus_dir), batch_size=2, shuffle_buffer=1, tokenizer=bpe.path),
+                        model.config, split="val")
+    targets = torch.cat([next(loader)[:, 1:17] for _ in range(3)])
+    n_bytes = int(torch.from_numpy(bpe.lengths)[targets].sum())
+    assert res.bytes == n_bytes
+    assert res.bpb[0] == pytest.approx(targets.numel() * math.log2(320) / n_bytes, rel=1e-6)
+
+
+def test_output_of_tokens_counts_and_stops_in_bytes(bpe):
+    ids = bpe.encode(b" the quick brown fox")
+    out = Output(DecodeStats(), max_bytes=100, stop=(b"ck b",), on_bytes=None, pieces=bpe.pieces)
+    emitted = 0
+    while not out.emit(ids[emitted]):
+        emitted += 1
+    assert emitted < len(ids) - 1  # it stopped before the last token
+    assert bytes(out.text) == b" the quick b" and out.stats.stopped_by == "stop"
+    out = Output(DecodeStats(), max_bytes=6, stop=(), on_bytes=None, pieces=bpe.pieces)
+    for i in ids:
+        if out.emit(i):
+            break
+    assert len(out.text) >= 6 and out.stats.stopped_by == "max_bytes"
+
+
+@pytest.fixture(scope="module")
+def token_run(corpus_dir, bpe, tmp_path_factory):
+    run = tmp_path_factory.mktemp("token-run") / "run"
+    cfg = tiny_cfg(corpus_dir, "train.steps=30", "model.n_future=4", "model.seq_len=24",
+                   f"model.vocab_size={bpe.size}", f"data.tokenizer={bpe.path}")
+    train_lib.train(cfg, run, show_progress=False, say=lambda m: None)
+    return run
+
+
+@pytest.mark.slow
+def test_a_token_checkpoint_decodes_exactly_and_evaluates(token_run, corpus_dir, one_thread):
+    model, cfg = load_model(token_run)
+    assert model.vocab.size == cfg.model.vocab_size == 320
+    prompts = [b"document 3\nthe quick", b"the lazy dog"]
+    plain = [generate(model, p, max_bytes=50) for p in prompts]
+    assert all(len(g.output) >= 50 for g in plain) and plain[0].stats.forward_passes < 50  # tokens, not bytes
+    decoder = Decoder(model, compile="off")
+    for draft in ("auto", "chain-all", "tree-all", "auto+lookup", "plain+lookup"):
+        got = decoder.generate(prompts, max_bytes=50, draft=draft)
+        assert [g.output for g in got] == [g.output for g in plain], draft
+    res = CliRunner().invoke(main, ["generate", "--ckpt", str(token_run), "--prompt", "the quick", "--max-bytes", "30",
+                                    "--device", "cpu", "--compile", "off", "--raw"])
+    assert res.exit_code == 0, res.output
+    assert res.output.encode() == generate(model, b"the quick", max_bytes=30).output
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(token_run), "--data", str(corpus_dir), "--batches", "2",
+                                    "--device", "cpu", "--json", "-"])
+    assert res.exit_code == 0, res.output
+
+
+def test_a_token_checkpoint_without_its_tokenizer_is_refused(token_run, tmp_path):
+    import shutil
+
+    from bytemtp.runtime.checkpoint import latest_checkpoint
+
+    copy = tmp_path / "ckpt"
+    shutil.copytree(latest_checkpoint(token_run), copy)
+    (copy / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="but no tokenizer.json"):
+        load_model(copy)
+    assert BYTES.decode([104, 105, EOS]) == b"hi"
+
+
+@pytest.mark.slow
+def test_bench_tokens_trains_scores_and_decodes_both_arms(corpus_dir, tmp_path):
+    out = tmp_path / "bench"
+    args = ["bench", "tokens", "--preset", "tiny", "--data", str(corpus_dir), "--steps", "4", "--vocab", "300",
+            "--held-out", str(corpus_dir.parent / "src"), "--held-out-bytes", "2000", "--prompts", "2",
+            "--max-bytes", "16", "--rounds", "1", "--compile", "off", "--out", str(out), "--device", "cpu",
+            "--json", str(tmp_path / "r.json")]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "r.json").read_text())
+    arms = {a["arm"]: a for a in data["arms"]}
+    assert arms["bytes"]["val_bytes"] == arms["tokens"]["val_bytes"] > 0
+    assert arms["bytes"]["held_out_bytes"] == arms["tokens"]["held_out_bytes"] > 2000  # and one EOS a document
+    ctx = arms["tokens"]["context_ids"]
+    assert arms["tokens"]["tokens_seen"] == 4 * round(8 * 64 / ctx) * ctx  # steps x batch (the bytes' positions) x context
+    assert [d["batch_size"] for d in data["decoding"]] == [1, 8]
+    assert set(data["decoding"][0]["modes"]) == {"bytes plain", "bytes auto", "bytes auto+lookup",
+                                                 "tokens plain", "tokens plain+lookup"}
+    assert "bits/byte, whole val" in res.output and "over the token arm's best" in res.output
+    again = CliRunner().invoke(main, args)  # measured before: read back, nothing trains again
+    assert again.exit_code == 0 and "training a byte-level BPE" not in again.output
+
+
+def test_uses_that_take_bytes_refuse_a_token_checkpoint_in_one_line(token_run, tmp_path):
+    with pytest.raises(CheckpointError, match=r"^serve takes byte models; .* 320 BPE token ids"):
+        load_model(token_run, bytes_only="serve")
+    res = CliRunner().invoke(main, ["export", "--format", "hf", "--ckpt", str(token_run), "--out", str(tmp_path / "x")])
+    assert res.exit_code == 1 and "the Hugging Face export takes byte models" in res.output
+    assert "Traceback" not in res.output
+    res = CliRunner().invoke(main, ["inspect", str(token_run)])
+    assert res.exit_code == 0 and "vocabulary  byte-level BPE of 320 ids (56 merges)" in res.output
+
+
+@pytest.mark.slow
+def test_bench_decode_measures_a_token_checkpoint(token_run, tmp_path):
+    res = CliRunner().invoke(main, ["bench", "decode", "--ckpt", str(token_run), "--n-prompts", "2", "--max-bytes", "24",
+                                    "--batch-sizes", "1", "--modes", "auto,plain+lookup,chain-all", "--rounds", "1",
+                                    "--compile", "off", "--device", "cpu",
+                                    "--json", str(tmp_path / "d.json")])
+    assert res.exit_code == 0, res.output
+    cases = json.loads((tmp_path / "d.json").read_text())["cases"]
+    assert {c["mode"] for c in cases} == {"auto", "plain+lookup", "chain-all"}
+    assert all(c["identical"] for c in cases)
+
+
+def test_bench_tokens_refuses_runs_trained_with_other_settings(corpus_dir, tmp_path):
+    from bytemtp.experiments.token_bench import compare
+
+    common = dict(out=tmp_path / "b", preset="tiny", vocab_size=300, prompts=1, max_bytes=8, batch_sizes=(1,),
+                  rounds=1, compile="off", sets=["train.device=cpu"])
+    compare(str(corpus_dir), steps=2, **common)
+    with pytest.raises(ValueError, match="bytes-s0 was trained with other settings"):
+        compare(str(corpus_dir), steps=3, **common)
