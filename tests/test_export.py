@@ -94,7 +94,8 @@ def test_folder_holds_config_weights_code_and_card(exports):
     assert config["bytemtp"] == source  # exactly the checkpoint's own config.json
     assert config["model_type"] == "bytemtp" and config["architectures"] == ["ByteMTPForCausalLM"]
     assert set(config["auto_map"]) == {"AutoConfig", "AutoModelForCausalLM", "AutoTokenizer"}
-    assert {k: config[k] for k in source["config"]["model"]} == source["config"]["model"]
+    model_keys = {k: v for k, v in source["config"]["model"].items() if k != "vocab_size"}
+    assert {k: config[k] for k in model_keys} == model_keys  # vocab_size: the table's rows in transformers
     assert (config["vocab_size"], config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (
         VOCAB_SIZE, BOS, EOS, PAD)
     assert config["dtype"] == config["torch_dtype"] == "float32"
@@ -244,7 +245,10 @@ def test_logits_equal_bytemtp(loaded, variant):
 def test_config_mirrors_model_config(loaded):
     for model, hf_model, _ in loaded.values():
         cfg, hf_cfg = model.config, hf_model.config
-        assert {f.name: getattr(hf_cfg, f.name) for f in dataclasses.fields(cfg)} == dataclasses.asdict(cfg)
+        fields = {f.name for f in dataclasses.fields(cfg)} - {"vocab_size"}  # transformers': the table's rows
+        assert {name: getattr(hf_cfg, name) for name in fields} == {k: v for k, v in dataclasses.asdict(cfg).items()
+                                                                   if k in fields}
+        assert hf_cfg.vocab_size == cfg.table_rows
         for name in ("head_dim", "layers_per_head", "trunk_layers", "total_layers", "ffn_dim"):
             assert getattr(hf_cfg, name) == getattr(cfg, name), name
         assert hf_cfg.num_hidden_layers == cfg.total_layers

@@ -187,6 +187,25 @@ def test_a_loader_resumes_exactly_from_every_batch(corpus):
             assert torch.equal(next(resumed), batch), (i, k)
 
 
+def test_warming_a_loader_changes_no_batch_and_no_state(corpus):
+    """Training warms the loader before its clock starts (the first segment read): every batch,
+    and every state saved, is what an unwarmed loader gives, from the start and after a resume."""
+    d, _ = corpus
+    cfg = DataConfig(path=str(d), batch_size=3, shuffle_buffer=7, seed=2)
+    plain = L.ByteLoader(cfg, _model(16, 4))
+    expected = _take(plain, 20)
+    state = json.loads(json.dumps(plain.state_dict()))
+    after = _take(plain, 20)
+    warmed = L.ByteLoader(cfg, _model(16, 4))
+    warmed.warm()
+    assert all(torch.equal(a, b) for a, b in zip(expected, _take(warmed, 20)))
+    resumed = L.ByteLoader(cfg, _model(16, 4))
+    resumed.load_state_dict(state)
+    resumed.warm()
+    assert json.loads(json.dumps(resumed.state_dict())) == state
+    assert all(torch.equal(a, b) for a, b in zip(after, _take(resumed, 20)))
+
+
 def _epoch_windows(files, *, reader, n_readers, epochs):
     """The unshuffled tiling's windows (20 ids, 16 apart), as tuples, grouped by the epoch of the
     stream that their last id comes from."""

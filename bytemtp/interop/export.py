@@ -132,7 +132,7 @@ def hf_config(model: ModelConfig, *, bytemtp_meta: dict, dtype: str) -> dict:
         "model_type": "bytemtp",
         "auto_map": AUTO_MAP,
         **to_dict(model),
-        "vocab_size": VOCAB_SIZE,
+        "vocab_size": VOCAB_SIZE,  # transformers' vocab_size is the table's rows (ModelConfig.vocab_size counts the ids in use)
         "bos_token_id": BOS,
         "eos_token_id": EOS,
         "pad_token_id": PAD,
