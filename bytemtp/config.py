@@ -27,8 +27,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from bytemtp.vocab import table_rows
-
 UNEMBED_TYPES = ("shared", "replicated")
 MLP_TYPES = ("swiglu", "gelu")
 HEAD_WEIGHTS = ("uniform", "geometric")
@@ -169,7 +167,7 @@ class ModelConfig:
     @property
     def table_rows(self) -> int:
         """Rows of the embedding and unembedding tables: vocab_size padded to a multiple of 8."""
-        return table_rows(self.vocab_size)
+        return -(-self.vocab_size // 8) * 8  # as bytemtp.vocab.table_rows (config imports no other module)
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_attn_heads", "n_future", "head_layers", "seq_len"):

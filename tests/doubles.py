@@ -26,7 +26,7 @@ from bytemtp.decoding.sampling import Sampling
 from bytemtp.evaluation import humaneval as he
 from bytemtp.model.layout import attend
 from bytemtp.model.model import ByteMTP
-from bytemtp.vocab import EOS, VOCAB_SIZE
+from bytemtp.vocab import BYTES, EOS, VOCAB_SIZE
 
 # --- tiny models ----------------------------------------------------------------------------------
 
@@ -92,6 +92,7 @@ class ScriptedModel:
     layers_written = ByteMTP.layers_written
     decode_heads = ByteMTP.decode_heads  # no draft heads: the training heads, stacked where they stack
     drafter = None
+    vocab = BYTES  # ids are bytes
 
     def __init__(self, text: bytes, right, n_future: int = 8):
         self.config = dataclasses.replace(C.tiny().model, n_future=n_future, seq_len=128)
@@ -141,6 +142,7 @@ class ScriptedBatchModel:
     layers_written = ByteMTP.layers_written
     decode_heads = ByteMTP.decode_heads  # no draft heads: the training heads, stacked where they stack
     drafter = None
+    vocab = BYTES  # ids are bytes
 
     def __init__(self, docs: list[tuple[bytes, bytes, object]], n_future: int = 8):
         self.config = dataclasses.replace(C.tiny().model, head_type="linear", n_layers=1, d_model=2,
@@ -212,6 +214,7 @@ class MarkovModel:
     layers_written = ByteMTP.layers_written
     decode_heads = ByteMTP.decode_heads  # no draft heads: the training heads, stacked where they stack
     drafter = None
+    vocab = BYTES  # ids are bytes
 
     def __init__(self, n_future: int = 3, *, head1=(MARKOV_TARGET[0], MARKOV_TARGET[1]), drafts=MARKOV_DRAFT,
                  ids=MARKOV_SYMBOLS, seq_len: int = 8):
@@ -293,6 +296,7 @@ class PathModel:
     layers_written = ByteMTP.layers_written
     decode_heads = ByteMTP.decode_heads  # no draft heads: the training heads, stacked where they stack
     drafter = None
+    vocab = BYTES  # ids are bytes
 
     def __init__(self, docs: list[Doc], *, n_future: int = 4, seq_len: int = 128):
         self.config = ModelConfig(n_layers=n_future + 1, d_model=2, n_attn_heads=1, n_future=n_future,

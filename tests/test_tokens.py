@@ -22,8 +22,7 @@ from bytemtp.evaluation.evaluate import evaluate
 from bytemtp.evaluation.likelihood import score_texts
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import CheckpointError, load_model
-from bytemtp.tokens import BYTES, FIRST_MERGE, TokenizerError, load_vocabulary, train_bpe
-from bytemtp.vocab import EOS
+from bytemtp.vocab import BYTES, EOS, FIRST_MERGE, TokenizerError, load_vocabulary, train_bpe
 from bytemtp_cli.main import main
 
 
@@ -125,7 +124,7 @@ def test_evaluate_divides_a_token_models_nats_by_the_bytes_of_its_targets(corpus
     loader = ByteLoader(DataConfig(path=str(corpus_dir), batch_size=2, shuffle_buffer=1, tokenizer=bpe.path),
                         model.config, split="val")
     targets = torch.cat([next(loader)[:, 1:17] for _ in range(3)])
-    n_bytes = int(torch.from_numpy(bpe.lengths)[targets].sum())
+    n_bytes = int(torch.tensor(bpe.lengths)[targets].sum())
     assert res.bytes == n_bytes
     assert res.bpb[0] == pytest.approx(targets.numel() * math.log2(320) / n_bytes, rel=1e-6)
 

@@ -60,7 +60,7 @@ from bytemtp.data.readers import reader_for
 from bytemtp.data.shards import CorpusError
 from bytemtp.data.steps import Share
 from bytemtp.data.tokenized import TokenStream
-from bytemtp.tokens import load_vocabulary
+from bytemtp.vocab import load_vocabulary
 from bytemtp.vocab import EOS
 
 STATE_VERSION = 2  # 2: segment shuffle (1: block shuffle, its pending windows in the state)

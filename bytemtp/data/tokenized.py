@@ -1,7 +1,7 @@
 """A document stream read as BPE tokens: the loader's stage for the token baseline of `bench tokens`.
 
 `TokenStream` wraps a `loader.DocumentStream` and hands the packer the same kind of pieces, but as
-ids already: each whole document encoded by the vocabulary (`bytemtp.tokens`), then EOS. A
+ids already: each whole document encoded by the vocabulary (`bytemtp.vocab`), then EOS. A
 document arrives in pieces from prepared shards (up to a chunk at a time), and BPE needs it whole,
 so the bytes of a document not yet ended wait in `pending`; they are part of the state, next to
 the inner stream's position (which stands after them), so a resumed stream encodes exactly the
@@ -15,7 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
-from bytemtp.tokens import Vocabulary
+from bytemtp.vocab import Vocabulary
 from bytemtp.vocab import EOS
 
 

@@ -155,7 +155,7 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
     vocab = model.vocab
     loader = ByteLoader(DataConfig(path=data, batch_size=batch_size, shuffle_buffer=1, tokenizer=vocab.path), cfg,
                         rank=d.rank, world_size=d.world_size, split=split)
-    lengths = None if vocab.is_bytes else torch.from_numpy(vocab.lengths).to(device)
+    lengths = None if vocab.is_bytes else torch.tensor(vocab.lengths).to(device)
     if not loader.files:
         raise CorpusError(f"{data} has no {split} split to evaluate; pass split=None to read every file")
     sums = torch.zeros(6, K, dtype=torch.float64)  # nats, correct, count per head; accepted, agreed per k; bytes per head

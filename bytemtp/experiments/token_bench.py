@@ -3,7 +3,7 @@
 What a byte-level model is judged against is the model its users would otherwise train: the
 same family over BPE tokens. The comparison here:
 
-1. trains a byte-level BPE (`bytemtp.tokens`: Hugging Face `tokenizers`, lossless for any bytes)
+1. trains a byte-level BPE (`bytemtp.vocab`: Hugging Face `tokenizers`, lossless for any bytes)
    of `vocab` ids on the corpus's train split, and measures its bytes a token there;
 2. trains two arms of the same preset with the same trunk code, optimizer, schedule fitting and
    budget (wall time, or steps), one after the other in one sitting, seed after seed (each seed
@@ -55,7 +55,7 @@ from bytemtp.evaluation.likelihood import score_texts
 from bytemtp.experiments.sweep import Grid, run_sweep
 from bytemtp.runtime.checkpoint import load_model
 from bytemtp.runtime.devices import resolve_device
-from bytemtp.tokens import BPE, load_vocabulary, train_bpe
+from bytemtp.vocab import BPE, load_vocabulary, train_bpe
 
 TOKENIZER = "tokenizer.json"
 SCORES = "scores.json"  # OUT/ARM-sN/scores.json: the arm's bits per byte, once measured

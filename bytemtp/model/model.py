@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bytemtp.config import ModelConfig
-from bytemtp.tokens import BYTES, Vocabulary
+from bytemtp.vocab import BYTES, Vocabulary
 from bytemtp.model.draft import DraftHeads, DraftPass, build_drafts, emitted_ids
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import Layout, attend
@@ -123,7 +123,7 @@ class ByteMTP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = cfg = config
-        # what the ids stand for: the bytes, or a BPE baseline's tokens (`bytemtp.tokens`), which a
+        # what the ids stand for: the bytes, or a BPE baseline's tokens (`bytemtp.vocab`), which a
         # checkpoint's tokenizer.json gives back (`runtime.checkpoint.load_model`)
         self.vocab: Vocabulary = BYTES
         self.embed = nn.Embedding(cfg.table_rows, cfg.d_model)

@@ -45,7 +45,7 @@ import bytemtp
 from bytemtp.config import Config
 from bytemtp.config_io import from_dict, to_dict
 from bytemtp.model.model import ByteMTP
-from bytemtp.tokens import BYTES, TokenizerError, Vocabulary, check_vocab_size, load_vocabulary
+from bytemtp.vocab import BYTES, TokenizerError, Vocabulary, check_vocab_size, load_vocabulary
 
 FORMAT_VERSION = 1
 
@@ -53,7 +53,7 @@ MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 STATE_FILE = "train_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
-TOKENIZER_FILE = "tokenizer.json"  # a BPE baseline's vocabulary (`bytemtp.tokens`), copied from data.tokenizer
+TOKENIZER_FILE = "tokenizer.json"  # a BPE baseline's vocabulary (`bytemtp.vocab`), copied from data.tokenizer
 REQUIRED_FILES = (MODEL_FILE, CONFIG_FILE, STATE_FILE)
 
 _STEP_DIR = re.compile(r"step-(\d{8,})")

@@ -68,7 +68,7 @@ from tqdm import tqdm
 from bytemtp.config import Config, DataConfig
 from bytemtp.data import shards
 from bytemtp.data.loader import ByteLoader, combine_stats
-from bytemtp.tokens import check_vocab_size, load_vocabulary
+from bytemtp.vocab import check_vocab_size, load_vocabulary
 from bytemtp.evaluation.evaluate import evaluate, has_splits
 from bytemtp.model.flops import peak_gpu_flops, step_flops
 from bytemtp.model.loss import LN2
