@@ -123,13 +123,7 @@ class Output:
             return self._emit_piece(self.pieces[byte])
         if self.on_bytes is not None:
             self.on_bytes(bytes([byte]))
-        if any(s and self.data.endswith(s) for s in self.stop):
-            self.stats.stopped_by = "stop"
-            return True
-        if len(self.data) >= self.max_bytes:
-            self.stats.stopped_by = "max_bytes"
-            return True
-        return False
+        return self._ends(stopped=any(s and self.data.endswith(s) for s in self.stop))
 
     def _emit_piece(self, piece: bytes) -> bool:
         """A token's bytes: appended, streamed and checked against the stop strings and max_bytes."""
@@ -144,13 +138,17 @@ class Output:
             del self.text[cut:]
         if self.on_bytes is not None and len(self.text) > before:
             self.on_bytes(bytes(self.text[before:]))
-        if cut is not None:
+        return self._ends(stopped=cut is not None)
+
+    def _ends(self, *, stopped: bool) -> bool:
+        """Whether generation ends after the text so far: a stop string completed, or max_bytes reached."""
+        if stopped:
             self.stats.stopped_by = "stop"
-            return True
-        if len(self.text) >= self.max_bytes:
+        elif len(self.text) >= self.max_bytes:
             self.stats.stopped_by = "max_bytes"
-            return True
-        return False
+        else:
+            return False
+        return True
 
     def result(self, t0: float) -> Generation:
         self.stats.bytes_out = len(self.text)
