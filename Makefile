@@ -23,7 +23,7 @@ DEMO_PROMPTS ?= 16
 # none is $(TORCH_CPU) installed.
 setup:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install --quiet --root-user-action=ignore "$(TORCH_CPU)"
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e '.[dev,harness,hf,serve,parquet,tokens]'
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e '.[dev,harness,hf,serve,parquet,tokens,tensorboard,wandb]'
 
 # The suite runs in one process per core (pytest-xdist); tests that share fitted models stay on one.
 test: setup

@@ -38,6 +38,7 @@ DRAFTS = ("none", "medusa", "hydra")  # cheap draft heads beside the training he
 DIVERGENCES = ("kl", "tv")  # the teacher term: KL from head 1, or total variation (1 - speculative acceptance)
 SCHEDULES = ("cosine", "wsd", "linear")  # the learning rate's decay after warmup
 OPTIMIZERS = ("adamw", "muon")  # muon: Muon on the trunk's and heads' matrices, AdamW on the rest
+LOG_TARGETS = ("jsonl", "tensorboard", "wandb")  # where training's metrics go (train.log_to; jsonl always)
 
 
 def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -388,6 +389,8 @@ class TrainConfig:
     """Seed of the weight initialisation and of dropout."""
     log_every: int = 10
     """Write a metrics line every this many steps."""
+    log_to: str = "jsonl"
+    """Where the metrics go, comma-separated: jsonl (RUN/metrics.jsonl, always written), tensorboard (RUN/tensorboard/; pip install 'bytemtp[tensorboard]'), wandb (Weights & Biases, offline unless set up; pip install 'bytemtp[wandb]'); e.g. jsonl,tensorboard."""
     eval_every: int = 200
     """Validate every this many steps (and at the end); 0: only at the end."""
     eval_batches: int = 20
@@ -438,9 +441,16 @@ class TrainConfig:
         _check(self.muon_lr > 0, "train.muon_lr", self.muon_lr, "expected a number > 0")
         _check(0.0 <= self.muon_momentum < 1.0, "train.muon_momentum", self.muon_momentum, "expected 0 <= momentum < 1")
         _check(self.muon_weight_decay >= 0, "train.muon_weight_decay", self.muon_weight_decay, "expected >= 0")
+        _check(isinstance(self.log_to, str) and set(self.log_targets) <= set(LOG_TARGETS), "train.log_to",
+               self.log_to, f"a comma-separated list of {', '.join(LOG_TARGETS)}")
         _check(not (self.optimizer == "muon" and self.parallel == "fsdp"), "train.optimizer", self.optimizer,
                "Muon does not run under train.parallel=fsdp: its Newton-Schulz step orthogonalises whole "
                "matrices and FSDP2 shards each one over the ranks; use train.parallel=ddp or train.optimizer=adamw")
+
+    @property
+    def log_targets(self) -> tuple[str, ...]:
+        """train.log_to's names, each once, jsonl first (it is always written)."""
+        return tuple(dict.fromkeys(["jsonl", *(n.strip() for n in self.log_to.split(",") if n.strip())]))
 
 
 @dataclass(frozen=True)

@@ -389,9 +389,11 @@ def bench_tokens(preset: str, data: str, budget: str, steps: int, seeds: int, vo
 @click.option("--prompts", default=8, show_default=True, type=click.IntRange(1),
               help="Held-out prompts that the tuned models decode.")
 @click.option("--only", default=None, help="Comma-separated candidates to run (default: all, in the grid's order).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="A setting every candidate shares, after the grid's (e.g. train.log_to=jsonl,tensorboard).")
 @json_option()
 def bench_sweep(grid: str, out: str, budget: str, tune_time: str, eval_bytes: int, prompts: int, only: str | None,
-                json_path: str | None) -> None:
+                overrides: tuple[str, ...], json_path: str | None) -> None:
     """Train every candidate of a grid (a TOML file; see examples/sweep-small.toml) for the same wall
     time and compare head-1 val bits/byte, and with --tune-time what the tuned draft heads give."""
     from bytemtp.experiments import sweep
@@ -401,8 +403,8 @@ def bench_sweep(grid: str, out: str, budget: str, tune_time: str, eval_bytes: in
     budget_s, tune_s = parse_duration(budget), parse_duration(tune_time)
     names = [n.strip() for n in only.split(",") if n.strip()] if only else None
     with _interrupted_in_one_line():
-        results = sweep.run_sweep(sweep.read_grid(grid), out, budget_s=budget_s, eval_bytes=eval_bytes, tune_s=tune_s,
-                                  prompts=prompts, only=names)
+        results = sweep.run_sweep(sweep.read_grid(grid, shared=list(overrides)), out, budget_s=budget_s,
+                                  eval_bytes=eval_bytes, tune_s=tune_s, prompts=prompts, only=names)
     echo(sweep.table(results))
     write_json(json_path, results)
 

@@ -42,6 +42,15 @@ def test_a_grid_is_checked_whole_before_anything_trains(tmp_path, corpus_dir, bo
         sweep.read_grid(_grid(tmp_path, corpus_dir, body))
 
 
+def test_the_commands_settings_join_every_candidates(tmp_path, corpus_dir):
+    # `bench sweep --set train.log_to=jsonl,tensorboard`: after the grid's shared settings, before a candidate's
+    grid = sweep.read_grid(_grid(tmp_path, corpus_dir, TWO), shared=["train.log_to=jsonl,tensorboard", "train.lr=1e-2"])
+    assert grid.config("adamw", budget_s=1.0).train.log_to == "jsonl,tensorboard"
+    assert grid.config("adamw", budget_s=1.0).train.lr == 3e-3 and grid.config("muon", budget_s=1.0).train.lr == 1e-2
+    with pytest.raises(ValueError, match="train.log_to='mlflow' is not allowed"):
+        sweep.read_grid(_grid(tmp_path, corpus_dir, TWO), shared=["train.log_to=mlflow"])
+
+
 @pytest.mark.slow  # two candidates trained for 2 s each
 def test_every_candidate_gets_the_budget_and_the_same_held_out_bytes(tmp_path, corpus_dir):
     grid = sweep.read_grid(_grid(tmp_path, corpus_dir, TWO))

@@ -79,8 +79,9 @@ class Grid:
                                                           *limit])
 
 
-def read_grid(path: str | Path) -> Grid:
-    """A grid file, every candidate's configuration checked before anything trains (ValueError)."""
+def read_grid(path: str | Path, *, shared: list[str] = ()) -> Grid:
+    """A grid file, every candidate's configuration checked before anything trains (ValueError);
+    `shared` (`bench sweep --set`, e.g. train.log_to=jsonl,tensorboard) join the grid's shared settings."""
     try:
         raw = tomllib.loads(Path(path).read_text())
     except OSError as e:
@@ -100,7 +101,7 @@ def read_grid(path: str | Path) -> Grid:
         candidates[name] = tuple(sets)
     if not candidates:
         raise ValueError(f"the grid {path} has no [[candidate]]")
-    grid = Grid(preset=raw.get("preset", "small"), sets=tuple(raw.get("sets", [])), candidates=candidates)
+    grid = Grid(preset=raw.get("preset", "small"), sets=(*raw.get("sets", []), *shared), candidates=candidates)
     for name in candidates:
         try:
             grid.config(name, budget_s=1.0)

@@ -1,14 +1,15 @@
 """Run directories: their layout, their lock, and a run resolved and checked before any work.
 
 A run directory holds `run-config.json` (the resolved configuration), `metrics.jsonl` (one JSON
-object per logged step or validation), `checkpoints/step-NNNNNNNN/` and `.lock`. `plan_run` turns
-what a user names (a new run directory, or a run to resume: its directory, its checkpoints/ folder
-or its newest checkpoint) and their settings into a `RunPlan`, refusing what cannot work before any
-model is built: a run that another training holds, a preset with a resume, a change to anything
-but train.* on resume, no stop condition, a corpus that does not exist or is a run directory, a
-run directory that is taken. `plan_config` does the same for a resolved Config, `plan_tune` for a
-tune of a run's draft heads. A run's corpus path is stored absolute, and on resume the same corpus
-may be named another way, so a run works from any directory.
+object per logged step or validation), `checkpoints/step-NNNNNNNN/` and `.lock`, and what the
+trackers of train.log_to write (`tensorboard/`, `wandb/`, `wandb-run.json`; `tracking`). `plan_run`
+turns what a user names (a new run directory, or a run to resume: its directory, its checkpoints/
+folder or its newest checkpoint) and their settings into a `RunPlan`, refusing what cannot work
+before any model is built: a run that another training holds, a tracker whose package is missing, a
+preset with a resume, a change to anything but train.* on resume, no stop condition, a corpus that
+does not exist or is a run directory, a run directory that is taken. `plan_config` does the same for
+a resolved Config, `plan_tune` for a tune of a run's draft heads. A run's corpus path is stored
+absolute, and on resume the same corpus may be named another way, so a run works from any directory.
 
 One writer at a time. A training holds an exclusive `fcntl.flock` on RUN/.lock (which names its
 pid and host) from before it writes anything in the run until it ends; the operating system
@@ -28,6 +29,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,7 @@ from bytemtp.data import corpus, shards
 from bytemtp.runtime import distributed as dist_lib
 from bytemtp.runtime.checkpoint import (is_checkpoint_dir, latest_checkpoint, load_config, read_train_state,
                                         resolve_checkpoint)
+from bytemtp.training import tracking
 
 RUN_CONFIG = "run-config.json"
 METRICS = "metrics.jsonl"
@@ -62,7 +65,7 @@ def check_new_run_dir(run_dir: Path) -> None:
     if latest_checkpoint(run_dir) is not None:
         raise ValueError(f"run directory {run_dir} already exists; resume it, or choose another run directory")
     leftovers = {p.name for p in run_dir.iterdir()} if run_dir.exists() else set()
-    if leftovers - {RUN_CONFIG, METRICS, LOCK, "checkpoints"}:
+    if leftovers - {RUN_CONFIG, METRICS, LOCK, "checkpoints", *tracking.FILES}:
         raise ValueError(f"{run_dir} exists and is not a run directory; choose another run directory")
 
 
@@ -70,8 +73,9 @@ def start_run(plan: RunPlan) -> Path | None:
     """Ready the run directory for training, by the one process that writes it, holding its lock;
     return the checkpoint to go on from (None for a new run). Checked again here, under the lock:
     another training may have written the run since it was planned. A resumed run drops the
-    metrics that the interrupted one logged past its checkpoint; a new run drops those of a run
-    that died before its first checkpoint. Both write run-config.json."""
+    metrics that the interrupted one logged past its checkpoint (the trackers discard or skip them,
+    `tracking`); a new run drops the metrics and TensorBoard events of a run that died before its
+    first checkpoint, and starts a new W&B run. Both write run-config.json."""
     run_dir, ckpt = plan.run_dir, None
     if plan.resume:
         ckpt = latest_checkpoint(run_dir)
@@ -82,6 +86,8 @@ def start_run(plan: RunPlan) -> Path | None:
     else:
         check_new_run_dir(run_dir)
         (run_dir / METRICS).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / tracking.TENSORBOARD_DIR, ignore_errors=True)
+        (run_dir / tracking.WANDB_RUN).unlink(missing_ok=True)
         run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / RUN_CONFIG).write_text(to_json(plan.cfg) + "\n")
     return ckpt
@@ -282,11 +288,11 @@ def plan_config(cfg: Config, run_dir: str | os.PathLike, *, resume: bool = False
     """The plan of a resolved config in run_dir, every check made before any work.
 
     Refused: a run that another training holds (`RunLocked`), a config without a stop condition,
-    a corpus that does not exist. A new run also needs a new run directory (or one left by a run
-    that died before its first checkpoint) and a corpus that is not a run directory; a resumed run
-    needs a checkpoint, and only train.* may differ from its config (data.path may name the same
-    corpus another way). Restarted by torchrun (--max-restarts), a new run that has a checkpoint
-    is resumed: the job goes on from where it failed."""
+    a corpus that does not exist, a tracker (train.log_to) whose package does not import. A new run
+    also needs a new run directory (or one left by a run that died before its first checkpoint) and
+    a corpus that is not a run directory; a resumed run needs a checkpoint, and only train.* may
+    differ from its config (data.path may name the same corpus another way). Restarted by torchrun
+    (--max-restarts), a new run that has a checkpoint is resumed: the job goes on from where it failed."""
     run_dir = Path(run_dir)
     check_unlocked(run_dir)
     tc = cfg.train
@@ -307,6 +313,7 @@ def plan_config(cfg: Config, run_dir: str | os.PathLike, *, resume: bool = False
         check_new_run_dir(run_dir)
     cfg = absolute_corpus(cfg)
     corpus.corpus_files(cfg.data.path)  # a missing corpus fails here, before any work
+    tracking.require(cfg.train.log_targets)  # and a missing tracker package
     return RunPlan(run_dir=run_dir, cfg=cfg, resume=resume, checkpoint=ckpt,
                    done=already_done(run_dir, cfg.train) if resume else None)
 

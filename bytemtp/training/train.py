@@ -36,9 +36,10 @@ accumulation and what to lower; nothing of that step is saved, so the newest che
 one before it.
 
 Run directory (`bytemtp.training.runs`, which also resolves a run before any work): `run-config.json`,
-`metrics.jsonl` (one JSON object per logged step or validation), `checkpoints/step-NNNNNNNN/`,
-and `.lock`, which the training holds from before it writes anything until it ends, so that a
-second training into the run stops at once (`runs.RunLocked`).
+`metrics.jsonl` (one JSON object per logged step or validation; the same records go to the trackers
+that train.log_to names, `bytemtp.training.tracking`), `checkpoints/step-NNNNNNNN/`, and `.lock`,
+which the training holds from before it writes anything until it ends, so that a second training
+into the run stops at once (`runs.RunLocked`).
 
 Many processes: launched by torchrun, the same loop trains one model on every rank
 (`bytemtp.runtime.distributed`: DDP or FSDP2 after train.parallel). Each rank reads its own share of the
@@ -77,7 +78,7 @@ from bytemtp.runtime import distributed as dist_lib
 from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, load_optimizer_state, load_weights,
                                         read_train_state, save_checkpoint)
 from bytemtp.runtime.devices import autocast, out_of_memory, resolve_device
-from bytemtp.training import runs
+from bytemtp.training import runs, tracking
 from bytemtp.training.optimizer import build_optimizer, set_lr, set_trainable, start_from
 from bytemtp.training.rollout import greedy_rollout
 from bytemtp.training.runs import METRICS, RunPlan, RunResult
@@ -206,6 +207,8 @@ class _Run:
         self.limit = limit
         self.last_tick = 0.0  # when the time fit last observed a step
         self.metrics = open(run_dir / METRICS, "a") if d.is_main else None  # one writer: two would race
+        self.trackers = (tracking.open_trackers(cfg, run_dir, step=self.state.step, resumed=checkpoint is not None,
+                                                say=say) if d.is_main else tracking.Trackers())
         self.metrics_ok = True
 
     def restore(self, ckpt: Path) -> None:
@@ -232,7 +235,7 @@ class _Run:
         started, session_start = time.perf_counter() - st.elapsed_s, time.perf_counter()
         self.model.train()
         metrics = contextlib.closing(self.metrics) if self.metrics is not None else contextlib.nullcontext()
-        with stop_on_signals() as flag, contextlib.closing(bar), metrics:
+        with stop_on_signals() as flag, contextlib.closing(bar), metrics, contextlib.closing(self.trackers):
             while not (stopped_by := self._stop_condition(flag, session_start)):
                 with self._out_of_memory_stops(step=st.step + 1):
                     step_s, figures, grad_norm, lr = self._optimizer_step()
@@ -402,7 +405,9 @@ class _Run:
                   "skipped_steps": st.skipped_steps, "elapsed_s": st.elapsed_s, "data": data_stats})
 
     def log(self, record: dict) -> None:
-        """One metrics line; non-finite numbers become null (strict JSON); a full disk warns."""
+        """One metrics line; non-finite numbers become null (strict JSON); a full disk warns. The
+        trackers of train.log_to get the record too."""
+        self.trackers.log(record)
         if self.metrics is None:
             return
         try:
