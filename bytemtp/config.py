@@ -31,6 +31,7 @@ UNEMBED_TYPES = ("shared", "replicated")
 MLP_TYPES = ("swiglu", "gelu")
 HEAD_WEIGHTS = ("uniform", "geometric")
 HEAD_SCHEDULES = ("constant", "forward", "reverse")  # how heads 2..n's weights follow training's progress
+COMPILE = ("auto", "on", "off")  # compiled training (train.compile): auto compiles where it pays
 PRECISIONS = ("auto", "bf16", "fp32")  # of training's matmuls (bf16: autocast; weights stay fp32)
 PARALLEL = ("ddp", "fsdp")  # how many processes share a model: DistributedDataParallel or FSDP2
 TRAINABLE = ("all", "draft-heads")  # what trains: the whole model, or heads 2..n only (tune-heads)
@@ -379,8 +380,10 @@ class TrainConfig:
     """Micro-batches per optimizer step."""
     memory_efficient: bool = True
     """Run the heads' forward and backward one at a time (paper Fig. 2); false uses one backward."""
-    compile: bool = False
-    """torch.compile each transformer block."""
+    compile: str | bool = "auto"
+    """Compiled training: on (torch.compile every transformer block and each head's loss), off (eager, the reference), or auto (on where it pays: a CUDA device or a run of at least 2 minutes or about 2e12 FLOP on the CPU, where a C++ compiler is at hand; true and false are on and off)."""
+    peak_flops: float = 0.0
+    """The device's peak FLOP/s, for model FLOP utilisation in the progress line and metrics (0: known GPUs' bf16 peak, else none shown)."""
     precision: str = "auto"
     """Matmuls of training and validation: bf16 (autocast; weights and optimizer state stay fp32), fp32, or auto (bf16 on CUDA and on a CPU with native bf16, AVX512-BF16 or AMX; else fp32)."""
     device: str = "auto"
@@ -433,6 +436,10 @@ class TrainConfig:
         _check(isinstance(self.init, str), "train.init", self.init, "expected a checkpoint or run path")
         _check(self.trainable in TRAINABLE, "train.trainable", self.trainable,
                f"choose {' or '.join(TRAINABLE)}")
+        if isinstance(self.compile, bool):  # an older run's config said true or false
+            object.__setattr__(self, "compile", "on" if self.compile else "off")
+        _check(self.peak_flops >= 0, "train.peak_flops", self.peak_flops, "expected FLOP/s >= 0 (0: known GPUs)")
+        _check(self.compile in COMPILE, "train.compile", self.compile, f"choose one of {', '.join(COMPILE)}")
         _check(self.precision in PRECISIONS, "train.precision", self.precision, f"choose one of {', '.join(PRECISIONS)}")
         _check(self.schedule in SCHEDULES, "train.schedule", self.schedule, f"choose one of {', '.join(SCHEDULES)}")
         _check(0.0 < self.decay_fraction <= 1.0, "train.decay_fraction", self.decay_fraction,

@@ -32,10 +32,15 @@ def bench() -> None:
               help="Untimed rounds first; they also decide how many steps a timed sample repeats.")
 @click.option("--min-sample-s", default=0.2, show_default=True, type=click.FloatRange(0),
               help="A timed sample repeats a variant's step until it lasts this long.")
+@click.option("--compile", "compile_mode", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Compiled steps as train.compile takes them (auto: compiled where torch.compile runs, as a run "
+                   "long enough to pay for it is); off: the eager reference.")
+@click.option("--peak-flops", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="The device's peak FLOP/s, for model FLOP utilisation (0: known GPUs' bf16 peak, else none).")
 @device_option()
 @json_option()
-def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, min_sample_s: float, device: str | None,
-                     json_path: str | None) -> None:
+def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, min_sample_s: float, compile_mode: str,
+                     peak_flops: float, device: str | None, json_path: str | None) -> None:
     """Next-byte vs memory-efficient vs plain multi-token training step, as `train` takes it.
 
     Says when the time ratio is too noisy to mean anything (time_ratio_noisy in the JSON)."""
@@ -50,7 +55,7 @@ def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, min_
             bar.update()
 
         res = train_step(preset, batch_size=batch_size, steps=steps, warmup=warmup, min_sample_s=min_sample_s,
-                         device=str(resolve_device(device)), progress=progress)
+                         device=str(resolve_device(device)), compile=compile_mode, peak=peak_flops, progress=progress)
     echo(report.train_step_table(res))
     write_json(json_path, res)
 

@@ -85,6 +85,7 @@ def train_header(cfg, run_dir, *, resume: bool) -> str:
     """Device, parameters, corpus and run directory; the full config goes to RUN/run-config.json."""
     import torch
 
+    from bytemtp.model.flops import step_flops
     from bytemtp.model.model import ByteMTP
     from bytemtp.runtime.devices import autocast, resolve_device
     from bytemtp.training.runs import RUN_CONFIG
@@ -93,14 +94,30 @@ def train_header(cfg, run_dir, *, resume: bool) -> str:
         model = ByteMTP(cfg.model)
     m, world = cfg.model, int(os.environ.get("WORLD_SIZE", "1"))
     device = resolve_device(cfg.train.device)
+    step_bytes = cfg.data.batch_size * m.seq_len * cfg.train.grad_accum * world
+    flops = step_flops(model, step_bytes, m.seq_len)
     rows = [("run", f"{os.path.abspath(run_dir)} ({'resumed' if resume else 'new'}; all settings in {RUN_CONFIG})"),
             ("corpus", cfg.data.path),
             ("model", model_line(m, model.num_params())),
             ("device", f"{device}" + (f" x {world} processes" if world > 1 else "") +
              (", bf16 autocast" if isinstance(autocast(device, cfg.train.precision), torch.autocast) else ", fp32")),
-            ("batch", f"{cfg.data.batch_size * m.seq_len * cfg.train.grad_accum * world:,} bytes a step"),
+            ("batch", f"{step_bytes:,} bytes a step"),
+            ("compute", compute_line(cfg.train, device, flops=flops, step_bytes=step_bytes, devices=world)),
             ("optim", optimizer_line(cfg.train))]
     return "\n".join(f"{name:8s} {value}" for name, value in rows)
+
+
+def compute_line(tc, device, *, flops: float, step_bytes: int, devices: int) -> str:
+    """Model FLOPs a step and a byte, the peak that MFU is a share of (where known), and whether
+    the step is compiled (train.compile) and why. The progress line shows bytes/s (and MFU)."""
+    from bytemtp.model.flops import peak_flops
+    from bytemtp.training.step import compile_choice
+
+    _, compiled = compile_choice(tc, device, flops_per_step=flops, bytes_per_step=step_bytes)
+    peak = peak_flops(device, tc.peak_flops)
+    mfu = (f"MFU of {devices} x {peak:.3g} FLOP/s" if peak else
+           "no MFU (a peak unknown: set train.peak_flops)")
+    return f"{flops:.3g} FLOP a step ({flops / step_bytes:,.0f} a byte), {mfu}; compile {compiled}"
 
 
 def optimizer_line(tc) -> str:
@@ -282,7 +299,8 @@ def train_step_table(res) -> str:
         rows.append(tuple(row))
     header = ("variant", "step s", "bytes/s", "peak MiB") + (("MFU",) if len(rows[0]) > 4 else ())
     spread = res.time_ratio_rounds
-    lines = [f"preset {res.preset}, batch {res.batch_size} x {res.seq_len} bytes, {res.device}; "
+    lines = [f"preset {res.preset}, batch {res.batch_size} x {res.seq_len} bytes, {res.device}, "
+             f"{'compiled' if res.compiled else 'eager'}; "
              f"{res.steps} interleaved rounds after {res.warmup} warm-up, "
              f"{res.steps_per_sample} step(s) a sample; median step",
              table(rows, header),

@@ -43,7 +43,8 @@ TRAIN_STEP = {"preset": "tiny", "device": "cpu", "batch_size": 2, "seq_len": 64,
               "mtp_plain_params": 120, "ntp_peak_mb": 10.0, "mtp_peak_mb": 12.0, "mtp_plain_peak_mb": 30.0,
               "time_ratio": 0.11 / 0.1, "time_ratio_min": 1.0, "time_ratio_median": 1.1, "time_ratio_max": 1.2,
               "time_ratio_runs": [1.0, 1.1, 1.2], "time_ratio_spread": 0.2 / 1.1, "time_ratio_noisy": False,
-              "time_ratio_note": None, "memory_ratio": 12.0 / 10.0, "plain_memory_ratio": 30.0 / 10.0}
+              "time_ratio_note": None, "memory_ratio": 12.0 / 10.0, "plain_memory_ratio": 30.0 / 10.0,
+              "compiled": True}
 LOADER = {"shard": "c/train/shard-00000.zst", "decompressed_bytes": 1000, "compressed_bytes": 400, "seq_len": 64,
           "batch_size": 8, "batches": 3, "repeats": 1, "loader_s": 2.0, "zstd_s": 0.5, "loader_mb_s": 0.0005,
           "zstd_mb_s": 0.002, "ratio": 0.25, "pair_ratios": [0.25]}

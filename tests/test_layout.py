@@ -259,3 +259,20 @@ def test_document_starts_count_from_each_rows_latest_eos():
     ids = torch.tensor([[1, EOS, 2, 3, EOS, EOS], [4, 5, 6, 7, 8, 9]])
     assert document_starts(ids, [0], [0]).tolist() == [[0, 1, 1, 1, 4, 5], [0] * 6]
     assert document_starts(ids, [10, 20], [3, 17]).tolist() == [[3, 11, 11, 11, 14, 15], [17] * 6]
+
+
+def test_bf16_attention_on_the_cpu_runs_in_float32_and_returns_bf16():
+    """The CPU's flash kernel is slow backward in bf16: low-precision queries attend in float32."""
+    import torch.nn.functional as F
+
+    from bytemtp.model.layout import Layout, attend
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 16, 8, generator=g).bfloat16().requires_grad_() for _ in range(3))
+    rope = (torch.ones(16, 4), torch.zeros(16, 4))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as training runs it
+        y = attend(q, k, v, Layout([0], 16, rope=rope, cached=False), None, None)
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True).bfloat16()
+    assert y.dtype == torch.bfloat16 and torch.equal(y, want)
+    y.sum().backward()
+    assert q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()

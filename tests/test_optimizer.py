@@ -115,3 +115,27 @@ def test_runs_with_the_new_options_resume_bit_for_bit(tmp_path, corpus_dir, sets
     wa = load_file(latest_checkpoint(whole) / "model.safetensors")
     wb = load_file(latest_checkpoint(parts) / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_batched_muon_steps_exactly_as_torchs_muon_and_shares_its_state(nesterov):
+    from bytemtp.training.optimizer import BatchedMuon
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(8, 8), (8, 24), (24, 8), (8, 8), (24, 8), (16, 8)]  # wide, tall and square, some shapes twice
+    ref_params = [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+    params = [p.detach().clone().requires_grad_() for p in ref_params]
+    settings = dict(lr=0.02, momentum=0.9, weight_decay=0.1, nesterov=nesterov)
+    ref, new = torch.optim.Muon(ref_params, **settings), BatchedMuon(params, **settings)
+    for step in range(4):
+        for i, (p, q) in enumerate(zip(ref_params, params)):
+            grad = None if (step == 1 and i == 2) else torch.randn(p.shape, generator=g)  # one without a gradient
+            p.grad, q.grad = grad, None if grad is None else grad.clone()
+        ref.step()
+        new.step()
+        for p, q in zip(ref_params, params):
+            assert torch.equal(p, q)
+    other = torch.optim.Muon([p.detach().clone().requires_grad_() for p in params], **settings)
+    other.load_state_dict(new.state_dict())  # a checkpoint of either loads into the other
+    assert all(torch.equal(other.state_dict()["state"][i]["momentum_buffer"], ref.state_dict()["state"][i]["momentum_buffer"])
+               for i in range(len(shapes)))

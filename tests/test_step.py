@@ -190,3 +190,83 @@ def test_evaluation_nats_equal_the_training_loss(head_type, tmp_path):
     nats = trained.head_nats / trained.head_count
     assert evaluated.bpb == pytest.approx((nats / math.log(2)).tolist(), rel=1e-5)
     assert evaluated.bytes == int(trained.head_count[0])
+
+
+# --- compiled training (train.compile) against its eager reference ---------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head_type,doc_mask", [("transformer", True), ("causal", False)])
+def test_the_compiled_step_gives_the_eager_steps_losses_and_gradients(head_type, doc_mask):
+    from bytemtp.training.step import compile_blocks
+
+    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=4, n_layers=6, doc_mask=doc_mask)
+    eager, compiled = ByteMTP(cfg), ByteMTP(cfg)
+    compiled.load_state_dict(eager.state_dict())
+    compile_blocks(compiled)
+    loss_cfg = C.LossConfig(teacher_weight=0.5)
+    for seed in range(2):  # the second batch runs the graphs the first compiled
+        ids = torch.randint(0, 256, (3, 24 + 4), generator=torch.Generator().manual_seed(seed))
+        ids[1, 9] = EOS
+        want = forward_backward(eager, ids, loss_cfg=loss_cfg, scale=0.5)
+        got = forward_backward(compiled, ids, loss_cfg=loss_cfg, scale=0.5, compiled=True)
+        torch.testing.assert_close(got.head_loss, want.head_loss, rtol=1e-4, atol=1e-5)
+        assert torch.equal(got.head_accuracy, want.head_accuracy)
+        assert torch.equal(got.head_agreement, want.head_agreement)
+        g_eager, g_compiled = _grads(eager), _grads(compiled)
+        assert g_eager.keys() == g_compiled.keys()
+        for name, g in g_eager.items():
+            torch.testing.assert_close(g_compiled[name], g, rtol=1e-3, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+def test_the_compiled_loss_gives_the_eager_losss_nats_greedy_ids_and_gradients():
+    from bytemtp.model.loss import IGNORE, compiled_nats_and_greedy, nats_and_greedy
+
+    logits = torch.randn(2, 50, 264, generator=torch.Generator().manual_seed(0))
+    targets = torch.randint(0, 264, (2, 50), generator=torch.Generator().manual_seed(1))
+    targets[0, :7] = IGNORE
+    results = []
+    for core in (nats_and_greedy, compiled_nats_and_greedy):
+        x = logits.clone().requires_grad_()
+        nats, greedy = core(x, targets)
+        nats.backward()
+        results.append((nats.detach(), greedy, x.grad))
+    (nats, greedy, grad), (c_nats, c_greedy, c_grad) = results
+    torch.testing.assert_close(c_nats, nats)
+    assert torch.equal(c_greedy, greedy) and torch.equal(greedy, logits.argmax(-1))
+    torch.testing.assert_close(c_grad, grad)
+
+
+def test_compile_choice_compiles_where_it_pays_and_says_why(monkeypatch):
+    from bytemtp.training import step
+
+    cpu = torch.device("cpu")
+
+    def choice(**settings):
+        return step.compile_choice(C.TrainConfig(**settings), cpu, flops_per_step=1e9, bytes_per_step=1000)
+
+    assert choice(compile="off", max_time=3600) == (False, "off (eager)")
+    assert choice(compile="on", steps=2) == (True, "on")
+    assert choice(steps=100) == (False, "auto: off (a short run: 100 steps, 1.0e+11 FLOP, under 2e+12)")
+    assert choice(steps=5000) == (True, "auto: on (5,000 steps, 5.0e+12 FLOP)")
+    assert choice(max_bytes=5_000_000) == (True, "auto: on (5,000 steps, 5.0e+12 FLOP)")
+    assert choice(max_time=540) == (True, "auto: on (a time budget of 540 s)")
+    assert choice(max_time=30) == (False, "auto: off (a short run: 0 steps, 0.0e+00 FLOP, under 2e+12)")
+    assert choice() == (True, "auto: on (no step limit)")
+    monkeypatch.setattr("shutil.which", lambda name: None)  # no C++ compiler for inductor
+    assert choice(max_time=540) == (False, "auto: off (no C++ compiler (g++ or clang++) for inductor)")
+    with pytest.raises(ValueError, match=r"^train.compile=on cannot compile here: no C\+\+ compiler"):
+        choice(compile="on")
+
+
+def test_train_compile_takes_auto_on_off_and_an_older_runs_true_or_false():
+    from bytemtp import config_io
+
+    assert C.TrainConfig().compile == "auto"
+    data = config_io.to_dict(C.Config())
+    for old, new in ((True, "on"), (False, "off")):
+        data["train"]["compile"] = old
+        assert config_io.from_dict(C.Config, data).train.compile == new
+    with pytest.raises(ValueError, match=r"train.compile='yes' is not allowed; choose one of auto, on, off"):
+        config_io.resolve("tiny", overrides=["train.compile=yes"])

@@ -117,10 +117,12 @@ def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, log: Path, timeou
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_equals_uninterrupted_run_bit_for_bit(tmp_path, corpus_dir):
+@pytest.mark.parametrize("compiled", ["off", "on"])
+def test_resume_after_sigkill_equals_uninterrupted_run_bit_for_bit(tmp_path, corpus_dir, compiled):
     steps = 80
     run_a, run_b = tmp_path / "a", tmp_path / "b"
-    sets = ("train.ckpt_every=10", "model.dropout=0.1")  # dropout: the RNG state must resume too
+    # dropout: the RNG state must resume too; compiled training (train.compile=on) resumes exactly as well
+    sets = ("train.ckpt_every=10", "model.dropout=0.1", f"train.compile={compiled}")
     run_cli(new_run_args(corpus_dir, run_a, steps, *sets), tmp_path / "a.log")
 
     # killed once its first checkpoint is saved and a step after it is logged (a step that the

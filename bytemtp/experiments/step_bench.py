@@ -27,6 +27,7 @@ what `bench train-step --json` writes, key for key and in order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -38,10 +39,10 @@ import time
 import torch
 
 from bytemtp.config import preset
-from bytemtp.model.flops import peak_gpu_flops, step_flops
+from bytemtp.model.flops import peak_flops, step_flops, utilisation
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.devices import autocast, synchronize
-from bytemtp.training.step import forward_backward, plain_forward_backward
+from bytemtp.training.step import compile_blocks, compiler_missing, forward_backward, plain_forward_backward
 from bytemtp.training.optimizer import build_optimizer
 from bytemtp.vocab import EOS
 
@@ -97,6 +98,7 @@ class TrainStepResult:
     steps_per_sample: int  # steps a timed sample repeats
     variants: dict[str, VariantStep]  # by TRAIN_STEP_VARIANTS name, in its order
     time_ratio_rounds: RatioSpread  # the memory-efficient 8-head step over the next-byte one, round by round
+    compiled: bool = False  # whether the steps ran compiled (train.compile)
 
     @property
     def time_ratio(self) -> float:
@@ -121,7 +123,7 @@ class TrainStepResult:
         out.update({f"{name}_peak_mb": v.peak_mb for name, v in self.variants.items()})
         out["time_ratio"] = self.time_ratio
         out.update({f"time_ratio_{key}": value for key, value in self.time_ratio_rounds.to_json().items()})
-        out.update(memory_ratio=self.memory_ratio, plain_memory_ratio=self.plain_memory_ratio)
+        out.update(memory_ratio=self.memory_ratio, plain_memory_ratio=self.plain_memory_ratio, compiled=self.compiled)
         return out
 
     @classmethod
@@ -131,7 +133,7 @@ class TrainStepResult:
                                    peak_mb=data[f"{n}_peak_mb"], mfu=data.get(f"{n}_mfu")) for n in names}
         rounds = {f.name: data[f"time_ratio_{f.name}"] for f in dataclasses.fields(RatioSpread)}
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)[:7]}, variants=variants,
-                   time_ratio_rounds=RatioSpread.from_json(rounds))
+                   time_ratio_rounds=RatioSpread.from_json(rounds), compiled=data.get("compiled", False))
 
 
 def _memory_kib(field: str) -> int:
@@ -145,7 +147,7 @@ def _memory_kib(field: str) -> int:
 class _Variant:
     """One parameter-matched variant of a preset, ready to step."""
 
-    def __init__(self, preset_name: str, variant: str, *, batch_size: int, device: torch.device):
+    def __init__(self, preset_name: str, variant: str, *, batch_size: int, device: torch.device, compiled: bool):
         n_future, efficient = TRAIN_STEP_VARIANTS[variant]
         base = preset(preset_name)
         self.cfg = cfg = dataclasses.replace(base.model, n_future=n_future)
@@ -157,7 +159,9 @@ class _Variant:
         ids = torch.randint(0, 256, (batch_size, cfg.seq_len + cfg.n_future), generator=gen)
         ids[:, ::97] = EOS  # a few document ends, as in packed data
         self.ids = ids.to(device)
-        self.step_fn = forward_backward if efficient else plain_forward_backward
+        self.step_fn = functools.partial(forward_backward if efficient else plain_forward_backward, compiled=compiled)
+        if compiled:
+            compile_blocks(self.model)
         self.device, self.precision = device, base.train.precision
         self.bytes_per_step = batch_size * cfg.seq_len
 
@@ -173,13 +177,13 @@ class _Variant:
         synchronize(self.device)
 
 
-def peak_memory_mb(preset_name: str, variant: str, *, batch_size: int, device: str) -> float:
+def peak_memory_mb(preset_name: str, variant: str, *, batch_size: int, device: str, compiled: bool = False) -> float:
     """Peak memory of building one variant and taking two steps (run in a fresh process)."""
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     base_kib = _memory_kib("VmRSS") if dev.type == "cpu" else 0
-    v = _Variant(preset_name, variant, batch_size=batch_size, device=dev)
+    v = _Variant(preset_name, variant, batch_size=batch_size, device=dev, compiled=compiled)
     for _ in range(2):
         v.step()
     v.sync()
@@ -249,25 +253,32 @@ def ratio_spread(ratios: list[float]) -> RatioSpread:
 
 
 def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 6, warmup: int = 2,
-               min_sample_s: float = 0.2, device: str | None = None, progress=None) -> TrainStepResult:
+               min_sample_s: float = 0.2, device: str | None = None, compile: str = "auto", peak: float = 0.0,
+               progress=None) -> TrainStepResult:
     """Time the three variants in `steps` interleaved rounds after `warmup` rounds (the module doc
     says how), then measure each one's peak memory in a fresh subprocess; report the ratios and the
-    spread of the time ratio."""
+    spread of the time ratio. `compile` as train.compile (auto: compiled where torch.compile runs,
+    as a run long enough to pay for it is); `peak` the device's FLOP/s for MFU (0: known GPUs)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
-    variants = {name: _Variant(preset_name, name, batch_size=batch_size, device=dev)
+    missing = compiler_missing(dev)
+    if compile == "on" and missing:
+        raise ValueError(f"--compile on cannot compile here: {missing}")
+    compiled = compile == "on" or (compile == "auto" and missing is None)
+    variants = {name: _Variant(preset_name, name, batch_size=batch_size, device=dev, compiled=compiled)
                 for name in TRAIN_STEP_VARIANTS}
     times, repeats = _timed_rounds(variants, rounds=steps, warmup=warmup, min_sample_s=min_sample_s,
                                    progress=progress)
-    seq_len, peak_flops, timed = variants["ntp"].cfg.seq_len, peak_gpu_flops(dev), {}
+    seq_len, peak, timed = variants["ntp"].cfg.seq_len, peak_flops(dev, peak), {}
     for name, v in variants.items():
         step_s = statistics.median(times[name])
-        mfu = step_flops(v.model, v.bytes_per_step, v.cfg.seq_len) / step_s / peak_flops if peak_flops else None
+        mfu = utilisation(step_flops(v.model, v.bytes_per_step, v.cfg.seq_len), step_s, peak)
         timed[name] = (step_s, v.bytes_per_step / step_s, v.model.num_params(), mfu)
     del variants
     steps_of = {}
     for name in TRAIN_STEP_VARIANTS:
-        args = {"preset_name": preset_name, "variant": name, "batch_size": batch_size, "device": device}
+        args = {"preset_name": preset_name, "variant": name, "batch_size": batch_size, "device": device,
+                "compiled": compiled}
         step_s, bytes_s, params, mfu = timed[name]
         steps_of[name] = VariantStep(step_s=step_s, bytes_s=bytes_s, params=params, mfu=mfu,
                                      peak_mb=_peak_memory_in_subprocess(args))
@@ -275,7 +286,8 @@ def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 
             progress(f"memory {name}")
     return TrainStepResult(preset=preset_name, device=device, batch_size=batch_size, seq_len=seq_len, steps=steps,
                            warmup=warmup, steps_per_sample=repeats, variants=steps_of,
-                           time_ratio_rounds=ratio_spread([m / n for m, n in zip(times["mtp"], times["ntp"])]))
+                           time_ratio_rounds=ratio_spread([m / n for m, n in zip(times["mtp"], times["ntp"])]),
+                           compiled=compiled)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Model FLOPs of a training step and the peak of the GPU it runs on: model FLOP utilisation."""
+"""Model FLOPs of a training step, the peak of the device it runs on, and model FLOP utilisation (MFU)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,19 @@ def step_flops(model: ByteMTP, tokens: int, seq_len: int) -> float:
     return tokens * (6 * weights + attention)
 
 
-def peak_gpu_flops(device: torch.device) -> float | None:
-    """The dense bf16 peak of the GPU behind `device`, when it is one we know."""
+def peak_flops(device: torch.device, configured: float = 0.0) -> float | None:
+    """The peak FLOP/s that model FLOP utilisation is a share of: `configured` (train.peak_flops)
+    when set, else the dense bf16 peak of the GPU behind `device` when it is one we know; None
+    otherwise (a CPU's peak depends on its cores, clock and vector units: state it to see MFU)."""
+    if configured:
+        return configured
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
+def utilisation(flops_per_step: float, step_s: float, peak: float | None, *, devices: int = 1) -> float | None:
+    """Model FLOP utilisation of a step: its model FLOPs a second over the peak of `devices`
+    devices (None where the peak is not known)."""
+    return flops_per_step / step_s / (peak * devices) if peak and step_s > 0 else None

@@ -43,9 +43,9 @@ import torch
 from bytemtp.config import LossConfig
 from bytemtp.model.draft import forced_logits
 from bytemtp.model.layout import Layout, build_layout
-from bytemtp.model.loss import (HeadLoss, LossOutput, Teacher, future_targets, head_loss, mtp_loss, reference,
-                                summarize, total_of)
-from bytemtp.model.model import ByteMTP
+from bytemtp.model.loss import (HeadLoss, LossOutput, Teacher, compiled_nats_and_greedy, future_targets, head_loss,
+                                mtp_loss, nats_and_greedy, reference, summarize, total_of)
+from bytemtp.model.model import Block, ByteMTP
 from bytemtp.runtime.devices import rng_state, set_rng_state
 
 
@@ -58,6 +58,62 @@ def _targets(model: ByteMTP, ids_BW: torch.Tensor, loss_cfg: LossConfig) -> tupl
 def teacher_of(loss_cfg: LossConfig) -> Teacher:
     return Teacher(weight=loss_cfg.teacher_weight, temperature=loss_cfg.teacher_temperature,
                    data_weight=loss_cfg.draft_data_weight, divergence=loss_cfg.teacher_divergence)
+
+
+def _core(compiled: bool):
+    """What each head's loss computes its cross-entropy and greedy ids with: eager, or compiled."""
+    return compiled_nats_and_greedy if compiled else nats_and_greedy
+
+
+# train.compile=auto compiles a run expected to last at least this long (a time budget, or no limit)
+# or to do at least this much arithmetic: compiling costs 5-15 s on two CPU cores (less from
+# inductor's disk cache) and tens of seconds on a GPU, and saves a quarter of a CPU step
+AUTO_COMPILE_S = 120.0
+AUTO_COMPILE_FLOPS = {"cpu": 2e12, "cuda": 1e16}
+
+
+def compiler_missing(device: torch.device) -> str | None:
+    """Why torch.compile cannot train on `device` here (None: it can): inductor needs a C++
+    compiler for the CPU."""
+    import shutil
+
+    if not torch._dynamo.is_dynamo_supported():
+        return "torch.compile does not run on this Python"
+    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        return "no C++ compiler (g++ or clang++) for inductor"
+    return None
+
+
+def compile_choice(tc, device: torch.device, *, flops_per_step: float, bytes_per_step: int) -> tuple[bool, str]:
+    """Whether a run of settings `tc` (train.compile, its limits) trains compiled on `device`,
+    and why, in words for the run's header. `on` where torch.compile cannot run is a ValueError."""
+    if tc.compile == "off":
+        return False, "off (eager)"
+    missing = compiler_missing(device)
+    if tc.compile == "on":
+        if missing:
+            raise ValueError(f"train.compile=on cannot compile here: {missing}; set train.compile=off or auto")
+        return True, "on"
+    if missing:
+        return False, f"auto: off ({missing})"
+    if device.type not in AUTO_COMPILE_FLOPS:
+        return False, f"auto: off (not on {device.type})"
+    steps = tc.steps or (-(-tc.max_bytes // bytes_per_step) if tc.max_bytes else 0)
+    if tc.max_time >= AUTO_COMPILE_S or not (steps or tc.max_time):
+        return True, "auto: on (" + (f"a time budget of {tc.max_time:g} s" if tc.max_time else "no step limit") + ")"
+    work, least = steps * flops_per_step, AUTO_COMPILE_FLOPS[device.type]
+    if work >= least:
+        return True, f"auto: on ({steps:,} steps, {work:.1e} FLOP)"
+    return False, f"auto: off (a short run: {steps:,} steps, {work:.1e} FLOP, under {least:.0e})"
+
+
+def compile_blocks(model: ByteMTP) -> None:
+    """Compiled training (train.compile): every transformer block of the trunk and the heads
+    through torch.compile (one graph serves every block of a shape; inductor's disk cache keeps
+    it between runs). The step functions take `compiled=True` to compile each head's loss too."""
+    for module in model.modules():
+        if isinstance(module, Block):
+            module.compile()
 
 
 def _detached(h: HeadLoss) -> HeadLoss:
@@ -106,16 +162,16 @@ def _skipped(k: int, device: torch.device) -> HeadLoss:
 
 
 def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig,
-                     scale: float = 1.0, weights: list[float] | None = None) -> LossOutput:
+                     scale: float = 1.0, weights: list[float] | None = None, compiled: bool = False) -> LossOutput:
     """Memory-efficient multi-head forward and backward (paper Fig. 2)."""
     targets_BTK, T = _targets(model, ids_BW, loss_cfg)
-    weights, teacher = _weights(model, loss_cfg, weights), teacher_of(loss_cfg)
+    weights, teacher, core = _weights(model, loss_cfg, weights), teacher_of(loss_cfg), _core(compiled)
     ids_BT = ids_BW[:, :T]
     layout = build_layout(model, ids_BT)
     z_BTD = model(ids_BT, layout=layout)
     z_leaf = z_BTD.detach().requires_grad_(z_BTD.requires_grad)
     if model.config.head.chained:
-        heads = _causal_heads_backward(model, z_leaf, targets_BTK, weights, teacher, scale, layout=layout)
+        heads = _causal_heads_backward(model, z_leaf, targets_BTK, weights, teacher, scale, layout=layout, core=core)
     else:
         skip = skipped_heads(model, weights)
         heads, ref = {}, None
@@ -123,7 +179,7 @@ def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConf
         for k, h_BTD in model.head_states(z_leaf, layout=layout, skip=skip):
             logits_BTV = model.head_logits(k, h_BTD)
             ref = ref or reference(logits_BTV, teacher)
-            h = head_loss(logits_BTV, targets_BTK[:, :, k], k=k, ref=ref, teacher=teacher)
+            h = head_loss(logits_BTV, targets_BTK[:, :, k], k=k, ref=ref, teacher=teacher, core=core)
             _backward([h.trained * (weights[k] * scale)], [None])
             heads[k] = _detached(h)
         heads = [heads[k] if k in heads else _skipped(k, z_leaf.device) for k in range(len(weights))]
@@ -134,7 +190,7 @@ def forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConf
 
 def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: torch.Tensor,
                            weights: list[float], teacher: Teacher, scale: float, *,
-                           layout: Layout) -> list[HeadLoss]:
+                           layout: Layout, core=nats_and_greedy) -> list[HeadLoss]:
     device = z_leaf.device
     runs = min(skipped_heads(model, weights), default=len(weights))  # the heads after the last with weight are skipped
     states, rng = [], [rng_state(device)]  # rng[k]: the state before head k runs
@@ -150,7 +206,7 @@ def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: to
         set_rng_state(rng[k], device)
         x_BTD = z_leaf if k == 0 else states[k - 1].requires_grad_()
         h_BTD = model.head_state(k, model.head_input(k, z_leaf, x_BTD), layout=layout)
-        h = head_loss(model.head_logits(k, h_BTD), targets_BTK[:, :, k], k=k, ref=ref, teacher=teacher)
+        h = head_loss(model.head_logits(k, h_BTD), targets_BTK[:, :, k], k=k, ref=ref, teacher=teacher, core=core)
         outputs, grads = [h.trained * (weights[k] * scale)], [None]
         if grad_out is not None:
             outputs.append(h_BTD)
@@ -164,13 +220,13 @@ def _causal_heads_backward(model: ByteMTP, z_leaf: torch.Tensor, targets_BTK: to
 
 
 def plain_forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig,
-                           scale: float = 1.0, weights: list[float] | None = None) -> LossOutput:
+                           scale: float = 1.0, weights: list[float] | None = None, compiled: bool = False) -> LossOutput:
     """All heads in one graph and one backward: the reference (and the memory-hungry path)."""
     targets_BTK, T = _targets(model, ids_BW, loss_cfg)
     ids_BT = ids_BW[:, :T]
     logits_BTKV = model.logits(ids_BT, layout=build_layout(model, ids_BT))
     weights = _weights(model, loss_cfg, weights)
-    out = mtp_loss(logits_BTKV, targets_BTK, weights, teacher_of(loss_cfg))
+    out = mtp_loss(logits_BTKV, targets_BTK, weights, teacher_of(loss_cfg), core=_core(compiled))
     if out.total.requires_grad:
         (out.total * scale).backward()
         _release(model, skipped_heads(model, weights))
@@ -179,7 +235,7 @@ def plain_forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: Lo
 
 
 def draft_forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: LossConfig,
-                           scale: float = 1.0, weights: list[float] | None = None) -> LossOutput:
+                           scale: float = 1.0, weights: list[float] | None = None, compiled: bool = False) -> LossOutput:
     """Forward and backward of a model's draft heads (`model.draft`, `bytemtp.model.draft`), the
     trunk and head 1 frozen: head 1's loss is reported, and draft depth d learns the byte d + 1
     ahead as training head d + 1 would, from the data and from head 1 as teacher. The draft heads
@@ -191,8 +247,9 @@ def draft_forward_backward(model: ByteMTP, ids_BW: torch.Tensor, *, loss_cfg: Lo
         z_BTD = model(ids_BW[:, :T], layout=layout)
     first_BTV, drafts_BTKV = forced_logits(model, ids_BW, T, layout=layout, z_BTD=z_BTD)
     ref = reference(first_BTV, teacher)
-    heads = [head_loss(first_BTV.detach(), targets_BTK[:, :, 0], ref=ref)]
-    heads += [head_loss(drafts_BTKV[:, :, d - 1], targets_BTK[:, :, d], k=d, ref=ref, teacher=teacher)
+    core = _core(compiled)
+    heads = [head_loss(first_BTV.detach(), targets_BTK[:, :, 0], ref=ref, core=core)]
+    heads += [head_loss(drafts_BTKV[:, :, d - 1], targets_BTK[:, :, d], k=d, ref=ref, teacher=teacher, core=core)
               for d in range(1, model.config.n_future)]
     drafted = sum(w * h.trained for w, h in zip(weights[1:], heads[1:]))
     _backward([drafted * scale], [None])

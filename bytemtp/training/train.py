@@ -55,6 +55,7 @@ torchrun then stops the job.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import re
@@ -71,9 +72,9 @@ from bytemtp.data import shards
 from bytemtp.data.loader import ByteLoader, combine_stats
 from bytemtp.vocab import check_vocab_size, load_vocabulary
 from bytemtp.evaluation.evaluate import evaluate, has_splits
-from bytemtp.model.flops import peak_gpu_flops, step_flops
+from bytemtp.model.flops import peak_flops, step_flops, utilisation
 from bytemtp.model.loss import LN2
-from bytemtp.model.model import Block, ByteMTP
+from bytemtp.model.model import ByteMTP
 from bytemtp.runtime import distributed as dist_lib
 from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, load_optimizer_state, load_weights,
                                         read_train_state, save_checkpoint)
@@ -83,7 +84,8 @@ from bytemtp.training.optimizer import build_optimizer, set_lr, set_trainable, s
 from bytemtp.training.rollout import greedy_rollout
 from bytemtp.training.runs import METRICS, RunPlan, RunResult
 from bytemtp.training.schedule import TimeFit, head_weights, lr_scale, schedule_horizon
-from bytemtp.training.step import draft_forward_backward, forward_backward, plain_forward_backward
+from bytemtp.training.step import (compile_blocks, compile_choice, draft_forward_backward, forward_backward,
+                                   plain_forward_backward)
 from bytemtp.training.train_state import TrainState
 
 
@@ -187,16 +189,17 @@ class _Run:
         set_trainable(self.model, tc.trainable)
         self.wrapped = dist_lib.wrap_model(self.model, d, tc.parallel)
         self.optimizer = build_optimizer(self.model, tc, self.device)
-        if tc.compile:
-            for module in self.model.modules():
-                if isinstance(module, Block):
-                    module.compile()
-        self.step_fn = (draft_forward_backward if self.model.drafter is not None else
-                        forward_backward if tc.memory_efficient else plain_forward_backward)
         self.autocast = autocast(self.device, tc.precision)
         self.bytes_per_step = cfg.data.batch_size * mc.seq_len * tc.grad_accum * d.world_size
         self.flops_per_step = step_flops(self.model, self.bytes_per_step, mc.seq_len)  # the model's, all ranks
-        self.peak_flops = peak_gpu_flops(self.device)
+        self.peak_flops = peak_flops(self.device, tc.peak_flops)
+        self.compiled, _ = compile_choice(tc, self.device, flops_per_step=self.flops_per_step,
+                                          bytes_per_step=self.bytes_per_step)
+        if self.compiled:
+            compile_blocks(self.model)
+        self.step_fn = functools.partial(draft_forward_backward if self.model.drafter is not None else
+                                         forward_backward if tc.memory_efficient else plain_forward_backward,
+                                         compiled=self.compiled)
         self.last_saved = self.last_val = -1
         if checkpoint is not None:
             self.restore(checkpoint)
@@ -377,6 +380,8 @@ class _Run:
         logged), or, where head 1 is frozen, how often head 2 agrees with it."""
         unit = "B" if self.model.vocab.is_bytes else "tokens"  # a BPE baseline counts its positions in tokens
         speed = f"{self.bytes_per_step / step_s:,.0f} {unit}/s"
+        mfu = utilisation(self.flops_per_step, step_s, self.peak_flops, devices=self.d.world_size)
+        speed += f" MFU {100 * mfu:.1f}%" if mfu is not None else ""
         if self.cfg.train.trainable == "draft-heads" and figures.head_agreement is not None:
             return f"head 2 agrees with head 1 {figures.head_agreement[1].item():.3f} {speed}"
         nats = figures.head_loss[0].item()
@@ -388,10 +393,11 @@ class _Run:
         st, device = self.state, self.device
         data_stats = combine_stats(dist_lib.gather(self.loader.stats(), self.d))
         gpu = {}
-        if device.type == "cuda":  # model FLOP utilisation of all ranks' GPUs; this rank's memory
+        if device.type == "cuda":  # this rank's memory
             gpu["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
-            if self.peak_flops:
-                gpu["mfu"] = self.flops_per_step / step_s / (self.peak_flops * self.d.world_size)
+        mfu = utilisation(self.flops_per_step, step_s, self.peak_flops, devices=self.d.world_size)  # all ranks'
+        if mfu is not None:
+            gpu["mfu"] = mfu
         heads = {"head_agree": figures.head_agreement.tolist()} if figures.head_agreement is not None else {}
         if figures.head_kl is not None and self.cfg.loss.teacher_weight:
             heads["head_teacher_kl"] = figures.head_kl.tolist()
