@@ -13,8 +13,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu
 # 1. the gpu-marked tests: fast paths in bf16, stacked heads, batched decoding with a CUDA generator
 python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/tests.log"
 
-# 2. training step: time and peak memory, next-byte vs 8 heads (memory-efficient and plain)
-$B bench train-step --preset small --device cuda --json "$OUT/train-step.json" 2>&1 | tee "$OUT/train-step.log"
+# 2. training step: time, bytes/s, MFU and peak memory, next-byte vs 8 heads (memory-efficient and
+#    plain), compiled (train.compile's default on a GPU) and eager, for small and base (issue 45)
+for c in on off; do
+  for p in small base; do
+    $B bench train-step --preset $p --device cuda --compile $c --json "$OUT/train-step-$p-$c.json" 2>&1 | \
+      tee "$OUT/train-step-$p-$c.log"
+  done
+done
 
 # 3. the default corpus, a small model trained on it, and the decode benchmark in bf16 at batch 1 and 16
 STDLIB=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')

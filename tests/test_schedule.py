@@ -107,10 +107,16 @@ def test_time_fit_measures_then_answers_the_steps_the_time_left_buys():
 def test_time_fit_uses_the_median_counts_validation_and_keeps_under_a_step_limit():
     cfg = TrainConfig(max_time=1000.0, eval_every=10, eval_batches=6)  # validation: 6/30 = 20% more
     fit = TimeFit(cfg, limit=0, validates=True)
-    times = [1.0] * 3 + [1.5] * 12 + [40.0]  # a slow step (a validation) does not move the median
+    times = [1.0] * 3 + [1.5] * 12 + [2.0]  # the first steps are skipped; the median is the rate
     answers = [fit.observe(t, step=i, session_s=100.0) for i, t in enumerate(times, 1)]
     assert answers[:-1] == [None] * 15  # 2% of the budget is 20 s of measured steps
     assert answers[-1] == 16 + int(900 * (1 - schedule.MARGIN) / (1.5 * (1 + 6 / 30)))
+    # a slow step (a validation) does not move the median, but what it took is counted, spread
+    # over the steps measured, where it is more than validation's share on paper
+    slow = TimeFit(cfg, limit=0, validates=True)
+    times = [1.0] * 3 + [1.5] * 12 + [40.0]
+    answers = [slow.observe(t, step=i, session_s=100.0) for i, t in enumerate(times, 1)]
+    assert answers[-1] == 16 + int(900 * (1 - schedule.MARGIN) / (1.5 + (40.0 - 1.5) / 13))
     limited = TimeFit(cfg, limit=50, validates=False)
     got = [limited.observe(t, step=i, session_s=100.0) for i, t in enumerate(times, 1)]
     assert got[-1] == 50

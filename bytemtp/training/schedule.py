@@ -37,6 +37,7 @@ RECENT_STEPS = 200  # the rate is the median of the latest steps measured (the m
 # The fitted schedule aims to end this much before the time does: step times wander (a shared
 # machine, a slower validation), and a schedule cut off before its end is what the fit is for.
 MARGIN = 0.05
+OUTLIER = 3.0  # a step this many times the typical one also validated, saved or compiled
 
 
 def schedule_horizon(cfg: TrainConfig, bytes_per_step: int) -> int:
@@ -78,9 +79,11 @@ class TimeFit:
     first minutes misleads it less).
 
     The rate is the median of the latest RECENT_STEPS step times (a step that validated, saved
-    or compiled is an outlier), raised by the share that validation takes (train.eval_batches
+    or compiled is an outlier), raised by what those outliers added, spread over every step
+    measured, or, where more, by the share that validation takes on paper (train.eval_batches
     forward passes every train.eval_every steps, a forward pass counted as a third of a step)
-    when the run validates. The horizon is the steps taken plus those the time left buys at that
+    when the run validates. The measured share matters where steps get cheaper as a run goes (the
+    reverse head schedule's faded heads skip their work; validation still runs every head). The horizon is the steps taken plus those the time left buys at that
     rate, less MARGIN, and no more than a step or bytes limit allows."""
 
     def __init__(self, cfg: TrainConfig, *, limit: int, validates: bool):
@@ -96,7 +99,12 @@ class TimeFit:
         measured = self.times[SKIP_STEPS:]
         if len(measured) < MEASURE_STEPS or sum(measured) < MEASURE_SHARE * self.cfg.max_time:
             return None
-        per_step = statistics.median(measured[-RECENT_STEPS:]) * (1 + self.overhead)
+        typical = statistics.median(measured[-RECENT_STEPS:])
+        # what validations, saves and recompiles really added, spread over every step measured (a
+        # step over OUTLIER times the typical one held one): more than the model of validation
+        # where the heads' fade made a step cheaper than the validation's passes over every head
+        extra = sum(t - typical for t in measured if t > OUTLIER * typical) / len(measured)
+        per_step = max(typical * (1 + self.overhead), typical + extra)
         left = max(0.0, self.cfg.max_time - session_s) * (1 - MARGIN)
         horizon = step + max(1, int(left / per_step))
         horizon = min(horizon, self.limit) if self.limit else horizon
