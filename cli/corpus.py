@@ -120,7 +120,8 @@ def verify_cmd(corpus: str, field: str) -> None:
     Loading a corpus already checks the shards' sizes and indexes (cheap: nothing is decoded);
     this reads everything. Any other corpus (files, folders, globs: JSONL, Parquet, Arrow, ...) is
     read document by document through its files' readers: one line with what they hold, or the one
-    line naming the file (and row group) that cannot be read.
+    line naming the file (and row group) that cannot be read. A prepared corpus whose manifest.json
+    is gone is refused: there is no record left to check its shards against.
     """
     import os
 
@@ -132,6 +133,7 @@ def verify_cmd(corpus: str, field: str) -> None:
     try:
         prepared = (shards.corpus_dir(corpus) / shards.MANIFEST).is_file()
         if not prepared and (os.path.exists(corpus) or any(c in corpus for c in "*?[")):
+            integrity.refuse_lost_manifest(corpus)
             info = describe(corpus, field=field)
             skipped = ", ".join(f"{reason} {n:,}" for reason, n in info["skipped"].items() if n) or "none"
             click.echo(f"OK {corpus}: {info['documents']:,} documents ({info['bytes']:,} bytes) in {info['files']} "

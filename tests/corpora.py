@@ -112,3 +112,22 @@ def write_table(path, docs, *, groups, column_type="string", fmt=None, compressi
             writer.write_batch(pa.record_batch([table.column(0).combine_chunks(), table.column(1).combine_chunks()],
                                                schema=schema))
         writer.close()
+
+
+def stream_cut_after_first_batch(path, docs, *, groups, legacy=False) -> bytes:
+    """Write docs as an Arrow IPC stream (one string column "text") in batches of `groups` rows to
+    path, closed; return the bytes the file held right after its first batch: what a writer killed
+    there leaves (no end-of-stream marker). `legacy`: the format of Arrow before 0.15."""
+    import pyarrow as pa
+
+    schema = pa.schema([("text", pa.string())])
+    cut, at = None, 0
+    with open(path, "wb") as f:
+        writer = pa.ipc.new_stream(f, schema, options=pa.ipc.IpcWriteOptions(use_legacy_format=legacy))
+        for size in groups:
+            writer.write_batch(pa.record_batch([pa.array(docs[at:at + size], pa.string())], schema=schema))
+            at += size
+            f.flush()
+            cut = path.read_bytes() if cut is None else cut
+        writer.close()
+    return cut

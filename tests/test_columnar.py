@@ -12,7 +12,7 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
-from corpora import jsonl, write_table  # noqa: E402
+from corpora import jsonl, stream_cut_after_first_batch, write_table  # noqa: E402
 
 from bytemtp.data import loader as L  # noqa: E402
 from bytemtp.data.columnar import ArrowFile, ParquetFile, TablePos, _column  # noqa: E402
@@ -269,3 +269,32 @@ def test_without_pyarrow_reading_a_table_says_how_to_get_it(tmp_path, monkeypatc
     reader = reader_for(tmp_path / "a.parquet")  # the dispatch needs no pyarrow
     with pytest.raises(CorpusError, match=r"^reading .*a\.parquet needs pyarrow: pip install 'bytemtp\[parquet\]'$"):
         list(reader.documents())
+
+
+def test_an_arrow_stream_cut_between_batches_is_refused_not_read_short(tmp_path):
+    docs = [f"row {i} " * 20 for i in range(30)]
+    whole = tmp_path / "whole.arrow"
+    cut = stream_cut_after_first_batch(whole, docs, groups=[10, 10, 10])
+    assert list(reader_for(whole).documents()) == _bytes(docs)  # closed: read whole
+    (tmp_path / "cut.arrow").write_bytes(cut)
+    message = (rf"^{tmp_path / 'cut.arrow'} ends without the Arrow end-of-stream marker after 1 record batch\(es\): "
+               r"the writer was cut off\? .*write the file again")
+    with pytest.raises(CorpusError, match=message):
+        list(reader_for(tmp_path / "cut.arrow").documents())
+    with pytest.raises(CorpusError, match=message):  # the loader's read, from the start and resumed
+        list(reader_for(tmp_path / "cut.arrow").share(TablePos(0, 0), record=0, share=Share(0, 1, chunk=100, ahead=1)))
+    with pytest.raises(CorpusError, match=message):
+        list(reader_for(tmp_path / "cut.arrow").share(TablePos(1, 0), record=10, share=Share(0, 1, chunk=100, ahead=0)))
+    with pytest.raises(CorpusError, match=message):
+        prepare([tmp_path / "cut.arrow"], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    # a stream of the first Arrow versions ends with 4 zero bytes: closed too
+    old = tmp_path / "old" / "legacy.arrow"
+    old.parent.mkdir()
+    stream_cut_after_first_batch(old, docs, groups=[15, 15], legacy=True)
+    assert old.read_bytes()[-4:] == bytes(4) and list(reader_for(old).documents()) == _bytes(docs)
+    # the file format ends with a footer and its magic: a cut one does not open
+    write_table(tmp_path / "file.arrow", docs, groups=[10, 20], fmt="file")
+    (tmp_path / "cut-file.arrow").write_bytes((tmp_path / "file.arrow").read_bytes()[:-40])
+    with pytest.raises(CorpusError, match=r"cut-file\.arrow is not a readable Arrow IPC file, damaged or cut short"):
+        list(reader_for(tmp_path / "cut-file.arrow").documents())

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from corpora import write_table
+from corpora import stream_cut_after_first_batch, write_table
 
 from bytemtp import config as C
 from bytemtp.data.prep import prepare
@@ -63,6 +63,34 @@ def test_verify_says_when_the_manifest_predates_the_record(tmp_path):
     assert "predates per-shard records" in res.stdout and "prepare it again to record them" in res.stdout
     info = run("corpus-info", tmp_path / "out")
     assert "integrity: no per-shard record" in info.stdout
+
+
+def test_verify_refuses_a_prepared_corpus_whose_manifest_is_gone(tmp_path):
+    prepare([_texts(tmp_path / "src", 10)], tmp_path / "out", val_fraction=0.2)
+    (tmp_path / "out" / "manifest.json").unlink()
+    for given in (tmp_path / "out", tmp_path / "out" / "train", f"{tmp_path / 'out'}/*/*.zst"):
+        line = _error_line(run("verify", given))
+        assert line.startswith(f"Error: {tmp_path / 'out'} has no manifest.json but holds a prepared corpus's shards")
+        assert "its record of the content is missing" in line and line.endswith("restore the manifest")
+    res = run("verify", tmp_path / "src")  # files that were never prepared are read through their readers
+    assert res.exit_code == 0 and res.stdout.startswith(f"OK {tmp_path / 'src'}: 10 documents"), res.output
+
+
+def test_an_arrow_stream_cut_between_batches_is_one_line_from_prep_verify_and_corpus_info(tmp_path):
+    pytest.importorskip("pyarrow")
+    docs = [f"row {i} " * 20 for i in range(30)]
+    cut = stream_cut_after_first_batch(tmp_path / "whole.arrow", docs, groups=[10, 10, 10])
+    (tmp_path / "cut.arrow").write_bytes(cut)
+    expected = (f"Error: {tmp_path / 'cut.arrow'} ends without the Arrow end-of-stream marker after 1 record "
+                "batch(es): the writer was cut off?")
+    for args in (("prep", tmp_path / "cut.arrow", "--out", tmp_path / "out"), ("verify", tmp_path / "cut.arrow"),
+                 ("corpus-info", tmp_path / "cut.arrow")):
+        assert _error_line(run(*args)).startswith(expected), args
+    assert not (tmp_path / "out").exists()
+    res = run("prep", tmp_path / "whole.arrow", "--out", tmp_path / "out", "--val-fraction", "0.2")
+    assert res.exit_code == 0, res.output
+    res = run("verify", tmp_path / "whole.arrow")
+    assert res.exit_code == 0 and res.stdout.startswith(f"OK {tmp_path / 'whole.arrow'}: 30 documents"), res.output
 
 
 def test_prep_warns_on_stderr_when_val_is_empty(tmp_path):

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from corpora import jsonl, make_sources, read_back, write_compressed
 
 from bytemtp.data import intake
+from bytemtp.data import merge as merge_module
 from bytemtp.data.merge import merge
 from bytemtp.data.prep import prepare
 from bytemtp.data.shards import CorpusError, read_manifest
@@ -160,6 +161,45 @@ def test_a_merge_refuses_parts_that_do_not_belong_together(tmp_path):
     with pytest.raises(CorpusError, match=str(parts[1])):
         merge(parts, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_merge_refuses_a_part_whose_inputs_changed_in_place_between_the_jobs(tmp_path):
+    sources = _sources(tmp_path)
+    kw = dict(val_fraction=0.3, max_bad_fraction=0.1)
+    prepare(sources, tmp_path / "p0", part=intake.Part(0, 2), **kw)
+    edited = tmp_path / "texts" / "a.txt"
+    before = edited.read_bytes()
+    edited.write_bytes(before.replace(b"alpha", b"omega"))  # the same name and size, other bytes
+    assert len(edited.read_bytes()) == len(before)
+    prepare(sources, tmp_path / "p1", part=intake.Part(1, 2), **kw)
+    with pytest.raises(CorpusError, match=rf"^{tmp_path / 'p1'} and {tmp_path / 'p0'} read different documents "
+                                          rf"from the input {edited} .*prepare every part again from the same files"):
+        merge([tmp_path / "p0", tmp_path / "p1"], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    edited.write_bytes(before)
+    prepare(sources, tmp_path / "p1-again", part=intake.Part(1, 2), **kw)
+    merge([tmp_path / "p0", tmp_path / "p1-again"], tmp_path / "out")  # the same inputs again: they merge
+    manifest = json.loads((tmp_path / "p0" / "manifest.json").read_text())  # a part that recorded no contents
+    del manifest["part"]["contents"]
+    (tmp_path / "p0" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CorpusError, match=rf"^{tmp_path / 'p0'} was prepared by a bytemtp that did not record"):
+        merge([tmp_path / "p0", tmp_path / "p1-again"], tmp_path / "out2")
+
+
+def test_a_merge_names_a_shard_missing_from_a_part_in_one_line(tmp_path):
+    sources = [str(s) for s in _sources(tmp_path)]
+    for i in range(2):
+        prepare(sources, tmp_path / f"p{i}", part=intake.Part(i, 2), val_fraction=0.3, max_bad_fraction=0.1)
+    shard = read_manifest(tmp_path / "p1")["splits"]["train"]["shards"][0]
+    (tmp_path / "p1" / "train" / shard).unlink()
+    res = CliRunner().invoke(main, ["prep", "--merge", str(tmp_path / "p0"), str(tmp_path / "p1"), "--out",
+                                    str(tmp_path / "m")])
+    assert isinstance(res.exception, SystemExit) and res.exit_code == 1 and res.stdout == ""  # no traceback
+    [line] = res.stderr.strip().splitlines()
+    assert line.startswith(f"Error: {tmp_path / 'p1' / 'train'} lacks {shard}, which its manifest lists"), line
+    assert not (tmp_path / "m").exists() and not list(tmp_path.glob(".m.tmp-*"))
+    with pytest.raises(CorpusError, match=rf"cannot copy {tmp_path / 'gone'} into the merged corpus"):
+        merge_module._place(tmp_path / "gone", tmp_path / "there")  # a shard gone after the check
 
 
 def test_the_cli_prepares_parts_merges_them_and_refuses_what_does_not_fit(tmp_path):

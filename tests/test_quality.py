@@ -110,3 +110,28 @@ def test_the_trunk_control_is_a_next_byte_model_as_deep_as_the_heads_trunk_plus_
     assert quality.arm_sets("ntp-trunk", "tiny", []) == ("model.n_future=1", "model.n_layers=3")
     assert quality.arm_sets("ntp-trunk", "small", ["model.n_layers=16"]) == ("model.n_future=1", "model.n_layers=9")
     assert quality.arm_sets("reverse", "tiny", []) == ("loss.head_schedule=reverse",)
+
+
+def test_a_signal_in_an_arms_tune_stops_the_comparison_and_keeps_no_figure_of_the_cut_tune(corpus_dir, tmp_path,
+                                                                                          monkeypatch):
+    from bytemtp.experiments import sweep
+    from bytemtp.training.runs import RunResult
+
+    out = tmp_path / "q"
+    measured = {"ntp-s0": [3.0], "mtp-s0": [3.1, 4.2]}  # both trained and measured; mtp's heads not tuned yet
+    for name, bpb in measured.items():
+        (out / name).mkdir(parents=True)
+        (out / name / "sweep.json").write_text(json.dumps(_run(bpb[0], name).to_json() | {"val_bpb": bpb}))
+
+    def cut(tuned, *, say):  # the tune's training, stopped by Ctrl-C
+        return RunResult(step=2, bytes_seen=0, stopped_by="signal", checkpoint=None, val_bpb=None)
+
+    monkeypatch.setattr(sweep.runs, "plan_tune", lambda source, tuned, *, overrides: tuned)
+    monkeypatch.setattr(sweep, "run_plan", cut)
+    before = {name: (out / name / "sweep.json").read_text() for name in measured}
+    res = CliRunner().invoke(main, ["bench", "quality", "--preset", "tiny", "--data", str(corpus_dir), "--steps", "3",
+                                    "--seeds", "1", "--arms", "mtp", "--tune-time", "1s", "--out", str(out)])
+    assert res.exit_code == 130 and "Traceback" not in res.output and res.stdout == "", res.output
+    line = res.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: stopped during mtp-s0's tune: run the same command again to go on")
+    assert {name: (out / name / "sweep.json").read_text() for name in measured} == before

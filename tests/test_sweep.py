@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from bytemtp.experiments import sweep
+from bytemtp.training.runs import RunResult
 from bytemtp_cli.main import main
 
 
@@ -152,3 +153,84 @@ def test_a_sweep_json_of_an_earlier_version_is_read_back_not_trained_again(tmp_p
     untuned = {k: v for k, v in old.items() if k in list(old)[:10]} | {"train_s": 2.5}
     assert sweep.CandidateResult.from_json(untuned).tuned is None
     assert sweep.CandidateResult.from_json(untuned).to_json() == untuned
+
+
+MEASURED = {"name": "adamw", "sets": ["train.lr=3e-3"], "params": 123456, "budget_s": 1.0, "steps": 7,
+            "bytes_seen": 7168, "train_s": 1.0, "stopped_by": "time", "val_bytes": 512, "val_bpb": [3.1, 4.2],
+            "head_agreement": {"2": 0.25}}
+
+
+def _fake_tunes(monkeypatch, run_plan):
+    """A tune's plan is its folder, and `run_plan` stands for its training: no model is trained."""
+    monkeypatch.setattr(sweep.runs, "plan_tune", lambda source, tuned, *, overrides: tuned)
+    monkeypatch.setattr(sweep, "run_plan", run_plan)
+
+
+def _cut_tune(seen):
+    def run_plan(tuned, *, say):  # a tune that Ctrl-C stops: it saves where it stopped, and says so
+        seen.append(sorted(p.name for p in tuned.iterdir()) if tuned.exists() else None)
+        (tuned / "checkpoints" / "step-000003").mkdir(parents=True)
+        return RunResult(step=3, bytes_seen=0, stopped_by="signal", checkpoint=tuned / "checkpoints" / "step-000003",
+                         val_bpb=None)
+    return run_plan
+
+
+def test_a_signal_in_a_tune_stops_the_sweep_keeps_no_figure_of_it_and_the_next_call_tunes_anew(
+        tmp_path, corpus_dir, monkeypatch):
+    out, seen = tmp_path / "out", []
+    (out / "adamw").mkdir(parents=True)
+    (out / "adamw" / sweep.RESULT).write_text(json.dumps(MEASURED))  # trained and measured, not tuned yet
+    _fake_tunes(monkeypatch, _cut_tune(seen))
+    args = ["bench", "sweep", str(_grid(tmp_path, corpus_dir, TWO)), "--out", str(out), "--only", "adamw",
+            "--tune-time", "1s"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 130 and "Traceback" not in res.output and res.stdout == "", res.output
+    assert res.stderr.strip().splitlines()[-1] == (
+        "Error: stopped during adamw's tune: run the same command again to go on (the tune starts anew; adamw's "
+        "training and the candidates measured are kept)")
+    assert json.loads((out / "adamw" / sweep.RESULT).read_text()) == MEASURED  # the cut tune's figures not kept
+    assert seen == [None] and (out / "adamw-tuned" / "checkpoints").is_dir()
+
+    def interrupted(tuned, *, say):  # Ctrl-C where no training takes it: a KeyboardInterrupt
+        seen.append(tuned.exists())
+        raise KeyboardInterrupt
+
+    _fake_tunes(monkeypatch, interrupted)
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 130 and "Traceback" not in res.output
+    assert "adamw's tune was interrupted before it was measured: tuning it anew" in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("Error: stopped during adamw: run the same command again")
+    assert seen == [None, False]  # the cut tune's folder went before the tune began again
+    assert json.loads((out / "adamw" / sweep.RESULT).read_text()) == MEASURED
+
+    # a candidate trained again (cut before it was measured) loses the tune of its earlier training first
+    (out / "adamw" / sweep.RESULT).unlink()
+    (out / "adamw-tuned" / "checkpoints").mkdir(parents=True)
+
+    def train(cfg, run_dir, *, resume, say):
+        seen.append((out / "adamw-tuned").exists())
+        run_dir.mkdir(parents=True)
+        return RunResult(step=1, bytes_seen=0, stopped_by="signal", checkpoint=None, val_bpb=None)
+
+    monkeypatch.setattr(sweep, "train", train)
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 130 and "stopped during adamw: run the same command again to go on (it trains anew" \
+        in res.stderr
+    assert seen == [None, False, False] and not (out / "adamw" / sweep.RESULT).exists()
+
+
+def test_a_sweep_json_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    run_dir = tmp_path / "adamw"
+    run_dir.mkdir()
+    figures = sweep.CandidateResult.from_json(MEASURED)
+    sweep._keep(run_dir, figures)
+    real = sweep.os.replace
+
+    def dies(src, dst):  # killed between the write and the rename
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep.os, "replace", dies)
+    with pytest.raises(KeyboardInterrupt):
+        sweep._keep(run_dir, dataclasses.replace(figures, steps=8))
+    monkeypatch.setattr(sweep.os, "replace", real)
+    assert json.loads((run_dir / sweep.RESULT).read_text()) == MEASURED

@@ -309,21 +309,31 @@ class ArrowFile(_TableFile):
             if start > n:
                 raise self._moved((start, 0))
             return ((g, lambda g=g: [reader.get_batch(g).column(index)]) for g in range(start, n))
-        return self._stream(reader, index, start)
+        return self._stream(reader, source, index, start)
 
-    def _stream(self, reader, index: int, start: int):
+    def _stream(self, reader, source, index: int, start: int):
         """A stream's batches from `start` on: those before it are read past (their messages only:
-        the memory map copies nothing)."""
-        g = 0
+        the memory map copies nothing). A stream must end with its end-of-stream marker: pyarrow
+        takes the file's end for the stream's, so a writer killed between two batches would leave a
+        file that reads cleanly without the rows it never wrote. The reader reads exactly a
+        message at a time, so where the marker is read the source's position moves past it (8
+        bytes, 0xFFFFFFFF then a zero length; 4 zero bytes before Arrow 0.15) and where the file
+        simply ends it does not."""
+        g, end = 0, source.tell()
         while True:
             try:
                 batch = reader.read_next_batch()
             except StopIteration:
+                if source.tell() == end:
+                    raise CorpusError(f"{self.path} ends without the Arrow end-of-stream marker after {g} record "
+                                      f"batch(es): the writer was cut off? The rows it had still to write are "
+                                      f"missing; write the file again (or wait until its writer has closed it)")
                 break
             except Exception as e:  # noqa: BLE001 - pyarrow's errors for a damaged message vary
                 error = self._damaged(g, e)
                 yield g, lambda error=error: _raise(error)
                 return
+            end = source.tell()
             if g >= start:
                 yield g, lambda batch=batch: [batch.column(index)]
             g += 1

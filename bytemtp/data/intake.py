@@ -28,7 +28,10 @@ stops them. A worker whose parent is gone finds its pipe broken and stops.
 of the sha256 modulo n; the val split reads bytes 0-8, so parts and split do not correlate).
 A part is a function of the document's bytes alone, so copies of one document always fall in the
 same part: n jobs that each read every input and keep one part never share a document, their
-union is every document, and each one's deduplication is exact across all of them.
+union is every document, and each one's deduplication is exact across all of them, as long as
+every job reads the same bytes: each file's last batch carries a digest of all its documents (every
+part's), which a part records so that the merge refuses parts that read a file edited in place
+between the jobs (same name, same size, other documents).
 """
 from __future__ import annotations
 
@@ -76,7 +79,9 @@ class Batch(NamedTuple):
     """Documents of one input file, in order (bytes, or memoryviews of what a reading process
     sent), with their sha256 digests. `read` counts the documents read for this batch (those of
     other parts too), `in_file` the document bytes read from the file so far; the file's last batch
-    has `end` set and its skipped records by reason."""
+    has `end` set, its skipped records by reason, and `content`: the sha256 of the digests of every
+    document read from the file (every part's), in order, which a part records so that a merge can
+    tell that every part read the same documents."""
 
     file: int
     docs: list[bytes]
@@ -85,13 +90,15 @@ class Batch(NamedTuple):
     in_file: int
     end: bool = False
     skipped: dict | None = None
+    content: str | None = None
 
 
 def _batches(files, index: int, *, field: str, part: Part | None, batch_bytes: int) -> Iterator[Batch]:
     """The batches of file `index`."""
-    docs, digests, size, read, in_file, skipped = [], [], 0, 0, 0, {}
+    docs, digests, size, read, in_file, skipped, content = [], [], 0, 0, 0, {}, hashlib.sha256()
     for doc in iter_documents(files[index], field=field, counts=skipped):
         digest = hashlib.sha256(doc).digest()
+        content.update(digest)
         read, in_file = read + 1, in_file + len(doc)
         if part is not None and not part.takes(digest):
             continue
@@ -101,7 +108,7 @@ def _batches(files, index: int, *, field: str, part: Part | None, batch_bytes: i
         if size >= batch_bytes:
             yield Batch(index, docs, digests, read, in_file)
             docs, digests, size, read = [], [], 0, 0
-    yield Batch(index, docs, digests, read, in_file, end=True, skipped=skipped)
+    yield Batch(index, docs, digests, read, in_file, end=True, skipped=skipped, content=content.hexdigest())
 
 
 def read_inputs(files: list, *, field: str = "text", processes: int = 0, part: Part | None = None,

@@ -1,5 +1,6 @@
 """Reading a prepared corpus whole against its manifest: `verify` (what `bytemtp verify` runs)
-and `read_shard`, the read of one shard it and the merge of parts (`bytemtp.data.merge`) share.
+and `read_shard`, the read of one shard it and the merge of parts (`bytemtp.data.merge`) share;
+`refuse_lost_manifest` keeps a prepared corpus whose manifest is gone from passing as unprepared.
 
 The format, the manifest and the cheap check made whenever a corpus is opened (`check_split`: sizes
 and index digests) live in `bytemtp.data.shards`; this module decodes every frame and hashes every
@@ -11,8 +12,9 @@ import hashlib
 from collections.abc import Callable
 from typing import NamedTuple
 
-from bytemtp.data.shards import (REDO_PREP, CorpusError, Shard, check_record, corpus_dir, doc_value, hash_document,
-                                 read_manifest, set_digest)
+from bytemtp.data.corpus import corpus_files
+from bytemtp.data.shards import (MANIFEST, REDO_PREP, CorpusError, Shard, check_record, corpus_dir, doc_value,
+                                 has_index, hash_document, read_manifest, set_digest)
 
 
 class ShardRead(NamedTuple):
@@ -42,6 +44,19 @@ def read_shard(path, sha, *, with_set: bool, progress: Callable[[int], None] | N
     if progress is not None and pending:
         progress(pending)
     return ShardRead(shard_sha.hexdigest(), total, documents, nbytes)
+
+
+def refuse_lost_manifest(spec) -> None:
+    """Refuse, in one line, a corpus spec that holds the shards of a prepared corpus without its
+    manifest: a shard (a file that ends with a shard index) in a `train/` or `val/` folder beside which
+    there is no manifest.json. Read through their readers, its documents would pass `bytemtp verify`
+    as an unprepared corpus's, the missing record taken for a clean bill."""
+    for path in corpus_files(spec, split=None):
+        split = path.parent
+        if split.name in ("train", "val") and not (split.parent / MANIFEST).is_file() and has_index(path):
+            raise CorpusError(f"{split.parent} has no {MANIFEST} but holds a prepared corpus's shards ({path}): its "
+                              f"record of the content is missing, so there is nothing to verify them against; "
+                              f"re-prepare it with bytemtp prep or restore the manifest")
 
 
 def verify(corpus, *, progress: Callable[[int], None] | None = None) -> dict:

@@ -10,13 +10,15 @@ of the same inputs: the same counts and the same `set_sha256` (a digest that ign
 differs is the order: part 0's documents, then part 1's, and so on, so the shards and the
 order-dependent `sha256` of each split differ from a single prep's.
 
-The merge checks that the parts belong together (the same inputs, by names and sizes, the same
+The merge checks that the parts belong together (the same inputs, by names and sizes and by a
+digest of each file's documents, so a file edited in place between the jobs is named; the same
 split, field, compression and part count, each index once, and the same counts of records and bad
-records, which every part sees whole), then links (or, across filesystems, copies) each part's shards
-into place under new names and reads every document once: the split's `sha256` is computed in the
-merged order, and each shard's documents are checked against the part's record on the way, so a
-damaged part is named rather than merged. The result is built beside the output and renamed into
-place like any prep (`prep.build_atomically`).
+records, which every part sees whole) and that every part's shards are there as recorded (sizes
+and index digests: a deleted shard is named before anything is written), then links (or, across
+filesystems, copies) each part's shards into place under new names and reads every document once:
+the split's `sha256` is computed in the merged order, and each shard's documents are checked
+against the part's record on the way, so a damaged part is named rather than merged. The result
+is built beside the output and renamed into place like any prep (`prep.build_atomically`).
 """
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ from collections.abc import Callable
 import bytemtp
 from bytemtp.data.prep import empty_split_error, build_atomically, empty_val_note
 from bytemtp.data.integrity import read_shard
-from bytemtp.data.shards import (FORMAT_VERSION, CorpusError, corpus_dir, fsync_dir, read_manifest, set_digest,
-                                 write_manifest)
+from bytemtp.data.shards import (FORMAT_VERSION, CorpusError, check_split, corpus_dir, fsync_dir, read_manifest,
+                                 set_digest, write_manifest)
 
 SHARED = ("format_version", "source_field", "frame_bytes", "level", "split", "skipped", "input_files", "records")
 
@@ -47,6 +49,11 @@ def read_parts(parts: list) -> list[tuple[pathlib.Path, dict]]:
             raise CorpusError(f"{corpus_dir(path)} is a whole corpus, not a part written by `bytemtp prep --part "
                               f"I/N`; merge only the parts of one prep")
         found.append((corpus_dir(path), manifest))
+    for folder, manifest in found:
+        if "contents" not in manifest["part"]:
+            raise CorpusError(f"{folder} was prepared by a bytemtp that did not record what its inputs held, so a "
+                              f"merge cannot tell whether every part read the same files; prepare the parts again "
+                              f"with `bytemtp prep --part I/N`")
     first_dir, first = found[0]
     n = first["part"]["of"]
     for folder, manifest in found[1:]:
@@ -55,6 +62,7 @@ def read_parts(parts: list) -> list[tuple[pathlib.Path, dict]]:
                 raise CorpusError(f"{folder} is a part of another prep than {first_dir} (its part {key} is "
                                   f"{manifest['part'][key]!r}, not {first['part'][key]!r}): merge the parts of one "
                                   f"`bytemtp prep --part I/N` of the same inputs")
+        _same_contents(folder, manifest, first_dir, first)
         for key in SHARED:
             if manifest.get(key) != first.get(key):
                 raise CorpusError(f"{folder} and {first_dir} differ in {key} ({manifest.get(key)!r} against "
@@ -69,7 +77,24 @@ def read_parts(parts: list) -> list[tuple[pathlib.Path, dict]]:
     if missing := sorted(set(range(n)) - set(by_index)):
         raise CorpusError(f"parts {', '.join(f'{i}/{n}' for i in missing)} are missing: a merge needs all {n} parts "
                           f"of the prep (run `bytemtp prep --part I/{n}` for each)")
+    for folder, manifest in found:  # every shard there, at its recorded size and index, before any work
+        for name, split in manifest["splits"].items():
+            top = folder / name
+            files = [f for f in top.rglob("*") if f.is_file() and not f.name.startswith(".")] if top.is_dir() else []
+            check_split(folder, name, split, files)
     return [by_index[i] for i in range(n)]
+
+
+def _same_contents(folder: pathlib.Path, manifest: dict, first_dir: pathlib.Path, first: dict) -> None:
+    """Refuse a part whose inputs (the same names and sizes: `inputs` agrees) held other documents
+    than the first part's, naming the first file that differs (edited in place between the jobs)."""
+    ours, theirs = manifest["part"]["contents"], first["part"]["contents"]
+    for (path, digest), (first_path, first_digest) in zip(ours.items(), theirs.items()):
+        if digest != first_digest:
+            raise CorpusError(f"{folder} and {first_dir} read different documents from the input {path} (their "
+                              f"digests {digest[:12]}... and {first_digest[:12]}..., though its name and size "
+                              f"are the same{'' if path == first_path else f' as {first_path}'}): it changed "
+                              f"between the jobs; prepare every part again from the same files")
 
 
 def _place(src: pathlib.Path, dst: pathlib.Path) -> None:
@@ -77,7 +102,11 @@ def _place(src: pathlib.Path, dst: pathlib.Path) -> None:
     try:
         os.link(src, dst)
     except OSError:
-        shutil.copyfile(src, dst)
+        try:
+            shutil.copyfile(src, dst)
+        except OSError as e:  # gone since the parts were checked, or no room for the copy
+            raise CorpusError(f"cannot copy {src} into the merged corpus: {e.strerror or e}; check the part with "
+                              f"`bytemtp verify {src.parent.parent}` and that {dst.parent} has room") from None
 
 
 def _merge_split(name: str, parts: list[tuple[pathlib.Path, dict]], top: pathlib.Path,

@@ -239,7 +239,8 @@ def empty_val_note(out: pathlib.Path, manifest: dict) -> str | None:
 
 
 def inputs_digest(files: list[pathlib.Path]) -> str:
-    """A digest of the input files' names and sizes in order: the parts of one job share it."""
+    """A digest of the input files' names and sizes in order: the parts of one job share it (and
+    the digest of each file's documents, `intake.Batch.content`, which a part records beside it)."""
     sha = hashlib.sha256()
     for path in files:
         sha.update(f"{path.name}\0{path.stat().st_size}\n".encode())
@@ -279,7 +280,7 @@ def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, val_paths: list[path
            split: dict, level: int, source_name: str | None, licence: str, progress, max_bad_fraction: float,
            frame_bytes: int, threads: int, readers: int, part: Part | None) -> dict:
     """Write the shards and the manifest of a prepared corpus into tmp; return the manifest."""
-    skipped, seen, duplicates, read, done = {}, set(), 0, 0, 0
+    skipped, seen, duplicates, read, done, contents = {}, set(), 0, 0, 0, {}
     kw = dict(level=level, frame_bytes=frame_bytes, threads=threads)
     val_inputs, sizes = set(val_paths), [path.stat().st_size for path in files]
     with ShardWriter(tmp / "train", **kw) as train, ShardWriter(tmp / "val", **kw) as val:
@@ -297,6 +298,7 @@ def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, val_paths: list[path
             read += batch.read
             if batch.end:
                 done += sizes[batch.file]
+                contents[os.fspath(path)] = batch.content
                 for reason, n in batch.skipped.items():
                     skipped[reason] = skipped.get(reason, 0) + n
             if progress is not None:
@@ -329,7 +331,7 @@ def _build(files: list[pathlib.Path], tmp: pathlib.Path, *, val_paths: list[path
         "input_files": len(files),
         "records": records,  # every record read, bad ones included (a part's are those of all its inputs)
     }
-    if part is not None:
-        manifest["part"] = {"index": part.index, "of": part.of, "inputs": inputs_digest(files)}
+    if part is not None:  # what the merge checks: the same files (names and sizes) with the same documents
+        manifest["part"] = {"index": part.index, "of": part.of, "inputs": inputs_digest(files), "contents": contents}
     write_manifest(tmp, manifest)
     return manifest

@@ -12,10 +12,11 @@ byte, with its spread over the seeds, says whether a recipe is better beyond the
 Built on the sweep (`sweep`): one candidate per arm and seed, named ARM-sSEED, trained in
 seed-major order (every arm's first seed, then every arm's second) so that a machine whose speed
 drifts slows every arm alike, and read back when measured, so an interrupted comparison goes on
-where it stopped. The arms are read without torch (the command line lists them in its help); the
-sweep, and torch with it, is imported when a comparison runs. The trade-off: equal wall time on
-one machine is what a user with a budget faces, but its figures hold for that machine only; equal
-steps (`steps`) compare the same bytes.
+where it stopped (a signal stops the whole comparison; what it cut, a training or a tune, is done
+again by the next call: the sweep's rules). The arms are read without torch (the command line
+lists them in its help); the sweep, and torch with it, is imported when a comparison runs. The
+trade-off: equal wall time on one machine is what a user with a budget faces, but its figures hold
+for that machine only; equal steps (`steps`) compare the same bytes.
 
 The comparison is a `QualityResult` of one `ArmSummary` per arm; its JSON form (`to_json`, read back
 by `from_json`) is what `bench quality --json` writes.

@@ -19,9 +19,13 @@ on held-out prompts and eager decoding's speed on them (`bench.decode_speed`, pl
 chain of every head). A candidate whose OUT/NAME/sweep.json exists is read back, not trained
 again, so a sweep stopped half way goes on where it stopped, and two processes can share the
 candidates out (`only`); one measured without a tune is tuned when a later call asks for one. A
-signal (Ctrl-C) stops the sweep, not only the candidate training then; that candidate is trained
-again from its start by the next call (one limited by steps resumes: its steps are exact), since
-a time budget spent over two sessions is not the budget the others had.
+signal (Ctrl-C, SIGTERM) stops the sweep, not only the candidate training or tuning then
+(`SweepInterrupted`, which the command turns into one line and exit status 130). Nothing cut short
+counts as done: a candidate's sweep.json is written, whole, once it is measured and again once its
+tune is measured; a candidate cut before that is trained again from its start by the next call
+(one limited by steps resumes: its steps are exact), and a cut tune is done anew (its NAME-tuned
+folder removed first, as it is whenever its candidate trains again), since a time budget spent over
+two sessions is not the budget the others had.
 The trade-off: candidates run one after another in the process, so a
 sweep of n candidates takes n budgets; the figures are comparable only within one machine and one
 sitting (run two halves at the same time, one thread each, for twice the candidates an hour).
@@ -33,11 +37,15 @@ first ones had no `train_s`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import os
 import shutil
+import signal
 import sys
+import threading
 import tomllib
 from pathlib import Path
 
@@ -58,7 +66,7 @@ RESULT = "sweep.json"
 
 
 class SweepInterrupted(RuntimeError):
-    """A signal stopped a candidate's training: the sweep stops, and that candidate is not measured."""
+    """A signal stopped a candidate's training or tune: the sweep stops, and what was cut is not kept."""
 
 
 EVAL_BATCH = 8  # windows a validation batch; the batches are as many as eval_bytes needs
@@ -174,7 +182,8 @@ class CandidateResult:
 
 def run_candidate(grid: Grid, name: str, out: Path, *, budget_s: float, eval_bytes: int, tune_s: float,
                   prompts: int, steps: int = 0, say=tqdm.write) -> CandidateResult:
-    """Train, score and (with tune_s) tune one candidate; its figures, also kept in OUT/NAME/sweep.json."""
+    """Train, score and (with tune_s) tune one candidate; its figures, also kept in OUT/NAME/sweep.json
+    (written once it is measured, and again once its tune is)."""
     cfg = grid.config(name, budget_s=budget_s, steps=steps)
     run_dir = out / name
     device = resolve_device(cfg.train.device)
@@ -184,6 +193,7 @@ def run_candidate(grid: Grid, name: str, out: Path, *, budget_s: float, eval_byt
         if run_dir.exists() and not steps:  # interrupted: a time budget is not split over sessions
             say(f"{name} was interrupted before it was measured: training it anew")
             shutil.rmtree(run_dir)
+        shutil.rmtree(_tune_dir(run_dir), ignore_errors=True)  # a tune of an earlier training of it
         result = train(cfg, run_dir, resume=(run_dir / "checkpoints").is_dir(), say=say)
         if result.stopped_by == "signal":
             raise SweepInterrupted(f"stopped during {name}: run the same command again to go on "
@@ -196,19 +206,38 @@ def run_candidate(grid: Grid, name: str, out: Path, *, budget_s: float, eval_byt
                                   train_s=read_train_state(result.checkpoint)["elapsed_s"],
                                   stopped_by=result.stopped_by, val_bytes=ev.bytes, val_bpb=ev.bpb,
                                   head_agreement=dict(ev.agreement))
+        _keep(run_dir, figures)  # measured: a tune cut short later does not cost its training
     if tune_s and cfg.model.n_future > 1 and figures.tuned is None:
-        figures = dataclasses.replace(figures, tuned=_tuned(run_dir, budget_s=tune_s, prompts=prompts, device=device,
-                                                            say=say))
-    (run_dir / RESULT).write_text(json.dumps(figures.to_json(), indent=2) + "\n")
+        figures = dataclasses.replace(figures, tuned=_tuned(run_dir, name=name, budget_s=tune_s, prompts=prompts,
+                                                            device=device, say=say))
+        _keep(run_dir, figures)
     return figures
 
 
-def _tuned(run_dir: Path, *, budget_s: float, prompts: int, device: torch.device, say) -> TunedFigures:
+def _keep(run_dir: Path, figures: CandidateResult) -> None:
+    """Write OUT/NAME/sweep.json whole or not at all (a new file renamed over the old)."""
+    tmp = run_dir / f".{RESULT}.tmp"
+    tmp.write_text(json.dumps(figures.to_json(), indent=2) + "\n")
+    os.replace(tmp, run_dir / RESULT)
+
+
+def _tune_dir(run_dir: Path) -> Path:
+    return run_dir.with_name(run_dir.name + "-tuned")
+
+
+def _tuned(run_dir: Path, *, name: str, budget_s: float, prompts: int, device: torch.device, say) -> TunedFigures:
     """The demo's tune of the draft heads for budget_s, then the greedy chain's bytes per pass and
-    eager decoding's speed (plain against the chain of every head) on held-out prompts."""
-    tuned = run_dir.with_name(run_dir.name + "-tuned")
-    if not (tuned / "checkpoints").is_dir():
-        run_plan(runs.plan_tune(run_dir, tuned, overrides=[f"train.max_time={budget_s}"]), say=say)
+    eager decoding's speed (plain against the chain of every head) on held-out prompts. A tune is
+    kept only with its figures: one found without them was cut short, and is done anew (its budget
+    is a time, which is not split over sessions)."""
+    tuned = _tune_dir(run_dir)
+    if tuned.exists():
+        say(f"{name}'s tune was interrupted before it was measured: tuning it anew")
+        shutil.rmtree(tuned)
+    result = run_plan(runs.plan_tune(run_dir, tuned, overrides=[f"train.max_time={budget_s}"]), say=say)
+    if result.stopped_by == "signal":
+        raise SweepInterrupted(f"stopped during {name}'s tune: run the same command again to go on (the tune starts "
+                               f"anew; {name}'s training and the candidates measured are kept)")
     model, cfg = load_model(tuned, device=device)
     report = draft_report(model, cfg.data.path, batches=4, prompts=prompts)
     speed = decode_speed(str(tuned), n_prompts=prompts, max_bytes=128, batch_sizes=(1,), modes=("chain-all",),
@@ -236,8 +265,35 @@ def run_sweep(grid: Grid, out: str | Path, *, budget_s: float, eval_bytes: int =
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     say = lambda text: tqdm.write(text, file=sys.stderr)  # noqa: E731 (stdout may carry the table)
-    return [run_candidate(grid, n, out, budget_s=budget_s, eval_bytes=eval_bytes, tune_s=tune_s, prompts=prompts,
-                          steps=steps, say=say) for n in names]
+    results = []
+    with _terminate_interrupts():
+        for n in names:
+            try:
+                results.append(run_candidate(grid, n, out, budget_s=budget_s, eval_bytes=eval_bytes, tune_s=tune_s,
+                                             prompts=prompts, steps=steps, say=say))
+            except KeyboardInterrupt:  # outside a training, which takes the signal at a step's end itself
+                raise SweepInterrupted(f"stopped during {n}: run the same command again to go on (what of it was "
+                                       f"not measured is done again; the candidates measured are kept)") from None
+    return results
+
+
+@contextlib.contextmanager
+def _terminate_interrupts():
+    """While the sweep runs in the main thread, SIGTERM raises KeyboardInterrupt as Ctrl-C does (a
+    training in between takes both itself, at its next step); a handler set by someone else is left."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def table(results: list[CandidateResult]) -> str:
