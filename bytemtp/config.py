@@ -381,7 +381,7 @@ class TrainConfig:
     memory_efficient: bool = True
     """Run the heads' forward and backward one at a time (paper Fig. 2); false uses one backward."""
     compile: str | bool = "auto"
-    """Compiled training: on (torch.compile every transformer block and each head's loss), off (eager, the reference), or auto (on where it pays: a CUDA device or a run of at least 2 minutes or about 2e12 FLOP on the CPU, where a C++ compiler is at hand; true and false are on and off)."""
+    """Compiled training: on (torch.compile every transformer block and each head's loss), off (eager, the reference), or auto (on where it pays: a CUDA device or a run of at least a minute or about 2e12 FLOP on the CPU, where a C++ compiler is at hand; true and false are on and off)."""
     peak_flops: float = 0.0
     """The device's peak FLOP/s, for model FLOP utilisation in the progress line and metrics (0: known GPUs' bf16 peak, else none shown)."""
     precision: str = "auto"

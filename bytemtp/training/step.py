@@ -68,7 +68,7 @@ def _core(compiled: bool):
 # train.compile=auto compiles a run expected to last at least this long (a time budget, or no limit)
 # or to do at least this much arithmetic: compiling costs 5-15 s on two CPU cores (less from
 # inductor's disk cache) and tens of seconds on a GPU, and saves a quarter of a CPU step
-AUTO_COMPILE_S = 120.0
+AUTO_COMPILE_S = 60.0
 AUTO_COMPILE_FLOPS = {"cpu": 2e12, "cuda": 1e16}
 
 
