@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import pathlib
 
 import click
@@ -10,6 +11,29 @@ import click
 from bytemtp.decoding.strategy import DECODE_MODES, Draft
 
 from .options import device_option, dtype_option
+
+
+def _api_keys(given: tuple[str, ...], path: str | None) -> tuple[str, ...]:
+    """The keys of --api-key (or BYTEMTP_API_KEY) and of --api-key-file; a bad one is one line."""
+    from bytemtp.serving.protocol import check_api_key, read_api_keys
+
+    try:
+        keys = [check_api_key(key, source="--api-key") for key in given]
+        if path is not None:
+            keys += read_api_keys(path)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    return tuple(dict.fromkeys(keys))
+
+
+def _loopback(host: str) -> bool:
+    """Whether an address to listen on is reachable from this host only (127.0.0.0/8, ::1, localhost)."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve off the loopback
+        return False
 
 
 def _draft(ctx: click.Context, param: click.Parameter, value: str) -> Draft:
@@ -22,12 +46,21 @@ def _draft(ctx: click.Context, param: click.Parameter, value: str) -> Draft:
 @click.command("serve")
 @click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (0.0.0.0: every interface; there is no authentication).")
+              help="Address to listen on (0.0.0.0: every interface). Off the loopback, set an API key: without "
+                   "one, anyone who reaches the port may use the model (a warning says so at start).")
+@click.option("--api-key", "api_keys", multiple=True, envvar="BYTEMTP_API_KEY", show_envvar=True, metavar="KEY",
+              help="Require 'Authorization: Bearer KEY' (the openai client's api_key) on every /v1 route, which "
+                   "answer 401 without it; /health and the tokenizer routes stay open. Repeat for several keys; "
+                   "BYTEMTP_API_KEY gives them (split at spaces) when no --api-key is given.")
+@click.option("--api-key-file", default=None, metavar="FILE",
+              help="Accept the keys in FILE too: one a line, blank lines and # comments skipped.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0: any free port.")
 @click.option("--max-batch", default=8, show_default=True, type=click.IntRange(1),
               help="Requests decoded together at most; more wait in the queue.")
 @click.option("--max-queue", default=64, show_default=True, type=click.IntRange(0),
-              help="Requests that may wait beyond the running batch; past it a request gets 503.")
+              help="Requests that may wait beyond the running batch; past it a request gets 503. A request's "
+                   "choices (prompts x n) queue as a unit: one larger than the queue is taken whole when nothing "
+                   "waits.")
 @click.option("--max-prompt-bytes", default=65536, show_default=True, type=click.IntRange(1),
               help="Longest prompt accepted (413 past it); the window slides past the context.")
 @click.option("--draft", "draft", default="auto", show_default=True, callback=_draft,
@@ -44,7 +77,8 @@ def _draft(ctx: click.Context, param: click.Parameter, value: str) -> Draft:
                    "every bucket's step already, else eagerly.")
 @device_option()
 @dtype_option()
-def serve_cmd(ckpt: str, host: str, port: int, max_batch: int, max_queue: int, max_prompt_bytes: int, draft: Draft,
+def serve_cmd(ckpt: str, host: str, api_keys: tuple[str, ...], api_key_file: str | None, port: int,
+              max_batch: int, max_queue: int, max_prompt_bytes: int, draft: Draft,
               lookup: bool, model_name: str | None, compile_mode: str, device: str, dtype: str) -> None:
     """Serve a model over HTTP: OpenAI-compatible /v1/completions (stream, echo, logprobs),
     /v1/models, /health, and /tokenize with /tokenizer_info for lm-evaluation-harness.
@@ -64,6 +98,11 @@ def serve_cmd(ckpt: str, host: str, port: int, max_batch: int, max_queue: int, m
     from bytemtp.runtime.devices import resolve_device
     from bytemtp.serving.engine import Engine
 
+    keys = _api_keys(api_keys, api_key_file)
+    if not keys and not _loopback(host):
+        click.echo(f"warning: serving on {host} without an API key: anyone who reaches the port may use the model "
+                   "(--api-key, --api-key-file or BYTEMTP_API_KEY sets one)", err=True)
+
     draft = dataclasses.replace(draft, lookup=draft.lookup or lookup)
     model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype, bytes_only="serve")
     draft.for_model(model.config.n_future)  # a draft of more heads than the model has: one line
@@ -73,7 +112,7 @@ def serve_cmd(ckpt: str, host: str, port: int, max_batch: int, max_queue: int, m
                     decoder=Decoder(model, compile=compile_mode))
     engine.start(progress=lambda line: click.echo(line, err=True))
     try:
-        serve(Server(engine, model_name=name, max_prompt_bytes=max_prompt_bytes), host=host, port=port,
+        serve(Server(engine, model_name=name, max_prompt_bytes=max_prompt_bytes, api_keys=keys), host=host, port=port,
               announce=lambda url: click.echo(f"serving {name} on {url}/v1 (Ctrl-C stops)", err=True))
     finally:
         engine.close()

@@ -24,9 +24,9 @@ from bytemtp.serving.load import run_load
 _FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})
 
 
-def _server(model, *, name="m", max_prompt_bytes=4096, **kw):
+def _server(model, *, name="m", max_prompt_bytes=4096, api_keys=(), **kw):
     engine = Engine(model, decoder=decode.Decoder(model, costs=_FLAT), **kw)
-    return Running(Server(engine, model_name=name, max_prompt_bytes=max_prompt_bytes))
+    return Running(Server(engine, model_name=name, max_prompt_bytes=max_prompt_bytes, api_keys=api_keys))
 
 
 def _openai():
@@ -180,7 +180,9 @@ def lm_eval_task(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
-def test_lm_eval_local_completions_through_the_server_gives_the_in_process_loglikelihoods(lm_eval_task):
+def test_lm_eval_local_completions_through_the_server_gives_the_in_process_loglikelihoods(lm_eval_task, monkeypatch):
+    """Through a server that needs an API key: local-completions sends OPENAI_API_KEY's as a bearer
+    token (its remote tokenizer asks the open tokenizer routes)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -188,7 +190,8 @@ def test_lm_eval_local_completions_through_the_server_gives_the_in_process_logli
 
     root, docs = lm_eval_task
     model = tiny_model(seed=2).eval()
-    with _server(model, name="tiny", max_batch=4) as srv:
+    monkeypatch.setenv("OPENAI_API_KEY", _KEYS[1])
+    with _server(model, name="tiny", max_batch=4, api_keys=_KEYS) as srv:
         result = lm_eval.simple_evaluate(
             model="local-completions", tasks=["serve_mc"], log_samples=True,
             model_args=f"base_url={srv.url}/v1/completions,model=tiny,tokenizer_backend=remote,num_concurrent=2,"
@@ -202,3 +205,208 @@ def test_lm_eval_local_completions_through_the_server_gives_the_in_process_logli
         got = [tuple(r[0]) for r in s["resps"]]
         assert [lp for lp, _ in got] == pytest.approx([lp for lp, _ in want], abs=1e-5)
         assert [g for _, g in got] == [g for _, g in want]
+
+
+_KEYS = ("sk-alpha", "sk-beta")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_with_api_keys_every_route_but_the_open_ones_answers_401_without_a_valid_key():
+    """Every route of the app, enumerated from its router (a route added later is checked too):
+    each is either open (`OPEN_ROUTES`: /health and the tokenizer routes) or a /v1 route, and each
+    /v1 route answers 401 to no key, a wrong key or a malformed header, and serves either key."""
+    from bytemtp.serving.app import OPEN_ROUTES
+
+    model = tiny_model().eval()
+    with _server(model, max_batch=2, api_keys=_KEYS) as srv:
+        routes = sorted({(r.method, r.resource.canonical) for r in srv.server.app().router.routes()})
+        paths = {path for _, path in routes}
+        assert paths - OPEN_ROUTES == {path for path in paths if path.startswith("/v1/")}, routes
+        assert {"/v1/completions", "/v1/models"} <= paths and "/health" in OPEN_ROUTES
+        body = {"prompt": "a", "max_tokens": 2, "temperature": 0}
+
+        def call(method, path, headers):
+            return requests.request(method, srv.url + path, json=body if method == "POST" else None,
+                                    headers=headers, timeout=60)
+
+        for method, path in routes:
+            if path in OPEN_ROUTES:
+                assert call(method, path, {}).status_code != 401, (method, path)
+                continue
+            for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "Bearer "},
+                            {"Authorization": "sk-alpha"}, {"Authorization": "Basic sk-alpha"},
+                            {"Authorization": "Bearer sk-alpha2"}, {"X-Api-Key": "sk-alpha"}):
+                r = call(method, path, headers)
+                assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", (method, path, headers)
+                if method != "HEAD":
+                    error = r.json()["error"]
+                    assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
+                    assert "sk-" not in error["message"]  # the key sent is never echoed
+            for key in _KEYS:
+                r = call(method, path, {"Authorization": f"Bearer {key}"})
+                assert r.status_code == 200, (method, path, r.text)
+        for path in ("/v1/nothing", "/v1/completions/", "//v1/completions", "/V1/completions", "/v1/%63ompletions",
+                     "/"):  # a path that matches no route needs the key too, however it is spelt
+            assert requests.post(srv.url + path, json=body).status_code == 401, path
+        keyed = {"Authorization": "Bearer sk-beta"}
+        assert requests.post(srv.url + "/v1/nothing", json=body, headers=keyed).status_code == 404
+        assert requests.get(srv.url + "/health").json()["status"] == "ok"
+        assert srv.server.engine.stats.requests == 2  # only the requests with a key reached the engine
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_openai_client_needs_the_right_api_key():
+    openai = _openai()
+    model = tiny_model().eval()
+    with _server(model, max_batch=2, api_keys=_KEYS) as srv:
+        def client(key):
+            return openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0)
+
+        r = client("sk-beta").completions.create(model="m", prompt="ab", max_tokens=5, temperature=0)
+        assert r.choices[0].text == _plain(model, b"ab", 5)
+        assert [m.id for m in client("sk-alpha").models.list().data] == ["m"]
+        for key, headers in (("sk-wrong", None), ("unsent", {"Authorization": openai.Omit()})):  # no header sent
+            with pytest.raises(openai.AuthenticationError, match="API key"):
+                client(key).completions.create(model="m", prompt="ab", max_tokens=5, extra_headers=headers)
+            with pytest.raises(openai.AuthenticationError):
+                client(key).models.list(extra_headers=headers)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_lm_eval_sends_openai_api_key_as_the_bearer_token_the_server_checks(monkeypatch):
+    """The exact header lm-evaluation-harness's local-completions sends (the slow lm-eval test runs
+    it through the server whole)."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    def header():
+        api = LocalCompletionsAPI.__new__(LocalCompletionsAPI)  # no connection: only the header
+        api._header = None
+        return api.header
+
+    model = tiny_model().eval()
+    body = {"model": "m", "prompt": [[257, 97, 98]], "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
+    with _server(model, max_batch=2, api_keys=_KEYS) as srv:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-alpha")
+        assert header() == {"Authorization": "Bearer sk-alpha"}
+        assert requests.post(srv.url + "/v1/completions", json=body, headers=header()).status_code == 200
+        monkeypatch.delenv("OPENAI_API_KEY")
+        assert requests.post(srv.url + "/v1/completions", json=body, headers=header()).status_code == 401
+
+
+def _events(response):
+    """A streamed completion's text, its error events and whether it ended with [DONE]."""
+    text, errors, done = [], [], False
+    for line in response.iter_lines():
+        if not line.startswith(b"data: "):
+            continue
+        data = line[len(b"data: "):]
+        if data == b"[DONE]":
+            done = True
+            continue
+        event = json.loads(data)
+        if "error" in event:
+            errors.append(event["error"])
+        else:
+            text += [c["text"] for c in event["choices"]]
+    return "".join(text), errors, done
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_non_finite_numbers_and_seeds_past_64_bits_get_400_beside_a_healthy_stream():
+    model = tiny_model().eval()
+    with _server(model, max_batch=2) as srv:
+        url = srv.url + "/v1/completions"
+        healthy = requests.post(url, json={"prompt": "ab", "max_tokens": 200, "temperature": 0, "stream": True},
+                                stream=True, timeout=60)
+        for text, param in [('"temperature": NaN', "temperature"), ('"temperature": Infinity', "temperature"),
+                            ('"temperature": -Infinity', "temperature"), ('"temperature": 1e309', "temperature"),
+                            ('"top_p": NaN', "top_p"), ('"seed": 18446744073709551616', "seed"),
+                            ('"seed": -9223372036854775809', "seed"), ('"stop": ["a", NaN]', "stop")]:
+            r = requests.post(url, data=('{"prompt": "x", "max_tokens": 4, ' + text + "}").encode(),
+                              headers={"Content-Type": "application/json"}, timeout=60)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, (text, r.text)
+            assert "Traceback" not in r.text
+        tiny = requests.post(url, json={"prompt": "ab", "max_tokens": 8, "temperature": 1e-45}, timeout=60)
+        assert tiny.json()["choices"][0]["text"] == _plain(model, b"ab", 8)  # as greedy
+        for seed in (2 ** 64 - 1, -1, -2 ** 63):  # with n=2 the second choice's seed wraps within 64 bits
+            r = requests.post(url, json={"prompt": "ab", "max_tokens": 4, "temperature": 1, "seed": seed, "n": 2},
+                              timeout=60)
+            assert r.status_code == 200, r.text
+        assert _events(healthy) == (_plain(model, b"ab", 200), [], True)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_request_whose_decoding_fails_fails_alone_beside_healthy_streams(monkeypatch):
+    model = tiny_model().eval()
+    with _server(model, max_batch=3, draft=Draft(4)) as srv:
+        url, decoder = srv.url + "/v1/completions", srv.server.engine.decoder
+        real = decoder.propose
+
+        def propose(row, *args, **kw):
+            if bytes(row.prompt) == b"poison" and len(row.out.data) >= 2:
+                raise RuntimeError("a poisoned row")
+            return real(row, *args, **kw)
+
+        monkeypatch.setattr(decoder, "propose", propose)
+        got = {}
+
+        def stream(prompt):
+            r = requests.post(url, json={"prompt": prompt, "max_tokens": 60, "temperature": 0, "stream": True},
+                              stream=True, timeout=60)
+            got[prompt] = _events(r)
+
+        prompts = ["ab", "poison", "cd", "efg", "h"]  # more than the batch: some wait
+        threads = [threading.Thread(target=stream, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for p in prompts:
+            text, errors, done = got[p]
+            assert done, p
+            if p == "poison":
+                assert len(errors) == 1 and "a poisoned row" in errors[0]["message"] and errors[0]["code"] == 500
+            else:
+                assert (text, errors) == (_plain(model, p.encode(), 60), []), p
+        plain = requests.post(url, json={"prompt": "poison", "max_tokens": 60, "temperature": 0}, timeout=60)
+        assert plain.status_code == 500 and "a poisoned row" in plain.json()["error"]["message"]
+        ok = requests.post(url, json={"prompt": ["ab", "cd"], "max_tokens": 9, "temperature": 0}, timeout=60)
+        assert [c["text"] for c in ok.json()["choices"]] == [_plain(model, b"ab", 9), _plain(model, b"cd", 9)]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_one_request_of_100_prompts_on_an_idle_server_is_served_whole():
+    """More choices than the batch and the queue hold (2 + 4), as lm-eval's local-completions
+    batches prompts: queued as a unit, its rows joining the batch as room frees."""
+    model = tiny_model().eval()
+    prompts = [f"p{i}" for i in range(100)]
+    with _server(model, max_batch=2, max_queue=4) as srv:
+        url = srv.url + "/v1/completions"
+        r = requests.post(url, json={"prompt": prompts, "max_tokens": 3, "temperature": 0}, timeout=120)
+        assert r.status_code == 200, r.text
+        choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+        assert [c["text"] for c in choices] == [_plain(model, p.encode(), 3) for p in prompts]
+        scored = requests.post(url, json={"prompt": [[257, *p.encode()] for p in prompts], "max_tokens": 1,
+                                          "temperature": 0, "echo": True, "logprobs": 1}, timeout=120)
+        assert scored.status_code == 200, scored.text
+        for c, p in zip(sorted(scored.json()["choices"], key=lambda c: c["index"]), prompts):
+            lp = c["logprobs"]
+            assert lp["tokens"][:len(p) + 1] == ["<eos>", *p] and len(lp["token_logprobs"]) == len(lp["tokens"])
+        health = requests.get(srv.url + "/health").json()
+        assert health["running"] == 0 and health["queued"] == 0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_20000_stop_strings_get_400_at_once_and_the_user_field_is_accepted():
+    model = tiny_model().eval()
+    with _server(model, max_batch=2) as srv:
+        url = srv.url + "/v1/completions"
+        t0 = time.perf_counter()
+        r = requests.post(url, json={"prompt": "ab", "max_tokens": 4, "stop": [f"s{i}" for i in range(20000)]},
+                          timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stop" and "16 at most" in r.text
+        assert time.perf_counter() - t0 < 5
+        r = requests.post(url, json={"prompt": "ab", "max_tokens": 4, "temperature": 0, "user": "user-1234"},
+                          timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == _plain(model, b"ab", 4)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from doubles import FITTED, SONGS, fitted_model, tiny_model
+from doubles import FITTED, SONGS, fitted_model, rare_eos_model, tiny_model
 
 from bytemtp.decoding import decode
 from bytemtp.decoding.drafting import PassCosts
@@ -221,5 +221,92 @@ def test_an_eager_engine_does_not_compile():
     engine.start()
     try:
         assert not engine.static and engine.decoder.policy.static is None
+    finally:
+        engine.close()
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("after", [0, 3])  # the fault at the row's prefill, or in a pass after 3 bytes
+def test_a_row_whose_decoding_fails_fails_alone(monkeypatch, after):
+    """One row raises (here: its proposals, from its prefill on or after 3 bytes); it alone gets an
+    error, the rows beside it decode on exactly as each prompt alone, and the jobs waiting behind
+    the batch (taken from the queue or not) are all answered."""
+    model = tiny_model().eval()
+    engine = _engine(model, max_batch=3, draft=Draft(4))
+    real = engine.decoder.propose
+
+    def propose(row, *args, **kw):
+        if row.prompt == b"poison" and len(row.out.data) >= after:
+            raise RuntimeError("a poisoned row")
+        return real(row, *args, **kw)
+
+    monkeypatch.setattr(engine.decoder, "propose", propose)
+    try:
+        prompts = [b"ab", b"poison", b"cd", b"e", b"fgh", b""]
+        got = [_Collect() for _ in prompts]
+        for c, prompt in zip(got, prompts):
+            engine.submit(c.job(prompt, 30))
+        for c, prompt in zip(got, prompts):
+            c.wait()
+            if prompt == b"poison":
+                assert c.result is None and "RuntimeError: a poisoned row" in c.error
+                assert len(b"".join(c.pieces)) >= after
+            else:
+                want = decode.generate(model, prompt, max_bytes=30).output
+                assert c.error is None and c.result.output == want and b"".join(c.pieces) == want
+        assert engine.running == 0 and engine.queued == 0 and engine.stats.errors == 1
+        monkeypatch.setattr(engine.decoder, "propose", real)
+        fine = _Collect()
+        engine.submit(fine.job(b"poison", 10))
+        assert fine.wait().output == decode.generate(model, b"poison", max_bytes=10).output
+    finally:
+        engine.close()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_fault_that_no_row_raises_alone_fails_its_batch_once_it_repeats(monkeypatch):
+    """A pass that fails at any batch of two or more rows (a fault of the model, not of a row):
+    every row decodes a pass alone without it, goes on, meets it again, and then every row fails;
+    the engine serves on."""
+    model = rare_eos_model()  # no row ends before the fault comes again
+    engine = _engine(model, max_batch=2, draft=Draft.plain())
+    real = engine.decoder.step
+
+    def step(state, choice):
+        if sum(r not in state.finished for r in state.active) > 1:
+            raise RuntimeError("a batch fault")
+        return real(state, choice)
+
+    monkeypatch.setattr(engine.decoder, "step", step)
+    try:
+        got = [_Collect(), _Collect()]
+        for c, prompt in zip(got, [b"a", b"b"]):
+            engine.submit(c.job(prompt, 50))
+        for c in got:
+            c.wait()
+            assert "RuntimeError: a batch fault" in c.error and 0 < len(b"".join(c.pieces)) < 50
+        fine = _Collect()
+        engine.submit(fine.job(b"a", 10))
+        assert fine.wait().output == decode.generate(model, b"a", max_bytes=10).output
+    finally:
+        engine.close()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_request_larger_than_the_queue_is_queued_whole_when_nothing_waits():
+    model = tiny_model().eval()
+    engine = Engine(model, max_batch=2, max_queue=3, decoder=decode.Decoder(model, costs=_FLAT))  # not started
+    big = [_Collect() for _ in range(12)]  # more than the batch and the queue hold
+    engine.submit(*[c.job(bytes([97 + i]), 3) for i, c in enumerate(big)])
+    with pytest.raises(QueueFull, match="12 requests are waiting"):
+        engine.submit(_Collect().job(b"x", 3))  # behind it, the queue is full
+    engine.submit(ScoreJob([b"ab"], top=0), follow_up=True)  # a queued request's scoring: never refused
+    engine.start()
+    try:
+        for i, c in enumerate(big):
+            assert c.wait().output == decode.generate(model, bytes([97 + i]), max_bytes=3).output
+        later = _Collect()
+        engine.submit(later.job(b"x", 3))
+        assert later.wait().output == decode.generate(model, b"x", max_bytes=3).output
     finally:
         engine.close()

@@ -69,3 +69,63 @@ def test_compile_reaches_the_engines_decoder(short_run, monkeypatch, mode):
     result = CliRunner().invoke(main, ["serve", "--ckpt", str(short_run), "--compile", mode, "--draft", "plain"])
     assert result.exit_code == 0, result.output
     assert seen == [Compile(mode)]
+
+
+def test_api_keys_come_from_flags_a_file_and_the_environment_and_off_the_loopback_a_warning(short_run, monkeypatch,
+                                                                                            tmp_path):
+    """What `serve` hands its server, and the one warning line for a server open to every interface
+    without a key (here bound on the loopback all the same)."""
+    import socket as socket_module
+
+    from bytemtp.serving import app
+    from bytemtp.serving.engine import Engine
+
+    seen = []
+    monkeypatch.setattr(Engine, "start", lambda self, progress=None: None)
+    monkeypatch.setattr(app, "serve", lambda server, **kw: seen.append(server.api_keys))
+    monkeypatch.setattr(app, "listen", lambda host, port: socket_module.create_server(("127.0.0.1", 0)),
+                        raising=False)  # what binds: on the loopback, whatever the host
+    monkeypatch.delenv("BYTEMTP_API_KEY", raising=False)
+    keys = tmp_path / "keys"
+    keys.write_text("# keys for the team\n\nsk-file\n  sk-one\n")
+
+    def run(*args, env=None):
+        seen.clear()
+        result = CliRunner().invoke(main, ["serve", "--ckpt", str(short_run), "--port", "0", "--draft", "plain", *args],
+                                    env=env)
+        assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+        warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+        return seen[0], warnings
+
+    assert run("--api-key", "sk-one", "--api-key", "sk-two", "--api-key-file", str(keys)) == \
+        (("sk-one", "sk-two", "sk-file"), [])
+    assert run(env={"BYTEMTP_API_KEY": "sk-env"}) == (("sk-env",), [])
+    assert run("--api-key", "sk-one", env={"BYTEMTP_API_KEY": "sk-env"}) == (("sk-one",), [])  # the flag wins
+    for host in ("127.0.0.1", "127.0.0.2", "localhost", "::1"):
+        assert run("--host", host) == ((), []), host
+    for host in ("0.0.0.0", "::", "192.0.2.7", "example.com"):
+        got, warnings = run("--host", host)
+        assert got == () and len(warnings) == 1 and host in warnings[0] and "API key" in warnings[0], (host, warnings)
+        assert run("--host", host, "--api-key", "sk-one")[1] == []
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--api-key-file", "{tmp}/missing"], "missing cannot be read"),
+    (["--api-key-file", "{tmp}"], "cannot be read"),  # a folder
+    (["--api-key-file", "{tmp}/empty"], "empty holds no key"),
+    (["--api-key-file", "{tmp}/spaced"], "spaced:2: an API key is printable ASCII"),
+    (["--api-key", ""], "--api-key: an API key"),
+    (["--api-key", "two words"], "--api-key: an API key"),
+])
+def test_a_bad_api_key_or_key_file_is_one_line_before_the_model_loads(tmp_path, args, match):
+    (tmp_path / "empty").write_text("# nothing yet\n\n")
+    (tmp_path / "spaced").write_text("sk-one\nsk two\n")
+    args = [a.format(tmp=tmp_path) for a in args]
+    result = CliRunner().invoke(main, ["serve", "--ckpt", str(tmp_path / "no-checkpoint"), "--port", "0", *args])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and match in result.output, result.output
+
+
+def test_serve_help_tells_how_to_set_an_api_key():
+    text = CliRunner().invoke(main, ["serve", "--help"]).output
+    assert "no authentication" not in text and "--api-key-file" in text and "BYTEMTP_API_KEY" in text

@@ -12,8 +12,17 @@ Routes: `POST /v1/completions` (plain, `stream`, `echo`, `logprobs`, `n`, a list
 tokenizer asks for, `GET /tokenizer_info` and `POST /tokenize` (with `POST /detokenize`): ids
 are bytes, and the special names in the text `/tokenize` reads become their ids, as a Hugging Face
 tokenizer parses special tokens. Every error is an OpenAI-style JSON body: 400 for a bad field
-(named), 404 for an unknown model or route, 413 past the prompt limit, 503 when the queue is
-full; an unexpected fault is a 500 whose body says what failed, never a traceback.
+(named), 401 without a valid API key, 404 for an unknown model or route, 413 past the prompt
+limit, 503 when the queue is full; an unexpected fault is a 500 whose body says what failed,
+never a traceback.
+
+With API keys (`Server(api_keys=...)`, `serve --api-key`), every route but the open ones
+(`OPEN_ROUTES`: `/health` and the tokenizer routes, which read no model; as vLLM leaves its
+`/tokenize` open, so lm-evaluation-harness's remote tokenizer needs no key) answers 401 unless
+the request carries `Authorization: Bearer KEY` with one of them: the `/v1` routes, and any path
+that matches no route, so that no spelling of a path gets past the check. A request's choices
+are queued as a unit (`Engine.submit`), so a request of more prompts than the queue holds is
+taken whole when nothing waits, its rows joining the batch as room frees.
 
 Log-probabilities are those of the next-byte head at temperature 1 (the model's own
 distribution, whatever the sampling settings), scored over the prompt and the output once the
@@ -38,8 +47,8 @@ import torch
 from bytemtp.decoding.generation import Generation
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.serving.engine import Engine, GenerateJob, QueueFull, ScoreJob
-from bytemtp.serving.protocol import (ApiError, Completion, StreamText, error_body, finish_reason, logprobs_body,
-                                      parse_completion, trim_stop)
+from bytemtp.serving.protocol import (SEED_RANGE, ApiError, Completion, StreamText, authorized, error_body,
+                                      finish_reason, logprobs_body, parse_completion, trim_stop)
 from bytemtp.vocab import EOS, SPECIAL_NAMES
 
 log = logging.getLogger("bytemtp.serve")
@@ -48,12 +57,15 @@ log = logging.getLogger("bytemtp.serve")
 class Server:
     """The routes over one engine (see the module docstring)."""
 
-    def __init__(self, engine: Engine, *, model_name: str, max_prompt_bytes: int = 65536):
+    def __init__(self, engine: Engine, *, model_name: str, max_prompt_bytes: int = 65536,
+                 api_keys: tuple[str, ...] = ()):
         self.engine, self.model_name, self.max_prompt_bytes = engine, model_name, max_prompt_bytes
+        self.api_keys = tuple(api_keys)
         self.created = int(time.time())
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_errors], client_max_size=8 * self.max_prompt_bytes + (1 << 20))
+        middlewares = [_errors] + ([_bearer(self.api_keys)] if self.api_keys else [])
+        app = web.Application(middlewares=middlewares, client_max_size=8 * self.max_prompt_bytes + (1 << 20))
         app.add_routes([web.post("/v1/completions", self.completions), web.get("/v1/models", self.models),
                         web.get("/health", self.health), web.get("/tokenizer_info", self.tokenizer_info),
                         web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize)])
@@ -113,8 +125,7 @@ class Server:
         runs = [_Run(self, req, index=p * req.n + j, prompt=p, seed=_seed(req.seed, j))
                 for p in range(len(req.prompts)) for j in range(req.n)]
         try:
-            for run in runs:
-                run.submit()
+            _submit(self.engine, [run.make_job() for run in runs])  # all or none
             if req.stream:
                 return await self._stream(request, req, runs, rid, created)
             results = [await run.finish() for run in runs]
@@ -192,7 +203,7 @@ class _Run:
         except RuntimeError:  # the loop is closed: the server is stopping
             pass
 
-    def submit(self) -> None:
+    def make_job(self) -> GenerateJob:
         req = self.req
         generator = torch.Generator(device=self.server.engine.model.embed.weight.device).manual_seed(self.seed)
         sampling = Sampling(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, generator=generator)
@@ -200,13 +211,7 @@ class _Run:
                                on_bytes=lambda piece: self._call(self._piece, piece),
                                on_done=lambda g: self._call(self._settle, g, None),
                                on_error=lambda message: self._call(self._settle, None, message))
-        self._submit(self.job)
-
-    def _submit(self, job) -> None:
-        try:
-            self.server.engine.submit(job)
-        except QueueFull as e:
-            raise ApiError(503, f"the server is busy: {e}; try again later") from None
+        return self.job
 
     def forward_to(self, sink: asyncio.Queue) -> None:
         self.sink = sink
@@ -253,7 +258,7 @@ class _Run:
 
         self.job = ScoreJob([prompt + out], req.logprobs, on_done=lambda r: self._call(settle, r, None),
                             on_error=lambda m: self._call(settle, None, m))
-        self._submit(self.job)
+        _submit(self.server.engine, [self.job], follow_up=True)  # the request is in already: never refused for room
         result = (await scored)[0]
         first = 0 if req.echo else len(prompt)
         ids = list((prompt + out)[first:])
@@ -265,8 +270,18 @@ class _Run:
         return logprobs_body(ids, values, top, text=text)
 
 
+def _submit(engine: Engine, jobs: list, *, follow_up: bool = False) -> None:
+    try:
+        engine.submit(*jobs, follow_up=follow_up)
+    except QueueFull as e:
+        raise ApiError(503, f"the server is busy: {e}; try again later") from None
+
+
 def _seed(seed: int | None, j: int) -> int:
-    return secrets.randbelow(2 ** 62) if seed is None else seed + j
+    """Choice j's seed: the request's plus j, kept within a generator's 64 bits."""
+    if seed is None:
+        return secrets.randbelow(2 ** 62)
+    return seed + j - (2 ** 64 if seed + j > SEED_RANGE[1] else 0)
 
 
 def _usage(req: Completion, runs: list[_Run]) -> dict:
@@ -280,6 +295,28 @@ async def _json(request: web.Request) -> Any:
         return json.loads(await request.read())
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not JSON: {e}") from None
+
+
+OPEN_ROUTES = frozenset({"/health", "/tokenizer_info", "/tokenize", "/detokenize"})  # no API key needed
+
+
+def _bearer(keys: tuple[str, ...]):
+    """The middleware that lets in only requests with one of the keys (see the module docstring)."""
+
+    @web.middleware
+    async def check(request: web.Request, handler) -> web.StreamResponse:
+        route = request.match_info.route.resource
+        if route is not None and route.canonical in OPEN_ROUTES:
+            return await handler(request)
+        header = request.headers.get("Authorization")
+        if authorized(header, keys):
+            return await handler(request)
+        message = ("this server needs an API key: send it as 'Authorization: Bearer KEY'" if not header else
+                   "the API key is not valid (expected 'Authorization: Bearer KEY' with a key this server accepts)")
+        return web.json_response(error_body(401, message, kind="invalid_request_error", code="invalid_api_key"),
+                                 status=401, headers={"WWW-Authenticate": "Bearer"})
+
+    return check
 
 
 @web.middleware

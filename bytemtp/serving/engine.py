@@ -24,6 +24,14 @@ Everything a request hears comes through its callbacks, called on the engine's t
 `on_bytes(piece)` once per pass that emitted bytes for it (a group of accepted bytes), and
 `on_done(generation)` or `on_error(message)` once. A job that is `cancel`led (its client has
 gone) leaves the batch before the next pass.
+
+A fault fails the row that raises it, not its batch (`_recover`): after a pass (or an admission)
+raises, each of its rows decodes one pass alone, in a batch of its own; the rows that raise there
+fail, and the others go on in a new batch, each prefilled anew from its prompt and the output so
+far, as a window's slide goes on (a greedy row's output is still that prompt decoded alone). A
+fault that no row raises alone fails every row of the batch when it comes again before a pass
+succeeds (a fault of the model, not of a row). Jobs taken from the queue and not yet in the
+batch go back to the queue's front.
 """
 
 from __future__ import annotations
@@ -130,19 +138,27 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._live: dict[int, _Live] = {}  # by id of the row in the batch
         self._loop: Loop | None = None
+        self._taken: list[GenerateJob] = []  # taken from the queue, not yet in the batch
+        self._unexplained = False  # a fault that no row raised alone came since the last good pass
         self.static = False  # whether passes run the compiled step (settled by `start`)
 
     # --- from other threads ---------------------------------------------------------------------
 
-    def submit(self, job: GenerateJob | ScoreJob) -> None:
-        """Queue a job; QueueFull when `max_queue` jobs already wait beyond the room in the batch."""
+    def submit(self, *jobs: GenerateJob | ScoreJob, follow_up: bool = False) -> None:
+        """Queue jobs (a request's choices), all or none; QueueFull when they would make more than
+        `max_queue` jobs wait beyond the room in the batch. Jobs past that room are queued whole
+        when nothing waits and the batch or queue has room for one: a request of more choices
+        than the queue holds then waits only for the rows ahead of it, as its rows join the batch
+        as room frees (the requests after it get QueueFull until the queue is short again).
+        `follow_up`: the jobs continue a request already queued (its scoring), never refused for room."""
         with self._cond:
             if self._closing:
                 raise QueueFull("the server is shutting down")
-            if len(self._waiting) >= self.max_queue + self.max_batch - len(self._live):
+            room = self.max_queue + self.max_batch - len(self._live) - len(self._waiting)
+            if not follow_up and len(jobs) > room and (self._waiting or room < 1):
                 raise QueueFull(f"{len(self._waiting)} requests are waiting (the queue holds {self.max_queue} "
                                 f"beyond the batch of {self.max_batch})")
-            self._waiting.append(job)
+            self._waiting.extend(jobs)
             self._cond.notify()
 
     @property
@@ -191,8 +207,9 @@ class Engine:
             try:
                 with torch.inference_mode():
                     self._iteration()
-            except Exception as e:  # a fault of one pass fails the requests it ran, not the server
-                self._fail_all(f"decoding failed: {type(e).__name__}: {e}")
+                self._unexplained = False
+            except Exception as e:  # a fault fails the row that raises it, not the server nor its batch
+                self._recover(f"decoding failed: {type(e).__name__}: {e}")
         self._fail_all("the server is shutting down", waiting=True)
 
     def _take(self) -> tuple[list[ScoreJob], list[GenerateJob]]:
@@ -219,11 +236,14 @@ class Engine:
     def _iteration(self) -> None:
         """Score what waits, admit newcomers, emit every row's next byte, drop finished rows, then
         one pass over the batch."""
-        scores, gens = self._take()
+        if self._loop is None and self._live:  # rows going on after a fault: a new batch, each prefilled anew
+            self._loop = Loop(self.decoder, self.draft, [], static=self.static, buckets=batch_buckets(self.max_batch))
+            self._loop.admit([live.row for live in self._live.values()])
+        scores, self._taken = self._take()
         for job in scores:
             self._score(job)
-        if gens:
-            self._admit(gens)
+        if self._taken:
+            self._admit(self._taken)
         if not self._live:
             return
         loop = self._loop
@@ -250,11 +270,17 @@ class Engine:
         if self._loop is None:
             self._loop = Loop(self.decoder, self.draft, [], static=self.static,
                               buckets=batch_buckets(self.max_batch))
-        lives = [_Live(job, self.draft, depths) for job in jobs]
+        lives = []
+        for job in jobs:
+            try:
+                lives.append(_Live(job, self.draft, depths))
+            except Exception as e:  # a row that cannot be made fails alone
+                self.stats.errors += 1
+                job.on_error(f"decoding failed: {type(e).__name__}: {e}")
+        self._taken = []
         for live in [live for live in lives if live.job.max_bytes == 0]:  # nothing to decode
             live.row.out.stats.stopped_by = "max_bytes"
-            self.stats.requests += 1
-            live.job.on_done(live.row.out.result(live.t0))
+            self._answer(live)
         lives = [live for live in lives if live.job.max_bytes > 0]
         self._live.update((id(live.row), live) for live in lives)
         self._loop.admit([live.row for live in lives])
@@ -270,10 +296,76 @@ class Engine:
     def _finish(self) -> None:
         """Tell every finished row's job, and drop the rows from the batch."""
         for row in self._loop.remove_finished():
-            live = self._live.pop(id(row))
-            self.stats.requests += 1
-            self.stats.cancelled += live.row.out.stats.stopped_by == "cancelled"
-            live.job.on_done(live.row.out.result(live.t0))
+            self._answer(self._live.pop(id(row)))
+
+    def _answer(self, live: _Live) -> None:
+        self.stats.requests += 1
+        self.stats.cancelled += live.row.out.stats.stopped_by == "cancelled"
+        live.job.on_done(live.row.out.result(live.t0))
+
+    def _recover(self, message: str) -> None:
+        """After a fault (`message`): fail the rows that raise it alone, and keep the others for a
+        new batch, which the next iteration prefills (see the module docstring). Jobs taken from
+        the queue but not yet in the batch go back to its front; when the fault comes again before
+        a good iteration and no row raised it alone, they fail with every row."""
+        taken, self._taken = self._taken, []
+        try:
+            self._flush()  # the bytes emitted before the fault go out
+        except Exception:
+            pass
+        lives, self._live, self._loop = list(self._live.values()), {}, None
+        going = [live for live in lives if not self._ended(live)]
+        if self._unexplained:  # again, and no row to blame: a fault of the model
+            self._unexplained = False
+            for live in going:
+                self._fail(live, message)
+            for job in taken:
+                self.stats.errors += 1
+                job.on_error(message)
+            return
+        with self._cond:
+            self._waiting.extendleft(reversed(taken))
+        culprits = 0
+        for live in going:
+            fault = self._alone(live)
+            if fault is not None:
+                culprits += 1
+                self._fail(live, fault)
+            elif not self._ended(live):
+                self._live[id(live.row)] = live
+        self._unexplained = culprits == 0
+
+    def _ended(self, live: _Live) -> bool:
+        """Whether a row's output has ended (or its client has gone): then its job is answered."""
+        if live.job.cancelled and not live.row.out.stats.stopped_by:
+            live.row.out.stats.stopped_by = "cancelled"
+        if not live.row.out.stats.stopped_by:
+            return False
+        self._answer(live)
+        return True
+
+    def _alone(self, live: _Live) -> str | None:
+        """Decode one pass of a row in a batch of its own: the fault it raises, or None (its bytes
+        are flushed; whether it has ended, its stats say)."""
+        try:
+            with torch.inference_mode():
+                loop = Loop(self.decoder, self.draft, [], static=self.static, buckets=batch_buckets(self.max_batch))
+                loop.admit([live.row])
+                if loop.emit():
+                    loop.advance()
+        except Exception as e:
+            return f"decoding failed: {type(e).__name__}: {e}"
+        finally:
+            if live.pending:
+                piece = bytes(live.pending)
+                live.pending.clear()
+                self.stats.bytes_out += len(piece)
+                live.job.on_bytes(piece)
+        return None
+
+    def _fail(self, live: _Live, message: str) -> None:
+        self.stats.errors += 1
+        live.job.on_error(message)
 
     def _score(self, job: ScoreJob) -> None:
         try:
