@@ -34,8 +34,8 @@ from .options import check_heads, check_output_file, compile_option, device_opti
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
 @click.option("--seed", default=None, type=int,
               help="Seed of the sampler; without it a seed is drawn and printed to stderr when sampling. "
-                   "The draws repeat exactly with a fixed draft (--heads or --no-speculative), since the "
-                   "automatic one follows measured timings.")
+                   "A seed repeats the output, whatever the draft (each byte is drawn by its position, so "
+                   "plain, fixed and automatic drafts write the same bytes), on the same device and dtype.")
 @click.option("--stop", multiple=True, help="Stop after this string (repeatable).")
 @click.option("--heads", type=click.IntRange(1), default=None,
               help="Force this many heads (a chain of heads - 1 drafts); default: chosen each pass from "
@@ -102,7 +102,7 @@ def generate_cmd(ckpt: str, prompt: str | None, prompt_file: str | None, prompts
         import secrets
 
         seed = secrets.randbelow(2**31)
-        click.echo(f"seed {seed} (sampling again with --seed {seed} and a fixed draft repeats this output)", err=True)
+        click.echo(f"seed {seed} (sampling again with --seed {seed} repeats this output)", err=True)
     generator = torch.Generator(device=dev).manual_seed(seed or 0)
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     speculative = not no_speculative and model.config.n_future > 1

@@ -7,7 +7,7 @@ from doubles import MARKOV_SYMBOLS, MARKOV_TARGET, MarkovModel, chi2_critical, s
 
 from bytemtp.decoding import decode
 from bytemtp.decoding.drafting import PassCosts
-from bytemtp.decoding.sampling import Sampling, _sample, distribution
+from bytemtp.decoding.sampling import Sampling, distribution, pick
 from bytemtp.decoding.strategy import Draft
 from bytemtp.vocab import EOS
 
@@ -82,23 +82,23 @@ def test_plain_batch_sampling_has_the_target_distribution():
     assert all(s.forward_passes == 3 and s.drafted == [] for s in stats)
 
 
-def _accept_all_drafts(p_TV, q_DV, drafts, generator):
+def _accept_all_drafts(p_TV, drafts, *, key, at):
     """A wrong rule: every draft accepted, the bonus byte from p (emits the draft distribution)."""
-    return len(drafts), _sample(p_TV[len(drafts)][None], generator)[0]
+    n = len(drafts)
+    return n, pick(p_TV[n:n + 1], key, [at + n])[0]
 
 
-def _resample_target_on_reject(p_TV, q_DV, drafts, generator):
-    """A subtly wrong rule: at a rejection the next byte comes from p, not from norm(max(0, p - q))."""
-    for j, d in enumerate(drafts):
-        if float(torch.rand((), generator=generator)) < min(1.0, float(p_TV[j, d]) / float(q_DV[j, d])):
-            continue
-        return j, _sample(p_TV[j][None], generator)[0]
-    return len(drafts), _sample(p_TV[len(drafts)][None], generator)[0]
+def _one_noise_for_the_whole_pass(p_TV, drafts, *, key, at):
+    """A subtly wrong rule: every position of a pass picks with the noise of its first (each pick
+    alone draws from p, but the bytes of a pass are not independent)."""
+    picks = pick(p_TV[:len(drafts) + 1], key, [at] * (len(drafts) + 1))
+    n_ok = next((j for j, d in enumerate(drafts) if d != picks[j]), len(drafts))
+    return n_ok, picks[n_ok]
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
-@pytest.mark.parametrize("wrong_rule,n", [(_accept_all_drafts, 2000), (_resample_target_on_reject, 4000)])
+@pytest.mark.parametrize("wrong_rule,n", [(_accept_all_drafts, 2000), (_one_noise_for_the_whole_pass, 4000)])
 def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch, wrong_rule, n):
     monkeypatch.setattr(decode, "verify_sampled", wrong_rule)
     outputs, _ = _sample_outputs(n, 2, seed=11)

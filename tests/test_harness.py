@@ -113,8 +113,7 @@ def test_generation_settings_sampling_and_limits(harness_run):
     from bytemtp.interop.harness import ByteMTPLM
 
     root, model, _ = harness_run
-    # a seed repeats a sample under a fixed draft; under auto, passes chosen from measured times
-    # draw different bytes (of the same distribution)
+    # a seed repeats a sample (under any draft: each byte is drawn by its position)
     args = f"ckpt={root / 'run'},device=cpu,batch_size=2,seed=7,draft=chain-3"
     lm = ByteMTPLM.create_from_arg_string(args)
     prompts = ["x = ", "def f(", "import "]

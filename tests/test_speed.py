@@ -73,7 +73,7 @@ def test_speed_figures_and_their_json_form():
 
 def test_a_speedup_above_bytes_per_pass_is_refused_where_both_did_the_same_work_only():
     """Greedy modes decode the same bytes, so a speedup above bytes per pass is a bad measurement;
-    sampled modes draw other bytes (and end sooner or later), so they are not judged by it."""
+    modes whose outputs differ (sampled from other seeds) are not judged by it."""
     import pytest
 
     from bytemtp.decoding.generation import Generation, SpeculativeStats

@@ -32,7 +32,8 @@ class Row:
     may differ), its window, the byte due next and the candidates of the heads after it (greedy:
     each head's top bytes; sampling: one draft each and its q). `lookup`: whether the row may
     draft prompt-lookup bytes (`lookup`; greedy rows only). `prompt` holds the prompt's ids: its
-    bytes, or a list of a BPE baseline's token ids."""
+    bytes, or a list of a BPE baseline's token ids. Rows made from one `Sampling` draw their keys
+    from its generator in the order they are made."""
 
     def __init__(self, prompt: bytes | list[int], out: Output, sampling: Sampling | None = None, *,
                  lookup: bool = False):
@@ -44,6 +45,9 @@ class Row:
         self.cand: list[list[int]] = []  # [depth - 1][rank]
         self.q: torch.Tensor | None = None  # (depths, V) draft distributions when sampling
         self.sure = 1 << 30  # depths of the heads' top chain that are sure enough (`Decoder.confidence`)
+        # a sampled row's key, drawn now from its sampling's generator: its byte at output position i
+        # is a function of the key and i (`sampling.pick`), whatever the passes draft
+        self.key = 0 if self.sampling.greedy else self.sampling.draw_key()
 
     @property
     def stats(self) -> SpeculativeStats:

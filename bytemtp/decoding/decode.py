@@ -1,7 +1,8 @@
 """Decoding: plain one-byte-per-pass decoding (the reference) and self-speculative decoding.
 
 `generate` is the reference: one prompt, one byte per forward pass, greedy or sampled (temperature,
-top-k, top-p through a seeded `torch.Generator`), until EOS, a stop string or `max_bytes`.
+top-k, top-p; the row's key drawn from a seeded `torch.Generator`, each byte by its position:
+`sampling`), until EOS, a stop string or `max_bytes`.
 
 `Decoder` is the fast path for many prompts at once: the pass cycle (`loop.Loop`, which the server's
 engine runs too) over small named steps, in the manner of gpt-fast. `prefill` runs the prompts and `propose` takes each row's next byte
@@ -15,7 +16,9 @@ chosen (`plan`) from what a pass costs here (`calibration`, timed by `measure_pa
 decoder's own step) and how often each head has been right (`drafting`), so speculation does not cost
 more than it returns (untrained heads: plain decoding). Passes run eagerly or, where compiling pays
 (`compiled.CompilePolicy`), on the compiled static step. Greedy output equals plain greedy output;
-sampled output has exactly the model's distribution (the speculative sampling rule, on chains).
+sampled output equals plain sampled output with the same key (a row's draws go by output position,
+`sampling.verify_sampled`, on chains), so it has exactly the model's distribution and a seed
+repeats it whatever the plan.
 
 Generation starts a new document: the prompt is preceded by EOS, as every document is in the packed
 training stream. The model never emits BOS, PAD or the padding ids above them; EOS ends the output and
@@ -43,7 +46,7 @@ from bytemtp.decoding.compiled import NODE_BUCKETS, Compile, CompilePolicy
 from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts, choose
 from bytemtp.decoding.generation import DecodeStats, Generation, Output, SpeculativeStats, as_bytes, as_prompt_list
 from bytemtp.decoding.lookup import LookupProfile, accepted_run, lookup_pass
-from bytemtp.decoding.sampling import Sampling, _sample, distribution, masked_logits, next_byte, verify_sampled
+from bytemtp.decoding.sampling import Sampling, distribution, masked_logits, next_byte, pick, verify_sampled
 from bytemtp.decoding.strategy import Draft
 from bytemtp.decoding.loop import Loop
 from bytemtp.model.kvcache import KVCache, context_left, window_start
@@ -75,7 +78,8 @@ def generate(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, sampling: S
     ids = torch.tensor([tokens[start:]], device=device)
     logits = model.logits(ids, cache, heads=1, layout=build_layout(model, ids, cache))[0, -1, 0]
     out.stats.forward_passes = 1
-    while not out.emit(byte := next_byte(logits, sampling)):
+    key = None if sampling.greedy else sampling.draw_key()  # a sampled byte is a function of it and its position
+    while not out.emit(byte := next_byte(logits, sampling, key=key, at=len(out.data))):
         tokens.append(byte)
         moved = window_start(len(tokens), start, seq_len)
         if moved != start:  # slide: run the newest part of the context again
@@ -303,12 +307,15 @@ class Decoder:
             self.propose(row, logits_KV, None)
             row.stats.forward_passes += 1
 
-    def propose(self, row: Row, logits_KV: torch.Tensor, nxt: int | None, cand: list[list[int]] | None = None) -> None:
+    def propose(self, row: Row, logits_KV: torch.Tensor, nxt: int | None, cand: list[list[int]] | None = None,
+                *, at: int | None = None) -> None:
         """The next byte (head 1's choice, unless verification already made it) and the heads'
         candidates after it, from the logits (K, V) at the row's last accepted node, by the row's
-        own sampling. With `confidence`, a greedy row also notes how deep its drafts stay sure
-        enough (`Row.sure`: the leading depths whose top candidates' probabilities multiply to at
-        least it)."""
+        own sampling: a sampled row draws the next byte and each head's draft with the noise of
+        the output position it is for (`sampling.pick`), the next byte's at `at` (by default the
+        next position the row emits, len(out.data)). With `confidence`, a greedy row also notes how
+        deep its drafts stay sure enough (`Row.sure`: the leading depths whose top candidates'
+        probabilities multiply to at least it)."""
         sampling = row.sampling
         if sampling.greedy:
             if cand is None or self.confidence:
@@ -322,9 +329,10 @@ class Decoder:
             row.nxt, row.cand = nxt, cand
             return
         probs = distribution(logits_KV, sampling)
-        row.nxt = _sample(probs[:1], sampling.generator)[0] if nxt is None else nxt
+        at = len(row.out.data) if at is None else at
+        row.nxt = pick(probs[:1], row.key, [at])[0] if nxt is None else nxt
         row.q = probs[1:]
-        row.cand = [[d] for d in _sample(row.q, sampling.generator)] if len(probs) > 1 else []
+        row.cand = [[d] for d in pick(row.q, row.key, list(range(at + 1, at + len(probs))))] if len(probs) > 1 else []
 
     def draft(self, rows: list[Row], tree: DraftTree) -> torch.Tensor:
         """The ids of one pass (B, T): each row's next byte and its candidates laid out as the tree."""
@@ -409,8 +417,8 @@ class Decoder:
     def verify_sampled(logits_BTKV: torch.Tensor, rows: list[Row], offered: list[int],
                        live: list[bool]) -> list[tuple[list[int], int]]:
         """For each row (a chain): the accepted path and the byte after it, by `verify_sampled`
-        under the row's sampling. Rows not `live` (finished, or greedy) draw nothing, so a row's
-        draws do not depend on whether the finished rows of its batch are still in the cache."""
+        under the row's sampling, its first draft at output position len(out.data) (the next byte
+        is out). Rows not `live` (finished, or greedy) are not verified."""
         out = []
         for b, row in enumerate(rows):
             if not live[b]:
@@ -418,7 +426,7 @@ class Decoder:
                 continue
             n, sampling = offered[b], row.sampling
             p = distribution(logits_BTKV[b, :n + 1, 0], sampling)
-            n_ok, nxt = verify_sampled(p, row.q, [c[0] for c in row.cand[:n]], sampling.generator)
+            n_ok, nxt = verify_sampled(p, [c[0] for c in row.cand[:n]], key=row.key, at=len(row.out.data))
             out.append((list(range(n_ok + 1)), nxt))
         return out
 

@@ -15,8 +15,8 @@ best shape becomes the root alone with one head: plain decoding.
 
 A `DraftTree` lists its nodes with parents before children and the all-top-rank chain first,
 so a pass that accepts along that chain leaves its cache slots in place. A chain is the tree
-with one candidate per depth; sampling always drafts a chain (the rule of Leviathan et al. is
-proven for one draft per position).
+with one candidate per depth; sampling always drafts a chain (one draft per position, each
+drawn with the noise of its position: `sampling.verify_sampled`).
 
 Where a shape has run and really delivered fewer bytes per second than plain decoding
 (`PassCosts.realized`), the chooser falls back to plain; but a figure that is never refreshed

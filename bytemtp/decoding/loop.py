@@ -59,7 +59,7 @@ class Steps(Protocol):
     def prefill(self, rows: list[Row], cache: KVCache, heads: int) -> None: ...
 
     def propose(self, row: Row, logits_KV: torch.Tensor, nxt: int | None,
-                cand: list[list[int]] | None = None) -> None: ...
+                cand: list[list[int]] | None = None, *, at: int | None = None) -> None: ...
 
     def step(self, state: Batch, choice: Choice) -> None: ...
 
@@ -223,7 +223,8 @@ class Loop:
         for r in set(state.active) & state.finished:  # fed, never accepted: any drafts do, none drawn
             state.rows[r].cand += [[EOS] * TREE_RANKS] * (heads - 1 - len(state.rows[r].cand))
         for b, r in live:
-            decoder.propose(state.rows[r], logits[b, 0], state.rows[r].nxt)
+            row = state.rows[r]
+            decoder.propose(row, logits[b, 0], row.nxt, at=len(row.out.data) - 1)  # the next byte is out
             state.rows[r].stats.forward_passes += 1
             stale.warmed(r, heads)
         state.warm = heads

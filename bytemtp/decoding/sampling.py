@@ -1,8 +1,23 @@
-"""Choosing bytes from the next-byte head: greedy picks, sampling (temperature, top-k, top-p
-through a seeded `torch.Generator`, on the logits' device), and the speculative sampling rule.
-The ids generation may emit (the bytes, EOS and a BPE baseline's merged tokens) are named once,
-in `bytemtp.model.draft.emitted_ids`, and masked here; the likelihood's greedy flag asks
-`greedy_ids` too, so it says what greedy decoding would write.
+"""Choosing bytes from the next-byte head: greedy picks, sampling (temperature, top-k, top-p), and
+the speculative sampling rule. The ids generation may emit (the bytes, EOS and a BPE baseline's
+merged tokens) are named once, in `bytemtp.model.draft.emitted_ids`, and masked here; the
+likelihood's greedy flag asks `greedy_ids` too, so it says what greedy decoding would write.
+
+Sampling draws by position, so that a seed repeats a sample whatever drafts the passes made. A
+sampled row takes one key from its `Sampling.generator` when it starts (`Sampling.draw_key`), and
+the byte at output position i is the Gumbel-max pick `argmax_x(log p_i(x) + g(key, i, x))`, where
+g is Gumbel noise that a counter-based hash makes from (key, i, x) alone (`gumbel`). Gumbel-max
+draws x with probability exactly p_i(x) (the noise of different positions is independent), and
+which byte comes out at position i is a function of the key, the position and the model's
+distribution there, not of how many passes, drafts or rows came before it. Speculative sampling
+then draws each head's draft with the noise of the position it drafts (`pick` over q) and accepts a
+draft while it equals that pick over p (`verify_sampled`): the output is the output of plain
+sampling with the same key, exactly as speculative greedy output is plain greedy output, and its
+distribution is the model's whatever the drafts were. This is the drafter-invariant coupling of
+Daliri, Musco and Suresh (2024, "Coupling without communication and drafter-invariant
+speculative decoding"): a draft is accepted with probability P(argmax(log p + g) = argmax(log q +
+g)) >= (1 - TV(p, q)) / (1 + TV(p, q)), somewhat below Leviathan et al.'s rule (1 - TV), whose
+draws depend on the drafts; the drafts' own distribution never matters for exactness.
 
 Legend: N rows (any leading dimensions), T positions, D drafts, V vocabulary.
 """
@@ -34,7 +49,7 @@ class Sampling:
     temperature: float = 0.0
     top_k: int = 0  # 0: all
     top_p: float = 1.0
-    generator: torch.Generator | None = None
+    generator: torch.Generator | None = None  # where each sampled row draws its key (`draw_key`)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -47,6 +62,12 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def draw_key(self) -> int:
+        """A sampled row's key (63 bits), drawn from the generator when the row starts: every byte
+        the row samples is then a function of the key and its position (`pick`)."""
+        device = self.generator.device if self.generator is not None else "cpu"
+        return int(torch.randint(0, 1 << 62, (), generator=self.generator, device=device))
 
 
 def distribution(logits_V: torch.Tensor, sampling: Sampling) -> torch.Tensor:
@@ -73,10 +94,46 @@ def masked_logits(logits: torch.Tensor) -> torch.Tensor:
     return logits.float().masked_fill(~_allowed(logits), float("-inf"))
 
 
-def _sample(probs_NV: torch.Tensor, generator: torch.Generator | None) -> list[int]:
-    if generator is not None and generator.device != probs_NV.device:
-        probs_NV = probs_NV.to(generator.device)
-    return torch.multinomial(probs_NV, 1, generator=generator)[:, 0].tolist()
+# splitmix64 (Steele, Lea and Flood 2014) in wrapping int64 arithmetic: its increment and multipliers
+_GAMMA, _M1, _M2 = (c - (1 << 64) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
+    """z >> s as an unsigned 64-bit shift (torch shifts int64 arithmetically)."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finalizer: every output bit depends on every input bit."""
+    z = (z ^ _shr(z, 30)) * _M1
+    z = (z ^ _shr(z, 27)) * _M2
+    return z ^ _shr(z, 31)
+
+
+def gumbel(key: int, positions: list[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Gumbel noise (len(positions), vocab), each value a function of (key, position, id) alone: a
+    hash of the three (splitmix64 over the key's stream of positions, then over the position's stream
+    of ids) gives 53 bits of a uniform u in (0, 1), and the noise is -log(-log u). The same on every
+    device that computes float64 (CPU, CUDA), and in any batch of positions."""
+    pos = torch.tensor(positions, dtype=torch.int64, device=device)[:, None]
+    ids = torch.arange(vocab, dtype=torch.int64, device=device)[None]
+    stream = _mix((key & ((1 << 63) - 1)) + (pos + 1) * _GAMMA)  # the position's own seed
+    z = _mix(stream + (ids + 1) * _GAMMA)
+    u = (_shr(z, 11).double() + 0.5) * 2.0 ** -53
+    return -torch.log(-torch.log(u))
+
+
+def pick(probs_NV: torch.Tensor, key: int, positions: list[int]) -> list[int]:
+    """The Gumbel-max pick of each row of probabilities (N, V), row n at output position
+    positions[n]: argmax(log p + gumbel(key, position)), a draw from p that the key and the
+    position decide (see the module docstring)."""
+    if probs_NV.device.type == "mps":  # no float64 there
+        probs_NV = probs_NV.cpu()
+    noise = gumbel(key, positions, probs_NV.shape[-1], probs_NV.device)
+    picks = (probs_NV.double().log() + noise).argmax(-1)
+    if torch.isnan(probs_NV).any():  # a NaN would win the argmax: refuse, as torch.multinomial does
+        raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+    return picks.tolist()
 
 
 def greedy_ids(logits_NV: torch.Tensor) -> torch.Tensor:
@@ -85,35 +142,27 @@ def greedy_ids(logits_NV: torch.Tensor) -> torch.Tensor:
     return masked_logits(logits_NV).argmax(dim=-1)
 
 
-def next_byte(logits_V: torch.Tensor, sampling: Sampling) -> int:
-    """One id from the next-byte head's logits (V,)."""
+def next_byte(logits_V: torch.Tensor, sampling: Sampling, *, key: int | None = None, at: int = 0) -> int:
+    """One id from the next-byte head's logits (V,): greedy, or sampled as the byte at output
+    position `at` of the row whose key is `key` (`pick`; without a key, one drawn now)."""
     if sampling.greedy:
         return int(greedy_ids(logits_V))
-    return _sample(distribution(logits_V, sampling)[None], sampling.generator)[0]
+    key = sampling.draw_key() if key is None else key
+    return pick(distribution(logits_V, sampling)[None], key, [at])[0]
 
 
-def verify_sampled(p_TV: torch.Tensor, q_DV: torch.Tensor, drafts: list[int],
-                   generator: torch.Generator | None) -> tuple[int, int]:
-    """Speculative sampling (Leviathan et al. 2023): how many drafts to accept and the byte after.
+def verify_sampled(p_TV: torch.Tensor, drafts: list[int], *, key: int, at: int) -> tuple[int, int]:
+    """Speculative sampling by position (see the module docstring): how many drafts to accept and
+    the byte after them.
 
-    Draft j was drawn from q[j]; p[j] is the target (head 1 after everything before draft j),
-    with p[len(drafts)] the one after the last draft. Draft j is accepted with probability
-    min(1, p[j][d] / q[j][d]); at the first rejection the next byte comes from
-    norm(max(0, p[j] - q[j])), and when all are accepted from p[len(drafts)] (the bonus byte).
-    Every emitted byte then has exactly the target distribution. One uniform per draft is drawn
-    at once, and one transfer says where the first rejection is.
+    Draft j is the draft for output position at + j; p[j] is the target there (head 1 after
+    everything before draft j), with p[len(drafts)] the one after the last draft. The target's own
+    pick at each position (`pick`, the byte plain sampling writes there with this key) decides:
+    draft j is accepted while it equals the pick, and the byte after the accepted drafts is the pick
+    at the first position that differs (or after the last draft, the bonus byte). The picks of all
+    positions are drawn at once and come back in one transfer.
     """
     n = len(drafts)
-    if n:
-        idx = torch.tensor(drafts, device=p_TV.device)
-        rows = torch.arange(n, device=p_TV.device)
-        ratio = p_TV[rows, idx] / q_DV[rows, idx]
-        u = torch.rand(n, generator=generator, device=generator.device if generator is not None else "cpu")
-        rejected = (u.to(ratio.device) >= ratio.clamp(max=1.0)).tolist()
-        for j, bad in enumerate(rejected):
-            if bad:
-                residual = (p_TV[j] - q_DV[j]).clamp(min=0.0)
-                if float(residual.sum()) <= 0.0:  # p == q up to rounding: rejection had probability ~0
-                    residual = p_TV[j]
-                return j, _sample((residual / residual.sum())[None], generator)[0]
-    return n, _sample(p_TV[n][None], generator)[0]
+    picks = pick(p_TV[:n + 1], key, list(range(at, at + n + 1)))
+    n_ok = next((j for j, d in enumerate(drafts) if d != picks[j]), n)
+    return n_ok, picks[n_ok]

@@ -133,7 +133,7 @@ def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", sam
         identical=[[g.output for g in got] for got in outs[mode]] == [[g.output for g in got] for got in outs[base]],
         heads_used=total.heads_used, shapes=dict(sorted(total.shapes.items(), key=lambda kv: -kv[1])[:3]),
         repetition=measure_repetition([g.output for got in outs[mode] for g in got], real))
-    # judged where both did the same work (the same outputs); sampled modes draw other bytes
+    # judged where both did the same work (the same outputs: greedy, or sampled from one seed)
     if (same_step and figures.identical and plain_time > JUDGED_S
             and speedup_is_impossible(figures.speedup, figures.bytes_per_forward)):
         raise RuntimeError(f"decode benchmark contradicts itself ({mode}): speedup {figures.speedup:.2f} at "

@@ -39,8 +39,8 @@ class Draft:
     """How decoding drafts, as one value: `heads` None chooses the heads and the draft each pass
     from measured costs and acceptance (`drafting.choose`); 1 decodes plainly, one byte a pass with
     the next-byte head alone; k > 1 runs k heads every pass; "all" runs all of the model's heads.
-    `shape`: see `Shape`. Sampling always drafts chains (the rule of Leviathan et al. is proven
-    for one draft a position).
+    `shape`: see `Shape`. Sampling always drafts chains (one draft a position, each drawn with the
+    noise of its position: `sampling.verify_sampled`).
 
     `lookup`: greedy rows may also draft prompt-lookup bytes (the bytes that followed the last
     earlier occurrence of their newest bytes, `lookup`), in place of the heads' top-rank chain and

@@ -15,10 +15,9 @@ every k in (1, 10, 100) up to the samples per problem.
 
 Sampling: greedy at temperature 0 (one decode per problem, repeated for every sample, since
 they are all the same), else temperature and top-p through one seeded generator. The samples of
-a seed repeat under the same batch size, heads and device. In speculative sampling the random
-draws depend on how many bytes each pass drafts, so a sampled run drafts a fixed chain of all
-the model's heads unless `heads` says otherwise; greedy output does not depend on the drafts,
-so greedy runs let the decoder choose them (heads None). Prompts longer than the model's
+a seed repeat on the same device, whatever the drafts (each byte is drawn by its position:
+`decoding.sampling`); a sampled run drafts a fixed chain of all the model's heads unless `heads`
+says otherwise, and greedy runs let the decoder choose (heads None). Prompts longer than the model's
 context are decoded with the decoder's sliding window, and each completion says whether its
 window slid (`slid`): the model did not see the whole prompt.
 
@@ -207,7 +206,7 @@ def sample_completions(model: ByteMTP, problems: Sequence[Problem], *, samples: 
     generator = None if greedy else torch.Generator(device=device).manual_seed(seed)
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     if heads is None and not greedy:
-        heads = model.config.n_future  # a fixed draft, so that the seed repeats the samples
+        heads = model.config.n_future  # a fixed chain of every head (a seed repeats the samples under any draft)
     decoder = decoder or Decoder(model, compile=compile)
     per_problem = 1 if greedy else samples
     jobs = [(i, j) for i in range(len(problems)) for j in range(per_problem)]

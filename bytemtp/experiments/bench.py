@@ -136,8 +136,8 @@ class DecodeSpeed:
 
     @property
     def all_identical(self) -> bool | None:
-        """Whether every mode's outputs are plain's; None when sampled, where they are not expected
-        to be (speculative sampling keeps the model's distribution, not plain's draws)."""
+        """Whether every mode's outputs are plain's; None when sampled, where they are recorded
+        (each case's `identical`) but not judged."""
         return None if self.sampled else all(c.figures.identical for c in self.cases)
 
     def to_json(self) -> dict:
@@ -240,8 +240,9 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
 
     Every mode decodes with one `Decoder` (heads stacked once, pass costs measured once per batch
     size, the acceptance profile kept across calls), by `interleaved_decodes`; greedy outputs must
-    be identical (each case's `identical`), while sampled ones are not expected to be (speculative
-    sampling keeps the model's distribution, not plain's draws: `all_identical` is then None).
+    be identical (each case's `identical`); sampled ones are compared too (every mode draws each
+    byte by its position from the same seed, so they come out as plain's) but not judged
+    (`all_identical` is then None).
     Per batch size and mode, the figures of `speed_figures`, with `repetition`: how
     repetitive the decoded text is, and, for prompts cut from val documents, the same figures of
     the bytes that follow each prompt there (the real continuation, cut to the decoded length) and

@@ -69,8 +69,8 @@ class ByteMTPLM(LM):
     ckpt: the run or checkpoint; device: auto, cpu, cuda, cuda:N; dtype: the weights' dtype
     (float32, bfloat16; default as saved); batch_size: windows or prompts per forward pass;
     max_gen_toks: bytes generated at most when a request does not say; draft: auto, plain,
-    chain-K or tree-K; seed: of the sampling generator (it repeats a sample under a fixed draft;
-    under auto, passes chosen from measured times draw other bytes of the same distribution).
+    chain-K or tree-K; seed: of the sampling generator (it repeats a sample under any draft:
+    each byte is drawn by its position).
     """
 
     def __init__(self, ckpt: str, *, device: str | None = "auto", dtype: str | None = None,
