@@ -155,8 +155,8 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
     echo(report.decode_cases_table(res))
     echo(report.real_continuation_line(res))
     if res.sampled:
-        echo("sampled: speculative sampling keeps the model's distribution, not plain decoding's draws, so the "
-             "outputs are not compared")
+        echo("sampled: every mode draws each byte by its position from the same seed, so its bytes are plain "
+             "decoding's; they are compared but not judged")
     if res.compile_stats:
         echo(report.compile_line(res.compile_stats))
     write_json(json_path, res)
@@ -176,6 +176,10 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
 @click.option("--load", "load_time", default="0s", show_default=True,
               help="Then stream from --load-clients clients for this long (e.g. 60s), checking every byte and the memory.")
 @click.option("--load-clients", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--malformed", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True),
+              help="In the --load, this share of the requests are malformed (bad JSON, NaN temperature, a huge seed, "
+                   "unknown fields, wrong types, many stop strings, ...), each of which must get a 4xx: the answers "
+                   "are counted by kind, and any 5xx fails the run.")
 @click.option("--draft", default="auto+lookup", show_default=True,
               help="The server's draft (a decode mode name; +lookup drafts prompt-lookup bytes too).")
 @click.option("--vs-plain/--no-vs-plain", default=True, show_default=True,
@@ -189,8 +193,8 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
 @device_option("cpu")
 @json_option()
 def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_bytes: int, rounds: int,
-                load_time: str, load_clients: int, draft: str, vs_plain: bool, compile_mode: str, device: str,
-                json_path: str | None) -> None:
+                load_time: str, load_clients: int, malformed: float, draft: str, vs_plain: bool, compile_mode: str,
+                device: str, json_path: str | None) -> None:
     """Concurrent streaming clients against `bytemtp serve` on loopback: aggregate bytes/s against
     one client and against the same server decoding plainly, time to first byte, every byte checked
     against solo decoding; then a timed load."""
@@ -199,13 +203,16 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
 
     counts = parse_batch_sizes(clients)
     load_s = parse_duration(load_time, option="--load")
+    if malformed and not load_s:
+        raise click.UsageError("--malformed mixes bad requests into the timed load: give --load too (e.g. --load 60s)")
     try:
         policy = Draft.parse(draft)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--draft") from None
     try:
         res = serve_speed(ckpt, clients=counts, n_prompts=n_prompts, prompt_bytes=prompt_bytes, max_bytes=max_bytes,
-                          rounds=rounds, load_s=load_s, load_clients=load_clients, draft=policy, vs_plain=vs_plain,
+                          rounds=rounds, load_s=load_s, load_clients=load_clients, malformed=malformed,
+                          draft=policy, vs_plain=vs_plain,
                           compile=compile_mode, device=device, progress=lambda line: click.echo(line, err=True))
     except ValueError as e:
         raise empty_split_error(e, "the checkpoint's corpus needs a val split") from None
@@ -230,12 +237,24 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
         echo(f"load: {ld.clients} clients for {ld.wall_s:.0f} s: {ld.completions} completions, "
              f"{ld.bytes_out} bytes ({ld.bytes_per_s:.0f}/s), {ld.mismatches} mismatches, {ld.errors} errors; "
              f"memory {ld.rss_mb_before:.0f} -> {ld.rss_mb_after:.0f} MB (after the first quarter "
-             f"{ld.rss_mb_settled_min_max[0]:.0f}-{ld.rss_mb_settled_min_max[1]:.0f} MB)")
+             f"{ld.rss_mb_settled_min_max[0]:.0f}-{ld.rss_mb_settled_min_max[1]:.0f} MB; at the end of the first "
+             f"quarter {ld.rss_mb_first_quarter:.0f} MB, at the end {ld.rss_mb_after:.0f} MB)")
+        if ld.malformed:
+            echo(f"malformed: {ld.malformed_sent} of the requests ({ld.malformed:.0%} asked), answered by kind "
+                 f"(status and error type); server errors (5xx): {ld.server_errors}")
+            echo(table([(kind, sum(answers.values()), ", ".join(f"{n} x {a}" for a, n in answers.items()))
+                        for kind, answers in ld.malformed_by_kind.items()], ("kind", "sent", "answers")))
     write_json(json_path, res)
     bad = sum(c.mismatches + c.errors + (c.plain_mismatches or 0) + (c.plain_errors or 0) for c in res.cases.values())
     bad += ld.mismatches + ld.errors if ld is not None else 0
     if bad:
         raise click.ClickException(f"{bad} completions differed from solo decoding or failed")
+    if ld is not None and ld.server_errors:
+        raise click.ClickException(f"the server answered {ld.server_errors} requests with a 5xx")
+    hung = sum(n for answers in (ld.malformed_by_kind.values() if ld is not None else ())
+               for a, n in answers.items() if not a[0].isdigit() or a.startswith(("2", "3")))
+    if hung:
+        raise click.ClickException(f"{hung} malformed requests were taken or got no answer (see the table)")
 
 
 @bench.command("all")

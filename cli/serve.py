@@ -69,6 +69,10 @@ def _draft(ctx: click.Context, param: click.Parameter, value: str) -> Draft:
               help="Also draft prompt-lookup bytes (what followed the last earlier occurrence of a row's newest "
                    "bytes in its prompt and output), verified in the same pass as the heads' drafts.")
 @click.option("--model-name", default=None, help="The model's id in the API (default: the run directory's name).")
+@click.option("--shutdown-timeout", default=5.0, show_default=True, type=click.FloatRange(0.1, 3600),
+              help="Seconds from SIGTERM or Ctrl-C to exit: the requests in flight may finish meanwhile, and those "
+                   "still open then end with an error (a stream: an error event, then [DONE]); a second signal "
+                   "ends them at once. Under Docker's 10 s and Kubernetes' 30 s.")
 @click.option("--compile", "compile_mode", default="auto", show_default=True,
               type=click.Choice(["auto", "on", "off"]),
               help="Decode on the compiled static-shape step, as generate does (inductor on a CPU, CUDA graphs on a "
@@ -79,7 +83,8 @@ def _draft(ctx: click.Context, param: click.Parameter, value: str) -> Draft:
 @dtype_option()
 def serve_cmd(ckpt: str, host: str, api_keys: tuple[str, ...], api_key_file: str | None, port: int,
               max_batch: int, max_queue: int, max_prompt_bytes: int, draft: Draft,
-              lookup: bool, model_name: str | None, compile_mode: str, device: str, dtype: str) -> None:
+              lookup: bool, model_name: str | None, shutdown_timeout: float, compile_mode: str, device: str,
+              dtype: str) -> None:
     """Serve a model over HTTP: OpenAI-compatible /v1/completions (stream, echo, logprobs),
     /v1/models, /health, and /tokenize with /tokenizer_info for lm-evaluation-harness.
 
@@ -88,7 +93,7 @@ def serve_cmd(ckpt: str, host: str, api_keys: tuple[str, ...], api_key_file: str
     serve extra: pip install 'bytemtp[serve]'.
     """
     try:
-        from bytemtp.serving.app import Server, serve
+        from bytemtp.serving.app import ListenError, Server, listen, serve
     except ModuleNotFoundError as e:
         if e.name == "aiohttp":
             raise click.ClickException("bytemtp serve needs aiohttp: pip install 'bytemtp[serve]'") from None
@@ -103,16 +108,22 @@ def serve_cmd(ckpt: str, host: str, api_keys: tuple[str, ...], api_key_file: str
         click.echo(f"warning: serving on {host} without an API key: anyone who reaches the port may use the model "
                    "(--api-key, --api-key-file or BYTEMTP_API_KEY sets one)", err=True)
 
-    draft = dataclasses.replace(draft, lookup=draft.lookup or lookup)
-    model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype, bytes_only="serve")
-    draft.for_model(model.config.n_future)  # a draft of more heads than the model has: one line
-    path = pathlib.Path(ckpt).resolve()
-    name = model_name or (path.parent.name if path.name.startswith("step") else path.name)
-    engine = Engine(model, max_batch=max_batch, max_queue=max_queue, draft=draft,
-                    decoder=Decoder(model, compile=compile_mode))
-    engine.start(progress=lambda line: click.echo(line, err=True))
-    try:
-        serve(Server(engine, model_name=name, max_prompt_bytes=max_prompt_bytes, api_keys=keys), host=host, port=port,
-              announce=lambda url: click.echo(f"serving {name} on {url}/v1 (Ctrl-C stops)", err=True))
-    finally:
-        engine.close()
+    try:  # before the model loads: a port in use fails at once
+        sock = listen(host, port)
+    except ListenError as e:
+        raise click.ClickException(str(e)) from None
+    with sock:  # closed when the server stops, or when the model fails to load
+        draft = dataclasses.replace(draft, lookup=draft.lookup or lookup)
+        model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype, bytes_only="serve")
+        draft.for_model(model.config.n_future)  # a draft of more heads than the model has: one line
+        path = pathlib.Path(ckpt).resolve()
+        name = model_name or (path.parent.name if path.name.startswith("step") else path.name)
+        engine = Engine(model, max_batch=max_batch, max_queue=max_queue, draft=draft,
+                        decoder=Decoder(model, compile=compile_mode))
+        engine.start(progress=lambda line: click.echo(line, err=True))
+        try:
+            serve(Server(engine, model_name=name, max_prompt_bytes=max_prompt_bytes, api_keys=keys), sock=sock,
+                  shutdown_timeout=shutdown_timeout, say=lambda line: click.echo(line, err=True),
+                  announce=lambda url: click.echo(f"serving {name} on {url}/v1 (Ctrl-C stops)", err=True))
+        finally:
+            engine.close(timeout=1.0)  # a pass in progress ends by itself; the thread dies with the process

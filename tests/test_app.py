@@ -160,6 +160,62 @@ def test_concurrent_streaming_clients_for_a_while_lose_and_repeat_nothing():
         assert 1 < engine.stats.mean_batch <= 4
 
 
+@pytest.mark.slow
+@FITTED
+@pytest.mark.usefixtures("one_thread")
+def test_a_seeded_sampled_request_repeats_its_text_under_every_draft_and_beside_others():
+    """The same seeded request, three times in a row and once beside other streams, on servers
+    drafting automatically, plainly and by a fixed chain: one text, plain sampling's with that seed."""
+    import torch
+
+    from bytemtp.decoding.sampling import Sampling
+
+    model = fitted_model(0, "transformer")
+    body = {"model": "m", "prompt": "one t", "max_tokens": 60, "temperature": 1.0, "top_p": 0.95, "seed": 7}
+    want = decode.generate(model, b"one t", max_bytes=60, sampling=Sampling(
+        temperature=1.0, top_p=0.95, generator=torch.Generator().manual_seed(7))).output.decode("utf-8", "replace")
+    for draft in (Draft(lookup=True), Draft.plain(), Draft(4)):
+        with _server(model, max_batch=4, draft=draft) as srv:
+            texts = [requests.post(srv.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+                     for _ in range(3)]
+            others, beside = [], []
+            threads = [threading.Thread(target=lambda k=k: others.append(requests.post(
+                srv.url + "/v1/completions", timeout=60, json={**body, "prompt": "la la", "seed": k, "stream": True}
+            ).status_code)) for k in range(3)]
+            for t in threads:
+                t.start()
+            alone = requests.post(srv.url + "/v1/completions", json=body, timeout=60)
+            beside.append(alone.json()["choices"][0]["text"])
+            for t in threads:
+                t.join(60)
+            st = srv.server.engine.stats
+        assert texts + beside == [want] * 4, draft
+        assert others == [200] * 3
+        if draft == Draft(4):  # drafts were accepted: more bytes than one a row a pass (and each row's first)
+            assert st.bytes_out > st.rows_in_passes + st.requests
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_mixed_load_gets_4xx_for_every_malformed_kind_and_loses_no_good_byte():
+    """Good streams beside a rotating set of malformed requests (`load.MALFORMED`): each malformed
+    one gets a 4xx JSON error, no request gets a 5xx, and every good completion is solo decoding's."""
+    from bytemtp.serving.load import MALFORMED
+
+    model = tiny_model().eval()
+    prompts = [b"ab", b"", b"\x00\xfe", b"hello"]
+    expected = [_plain(model, p, 12) for p in prompts]
+    with _server(model, max_batch=4, max_queue=16, draft=Draft.plain()) as srv:
+        report = run_load(srv.url, model="m", prompts=prompts, expected=expected, clients=4, max_tokens=12,
+                          per_client=2 * len(MALFORMED), malformed=0.5, refusal_timeout_s=10)
+        health = requests.get(srv.url + "/health", timeout=10).json()
+    kinds = report.by_kind()
+    assert set(kinds) == set(MALFORMED) and len(report.refused) >= 4 * 2 * len(MALFORMED) - 1  # half the requests
+    assert all(400 <= r.status < 500 for r in report.refused), kinds
+    assert report.server_errors == 0 and report.errors == 0 and report.mismatches == 0
+    assert len(report.completions) == 4 * 2 * len(MALFORMED) and health["status"] == "ok"
+    assert report.to_json()["malformed_by_kind"] == kinds
+
+
 @pytest.fixture(scope="module")
 def lm_eval_task(tmp_path_factory):
     pytest.importorskip("lm_eval")

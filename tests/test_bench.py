@@ -64,6 +64,10 @@ SERVE_VS_PLAIN = {**SERVE, "cases": {"1": {**SERVE["cases"]["1"], "plain_runs": 
                                            "plain_bytes_per_s": 170.0, "over_plain": 2.01, "over_plain_min": 2.01,
                                            "over_plain_max": 2.01, "plain_mismatches": 0, "plain_errors": 0}},
                   "compile": "off", "step": "eager"}
+# `bench serve --load --malformed`: a mixed load, its answers by kind, the memory at a quarter
+SERVE_MIXED = {**SERVE, "load": {**SERVE["load"], "malformed": 0.1, "malformed_sent": 2, "server_errors": 0,
+                                 "malformed_by_kind": {"bad-json": {"400 invalid_request_error": 2}},
+                                 "rss_mb_first_quarter": 505.0}}
 PREP = {"input_files": 2, "input_bytes": 5000, "written_bytes": 9000, "rounds": 2,
         "arms": {"workers 1": {"workers": 1, "seconds": [2.0, 2.2], "mb_s": {"median": 0.0043, "min": 0.0041,
                                                                            "max": 0.0045}, "same_corpus": True},
@@ -182,7 +186,8 @@ def test_loader_throughput_reads_back_from_the_json_bench_loader_wrote(data):
     assert list(_written(res).items()) == list(data.items()) and LoaderThroughput.from_json(_written(res)) == res
 
 
-@pytest.mark.parametrize("data", [SERVE, {k: v for k, v in SERVE.items() if k != "load"}, SERVE_VS_PLAIN])
+@pytest.mark.parametrize("data", [SERVE, {k: v for k, v in SERVE.items() if k != "load"}, SERVE_VS_PLAIN,
+                                  SERVE_MIXED])
 def test_serve_speed_reads_back_from_the_json_bench_serve_wrote(data):
     from bytemtp.experiments.serve_bench import ServeSpeed
 

@@ -1,11 +1,16 @@
 """`bytemtp serve` as a user runs it: a process that listens, answers, and stops cleanly on
-Ctrl-C; bad options and a missing extra as one line."""
+Ctrl-C and on SIGTERM (the streams in flight end with an error event and [DONE] at the grace
+period's end, a second signal at once); a port in use, an address not on this host, bad options
+and a missing extra as one line, the port before the model loads."""
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -42,7 +47,7 @@ def test_serve_listens_answers_and_stops_on_ctrl_c(short_run):
 
 
 def test_a_bad_checkpoint_or_draft_is_one_line(tmp_path):
-    result = CliRunner().invoke(main, ["serve", "--ckpt", str(tmp_path / "nothing")])
+    result = CliRunner().invoke(main, ["serve", "--ckpt", str(tmp_path / "nothing"), "--port", "0"])
     assert result.exit_code != 0 and "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
     result = CliRunner().invoke(main, ["serve", "--ckpt", str(tmp_path), "--draft", "zigzag"])
     assert result.exit_code == 2 and "zigzag" in result.output
@@ -66,9 +71,147 @@ def test_compile_reaches_the_engines_decoder(short_run, monkeypatch, mode):
     seen = []
     monkeypatch.setattr(Engine, "start", lambda self, progress=None: seen.append(self.decoder.policy.mode))
     monkeypatch.setattr(app, "serve", lambda server, **kw: None)
-    result = CliRunner().invoke(main, ["serve", "--ckpt", str(short_run), "--compile", mode, "--draft", "plain"])
+    result = CliRunner().invoke(main, ["serve", "--ckpt", str(short_run), "--compile", mode, "--draft", "plain",
+                                       "--port", "0"])
     assert result.exit_code == 0, result.output
     assert seen == [Compile(mode)]
+
+
+def test_a_port_in_use_or_an_address_not_here_fails_at_once_before_the_model_loads(tmp_path, monkeypatch):
+    from bytemtp.runtime import checkpoint
+
+    loads = []
+    monkeypatch.setattr(checkpoint, "load_model", lambda *a, **kw: loads.append(a) or pytest.fail("loaded"))
+    ckpt = str(tmp_path / "nothing")  # would fail to load, with another message
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = CliRunner().invoke(main, ["serve", "--ckpt", ckpt, "--port", str(port)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip() == f"Error: cannot listen on 127.0.0.1:{port}: address already in use"
+    result = CliRunner().invoke(main, ["serve", "--ckpt", ckpt, "--host", "192.0.2.1", "--port", "8000",  # TEST-NET-1
+                                       "--api-key", "k"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip() == "Error: cannot listen on 192.0.2.1:8000: the address is not on this host"
+    assert loads == []
+
+
+@pytest.fixture
+def long_run(tmp_path):
+    """A checkpoint of a tiny model whose EOS is rare, so that its streams run long."""
+    from doubles import rare_eos_model
+
+    from bytemtp.config import tiny
+    from bytemtp.runtime.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path / "long", step=1, model=rare_eos_model(), config=tiny(), train_state={})
+    return tmp_path / "long"
+
+
+def _start_server(run, *args: str) -> tuple[subprocess.Popen, str]:
+    """`bytemtp serve` on the run, plainly decoding on any free port: the process and its URL."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "bytemtp_cli", "serve", "--ckpt", str(run), "--port", "0",
+                             "--draft", "plain", "--no-lookup", "--compile", "off", *args],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    lines, deadline = [], time.time() + 120
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        lines.append(line)
+        if match := re.search(r"serving \S+ on (http://\S+)/v1", line):
+            return proc, match.group(1)
+        assert line or proc.poll() is None, "".join(lines)
+    proc.kill()
+    raise AssertionError("".join(lines))
+
+
+def _streams(url: str, max_tokens: list[int]) -> tuple[list[list[bytes]], list[threading.Thread]]:
+    """One streaming request a count of bytes, each read on a thread into its list of data events;
+    returns once every stream has sent its first event."""
+    events: list[list[bytes]] = [[] for _ in max_tokens]
+    started = [threading.Event() for _ in max_tokens]
+
+    def read(k: int) -> None:
+        body = {"prompt": "ab", "max_tokens": max_tokens[k], "temperature": 0, "stream": True}
+        with requests.post(url + "/v1/completions", json=body, stream=True, timeout=60) as r:
+            assert r.status_code == 200, r.text
+            for line in r.iter_lines(chunk_size=1):
+                if line.startswith(b"data: "):
+                    events[k].append(line[6:])
+                    started[k].set()
+        started[k].set()
+
+    threads = [threading.Thread(target=read, args=(k,), daemon=True) for k in range(len(max_tokens))]
+    for t in threads:
+        t.start()
+    for s in started:
+        assert s.wait(60)
+    return events, threads
+
+
+def _ended(events: list[bytes]) -> str:
+    """How a stream of one choice ended: "finished" (its last chunk has a finish reason) or
+    "error" (an error event), each followed by [DONE]; anything else fails."""
+    assert events[-1] == b"[DONE]", events[-3:]
+    last = json.loads(events[-2])
+    if "error" in last:
+        assert last["error"]["code"] == 503 and last["error"]["type"] == "server_shutting_down", last
+        return "error"
+    assert last["choices"][0]["finish_reason"] in ("length", "stop"), last
+    return "finished"
+
+
+@pytest.mark.slow
+def test_sigterm_ends_open_streams_within_the_grace_period_and_a_second_signal_at_once(long_run):
+    grace = 3.0
+    proc, url = _start_server(long_run, "--max-batch", "2", "--shutdown-timeout", str(grace))
+    try:
+        # two rows that would decode for ages, and a third that waits in the queue behind them
+        events, threads = _streams(url, [10 ** 6, 10 ** 6])
+        queued: list[list[bytes]] = [[]]
+        body = {"prompt": "c", "max_tokens": 8, "temperature": 0, "stream": True}
+        waiter = threading.Thread(target=lambda: queued[0].extend(
+            line[6:] for line in requests.post(url + "/v1/completions", json=body, stream=True, timeout=60)
+            .iter_lines(chunk_size=1) if line.startswith(b"data: ")), daemon=True)
+        waiter.start()
+        time.sleep(0.3)
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        host, port = url.removeprefix("http://").split(":")
+        refused, deadline = False, time.time() + grace / 2
+        while not refused and time.time() < deadline:  # no new connections once it is stopping
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                time.sleep(0.05)
+            except ConnectionRefusedError:
+                refused = True
+        assert refused
+        assert proc.wait(grace + 10) == 0
+        assert time.time() - t0 < grace + 2.0  # within the grace period (and the process's own exit)
+        for t in [*threads, waiter]:
+            t.join(10)
+        assert [_ended(e) for e in events] == ["error", "error"]
+        assert _ended(queued[0]) in ("finished", "error")
+        err = proc.stderr.read()
+        assert "Traceback" not in err and "end with an error" in err
+    finally:
+        proc.kill()
+    # a second signal ends the streams at once, however long the grace period
+    proc, url = _start_server(long_run, "--max-batch", "2", "--shutdown-timeout", "600")
+    try:
+        events, threads = _streams(url, [10 ** 6])
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        assert time.time() - t0 < 5.0
+        threads[0].join(10)
+        assert _ended(events[0]) == "error"
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
 
 
 def test_api_keys_come_from_flags_a_file_and_the_environment_and_off_the_loopback_a_warning(short_run, monkeypatch,

@@ -90,6 +90,12 @@ class ServeLoad(LoadFigures):
     rss_mb_samples: list[list[float]]  # [seconds, MB] every few seconds
     engine_requests: int
     engine_errors: int
+    # a mixed load (`malformed` > 0; JSON written before it reads back with these defaults)
+    malformed: float = 0.0  # the share of the requests sent malformed
+    malformed_sent: int = 0
+    server_errors: int = 0  # 5xx answers (and error events of code 5xx), good and malformed requests alike
+    malformed_by_kind: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # kind -> answer -> count
+    rss_mb_first_quarter: float | None = None  # at the end of the first quarter of the load, against rss_mb_after
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +120,13 @@ class ServeSpeed:
         out = dataclasses.asdict(self)
         if self.load is None:
             del out["load"]
+        else:  # a load of good requests only, or JSON written before the mixed load: the keys of before
+            load = out["load"]
+            if not self.load.malformed:
+                for key in ("malformed", "malformed_sent", "server_errors", "malformed_by_kind"):
+                    del load[key]
+            if self.load.rss_mb_first_quarter is None:
+                del load["rss_mb_first_quarter"]
         for key in ("compile", "step"):
             if out[key] is None:
                 del out[key]
@@ -139,7 +152,8 @@ def _rss_mb() -> float:
 
 
 def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes: int = 128, max_bytes: int = 256,
-                rounds: int = 3, load_s: float = 0.0, load_clients: int = 16, draft: Draft = Draft(lookup=True),
+                rounds: int = 3, load_s: float = 0.0, load_clients: int = 16, malformed: float = 0.0,
+                draft: Draft = Draft(lookup=True),
                 vs_plain: bool = True, compile: Compile | str = "off", device: str = "cpu", eval_batches: int = 10,
                 progress=None) -> ServeSpeed:
     """Streaming clients against `bytemtp serve` on loopback, in this process: for each count of
@@ -151,8 +165,9 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
     against the draft's server and then against the plain one (the same prompts): the draft's
     bytes a second over plain's, round by round. `compile` (auto, on, off: as `serve --compile`)
     is the draft server's policy; the plain server runs the step it settled on. With `load_s`,
-    then `load_clients` clients stream for that long against the draft's server, and the
-    process's memory is read before and after."""
+    then `load_clients` clients stream for that long against the draft's server, `malformed` of
+    their requests malformed ones (`serving.load.MALFORMED`, each of which must get a 4xx), and
+    the process's memory (server and clients: one process) is sampled throughout."""
     from bytemtp.decoding.decode import Decoder
     from bytemtp.serving.app import Running, Server
     from bytemtp.serving.engine import Engine
@@ -215,7 +230,7 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
-            report = load(load_clients, duration_s=load_s)
+            report = load(load_clients, duration_s=load_s, malformed=malformed)
             done.set()
             sampler.join()
             rss.append((time.perf_counter() - t0, _rss_mb()))
@@ -224,7 +239,8 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
                                 rss_mb_after=round(rss[-1][1], 1),
                                 rss_mb_settled_min_max=[round(min(settled), 1), round(max(settled), 1)],
                                 rss_mb_samples=[[round(t, 1), round(mb, 1)] for t, mb in rss],
-                                engine_requests=engine.stats.requests, engine_errors=engine.stats.errors)
+                                engine_requests=engine.stats.requests, engine_errors=engine.stats.errors,
+                                malformed=malformed, rss_mb_first_quarter=round(settled[0], 1))
         mean_batch = round(engine.stats.mean_batch, 2)
         bytes_per_row_pass = round(engine.stats.bytes_out / max(1, engine.stats.rows_in_passes), 3)
     ev = (evaluate(model, cfg.data.path, split=held_out_split(cfg.data.path), batches=eval_batches, device=dev)

@@ -24,6 +24,12 @@ that matches no route, so that no spelling of a path gets past the check. A requ
 are queued as a unit (`Engine.submit`), so a request of more prompts than the queue holds is
 taken whole when nothing waits, its rows joining the batch as room frees.
 
+Stopping (`serve`): the first SIGTERM or Ctrl-C closes the listening socket and answers new
+requests on open connections with 503; the requests in flight go on until they finish or the grace
+period (`shutdown_timeout`) is nearly over, when each still open ends with an error (a stream: an
+error event, then `data: [DONE]`); then the process exits. A second signal ends them at once. The
+port is bound before the model loads (`listen`), so a port in use fails in one line, at once.
+
 Log-probabilities are those of the next-byte head at temperature 1 (the model's own
 distribution, whatever the sampling settings), scored over the prompt and the output once the
 output is done; with `stream` they come in the last chunk of each choice.
@@ -32,10 +38,12 @@ output is done; with `stream` they come in the last chunk of each choice.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import secrets
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -62,6 +70,18 @@ class Server:
         self.engine, self.model_name, self.max_prompt_bytes = engine, model_name, max_prompt_bytes
         self.api_keys = tuple(api_keys)
         self.created = int(time.time())
+        self.stopping = False  # set when the server stops: new requests get 503
+        self._open: set[_Run] = set()  # the choices of the completions requests in flight
+
+    async def drained(self) -> None:
+        """Return once no completions request is in flight."""
+        while self._open:
+            await asyncio.sleep(0.05)
+
+    def abort(self, message: str) -> None:
+        """End every choice in flight now with a 503 error (a stream: an error event, then [DONE])."""
+        for run in list(self._open):
+            run.abort(ApiError(503, message, kind="server_shutting_down"))
 
     def app(self) -> web.Application:
         middlewares = [_errors] + ([_bearer(self.api_keys)] if self.api_keys else [])
@@ -81,7 +101,8 @@ class Server:
 
     async def health(self, request: web.Request) -> web.Response:
         st = self.engine.stats
-        return web.json_response({"status": "ok", "running": self.engine.running, "queued": self.engine.queued,
+        return web.json_response({"status": "stopping" if self.stopping else "ok",
+                                  "running": self.engine.running, "queued": self.engine.queued,
                                   "requests": st.requests, "bytes_out": st.bytes_out, "passes": st.passes,
                                   "mean_batch": round(st.mean_batch, 3)})
 
@@ -119,17 +140,21 @@ class Server:
     # --- completions ----------------------------------------------------------------------------
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        if self.stopping:
+            raise ApiError(503, "the server is shutting down", kind="server_shutting_down")
         req = parse_completion(await _json(request), model_name=self.model_name,
                                max_prompt_bytes=self.max_prompt_bytes)
         rid, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
         runs = [_Run(self, req, index=p * req.n + j, prompt=p, seed=_seed(req.seed, j))
                 for p in range(len(req.prompts)) for j in range(req.n)]
+        self._open.update(runs)
         try:
             _submit(self.engine, [run.make_job() for run in runs])  # all or none
             if req.stream:
                 return await self._stream(request, req, runs, rid, created)
             results = [await run.finish() for run in runs]
         finally:
+            self._open.difference_update(runs)
             for run in runs:
                 run.cancel()  # a client gone mid-request (the handler is cancelled) frees its rows
         usage = _usage(req, runs)
@@ -138,6 +163,9 @@ class Server:
 
     async def _stream(self, request: web.Request, req: Completion, runs: list[_Run], rid: str,
                       created: int) -> web.StreamResponse:
+        merged: asyncio.Queue = asyncio.Queue()
+        for run in runs:  # before the first await: no event is missed
+            run.forward_to(merged)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         head = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name}
@@ -148,9 +176,6 @@ class Server:
                 chunk["usage"] = usage
             await response.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
 
-        merged: asyncio.Queue = asyncio.Queue()
-        for run in runs:
-            run.forward_to(merged)
         if req.echo:
             for run in runs:
                 await send({"index": run.index, "text": run.prompt_text(), "logprobs": None, "finish_reason": None})
@@ -158,6 +183,8 @@ class Server:
         while open_runs:
             run, kind, value = await merged.get()
             if kind == "bytes":
+                if run.aborted:  # stopping: its error event goes out now, not after a backlog
+                    continue
                 text = run.stream.push(value)
                 if text:
                     await send({"index": run.index, "text": text, "logprobs": None, "finish_reason": None})
@@ -188,6 +215,8 @@ class _Run:
         self.stream = StreamText(req.stop)
         self.generation: Generation | None = None
         self.job: GenerateJob | ScoreJob | None = None
+        self.scored: asyncio.Future | None = None  # the scoring of logprobs, while it runs
+        self.aborted = False  # ended by `abort`: its stream skips the bytes still queued
         self.completion_bytes = 0  # the output's bytes, stop string cut, once finished
 
     @property
@@ -235,6 +264,17 @@ class _Run:
         if self.job is not None:
             self.job.cancel()
 
+    def abort(self, error: ApiError) -> None:
+        """End the choice now with this error, its job cancelled (the server is stopping)."""
+        self.aborted = True
+        self.cancel()
+        for future in (self.done, self.scored):
+            if future is not None and not future.done():
+                future.set_exception(error)
+                future.exception()  # retrieved: a request that ends at another choice's error never awaits it
+                if future is self.done and self.sink is not None:
+                    self.sink.put_nowait((self, "done", None))
+
     async def finish(self) -> dict:
         """The choice's body, once its generation (and, when asked, its scoring) is done."""
         generation = await self.done
@@ -251,6 +291,7 @@ class _Run:
     async def _logprobs(self, out: bytes) -> dict:
         req, prompt = self.req, self.prompt
         scored: asyncio.Future = self.loop.create_future()
+        self.scored = scored
 
         def settle(result, message):
             if not scored.done():
@@ -374,21 +415,73 @@ class Running:
         self.server.engine.close()
 
 
-def serve(server: Server, *, host: str, port: int, announce=lambda url: None) -> None:
-    """Serve until Ctrl-C or SIGTERM (which stop it cleanly); `announce(url)` once listening
-    (with port 0, on the port the system chose)."""
+class ListenError(Exception):
+    """The server cannot listen where it was asked to (one line: the address and why)."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port (port 0: any free port), made before the model loads, so
+    that a port in use or an address not on this host fails at once (`ListenError`); `serve`
+    serves on it. Connections made while the model loads wait until it serves."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise ListenError(f"cannot listen on {where}: unknown host ({e.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart while old connections linger
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        reason = {errno.EADDRINUSE: "address already in use",
+                  errno.EADDRNOTAVAIL: "the address is not on this host",
+                  errno.EACCES: "permission denied (ports below 1024 need privileges)"}.get(e.errno)
+        raise ListenError(f"cannot listen on {where}: {reason or e.strerror or e}") from None
+    return sock
+
+
+def serve(server: Server, *, sock: socket.socket | None = None, host: str = "127.0.0.1", port: int = 0,
+          shutdown_timeout: float = 5.0, announce=lambda url: None, say=lambda line: None) -> None:
+    """Serve on `sock` (from `listen`; without it, listen on host:port now) until SIGTERM or Ctrl-C,
+    then stop within `shutdown_timeout` seconds (see the module docstring): the requests in flight
+    finish meanwhile, or end with an error a little before it is over; a second signal ends them
+    at once. `announce(url)` once serving (with port 0, on the port the system chose); `say(line)`
+    tells what stopping does."""
+    sock = sock or listen(host, port)
+    margin = min(1.0, shutdown_timeout / 4)  # to end what is still open and close the connections
 
     async def main() -> None:
-        runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None,
+                               shutdown_timeout=margin / 4)  # per connection, twice at most
         await runner.setup()
-        await web.TCPSite(runner, host, port).start()
-        announce(f"http://{host}:{runner.addresses[0][1]}")
-        stop = asyncio.Event()
+        site = web.SockSite(runner, sock)
+        await site.start()
+        bound = sock.getsockname()
+        announce(f"http://{f'[{bound[0]}]' if ':' in bound[0] else bound[0]}:{bound[1]}")
+        signals: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, signals.put_nowait, sig)
         try:
-            await stop.wait()
+            await signals.get()
+            server.stopping = True
+            await site.stop()  # no new connections; new requests on open ones get 503
+            if server._open:
+                say(f"stopping: {len(server._open)} requests in flight may finish within "
+                    f"{shutdown_timeout - margin:g} s (a second signal ends them now)")
+            drained = asyncio.ensure_future(server.drained())
+            second = asyncio.ensure_future(signals.get())
+            await asyncio.wait([drained, second], timeout=shutdown_timeout - margin,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not drained.done():
+                say(f"stopping: {len(server._open)} requests still in flight end with an error")
+                server.abort("the server is shutting down")
+                await asyncio.wait([drained], timeout=margin / 2)  # their error events and [DONE] go out
+            drained.cancel()
+            second.cancel()
         finally:
             await runner.cleanup()
 
