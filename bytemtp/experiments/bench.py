@@ -352,11 +352,12 @@ class AllBenchmarks:
 
 def all_benchmarks(*, ckpt: str, data: str = "data/corpus/stdlib", preset_name: str = "small",
                    device: str = "cpu", n_prompts: int = 16, eval_batches: int = 20, progress=None) -> AllBenchmarks:
-    """The training step, the loader, decoding and evaluation in one run (under two minutes on
-    two CPU cores with the `small` preset and the `make demo` run)."""
+    """The training step (eager; `bench train-step` times the compiled one), the loader, decoding and
+    evaluation in one run (under two minutes on two CPU cores with the `small` preset and the
+    `make demo` run)."""
     say = progress or (lambda name: None)
     say("train-step")
-    step = train_step(preset_name, device=device)
+    step = train_step(preset_name, device=device, compile="off")  # eager: compiling 3 variants, each in a subprocess too, would double the run
     say("loader")
     loader = loader_throughput(data)
     say("decode")
