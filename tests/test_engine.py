@@ -49,6 +49,13 @@ def _engine(model, **kw):
     return engine
 
 
+def _serves_on(engine: Engine, model, prompt: bytes) -> None:
+    """After a fault, the engine still decodes a request as solo decoding does."""
+    fine = _Collect()
+    engine.submit(fine.job(prompt, 10))
+    assert fine.wait().output == decode.generate(model, prompt, max_bytes=10).output
+
+
 def test_batch_buckets():
     assert batch_buckets(1) == [1] and batch_buckets(8) == [1, 2, 4, 8] and batch_buckets(6) == [1, 2, 4, 6]
 
@@ -169,9 +176,7 @@ def test_a_fault_in_a_pass_fails_its_requests_not_the_engine(monkeypatch):
         broken.wait()
         assert "RuntimeError: boom" in broken.error
         monkeypatch.setattr(engine.decoder, "step", real)
-        fine = _Collect()
-        engine.submit(fine.job(b"a", 10))
-        assert fine.wait().output == decode.generate(model, b"a", max_bytes=10).output
+        _serves_on(engine, model, b"a")
     finally:
         engine.close()
 
@@ -256,9 +261,7 @@ def test_a_row_whose_decoding_fails_fails_alone(monkeypatch, after):
                 assert c.error is None and c.result.output == want and b"".join(c.pieces) == want
         assert engine.running == 0 and engine.queued == 0 and engine.stats.errors == 1
         monkeypatch.setattr(engine.decoder, "propose", real)
-        fine = _Collect()
-        engine.submit(fine.job(b"poison", 10))
-        assert fine.wait().output == decode.generate(model, b"poison", max_bytes=10).output
+        _serves_on(engine, model, b"poison")
     finally:
         engine.close()
 
@@ -285,9 +288,7 @@ def test_a_fault_that_no_row_raises_alone_fails_its_batch_once_it_repeats(monkey
         for c in got:
             c.wait()
             assert "RuntimeError: a batch fault" in c.error and 0 < len(b"".join(c.pieces)) < 50
-        fine = _Collect()
-        engine.submit(fine.job(b"a", 10))
-        assert fine.wait().output == decode.generate(model, b"a", max_bytes=10).output
+        _serves_on(engine, model, b"a")
     finally:
         engine.close()
 
