@@ -152,11 +152,10 @@ class _Variant:
         base = preset(preset_name)
         self.cfg = cfg = dataclasses.replace(base.model, n_future=n_future)
         self.loss_cfg, self.grad_clip = base.loss, base.train.grad_clip
-        gen = torch.Generator().manual_seed(0)
-        self.model = ByteMTP(cfg).to(device)
-        self.model.init_weights(generator=gen)  # the same weights in every process
+        gen = torch.Generator(device="cpu").manual_seed(0)  # weights and ids drawn on the CPU, then moved
+        self.model = ByteMTP.build(cfg, device, generator=gen)  # the same weights in every process
         self.optimizer = build_optimizer(self.model, base.train, device)
-        ids = torch.randint(0, 256, (batch_size, cfg.seq_len + cfg.n_future), generator=gen)
+        ids = torch.randint(0, 256, (batch_size, cfg.seq_len + cfg.n_future), generator=gen, device="cpu")
         ids[:, ::97] = EOS  # a few document ends, as in packed data
         self.ids = ids.to(device)
         self.step_fn = functools.partial(forward_backward if efficient else plain_forward_backward, compiled=compiled)

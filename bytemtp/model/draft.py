@@ -40,11 +40,12 @@ from bytemtp.model.layout import Layout
 from bytemtp.vocab import EOS, N_BYTES, VOCAB_SIZE
 
 
-def emitted_ids(rows: int = VOCAB_SIZE) -> torch.Tensor:
+def emitted_ids(rows: int = VOCAB_SIZE, *, device: torch.device | str | None = None) -> torch.Tensor:
     """The ids generation may emit, as a mask over a table of `rows` ids: the bytes, EOS and a BPE
     baseline's merged tokens (from 264 on); never BOS, PAD or the byte table's padding. A draft
-    reads only these as the id drafted before it; decoding ranks only these."""
-    mask = torch.zeros(rows, dtype=torch.bool)
+    reads only these as the id drafted before it; decoding ranks only these. On `device` (None: the
+    device a module is being built on)."""
+    mask = torch.zeros(rows, dtype=torch.bool, device=device)
     mask[:N_BYTES] = True
     mask[EOS] = True
     mask[VOCAB_SIZE:] = True

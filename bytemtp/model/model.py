@@ -45,11 +45,15 @@ from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import Layout, attend
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles, each (seq_len, head_dim // 2), in float32."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+def rope_tables(seq_len: int, head_dim: int, theta: float, *,
+                device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, each (seq_len, head_dim // 2), in float32, on `device`
+    (None: the device modules are being built on, as nn.Linear's weights). Computed on the CPU and
+    moved, so the tables are the same on every device."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32, device="cpu"), inv_freq)
+    device = torch.get_default_device() if device is None else device
+    return angles.cos().to(device), angles.sin().to(device)
 
 
 class Attention(nn.Module):
@@ -139,17 +143,39 @@ class ByteMTP(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.init_weights()
 
+    @classmethod
+    def build(cls, config: ModelConfig, device: torch.device | str, *,
+              generator: torch.Generator | None = None) -> ByteMTP:
+        """The model of `config` made on `device` and initialised from `generator` (a CPU one,
+        see `init_weights`): built on the meta device and materialised once, so that nothing
+        is drawn twice and no tensor lands wherever the process's default device points."""
+        with torch.device("meta"):
+            model = cls(config)
+        model.to_empty(device=device)
+        model.reset_rope()
+        model.init_weights(generator)
+        return model
+
+    @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """Normal(0, init_std) everywhere; the projections into the residual stream are scaled
-        down by sqrt(2 x layers) so the stream's variance does not grow with depth."""
+        down by sqrt(2 x layers) so the stream's variance does not grow with depth.
+
+        Every draw is made on the CPU, from `generator` (a CPU generator; None: the global CPU
+        one), and copied to wherever the parameter lives, so a seed gives the same weights on any
+        device; parameters on the meta device (a model not yet materialised) draw nothing."""
+        if generator is not None and generator.device.type != "cpu":
+            raise ValueError(f"init_weights draws on the CPU, so that a seed gives the same weights on any "
+                             f"device; pass a CPU generator, not one on {generator.device}")
         std = self.config.init_std
         out_std = std / math.sqrt(2 * max(1, self.config.total_layers))
         for name, p in self.named_parameters():
             if p.dim() < 2:
                 nn.init.ones_(p)
-            else:
+            elif not p.is_meta:
                 is_out = name.endswith(("attn.out.weight", "mlp.out.weight"))
-                nn.init.normal_(p, 0.0, out_std if is_out else std, generator=generator)
+                drawn = torch.empty(p.shape, dtype=p.dtype, device="cpu")
+                p.copy_(drawn.normal_(0.0, out_std if is_out else std, generator=generator))
         self.init_drafts()
 
     def init_drafts(self) -> None:
@@ -160,11 +186,10 @@ class ByteMTP(nn.Module):
     def reset_rope(self) -> None:
         """Recompute the unsaved buffers, the rotary tables and the draft heads' mask (after building
         on the meta device and moving off it)."""
-        cfg = self.config
-        cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
-        self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
+        cfg, device = self.config, self.embed.weight.device
+        self.rope_cos, self.rope_sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta, device=device)
         if self.drafter is not None:
-            self.drafter.allowed = emitted_ids(cfg.table_rows).to(self.rope_cos.device)
+            self.drafter.allowed = emitted_ids(cfg.table_rows, device=device)
 
     def forward(self, ids_BT: torch.Tensor, cache: KVCache | None = None, *, layout: Layout) -> torch.Tensor:
         """Trunk state (B, T, D) for ids (B, T), placed as the pass's `layout` says (after the
@@ -221,8 +246,8 @@ class ByteMTP(nn.Module):
         if stacked is not None:
             out = stacked(z_BTD, layout, cache, k=K, last=pick)
         else:
-            out = torch.stack([self.head_logits(k, h_BTD if pick is None else
-                                                h_BTD[torch.arange(len(pick)), pick][:, None])
+            rows = None if pick is None else torch.arange(len(pick), device=ids_BT.device)
+            out = torch.stack([self.head_logits(k, h_BTD if pick is None else h_BTD[rows, pick][:, None])
                                for k, h_BTD in self.head_states(z_BTD, cache, layout=layout, heads=K)], dim=2)
         if cache is not None:
             cache.advance(T)

@@ -173,8 +173,7 @@ class _Run:
     def __init__(self, cfg: Config, run_dir: Path, d: dist_lib.Dist, *, checkpoint: Path | None, say):
         tc, mc = cfg.train, cfg.model
         self.cfg, self.run_dir, self.d, self.device, self.say = cfg, run_dir, d, d.device, say
-        self.model = ByteMTP(mc).to(self.device)  # the same initial weights on every rank
-        self.model.init_weights(generator=torch.Generator().manual_seed(tc.seed))
+        self.model = ByteMTP.build(mc, self.device, generator=torch.Generator(device="cpu").manual_seed(tc.seed))
         self.model.vocab = load_vocabulary(cfg.data.tokenizer)  # bytes, or a BPE baseline's tokens
         check_vocab_size(self.model.vocab, mc.vocab_size)
         self.loader = ByteLoader(cfg.data, mc, rank=d.rank, world_size=d.world_size)
