@@ -95,7 +95,7 @@ class DraftTree:
     @functools.cached_property
     def ancestors(self) -> torch.Tensor:
         """(T, T) bools: node i sees node j (itself and every node on its path)."""
-        see = torch.zeros(self.T, self.T, dtype=torch.bool)
+        see = torch.zeros(self.T, self.T, dtype=torch.bool, device="cpu")  # the tree's shape, on the host
         for i, p in enumerate(self.parents):
             see[i, i] = True
             if p >= 0:

@@ -155,11 +155,11 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
     vocab = model.vocab
     loader = ByteLoader(DataConfig(path=data, batch_size=batch_size, shuffle_buffer=1, tokenizer=vocab.path), cfg,
                         rank=d.rank, world_size=d.world_size, split=split)
-    lengths = None if vocab.is_bytes else torch.tensor(vocab.lengths).to(device)
+    lengths = None if vocab.is_bytes else torch.tensor(vocab.lengths, device=device)
     if not loader.files:
         raise CorpusError(f"{data} has no {split} split to evaluate; pass split=None to read every file")
-    sums = torch.zeros(6, K, dtype=torch.float64)  # nats, correct, count per head; accepted, agreed per k; bytes per head
-    runs = torch.zeros(2, K, dtype=torch.float64)  # positions whose targets 1..k are all valid; and head 1's
+    sums = torch.zeros(6, K, dtype=torch.float64, device="cpu")  # nats, correct, count per head; accepted, agreed per k; bytes per head
+    runs = torch.zeros(2, K, dtype=torch.float64, device="cpu")  # positions whose targets 1..k are all valid; and head 1's
     was_training = model.training
     model.eval()
     done = False  # this rank's pass is over: every document once
@@ -187,7 +187,8 @@ def evaluate(model: ByteMTP, data: str, *, split: str | None = "val", batches: i
                 agree_BTK[:, :T - k, k] = greedy_BT[:, :T - k] == head1_BT[:, k:]
                 agree_BTK[:, T - k:, k] = False
             if not done:
-                sums[:3, k] += torch.tensor([float(h.nats), float(h.correct), float(h.count)], dtype=torch.float64)
+                sums[:3, k] += torch.tensor([float(h.nats), float(h.correct), float(h.count)],
+                                             dtype=torch.float64, device="cpu")
                 sums[5, k] += float(h.count) if lengths is None else float(_target_bytes(targets_BTK[:, :, k], lengths))
         if done:
             continue
@@ -392,13 +393,14 @@ def task_answer_scores(model: ByteMTP, test: dict, *, until_eos: bool = True, ba
                     for p in chunk]
             cuts = [max(0, -context_left(len(row), 0, model.config.seq_len)) for row in full]  # the newest context
             rows = [row[cut:] for row, cut in zip(full, cuts)]
-            ids = torch.full((len(chunk), max(map(len, rows))), EOS, dtype=torch.long)
-            targets = torch.full(ids.shape, IGNORE, dtype=torch.long)
+            # staged on the host, then moved
+            ids = torch.full((len(chunk), max(map(len, rows))), EOS, dtype=torch.long, device="cpu")
+            targets = torch.full(ids.shape, IGNORE, dtype=torch.long, device="cpu")
             for r, (p, row) in enumerate(zip(chunk, rows)):
-                ids[r, :len(row)] = torch.tensor(row)
+                ids[r, :len(row)] = torch.tensor(row, device="cpu")
                 # position len(prompt) predicts the answer's first byte
                 start = max(0, len(p.prompt.encode()) - cuts[r])
-                targets[r, start:len(row) - 1] = torch.tensor(row[start + 1:])
+                targets[r, start:len(row) - 1] = torch.tensor(row[start + 1:], device="cpu")
             ids = ids.to(device)
             logits = model.logits(ids, heads=1, layout=build_layout(model, ids))[:, :, 0].float()
             targets = targets.to(device)

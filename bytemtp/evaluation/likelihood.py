@@ -80,9 +80,9 @@ def _scored(model: ByteMTP, wins: list[Window], *, batch_size: int,
         order = sorted(range(len(wins)), key=lambda i: -len(wins[i].inputs))
         for first in range(0, len(order), batch_size):
             batch = [wins[i] for i in order[first:first + batch_size]]
-            ids_BT = torch.full((len(batch), len(batch[0].inputs)), EOS, dtype=torch.long)
+            ids_BT = torch.full((len(batch), len(batch[0].inputs)), EOS, dtype=torch.long, device="cpu")  # staged
             for r, w in enumerate(batch):
-                ids_BT[r, :len(w.inputs)] = torch.tensor(w.inputs)
+                ids_BT[r, :len(w.inputs)] = torch.tensor(w.inputs, device="cpu")
             ids_BT = ids_BT.to(device)
             logits_BTV = model.logits(ids_BT, heads=1, layout=build_layout(model, ids_BT))[:, :, 0].float()
             logp_BTV = torch.log_softmax(logits_BTV, dim=-1)
@@ -107,7 +107,7 @@ def score_windows(model: ByteMTP, wins: list[Window], n_requests: int, *, batch_
     for i, logits_TV, logp_TV in _scored(model, wins, batch_size=batch_size, progress=progress):
         w = wins[i]
         targets = torch.tensor(w.targets, device=logp_TV.device)
-        logprob[w.request] += float(logp_TV[torch.arange(len(targets)), targets].double().sum())
+        logprob[w.request] += float(logp_TV[torch.arange(len(targets), device=targets.device), targets].double().sum())
         greedy[w.request] &= bool((greedy_ids(logits_TV) == targets).all())
     return list(zip(logprob, greedy))
 
@@ -130,7 +130,7 @@ def byte_logprobs(model: ByteMTP, texts: list[bytes], *, top: int = 0, batch_siz
     scored: list = [None] * len(wins)
     for i, _, logp_TV in _scored(model, wins, batch_size=batch_size, progress=None):
         targets = torch.tensor(wins[i].targets, device=logp_TV.device)
-        values = logp_TV[torch.arange(len(targets)), targets].tolist()
+        values = logp_TV[torch.arange(len(targets), device=targets.device), targets].tolist()
         best: list[list[tuple[int, float]]] = [[] for _ in values]
         if top:
             lp, ids = masked_logits(logp_TV).topk(min(top, logp_TV.shape[-1]), dim=-1)

@@ -88,8 +88,8 @@ class Layout(_Rotary):
         if self.chain and uniform and self.start + T <= n_pos:
             self.cos, self.sin = rope[0][self.start:self.start + T], rope[1][self.start:self.start + T]
         else:
-            depth_T = torch.arange(T) if depths is None else torch.tensor(depths)
-            pos_BT = (torch.tensor(starts)[:, None] + depth_T).clamp(max=n_pos - 1).to(device)
+            depth_T = torch.arange(T, device=device) if depths is None else torch.tensor(depths, device=device)
+            pos_BT = (torch.tensor(starts, device=device)[:, None] + depth_T).clamp(max=n_pos - 1)
             self.cos, self.sin = rope[0][pos_BT][:, None], rope[1][pos_BT][:, None]  # (B, 1, T, E/2)
         if not cached and not self.chain:
             raise ValueError("a tree layout needs a cache")
@@ -98,9 +98,10 @@ class Layout(_Rotary):
         self.causal = T > 1 and self.chain and (not cached or (uniform and self.start == 0))
         self.mask = None
         if cached and not self.causal and not (self.chain and T == 1 and uniform):
-            see_TT = torch.ones(T, T).tril().bool() if ancestors is None else ancestors.bool().cpu()
+            # built on the host row by row, then moved once
+            see_TT = torch.ones(T, T, device="cpu").tril().bool() if ancestors is None else ancestors.bool().cpu()
             rows = [starts[0]] if uniform else starts
-            mask = torch.zeros(len(rows), 1, T, self.L, dtype=torch.bool)
+            mask = torch.zeros(len(rows), 1, T, self.L, dtype=torch.bool, device="cpu")
             for b, s in enumerate(rows):
                 mask[b, 0, :, :s] = True
                 mask[b, 0, :, s:s + T] = see_TT
@@ -115,7 +116,7 @@ class Layout(_Rotary):
             self.rows_BT = self.slots_BT = None
         else:
             self.rows_BT = torch.arange(len(starts), device=device)[:, None]
-            self.slots_BT = (torch.tensor(starts)[:, None] + torch.arange(T)).to(device)
+            self.slots_BT = torch.tensor(starts, device=device)[:, None] + torch.arange(T, device=device)
         self._folded: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
     def mask_for(self, n: int, dtype: torch.dtype) -> torch.Tensor | None:

@@ -37,9 +37,10 @@ from .configuration_bytemtp import ByteMTPConfig
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles, each (seq_len, head_dim // 2), in float32 (bytemtp's formula)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    """cos and sin of the rotary angles, each (seq_len, head_dim // 2), in float32 (bytemtp's formula),
+    computed on the CPU as bytemtp computes them, so the tables are the same on every device."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32, device="cpu"), inv_freq)
     return angles.cos(), angles.sin()
 
 
