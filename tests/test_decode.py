@@ -1,6 +1,8 @@
 """Plain decoding (`decode.generate`, the reference) against a full recompute of every byte, and the
 decoder against it: the sliding window, and the steps of a pass (verify, accept) each on its own."""
 
+import types
+
 import pytest
 import torch
 from doubles import FITTED, FLAT, SONGS, fitted_model, rare_eos_model
@@ -9,8 +11,10 @@ from bytemtp.decoding import decode
 from bytemtp.decoding.batch import Row
 from bytemtp.decoding.drafting import DraftTree
 from bytemtp.decoding.generation import Output, SpeculativeStats
+from bytemtp.decoding.picks import Picks, greedy_picks
 from bytemtp.decoding.sampling import Sampling, next_byte
 from bytemtp.decoding.strategy import Draft
+from bytemtp.model.draft import emitted_ids
 from bytemtp.model.kvcache import KVCache, window_start
 from bytemtp.model.layout import build_layout
 from bytemtp.vocab import EOS
@@ -121,10 +125,13 @@ def test_verify_greedy_walks_the_tree_along_head_1():
     row = _row([[ord("x"), ord("b")], [ord("c"), ord("y")]])  # head 2: x, b; head 3: c, y
     dec = decode.Decoder.__new__(decode.Decoder)
     # head 1 after the root says b (rank 1 of head 2: node 3), after b says c (node 4), then d
-    picks = [[ord("b"), 1, 2], [ord("q"), 1, 2], [ord("q"), 1, 2], [ord("c"), 1, 2], [ord("d"), 7, 8]]
-    (path, nxt, cand), = dec.verify_greedy(_logits(picks), [row], tree, offered=[2])
-    assert path == [0, 3, 4] and nxt == ord("d") and [c[0] for c in cand] == [7, 8]
-    (path, nxt, _), = dec.verify_greedy(_logits(picks), [row], tree, offered=[1])  # depth 2 not usable
+    logits = _logits([[ord("b"), 1, 2], [ord("q"), 1, 2], [ord("q"), 1, 2], [ord("c"), 1, 2], [ord("d"), 7, 8]])
+    picks = Picks.read(greedy_picks(logits, emitted_ids(264)), [row], heads=3)  # one transfer
+    assert row.stats.host_reads == 1
+    state = types.SimpleNamespace(active=[0], finished=set())
+    (path, nxt), = dec.verify(picks, state, [row], tree, offered=[2])
+    assert path == [0, 3, 4] and nxt == ord("d") and [c[0] for c in picks.cands(0, path[-1])] == [7, 8]
+    (path, nxt), = dec.verify(picks, state, [row], tree, offered=[1])  # depth 2 not usable
     assert path == [0, 3] and nxt == ord("c")
 
 

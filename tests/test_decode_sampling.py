@@ -6,8 +6,9 @@ import torch
 from doubles import MARKOV_SYMBOLS, MARKOV_TARGET, MarkovModel, chi2_critical, seeded_sampling
 
 from bytemtp.decoding import decode
-from bytemtp.decoding.drafting import PassCosts
-from bytemtp.decoding.sampling import Sampling, distribution, pick
+from bytemtp.decoding import picks as picks_lib
+from bytemtp.decoding.drafting import TREE_RANKS, PassCosts
+from bytemtp.decoding.sampling import Sampling, distribution, gumbel
 from bytemtp.decoding.strategy import Draft
 from bytemtp.vocab import EOS
 
@@ -82,25 +83,26 @@ def test_plain_batch_sampling_has_the_target_distribution():
     assert all(s.forward_passes == 3 and s.drafted == [] for s in stats)
 
 
-def _accept_all_drafts(p_TV, drafts, *, key, at):
-    """A wrong rule: every draft accepted, the bonus byte from p (emits the draft distribution)."""
-    n = len(drafts)
-    return n, pick(p_TV[n:n + 1], key, [at + n])[0]
+def _accept_all_drafts(picks, drafts):
+    """A wrong rule: every draft accepted, the bonus byte head 1's pick after them (emits the
+    draft distribution)."""
+    return len(drafts), picks[len(drafts)]
 
 
-def _one_noise_for_the_whole_pass(p_TV, drafts, *, key, at):
-    """A subtly wrong rule: every position of a pass picks with the noise of its first (each pick
+def _one_noise_for_the_whole_pass(logits_TKV, sampling, *, key, at):
+    """A subtly wrong rule: every node of a pass picks with the noise of its first (each pick
     alone draws from p, but the bytes of a pass are not independent)."""
-    picks = pick(p_TV[:len(drafts) + 1], key, [at] * (len(drafts) + 1))
-    n_ok = next((j for j, d in enumerate(drafts) if d != picks[j]), len(drafts))
-    return n_ok, picks[n_ok]
+    T, K, V = logits_TKV.shape
+    picks = (distribution(logits_TKV, sampling).double().log() + gumbel(key, [at] * K, V).view(1, K, V)).argmax(-1)
+    return torch.cat([picks[:, :1], picks[:, 1:, None].expand(T, K - 1, TREE_RANKS).flatten(1)], dim=-1)
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
-@pytest.mark.parametrize("wrong_rule,n", [(_accept_all_drafts, 2000), (_one_noise_for_the_whole_pass, 4000)])
-def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch, wrong_rule, n):
-    monkeypatch.setattr(decode, "verify_sampled", wrong_rule)
+@pytest.mark.parametrize("seam,name,wrong_rule,n", [(decode, "accept_drafts", _accept_all_drafts, 2000),
+                                                    (picks_lib, "sampled_picks", _one_noise_for_the_whole_pass, 4000)])
+def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch, seam, name, wrong_rule, n):
+    monkeypatch.setattr(seam, name, wrong_rule)
     outputs, _ = _sample_outputs(n, 2, seed=11)
     assert _chi_square(outputs) > _CHI2_26_P001
 

@@ -43,7 +43,6 @@ class Row:
         self.start = 0  # window start, in tokens from the leading EOS
         self.nxt = EOS
         self.cand: list[list[int]] = []  # [depth - 1][rank]
-        self.q: torch.Tensor | None = None  # (depths, V) draft distributions when sampling
         self.sure = 1 << 30  # depths of the heads' top chain that are sure enough (`Decoder.confidence`)
         # a sampled row's key, drawn now from its sampling's generator: its byte at output position i
         # is a function of the key and i (`sampling.pick`), whatever the passes draft

@@ -46,8 +46,12 @@ import time
 
 import torch
 
+from bytemtp.decoding.drafting import TREE_RANKS
+from bytemtp.decoding.picks import greedy_picks
+from bytemtp.model.draft import emitted_ids
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
+from bytemtp.runtime.devices import to_device
 
 NODE_BUCKETS = (1, 2, 4, 8, 16)  # nodes a pass is padded to (the last is drafting.MAX_NODES)
 
@@ -119,13 +123,16 @@ class StaticStep:
         self._index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.compile_s, self.graphs = 0.0, 0
         self.last_was_new = False  # whether the last call ran a shape for the first time (compiling it)
+        self.allowed = emitted_ids(model.config.table_rows).to(self.device)  # the ids greedy picks may be
+        self.picks: torch.Tensor | None = None  # the greedy picks of the last pass (`picks.greedy_picks`)
+        self.last_s = 0.0  # seconds of the last call of the step itself (the compiled graph)
 
     def _pass(self, ids_BT: torch.Tensor, starts_B: torch.Tensor, depths_T: torch.Tensor, see_TT: torch.Tensor,
-              cache_k: torch.Tensor, cache_v: torch.Tensor,
-              heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, heads, V), the keys and values of the layers that ran, (N, B, H, T, E)
-        in the order of `_indices`, and (draft heads) head 1's states (B, T, D), else None. Reads
-        the cache, writes nothing."""
+              cache_k: torch.Tensor, cache_v: torch.Tensor, allowed_V: torch.Tensor,
+              heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, heads, V), the greedy picks at every node (`picks.greedy_picks`), the keys
+        and values of the layers that ran, (N, B, H, T, E) in the order of `_indices`, and (draft
+        heads) head 1's states (B, T, D), else None. Reads the cache, writes nothing."""
         model = self.model
         cache = _Buffers(cache_k, cache_v)
         layout = build_layout(model, ids_BT, cache, depths=depths_T, ancestors=see_TT, starts_B=starts_B)
@@ -140,7 +147,7 @@ class StaticStep:
                                   for k, h_BTD in model.head_states(z_BTD, cache, layout=layout, heads=heads)], dim=2)
         ks = [k if k.dim() == 5 else k[None] for k, _ in layout.written]  # stacked heads: (K, B, H, T, E)
         vs = [v if v.dim() == 5 else v[None] for _, v in layout.written]
-        return logits, torch.cat(ks), torch.cat(vs), states
+        return logits, greedy_picks(logits, allowed_V), torch.cat(ks), torch.cat(vs), states
 
     def _indices(self, B: int, heads: int, padded: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where a pass's returned keys and values go, made once per shape: their cache layers
@@ -159,14 +166,15 @@ class StaticStep:
               ancestors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The depths (padded,) and ancestry (padded, padded) of a pass on the device, padded
         nodes seeing only themselves; made once per tree."""
-        key = (T, padded, depths, None if ancestors is None else ancestors.numpy().tobytes())
+        # a tree's ancestry is one tensor for its life (`DraftTree.ancestors`), kept alive here with its entry
+        key = (T, padded, depths, None if ancestors is None else id(ancestors))
         if key not in self._trees:
-            see = torch.eye(padded, dtype=torch.bool)
-            see[:T, :T] = torch.ones(T, T).tril().bool() if ancestors is None else ancestors
-            depth = torch.zeros(padded, dtype=torch.long)
-            depth[:T] = torch.arange(T) if depths is None else torch.tensor(depths)
-            self._trees[key] = depth.to(self.device), see.to(self.device)
-        return self._trees[key]
+            see = torch.eye(padded, dtype=torch.bool, device="cpu")
+            see[:T, :T] = torch.ones(T, T, device="cpu").tril().bool() if ancestors is None else ancestors
+            depth = torch.zeros(padded, dtype=torch.long, device="cpu")
+            depth[:T] = torch.arange(T, device="cpu") if depths is None else torch.tensor(depths, device="cpu")
+            self._trees[key] = depth.to(self.device), see.to(self.device), ancestors
+        return self._trees[key][:2]
 
     def __call__(self, ids_BT: torch.Tensor, cache: KVCache, *, heads: int,
                  depths: tuple[int, ...] | None = None, ancestors: torch.Tensor | None = None) -> torch.Tensor:
@@ -180,7 +188,7 @@ class StaticStep:
         if padded > T:
             ids_BT = torch.cat([ids_BT, ids_BT[:, -1:].expand(B, padded - T)], dim=1)
         depth_T, see_TT = self._tree(T, padded, depths, ancestors)
-        starts_B = torch.tensor(cache.lengths, device=self.device)
+        starts_B = to_device(cache.lengths, self.device)
         if self.device.type == "cuda" and not getattr(cache.k, "_static_address", False):
             for t in (cache.k, cache.v):  # CUDA graphs then read the cache where it is, not a copy
                 torch._dynamo.mark_static_address(t)
@@ -192,12 +200,16 @@ class StaticStep:
 
             graphs, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
             with torch._dynamo.config.patch(recompile_limit=1024, accumulated_recompile_limit=1 << 16):
-                logits, k, v, states = self._fn(ids_BT, starts_B, depth_T, see_TT, cache.k, cache.v, K)
+                logits, picks, k, v, states = self._fn(ids_BT, starts_B, depth_T, see_TT, cache.k, cache.v,
+                                                       self.allowed, K)
             if counters["stats"]["unique_graphs"] > graphs:
                 self.graphs += counters["stats"]["unique_graphs"] - graphs
                 self.compile_s += time.perf_counter() - t0
+            self.last_s = time.perf_counter() - t0
         else:
-            logits, k, v, states = self._fn(ids_BT, starts_B, depth_T, see_TT, cache.k, cache.v, K)
+            t0 = time.perf_counter()
+            logits, picks, k, v, states = self._fn(ids_BT, starts_B, depth_T, see_TT, cache.k, cache.v, self.allowed, K)
+            self.last_s = time.perf_counter() - t0
         self._shapes.add(shape)
         self.last_was_new = first
         # the new keys and values into their slots: (layers, B, L, H, E) views index them as (N, B, T)
@@ -207,6 +219,7 @@ class StaticStep:
             cache_t.transpose(2, 3)[layers, rows, slots] = new.transpose(2, 3)
         cache.advance(T)
         self.states = None if states is None else states[:, :T]
+        self.picks = picks[:, :T, :1 + (min(heads, K) - 1) * TREE_RANKS]
         return logits[:, :T, :heads]
 
     def drafts_at(self, h_BD: torch.Tensor, first_B: torch.Tensor, heads: int) -> torch.Tensor:

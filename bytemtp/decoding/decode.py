@@ -46,13 +46,14 @@ from bytemtp.decoding.compiled import NODE_BUCKETS, Compile, CompilePolicy
 from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts, choose
 from bytemtp.decoding.generation import DecodeStats, Generation, Output, SpeculativeStats, as_bytes, as_prompt_list
 from bytemtp.decoding.lookup import LookupProfile, accepted_run, lookup_pass
-from bytemtp.decoding.sampling import Sampling, distribution, masked_logits, next_byte, pick, verify_sampled
+from bytemtp.decoding.picks import Picks, pass_picks
+from bytemtp.decoding.sampling import Sampling, accept_drafts, allowed_mask, next_byte
 from bytemtp.decoding.strategy import Draft
 from bytemtp.decoding.loop import Loop
 from bytemtp.model.kvcache import KVCache, context_left, window_start
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
-from bytemtp.runtime.devices import synchronize
+from bytemtp.runtime.devices import synchronize, to_device
 from bytemtp.vocab import EOS
 
 
@@ -121,6 +122,7 @@ class Decoder:
         self.policy = CompilePolicy(model, self.stacked, compile)
         self.last_choice: Choice | None = None
         self._states: torch.Tensor | None = None  # head 1's states of the last pass (two-phase drafting)
+        self._picks: torch.Tensor | None = None  # the greedy picks the compiled step made in its last pass
 
     @property
     def keeps_warm(self) -> bool:
@@ -243,17 +245,20 @@ class Decoder:
                        for o, u, row in zip(offered, used, batch)]
             if max(offered, default=0) < tree.depth and all(u is None for u in used):
                 tree = tree.truncated(max(offered, default=0))
-        starts = list(cache.lengths)
-        logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static)
+        starts, ats = list(cache.lengths), [len(row.out.data) for row in batch]  # the next byte is out
+        live = [row for r, row in zip(state.active, batch) if r not in state.finished]
+        logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static, rows=live)
         cache.rewind(tree.T)
-        verdicts = self.verify(logits, state, batch, tree, offered)
-        drafts = self.drafts_at(verdicts, heads=k, static=state.static) if self.two_phase and k > 1 else None
+        picks = self.read_picks(logits, batch, ats, live, heads=1 if self.two_phase else k)  # the pass's one transfer
+        verdicts = self.verify(picks, state, batch, tree, offered)
+        two_phase = self.two_phase and k > 1
         layers = self.layers_written(k)
         shapes: dict[int, str] = {}  # the shape offered to rows that may use drafts to a depth, by depth
+        going = []  # (b, row, kept node, next byte) of the rows that go on
         for b, (r, row) in enumerate(zip(state.active, batch)):
             if r in state.finished:
                 continue
-            path, nxt, cand = verdicts[b]
+            path, nxt = verdicts[b]
             profile = state.profile(row)
             if used[b] is not None:  # lookup bytes were drafted: the lookup profile learns, not the heads'
                 run = accepted_run(path, tree, len(used[b].draft))
@@ -273,10 +278,11 @@ class Decoder:
             if done:
                 state.finished.add(r)
                 continue
-            if drafts is None:
-                self.propose(row, logits[b, path[-1], :k], nxt, cand)
-            else:  # head 1's logits there and the draft heads', from the byte chosen there
-                self.propose(row, torch.cat([logits[b, path[-1], :1], drafts[b].to(logits.dtype)]), nxt)
+            going.append((b, row, path[-1], nxt))
+            if not two_phase:
+                self.propose(row, picks, b, path[-1], nxt)
+        if two_phase and going:  # the draft heads at the kept nodes, from the bytes chosen there
+            self.propose_drafts(logits, going, heads=k, static=state.static)
         state.warm = k  # the heads whose candidates the rows hold (and, for training heads, whose caches are whole)
         if state.static and self.policy.static.last_was_new:  # compiling: not a cost, nor a rate
             state.compiled = True
@@ -295,139 +301,124 @@ class Decoder:
             row.start = window_start(len(tokens), row.start, seq_len)
             windows.append(tokens[row.start:])
         lengths = [len(w) for w in windows]
-        ids = torch.full((len(rows), max(lengths)), EOS, dtype=torch.long)
-        for r, w in enumerate(windows):
-            ids[r, :len(w)] = torch.tensor(w, dtype=torch.long)
+        ids = to_device([w + [EOS] * (max(lengths) - len(w)) for w in windows], model.embed.weight.device)
         cache.lengths = [0] * len(rows)
-        ids = ids.to(model.embed.weight.device)
         logits = model.logits(ids, cache, heads=heads, stacked=self.stacked, layout=build_layout(model, ids, cache),
                               last=[n - 1 for n in lengths])  # (B, 1, K, V)
         cache.lengths = lengths
-        for row, logits_KV in zip(rows, logits[:, 0]):
-            self.propose(row, logits_KV, None)
+        self.propose_all(rows, logits)
+        for row in rows:
             row.stats.forward_passes += 1
 
-    def propose(self, row: Row, logits_KV: torch.Tensor, nxt: int | None, cand: list[list[int]] | None = None,
-                *, at: int | None = None) -> None:
-        """The next byte (head 1's choice, unless verification already made it) and the heads'
-        candidates after it, from the logits (K, V) at the row's last accepted node, by the row's
-        own sampling: a sampled row draws the next byte and each head's draft with the noise of
-        the output position it is for (`sampling.pick`), the next byte's at `at` (by default the
-        next position the row emits, len(out.data)). With `confidence`, a greedy row also notes how
-        deep its drafts stay sure enough (`Row.sure`: the leading depths whose top candidates'
-        probabilities multiply to at least it)."""
-        sampling = row.sampling
-        if sampling.greedy:
-            if cand is None or self.confidence:
-                masked = masked_logits(logits_KV)
-                top = masked[1:].topk(TREE_RANKS, dim=-1)
-                cand = top.indices.tolist()
-                nxt = int(masked[0].argmax()) if nxt is None else nxt
-                if self.confidence:
-                    sure = (top.values[:, 0] - masked[1:].logsumexp(-1)).cumsum(0).exp()  # P(top chain to d)
-                    row.sure = int((sure >= self.confidence).sum())
-            row.nxt, row.cand = nxt, cand
-            return
-        probs = distribution(logits_KV, sampling)
-        at = len(row.out.data) if at is None else at
-        row.nxt = pick(probs[:1], row.key, [at])[0] if nxt is None else nxt
-        row.q = probs[1:]
-        row.cand = [[d] for d in pick(row.q, row.key, list(range(at + 1, at + len(probs))))] if len(probs) > 1 else []
+    def propose_all(self, rows: list[Row], logits_B1KV: torch.Tensor, *, nxts: list[int] | None = None,
+                    ats: list[int] | None = None) -> None:
+        """`propose` for each row from the logits at its last position (B, 1, K, V), read in one
+        transfer: head 1's pick there (the byte at output position `ats[b]`, by default the next
+        the row emits) unless `nxts` gives it, and the heads' candidates after it."""
+        ats = [len(row.out.data) for row in rows] if ats is None else ats
+        picks = self.read_picks(logits_B1KV, rows, ats, rows, heads=logits_B1KV.shape[2])
+        for b, row in enumerate(rows):
+            self.propose(row, picks, b, 0, None if nxts is None else nxts[b])
+
+    def read_picks(self, logits_BTKV: torch.Tensor, rows: list[Row], ats: list[int], live: list[Row], *,
+                   heads: int) -> Picks:
+        """What the logits say at every node (`picks.pass_picks`: each row by its own sampling; the
+        greedy picks the compiled step made in its graph, where it ran), brought to the host in
+        one transfer counted in the `live` rows' statistics."""
+        greedy = self._picks if self._picks is not None and self._picks.shape[:2] == logits_BTKV.shape[:2] else None
+        self._picks = None
+        table = pass_picks(logits_BTKV, rows, ats, allowed_mask(logits_BTKV), confidence=self.confidence,
+                           greedy_BTW=greedy)
+        return Picks.read(table, live, heads=heads, confident=self.confidence > 0)
+
+    def propose(self, row: Row, picks: Picks, b: int, node: int, nxt: int | None = None) -> None:
+        """The row's next byte (head 1's pick at `node`, unless verification already made it) and
+        the heads' candidates after it, from the pass's picks (`picks.Picks`): a greedy row's
+        ranked ids, a sampled row's one draft a head, each drawn with the noise of the output
+        position it is for. With `confidence`, a greedy row also notes how deep its drafts stay
+        sure enough (`Row.sure`)."""
+        row.nxt = picks.pick(b, node) if nxt is None else nxt
+        cands = picks.cands(b, node)
+        if row.sampling.greedy:
+            row.cand = cands
+            if self.confidence:
+                row.sure = picks.sure(b, node)
+        else:
+            row.cand = [c[:1] for c in cands]
 
     def draft(self, rows: list[Row], tree: DraftTree) -> torch.Tensor:
         """The ids of one pass (B, T): each row's next byte and its candidates laid out as the tree."""
         ids = [[row.nxt] + [row.cand[d - 1][r] for d, r in zip(tree.depths[1:], tree.ranks[1:])]
                for row in rows]
-        return torch.tensor(ids, device=self.model.embed.weight.device)
+        return to_device(ids, self.model.embed.weight.device)
 
     def forward(self, ids_BT: torch.Tensor, tree: DraftTree, cache: KVCache, *, heads: int,
-                static: bool) -> torch.Tensor:
+                static: bool, rows: list[Row] = ()) -> torch.Tensor:
         """Logits (B, T, heads, V) of one pass of the tree after each row's cache, which it
-        advances: on the compiled static step, or eagerly with the layout built here."""
+        advances: on the compiled static step (which also makes the greedy picks), or eagerly
+        with the layout built here. The seconds of the step itself (the compiled call, or the
+        eager model) go into the `rows`' statistics (`step_s`)."""
         chain = tree.is_chain
         if static:
-            logits = self.policy.static(ids_BT, cache, heads=heads, depths=None if chain else tree.depths,
-                                        ancestors=None if chain else tree.ancestors)
-            self._states = self.policy.static.states
-            return logits
-        model = self.model
-        layout = build_layout(model, ids_BT, cache, depths=None if chain else list(tree.depths),
-                              ancestors=None if chain else tree.ancestors, drafts=True)
-        if self.two_phase:  # head 1 over the nodes; the drafts come at the kept nodes (`drafts_at`)
-            logits, self._states = self.stacked.head1(model(ids_BT, cache, layout=layout), layout, cache)
-            cache.advance(ids_BT.shape[1])
-            return logits
-        return model.logits(ids_BT, cache, heads=heads, stacked=self.stacked, layout=layout)
+            step = self.policy.static
+            logits = step(ids_BT, cache, heads=heads, depths=None if chain else tree.depths,
+                          ancestors=None if chain else tree.ancestors)
+            self._states, self._picks, seconds = step.states, step.picks, step.last_s
+        else:
+            model, t0 = self.model, time.perf_counter()
+            layout = build_layout(model, ids_BT, cache, depths=None if chain else list(tree.depths),
+                                  ancestors=None if chain else tree.ancestors, drafts=True)
+            if self.two_phase:  # head 1 over the nodes; the drafts come at the kept nodes (`propose_drafts`)
+                logits, self._states = self.stacked.head1(model(ids_BT, cache, layout=layout), layout, cache)
+                cache.advance(ids_BT.shape[1])
+            else:
+                logits = model.logits(ids_BT, cache, heads=heads, stacked=self.stacked, layout=layout)
+            seconds = time.perf_counter() - t0
+        for row in rows:
+            row.stats.step_s += seconds
+        return logits
 
-    def drafts_at(self, verdicts: list[tuple[list[int], int, list[list[int]] | None]], *, heads: int,
-                  static: bool) -> torch.Tensor:
-        """The draft heads' logits (B, heads - 1, V) at each row's kept node of the last pass,
-        reading the byte chosen there (`DraftPass.drafts`, on the compiled step where it runs)."""
+    def propose_drafts(self, logits_BT1V: torch.Tensor, going: list[tuple[int, Row, int, int]], *, heads: int,
+                       static: bool) -> None:
+        """The draft heads' candidates at each going row's kept node of the last pass, reading the
+        byte chosen there (`DraftPass.drafts`, on the compiled step where it runs), with head 1's
+        logits there: `propose_all`, in one more transfer."""
         device = self._states.device
-        nodes = torch.tensor([path[-1] for path, _, _ in verdicts], device=device)
-        first = torch.tensor([nxt for _, nxt, _ in verdicts], device=device)
-        h_BD = self._states[torch.arange(len(verdicts), device=device), nodes]
-        if static:
-            return self.policy.static.drafts_at(h_BD, first, heads)
-        return self.stacked.drafts(h_BD, first, heads - 1)
+        bs = to_device([b for b, _, _, _ in going], device)
+        nodes = to_device([node for _, _, node, _ in going], device)
+        first = to_device([nxt for _, _, _, nxt in going], device)
+        h_BD = self._states[bs, nodes]
+        drafts = (self.policy.static.drafts_at(h_BD, first, heads) if static
+                  else self.stacked.drafts(h_BD, first, heads - 1))
+        logits = torch.cat([logits_BT1V[bs, nodes], drafts.to(logits_BT1V.dtype)], dim=1)[:, None]
+        self.propose_all([row for _, row, _, _ in going], logits, nxts=[nxt for _, _, _, nxt in going])
 
-    def verify(self, logits_BTKV: torch.Tensor, state: Batch, rows: list[Row], tree: DraftTree,
-               offered: list[int]) -> list[tuple[list[int], int, list[list[int]] | None]]:
-        """For each row of the pass: the accepted path, the byte after it and (greedy) the heads'
-        candidates there, by `verify_greedy` for greedy rows or (sampling, a chain: a batch with a
-        sampled row drafts chains) `verify_sampled` for the others."""
-        greedy = [row.sampling.greedy for row in rows]
-        out = [None] * len(rows)
-        if any(greedy):
-            b_greedy = [b for b, g in enumerate(greedy) if g]
-            for b, verdict in zip(b_greedy, self.verify_greedy(logits_BTKV[b_greedy], [rows[b] for b in b_greedy],
-                                                                tree, [offered[b] for b in b_greedy])):
-                out[b] = verdict
-        if not all(greedy):
-            live = [r not in state.finished and not g for r, g in zip(state.active, greedy)]
-            for b, (path, nxt) in enumerate(self.verify_sampled(logits_BTKV, rows, offered, live)):
-                if not greedy[b]:
-                    out[b] = (path, nxt, None)
-        return out
-
-    def verify_greedy(self, logits_BTKV: torch.Tensor, rows: list[Row], tree: DraftTree,
-                      offered: list[int]) -> list[tuple[list[int], int, list[list[int]]]]:
-        """For each row: the accepted path (node indices from the root), head 1's byte after it
-        and the heads' candidates there. A child is accepted when its byte is head 1's choice at
-        its parent and its depth is within what the row may use (`offered`)."""
-        masked = masked_logits(logits_BTKV)
-        picks = masked[:, :, 0].argmax(-1).tolist()  # (B, T)
-        cands = masked[:, :, 1:].topk(TREE_RANKS, dim=-1).indices.tolist() if masked.shape[2] > 1 else None
-        kids = tree.children
-        out = []
-        for b, row in enumerate(rows):
-            path, node = [0], 0
-            while True:
-                want = picks[b][node]
-                nxt = next((c for c in kids[node] if tree.depths[c] <= offered[b]
-                            and row.cand[tree.depths[c] - 1][tree.ranks[c]] == want), None)
-                if nxt is None:
-                    break
-                path.append(nxt)
-                node = nxt
-            out.append((path, picks[b][node], cands[b][node] if cands is not None else []))
-        return out
-
-    @staticmethod
-    def verify_sampled(logits_BTKV: torch.Tensor, rows: list[Row], offered: list[int],
-                       live: list[bool]) -> list[tuple[list[int], int]]:
-        """For each row (a chain): the accepted path and the byte after it, by `verify_sampled`
-        under the row's sampling, its first draft at output position len(out.data) (the next byte
-        is out). Rows not `live` (finished, or greedy) are not verified."""
-        out = []
-        for b, row in enumerate(rows):
-            if not live[b]:
+    def verify(self, picks: Picks, state: Batch, rows: list[Row], tree: DraftTree,
+               offered: list[int]) -> list[tuple[list[int], int]]:
+        """For each row of the pass: the accepted path (node indices from the root) and the byte
+        after it. A greedy row accepts a child whose byte is head 1's choice at its parent and
+        whose depth is within what the row may use (`offered`); a sampled row (a chain: a batch
+        with a sampled row drafts chains) accepts its drafts while each equals head 1's pick by
+        position (`sampling.accept_drafts`). Rows finished or placeholders are not verified."""
+        kids, out = tree.children, []
+        for b, (r, row) in enumerate(zip(state.active, rows)):
+            if r in state.finished:
                 out.append(([0], EOS))
-                continue
-            n, sampling = offered[b], row.sampling
-            p = distribution(logits_BTKV[b, :n + 1, 0], sampling)
-            n_ok, nxt = verify_sampled(p, [c[0] for c in row.cand[:n]], key=row.key, at=len(row.out.data))
-            out.append((list(range(n_ok + 1)), nxt))
+            elif row.sampling.greedy:
+                path, node = [0], 0
+                while True:
+                    want = picks.pick(b, node)
+                    nxt = next((c for c in kids[node] if tree.depths[c] <= offered[b]
+                                and row.cand[tree.depths[c] - 1][tree.ranks[c]] == want), None)
+                    if nxt is None:
+                        break
+                    path.append(nxt)
+                    node = nxt
+                out.append((path, picks.pick(b, node)))
+            else:
+                n = offered[b]
+                n_ok, nxt = accept_drafts([picks.pick(b, t) for t in range(n + 1)], [c[0] for c in row.cand[:n]])
+                out.append((list(range(n_ok + 1)), nxt))
         return out
 
     def accept(self, row: Row, b: int, path: list[int], tree: DraftTree, cache: KVCache, *,

@@ -58,6 +58,8 @@ class SpeculativeStats(DecodeStats):
     slides: int = 0  # times the window slid
     lookup_passes: int = 0  # passes that drafted prompt-lookup bytes
     lookup_accepted: int = 0  # ... and the lookup bytes they output
+    host_reads: int = 0  # device-to-host transfers of the passes the row took part in (`picks.Picks.read`)
+    step_s: float = 0.0  # seconds of those passes in the step itself (the compiled call, or the eager model)
 
     @property
     def acceptance(self) -> list[float]:
@@ -92,6 +94,8 @@ class SpeculativeStats(DecodeStats):
             out.slides += getattr(st, "slides", 0)
             out.lookup_passes += getattr(st, "lookup_passes", 0)
             out.lookup_accepted += getattr(st, "lookup_accepted", 0)
+            out.host_reads += getattr(st, "host_reads", 0)
+            out.step_s += getattr(st, "step_s", 0.0)
         return out
 
 

@@ -32,6 +32,7 @@ from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP, StackedHeads
+from bytemtp.runtime.devices import to_device
 from bytemtp.vocab import EOS
 
 PLAN_EVERY = 16  # passes between re-plans of an adapting draft
@@ -58,8 +59,8 @@ class Steps(Protocol):
 
     def prefill(self, rows: list[Row], cache: KVCache, heads: int) -> None: ...
 
-    def propose(self, row: Row, logits_KV: torch.Tensor, nxt: int | None,
-                cand: list[list[int]] | None = None, *, at: int | None = None) -> None: ...
+    def propose_all(self, rows: list[Row], logits_B1KV: torch.Tensor, *, nxts: list[int] | None = None,
+                    ats: list[int] | None = None) -> None: ...
 
     def step(self, state: Batch, choice: Choice) -> None: ...
 
@@ -211,20 +212,23 @@ class Loop:
         missing = [lengths[b] - p for b, r in live if (p := stale.missing_from(r, heads)) is not None]
         n = max(lengths) if model.config.doc_mask else max([1, *missing])  # document masks: run all
         starts = [max(0, length - n) for length in lengths]
-        ids = torch.full((len(lengths), n), EOS, dtype=torch.long, device=model.embed.weight.device)
+        windows = [[EOS] * n for _ in lengths]
         for b, r in live:
             window = state.rows[r].tokens()[state.rows[r].start:-1]  # the cache's tokens (the next byte is out)
             assert len(window) == lengths[b], (len(window), lengths[b])
-            ids[b, :lengths[b] - starts[b]] = torch.tensor(window[starts[b]:], dtype=torch.long)
+            windows[b][:lengths[b] - starts[b]] = window[starts[b]:]
+        ids = to_device(windows, model.embed.weight.device)
         cache.lengths = starts
         logits = model.logits(ids, cache, heads=heads, stacked=decoder.stacked, layout=build_layout(model, ids, cache),
                               last=[max(0, length - start - 1) for length, start in zip(lengths, starts)])
         cache.lengths = lengths
         for r in set(state.active) & state.finished:  # fed, never accepted: any drafts do, none drawn
             state.rows[r].cand += [[EOS] * TREE_RANKS] * (heads - 1 - len(state.rows[r].cand))
+        rows = [state.rows[r] for _, r in live]
+        if rows:  # the next byte is out: head 1's pick there is known, the heads' drafts follow it
+            decoder.propose_all(rows, logits[[b for b, _ in live]], nxts=[row.nxt for row in rows],
+                                ats=[len(row.out.data) - 1 for row in rows])
         for b, r in live:
-            row = state.rows[r]
-            decoder.propose(row, logits[b, 0], row.nxt, at=len(row.out.data) - 1)  # the next byte is out
             state.rows[r].stats.forward_passes += 1
             stale.warmed(r, heads)
         state.warm = heads

@@ -33,7 +33,7 @@ from bytemtp.model.draft import emitted_ids
 _MASKS: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
-def _allowed(logits: torch.Tensor) -> torch.Tensor:
+def allowed_mask(logits: torch.Tensor) -> torch.Tensor:
     """The mask of ids generation may emit (`emitted_ids`) for logits of this width, on their device."""
     key = (logits.shape[-1], logits.device)
     mask = _MASKS.get(key)
@@ -72,7 +72,7 @@ class Sampling:
 
 def distribution(logits_V: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """Probabilities over the vocabulary after masking, temperature, top-k and top-p."""
-    allowed = _allowed(logits_V)
+    allowed = allowed_mask(logits_V)
     logits = logits_V.float().masked_fill(~allowed, float("-inf"))
     logits = logits / sampling.temperature
     if sampling.top_k:
@@ -91,7 +91,7 @@ def distribution(logits_V: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 def masked_logits(logits: torch.Tensor) -> torch.Tensor:
     """The logits (..., V) in float32 with every id generation never emits (BOS, PAD, the padding
     ids) at -inf: what greedy choices and draft candidates rank."""
-    return logits.float().masked_fill(~_allowed(logits), float("-inf"))
+    return logits.float().masked_fill(~allowed_mask(logits), float("-inf"))
 
 
 # splitmix64 (Steele, Lea and Flood 2014) in wrapping int64 arithmetic: its increment and multipliers
@@ -163,6 +163,13 @@ def verify_sampled(p_TV: torch.Tensor, drafts: list[int], *, key: int, at: int) 
     positions are drawn at once and come back in one transfer.
     """
     n = len(drafts)
-    picks = pick(p_TV[:n + 1], key, list(range(at, at + n + 1)))
+    return accept_drafts(pick(p_TV[:n + 1], key, list(range(at, at + n + 1))), drafts)
+
+
+def accept_drafts(picks: list[int], drafts: list[int]) -> tuple[int, int]:
+    """The rule of `verify_sampled` on the picks (head 1's pick at each draft's position, then one
+    after the last): drafts are accepted while each equals the pick at its position; the byte
+    after them is the pick at the first that differs (or the bonus pick after the last)."""
+    n = len(drafts)
     n_ok = next((j for j, d in enumerate(drafts) if d != picks[j]), n)
     return n_ok, picks[n_ok]

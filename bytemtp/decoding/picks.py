@@ -1,0 +1,111 @@
+"""What a pass's logits say, brought to the host in one transfer.
+
+A decoding pass needs, at every node of every row, head 1's choice there and the heads' drafts
+after it; nothing else of the logits (B, T, K, V) leaves the device. `greedy_picks` computes them
+for greedy rows (head 1's masked argmax, each draft head's `TREE_RANKS` best ids), inside the
+compiled step where one runs; `sampled_picks` overwrites the rows that sample with the Gumbel-max
+picks by output position (`sampling.pick`'s rule, on the device: head 1's pick at node t is the
+byte at position at + t, head k's draft there the byte at at + t + k - 1); `confident_depths` adds,
+where the decoder's confidence is on, how many leading depths of each node's top chain are sure
+enough. `Picks.read` then takes the whole table to the host with one `tolist`: the pass's one
+device-to-host transfer, counted in each row's statistics (`host_reads`), so that a GPU waits for
+its queued work once a pass, not once a row or a head.
+
+Layout of a node's entry: [pick, head 2's ranks..., head 3's ranks..., ..., (sure)], ids as int64;
+a sampled row repeats its one draft over the ranks; -1 marks a pick over a distribution with a NaN.
+
+Legend: B rows, T nodes, K heads, V vocabulary, R ranks (`TREE_RANKS`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bytemtp.decoding.drafting import TREE_RANKS
+from bytemtp.decoding.sampling import distribution, gumbel
+
+
+def greedy_picks(logits_BTKV: torch.Tensor, allowed_V: torch.Tensor) -> torch.Tensor:
+    """(B, T, 1 + (K - 1) R) ids: head 1's masked argmax at each node, then each draft head's
+    `TREE_RANKS` best ids (masked: never BOS, PAD or padding ids). Traceable: the compiled step
+    runs it in its graph."""
+    masked = logits_BTKV.float().masked_fill(~allowed_V, float("-inf"))
+    picks = masked[:, :, 0].argmax(-1)[..., None]
+    if masked.shape[2] == 1:
+        return picks
+    cands = masked[:, :, 1:].topk(TREE_RANKS, dim=-1).indices
+    return torch.cat([picks, cands.flatten(2)], dim=-1)
+
+
+def confident_depths(logits_BTKV: torch.Tensor, allowed_V: torch.Tensor, confidence: float) -> torch.Tensor:
+    """(B, T, 1): at each node, the leading depths of the draft heads' top chain whose
+    probabilities multiply to at least `confidence` (`Decoder.confidence`)."""
+    masked = logits_BTKV[:, :, 1:].float().masked_fill(~allowed_V, float("-inf"))
+    if masked.shape[2] == 0:
+        return torch.zeros(*logits_BTKV.shape[:2], 1, dtype=torch.long, device=logits_BTKV.device)
+    top = masked.max(-1).values - masked.logsumexp(-1)
+    return (top.cumsum(-1).exp() >= confidence).sum(-1, keepdim=True)
+
+
+def sampled_picks(logits_TKV: torch.Tensor, sampling, *, key: int, at: int) -> torch.Tensor:
+    """(T, 1 + (K - 1) R) ids of one sampled row: the Gumbel-max picks of each head at each node
+    by output position (node t, head k: position at + t + k - 1), each draft repeated over the
+    ranks; -1 where the distribution holds a NaN."""
+    T, K, V = logits_TKV.shape
+    probs = distribution(logits_TKV, sampling)  # (T, K, V)
+    positions = [at + t + k for t in range(T) for k in range(K)]
+    noise = gumbel(key, positions, V, probs.device).view(T, K, V)
+    picks = (probs.double().log() + noise).argmax(-1)
+    picks = picks.masked_fill(torch.isnan(probs).any(-1), -1)
+    if K == 1:
+        return picks
+    return torch.cat([picks[:, :1], picks[:, 1:, None].expand(T, K - 1, TREE_RANKS).flatten(1)], dim=-1)
+
+
+class Picks:
+    """One pass's picks on the host (`read`): `pick(b, t)` head 1's id at row b's node t,
+    `cands(b, t)` the heads' ranked ids there ([depth - 1][rank]), `sure(b, t)` the confident
+    depths (with confidence on)."""
+
+    def __init__(self, table: list, heads: int, confident: bool):
+        self.table, self.heads, self.confident = table, heads, confident
+
+    @classmethod
+    def read(cls, picks_BTW: torch.Tensor, rows, *, heads: int, confident: bool = False) -> Picks:
+        """The table on the host: the pass's one device-to-host transfer, counted in the
+        statistics of each of `rows`."""
+        table = picks_BTW.tolist()
+        for row in rows:
+            row.stats.host_reads += 1
+        return cls(table, heads, confident)
+
+    def pick(self, b: int, t: int) -> int:
+        pick = self.table[b][t][0]
+        if pick < 0:  # as torch.multinomial refuses it
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+        return pick
+
+    def cands(self, b: int, t: int) -> list[list[int]]:
+        entry = self.table[b][t]
+        return [entry[1 + d * TREE_RANKS:1 + (d + 1) * TREE_RANKS] for d in range(self.heads - 1)]
+
+    def sure(self, b: int, t: int) -> int:
+        return self.table[b][t][-1]
+
+
+def pass_picks(logits_BTKV: torch.Tensor, rows, ats: list[int], allowed_V: torch.Tensor, *,
+               confidence: float = 0.0, greedy_BTW: torch.Tensor | None = None) -> torch.Tensor:
+    """The picks of a pass (B, T, W) on the device: the greedy ones (`greedy_BTW` where the
+    compiled step made them), the sampled rows' in their place (each at its output position
+    `ats[b]`, the position of head 1's pick at node 0), and the confident depths if asked."""
+    picks = greedy_picks(logits_BTKV, allowed_V) if greedy_BTW is None else greedy_BTW
+    sampled = [b for b, row in enumerate(rows) if not row.sampling.greedy and not row.pad]
+    if sampled:
+        picks = picks.clone()
+        for b in sampled:
+            row = rows[b]
+            logits = logits_BTKV[b] if logits_BTKV.device.type != "mps" else logits_BTKV[b].cpu()  # no float64 there
+            picks[b] = sampled_picks(logits, row.sampling, key=row.key, at=ats[b]).to(picks.device)
+    if confidence:
+        picks = torch.cat([picks, confident_depths(logits_BTKV, allowed_V, confidence)], dim=-1)
+    return picks
