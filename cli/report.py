@@ -319,6 +319,18 @@ def decode_sampling(res) -> str:
     return f"sampled at temperature {res.temperature:g}, top-p {res.top_p:g} (seed {res.seed})"
 
 
+def held_out_bpb(bpb: float | None, *, nbytes: int | None, split: str | None = "val", note: str | None = None) -> str:
+    """The header's clause on the model's held-out bits/byte (`bench decode`, `bench serve`): head
+    1's figure with the bytes it is of (`bytemtp eval`'s by default), "not measured (corpus absent)"
+    where the run's corpus is not here (`note`), or nothing where it was not asked for."""
+    if bpb is None:
+        return "; model val bits/byte not measured (corpus absent)" if note else ""
+    if nbytes is None:  # JSON written before the bytes were recorded
+        return f"; model val bits/byte {bpb:.3f}"
+    of = "every file" if split == "all" else f"the {split} split"
+    return f"; model held-out bits/byte {bpb:.3f} (head 1 on {nbytes:,} bytes of {of}, as `bytemtp eval`)"
+
+
 def _zstd_cell(rep) -> str:
     """A `repetition.Repetition`'s zstd ratio, and over the real continuation's where there is one."""
     if rep.decoded.zstd_ratio is None:
@@ -340,10 +352,19 @@ def decode_cases_table(res) -> str:
     rows = [(c.batch_size, f.mode, f"{f.plain_bytes_s:,.0f}", f"{f.spec_bytes_s:,.0f}",
              f"{f.speedup:.2f} ({f.speedup_min:.2f}-{f.speedup_max:.2f})",
              f"{f.bytes_per_forward:.2f}", f"{f.pass_cost:.2f}", identical(f),
-             ", ".join(f"{k}:{n}" for k, n in sorted(f.heads_used.items())), distinct(f), _zstd_cell(f.repetition))
+             ", ".join(f"{k}:{n}" for k, n in sorted(f.heads_used.items())), distinct(f), _zstd_cell(f.repetition),
+             _host_cells(f))
             for c in res.cases for f in [c.figures]]
     return table(rows, ("batch", "mode", "plain B/s", "spec B/s", "speedup (spread)", "bytes/pass",
-                        "pass cost", "identical", "heads:passes", "distinct 8-grams", "zstd x (over real)"))
+                        "pass cost", "identical", "heads:passes", "distinct 8-grams", "zstd x (over real)",
+                        "D2H/pass, outside step"))
+
+
+def _host_cells(f) -> str:
+    """A mode's device-to-host transfers a pass and the share of its time outside the step."""
+    if f.host_transfers_per_pass is None:
+        return "-"
+    return f"{f.host_transfers_per_pass:.2f}, {f.outside_step_share:.0%}"
 
 
 def real_continuation_line(res) -> str:

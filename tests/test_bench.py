@@ -27,7 +27,7 @@ REPETITION = {"decoded": {"distinct_8grams": 0.5, "zstd_ratio": 2.5, "bytes": 30
 CASE = {"batch_size": 1, "mode": "auto", "speedup": 1.5, "speedup_min": 1.2, "speedup_max": 1.8,
         "speedup_runs": [1.2, 1.8], "bytes_per_forward": 2.5, "pass_cost": 1.1, "plain_bytes_s": 400.0,
         "spec_bytes_s": 600.0, "identical": True, "heads_used": {"1": 3, "4": 10}, "shapes": {"chain-4": 10},
-        "repetition": REPETITION}
+        "repetition": REPETITION, "host_transfers_per_pass": 1.0, "outside_step_share": 0.12}
 EAGER = {"eager_plain_bytes_s": 300.0, "eager_speedup": 2.0, "compiled_plain_speedup": 1.33}
 # `bench decode --json` as written before its result was typed: the top case's figures at the top level
 DECODE = {"ckpt": "runs/demo", "device": "cpu", "dtype": "float32", "prompts": 2, "prompt_bytes": 128, "max_bytes": 150,
@@ -140,7 +140,8 @@ def test_decode_table_shows_each_rows_repetition_and_no_identity_verdict_when_sa
     lines = decode_cases_table(greedy).splitlines()
     assert "distinct 8-grams" in lines[0] and "zstd x (over real)" in lines[0]
     rows = lines[2:]
-    assert len(rows) == 3 and all(row.split()[-3:] == ["0.50", "2.50x", "(1.67)"] for row in rows), rows
+    assert "D2H/pass, outside step" in lines[0]
+    assert len(rows) == 3 and all(row.split()[-5:] == ["0.50", "2.50x", "(1.67)", "1.00,", "12%"] for row in rows), rows
     assert [" yes " in r or " NO " in r for r in rows] == [True] * 3 and " NO " in rows[1]
     assert real_continuation_line(greedy) == ("real continuation (300 bytes, cut to the decoded lengths): "
                                               "distinct 8-grams 0.90, zstd ratio 1.50x")
@@ -157,7 +158,7 @@ def test_decode_table_shows_each_rows_repetition_and_no_identity_verdict_when_sa
     # prompts from a file: no real continuation, the decoded ratio alone
     alone = {"decoded": REPETITION["decoded"], "real": None, "zstd_ratio_over_real": None}
     from_file = DecodeSpeed.from_json({**DECODE, "cases": [{**CASE, "repetition": alone}]})
-    assert decode_cases_table(from_file).splitlines()[2].split()[-2:] == ["0.50", "2.50x"]
+    assert decode_cases_table(from_file).splitlines()[2].split()[-4:] == ["0.50", "2.50x", "1.00,", "12%"]
     assert real_continuation_line(from_file).startswith("no real continuation")
 
 

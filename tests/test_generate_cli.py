@@ -373,7 +373,7 @@ def test_bench_decode_samples_and_says_so(ckpt, tmp_path, monkeypatch):
     assert (data["temperature"], data["top_p"], data["seed"], data["all_identical"]) == (0.8, 0.95, 0, None)
     assert data["identical"] is True  # the same seed: chain-2 draws plain's bytes (compared, not judged)
     row = next(r for r in res.stdout.splitlines() if r.split()[:2] == ["2", "chain-2"])
-    assert "n/a (sampled)" in row and row.split()[-2].endswith("x") and row.split()[-1].startswith("(")
+    assert "n/a (sampled)" in row and row.split()[-4].endswith("x") and row.split()[-3].startswith("(")
     assert "real continuation (" in res.stdout
 
 

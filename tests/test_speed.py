@@ -51,7 +51,7 @@ def test_speed_figures_and_their_json_form():
     out = b"abcdabcdabcdabcd"  # 16 bytes, 9 8-grams of which 4 are distinct
     plain = [[Generation(out, DecodeStats(bytes_out=16, forward_passes=16))]]
     spec = [[Generation(out, SpeculativeStats(bytes_out=16, forward_passes=8, heads_used={3: 8},
-                                              shapes={"chain-3": 8}))]]
+                                              shapes={"chain-3": 8}, host_reads=8, step_s=0.2))]]
     took = {"plain": [[0.4], [0.6]], "spec": [[0.25], [0.25]]}
     real = b"def f(x):\n    return x + 1\n"  # the real continuation: cut to the 16 bytes decoded
     got = speed_figures(took, {"plain": plain, "spec": spec}, "spec", real=[real])
@@ -65,7 +65,8 @@ def test_speed_figures_and_their_json_form():
         ("pass_cost", (0.5 / 8) / (1.0 / 16)), ("plain_bytes_s", 32 / 1.0), ("spec_bytes_s", 32 / 0.5),
         ("identical", True), ("heads_used", {3: 8}), ("shapes", {"chain-3": 8}),
         ("repetition", {"decoded": dataclasses.asdict(decoded), "real": dataclasses.asdict(cut),
-                        "zstd_ratio_over_real": decoded.zstd_ratio / cut.zstd_ratio})]
+                        "zstd_ratio_over_real": decoded.zstd_ratio / cut.zstd_ratio}),
+        ("host_transfers_per_pass", 1.0), ("outside_step_share", 0.2)]  # the last round: 0.2 of its 0.25 s in the step
     # prompts without a real continuation (a prompts file): the decoded figures alone
     alone = speed_figures(took, {"plain": plain, "spec": spec}, "spec").to_json()["repetition"]
     assert alone == {"decoded": dataclasses.asdict(decoded), "real": None, "zstd_ratio_over_real": None}

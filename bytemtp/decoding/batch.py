@@ -18,7 +18,6 @@ head wherever it runs a whole window (the prompt, a slide): a small part of that
 
 from __future__ import annotations
 
-import torch
 
 from bytemtp.decoding.drafting import TREE_RANKS, AcceptanceProfile, PassCosts
 from bytemtp.decoding.generation import Output, SpeculativeStats

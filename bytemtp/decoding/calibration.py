@@ -2,7 +2,7 @@
 made from those times, and `CalibratedCosts`, one decoder's costs by batch size and step.
 
 The decoder's choice of draft (`drafting.choose`) weighs bytes against seconds, so the seconds
-must be those of the step that really runs: `decode.measure_pass_costs` times the decoder's
+must be those of the step that really runs: `measure_pass_costs` times the decoder's
 own `step` on rows in the middle of the context, over the shapes of `timing_grid`, and
 `cost_table` keeps the fastest of the repeats (noise only ever adds time). The trade-off: a
 grid of about twenty shapes, measured once per batch size and step (eager or compiled), rather
@@ -14,8 +14,15 @@ them again nor compiles a shape before the decoder chooses it.
 
 from __future__ import annotations
 
+import time
+
+from bytemtp.decoding.batch import Batch, Row
 from bytemtp.decoding.compiled import cached_costs, record_costs
-from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, DraftTree, PassCosts, best_tree
+from bytemtp.decoding.drafting import (MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts,
+                                      best_tree)
+from bytemtp.decoding.generation import Output, SpeculativeStats
+from bytemtp.model.kvcache import KVCache
+from bytemtp.runtime.devices import synchronize
 
 GRID_NODES = (1, 2, 4, 8, MAX_NODES)  # nodes a pass is timed at
 
@@ -80,3 +87,37 @@ class CalibratedCosts:
     def for_run(self, batch_size: int, *, static: bool) -> PassCosts | None:
         """The costs that a run's passes calibrate: none when they were given, else those measured."""
         return None if self.given is not None else self.known.get((batch_size, static))
+
+
+def measure_pass_costs(decoder, batch_size: int, *, repeats: int = 5,
+                       static: bool = False) -> PassCosts | None:
+    """Seconds per decoding step (draft, forward pass, verify, accept) of a `decode.Decoder`, k
+    heads over T nodes, on the shapes of `timing_grid`, on rows in the middle of the context: the
+    fastest of interleaved repeats after a warm-up round (`cost_table`), timed as
+    `Decoder.step` runs, on the eager or the compiled static step (whose costs step from bucket
+    to bucket). With no repeats, only the warm-up round runs (every shape compiled) and nothing
+    is returned."""
+    model = decoder.model
+    n, seq_len = model.config.n_future, model.config.seq_len
+    shapes = timing_grid(n)
+    rows = [Row(b"", Output(SpeculativeStats(), max_bytes=1 << 30, stop=(), on_bytes=None))
+            for _ in range(batch_size)]
+    cache = KVCache.for_model(model, batch_size=batch_size, max_len=seq_len + MAX_NODES)
+    # the dummy rows teach no profile and calibrate nothing
+    state = Batch(rows, cache, warm=n, n_future=n, profiles=None, costs=None, static=static)
+    device = model.embed.weight.device
+    times: dict[tuple[int, int], list[float]] = {key: [] for key in shapes}
+    for rep in range(repeats + 1):
+        for (k, T), tree in shapes.items():
+            for row in rows:
+                row.nxt, row.cand, row.start = 0, [list(range(TREE_RANKS))] * (n - 1), 0
+                row.out.data = bytearray(b"x" * (seq_len // 2))
+            cache.lengths = [seq_len // 2] * batch_size
+            state.warm, state.finished = n, set()
+            synchronize(device)
+            t0 = time.perf_counter()
+            decoder.step(state, Choice(k, tree, 0.0, 0.0))
+            synchronize(device)
+            if rep:  # the first round warms up
+                times[k, T].append(time.perf_counter() - t0)
+    return cost_table(times, n, stepwise=static) if repeats else None

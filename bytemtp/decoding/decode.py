@@ -41,9 +41,9 @@ from typing import Callable
 import torch
 
 from bytemtp.decoding.batch import Batch, Row
-from bytemtp.decoding.calibration import CalibratedCosts, cost_table, timing_grid
+from bytemtp.decoding.calibration import CalibratedCosts, measure_pass_costs
 from bytemtp.decoding.compiled import NODE_BUCKETS, Compile, CompilePolicy
-from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts, choose
+from bytemtp.decoding.drafting import MAX_NODES, AcceptanceProfile, Choice, DraftTree, PassCosts, choose
 from bytemtp.decoding.generation import DecodeStats, Generation, Output, SpeculativeStats, as_bytes, as_prompt_list
 from bytemtp.decoding.lookup import LookupProfile, accepted_run, lookup_pass
 from bytemtp.decoding.picks import Picks, pass_picks
@@ -53,7 +53,7 @@ from bytemtp.decoding.loop import Loop
 from bytemtp.model.kvcache import KVCache, context_left, window_start
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
-from bytemtp.runtime.devices import synchronize, to_device
+from bytemtp.runtime.devices import to_device
 from bytemtp.vocab import EOS
 
 
@@ -228,7 +228,7 @@ class Decoder:
         was spent for it before it (`Batch.carried_s`: a re-warm of the heads it runs), so that a
         switch to more heads is charged what the switch costs."""
         t0, state.carried_s = time.perf_counter() - state.carried_s, 0.0
-        model, cache, seq_len = self.model, state.cache, self.model.config.seq_len
+        cache, seq_len = state.cache, self.model.config.seq_len
         k = min(choice.heads, state.warm)  # heads whose caches are complete can run
         tree = choice.tree.truncated(state.warm - 1)  # ... and only they gave candidates
         batch = [state.rows[r] for r in state.active]
@@ -442,57 +442,30 @@ class Decoder:
 
     def emit_next(self, state: Batch) -> bool:
         """Emit each row's next byte, sliding the windows that are full (a slide runs the row's
-        newest context again, which chooses its next byte anew); False when all are finished."""
+        newest context again, which chooses its next byte anew: the rows that slide together run
+        in one pass); False when all are finished."""
         seq_len = self.model.config.seq_len
-        for b, r in enumerate(state.active):
-            row = state.rows[r]
-            while r not in state.finished:
+        going = [(b, r) for b, r in enumerate(state.active)]
+        while going:
+            sliding = []
+            for b, r in going:
+                row = state.rows[r]
+                if r in state.finished:
+                    continue
                 if row.out.emit(row.nxt):
                     state.finished.add(r)
-                    break
+                    continue
                 moved = window_start(row.n_tokens, row.start, seq_len)
-                if moved == row.start:
-                    break
-                row.start = moved
-                row.stats.slides += 1
-                view = state.cache.row(b)
-                self.prefill([row], view, state.warm)
-                state.cache.lengths[b] = view.lengths[0]
+                if moved != row.start:
+                    row.start = moved
+                    row.stats.slides += 1
+                    sliding.append((b, r))
+            if sliding:
+                view = state.cache.rows([b for b, _ in sliding])
+                self.prefill([state.rows[r] for _, r in sliding], view, state.warm)
+                state.cache.take_back(view, [b for b, _ in sliding])
+            going = sliding
         return len(state.finished) < len(state.rows)
-
-
-def measure_pass_costs(decoder: Decoder, batch_size: int, *, repeats: int = 5,
-                       static: bool = False) -> PassCosts | None:
-    """Seconds per decoding step (draft, forward pass, verify, accept) of k heads over T nodes,
-    on the shapes of `calibration.timing_grid`, on rows in the middle of the context: the
-    fastest of interleaved repeats after a warm-up round (`calibration.cost_table`), timed as
-    `Decoder.step` runs, on the eager or the compiled static step (whose costs step from bucket
-    to bucket). With no repeats, only the warm-up round runs (every shape compiled) and nothing
-    is returned."""
-    model = decoder.model
-    n, seq_len = model.config.n_future, model.config.seq_len
-    shapes = timing_grid(n)
-    rows = [Row(b"", Output(SpeculativeStats(), max_bytes=1 << 30, stop=(), on_bytes=None))
-            for _ in range(batch_size)]
-    cache = KVCache.for_model(model, batch_size=batch_size, max_len=seq_len + MAX_NODES)
-    # the dummy rows teach no profile and calibrate nothing
-    state = Batch(rows, cache, warm=n, n_future=n, profiles=None, costs=None, static=static)
-    device = model.embed.weight.device
-    times: dict[tuple[int, int], list[float]] = {key: [] for key in shapes}
-    for rep in range(repeats + 1):
-        for (k, T), tree in shapes.items():
-            for row in rows:
-                row.nxt, row.cand, row.start = 0, [list(range(TREE_RANKS))] * (n - 1), 0
-                row.out.data = bytearray(b"x" * (seq_len // 2))
-            cache.lengths = [seq_len // 2] * batch_size
-            state.warm, state.finished = n, set()
-            synchronize(device)
-            t0 = time.perf_counter()
-            decoder.step(state, Choice(k, tree, 0.0, 0.0))
-            synchronize(device)
-            if rep:  # the first round warms up
-                times[k, T].append(time.perf_counter() - t0)
-    return cost_table(times, n, stepwise=static) if repeats else None
 
 
 def generate_batch(model: ByteMTP, prompts: list[bytes | str], *, max_bytes: int, draft: Draft | str = Draft(),

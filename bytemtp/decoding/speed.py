@@ -90,6 +90,10 @@ class SpeedFigures:
     heads_used: dict[int, int]  # heads run in a pass -> passes, in the order first seen
     shapes: dict[str, int]  # the three commonest draft shapes -> passes
     repetition: Repetition  # how repetitive the mode's outputs are, against the real continuations if given
+    # what predicts a GPU's pass (`host_cost`): device-to-host transfers a pass, and the share of
+    # the decoding time spent outside the step itself (None: read from a file that predates them)
+    host_transfers_per_pass: float | None = None
+    outside_step_share: float | None = None
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -97,7 +101,7 @@ class SpeedFigures:
     @classmethod
     def from_json(cls, data: dict) -> SpeedFigures:
         """`to_json` read back (other keys ignored; JSON's string keys of `heads_used` as ints)."""
-        fields = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+        fields = {f.name: data.get(f.name, f.default) for f in dataclasses.fields(cls)}
         return cls(**{**fields, "speedup_runs": list(data["speedup_runs"]),
                       "heads_used": {int(k): n for k, n in data["heads_used"].items()},
                       "shapes": dict(data["shapes"]), "repetition": Repetition.from_json(data["repetition"])})
@@ -132,7 +136,8 @@ def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", sam
         plain_bytes_s=sum(base_bytes) * rounds / plain_time, spec_bytes_s=sum(mode_bytes) * rounds / mode_time,
         identical=[[g.output for g in got] for got in outs[mode]] == [[g.output for g in got] for got in outs[base]],
         heads_used=total.heads_used, shapes=dict(sorted(total.shapes.items(), key=lambda kv: -kv[1])[:3]),
-        repetition=measure_repetition([g.output for got in outs[mode] for g in got], real))
+        repetition=measure_repetition([g.output for got in outs[mode] for g in got], real),
+        **host_cost(outs[mode], took[mode][-1]))
     # judged where both did the same work (the same outputs: greedy, or sampled from one seed)
     if (same_step and figures.identical and plain_time > JUDGED_S
             and speedup_is_impossible(figures.speedup, figures.bytes_per_forward)):
@@ -140,6 +145,19 @@ def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", sam
                            f"{figures.bytes_per_forward:.2f} bytes per pass, but a pass never costs less than "
                            "a plain one; rerun on a quieter machine")
     return figures
+
+
+def host_cost(batches: list[list[Generation]], seconds: list[float]) -> dict[str, float]:
+    """What a mode's passes cost the host, from its batches' generations and the seconds each
+    batch took (the same round): device-to-host transfers a pass (`host_transfers_per_pass`;
+    each batch's longest-lived row took part in all its passes) and the share of the time spent
+    outside the step itself (`outside_step_share`: planning, drafting, verifying, accepting,
+    emitting, sliding; on a GPU the step's seconds are the host's, launching it)."""
+    reads = sum(max(g.stats.host_reads for g in got) for got in batches)
+    passes = sum(max(g.stats.forward_passes for g in got) for got in batches)
+    step_s = sum(max(g.stats.step_s for g in got) for got in batches)
+    return {"host_transfers_per_pass": round(reads / max(1, passes), 3),
+            "outside_step_share": round(max(0.0, 1 - step_s / max(sum(seconds), 1e-9)), 3)}
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,29 @@ class KVCache:
         view.max_len, view.lengths, view.doc_starts = self.max_len, [self.lengths[b]], [self.doc_starts[b]]
         return view
 
+    def rows(self, bs: list[int]) -> KVCache:
+        """The cache of rows `bs` as a cache of its own (rows that run a pass apart from the
+        others: windows that slide together): a view where they are consecutive, else a copy;
+        `take_back` puts what a pass wrote to it in its place."""
+        view = KVCache.__new__(KVCache)
+        if bs == list(range(bs[0], bs[0] + len(bs))):
+            view.k, view.v = self.k[:, bs[0]:bs[0] + len(bs)], self.v[:, bs[0]:bs[0] + len(bs)]
+        else:
+            index = torch.tensor(bs, device=self.k.device)
+            view.k, view.v = self.k.index_select(1, index), self.v.index_select(1, index)
+        view.max_len = self.max_len
+        view.lengths, view.doc_starts = [self.lengths[b] for b in bs], [self.doc_starts[b] for b in bs]
+        return view
+
+    def take_back(self, view: KVCache, bs: list[int]) -> None:
+        """The keys, values, lengths and document starts of `rows(bs)` back in their rows."""
+        if view.k.data_ptr() != self.k[:, bs[0]].data_ptr():  # a copy: write it back
+            index = torch.tensor(bs, device=self.k.device)
+            self.k.index_copy_(1, index, view.k)
+            self.v.index_copy_(1, index, view.v)
+        for i, b in enumerate(bs):
+            self.lengths[b], self.doc_starts[b] = view.lengths[i], view.doc_starts[i]
+
     def reset(self) -> None:
         self.lengths = [0] * len(self.lengths)
         self.doc_starts = [0] * len(self.lengths)

@@ -99,7 +99,7 @@ class Layout(_Rotary):
         self.mask = None
         if cached and not self.causal and not (self.chain and T == 1 and uniform):
             # built on the host row by row, then moved once
-            see_TT = torch.ones(T, T, device="cpu").tril().bool() if ancestors is None else ancestors.bool().cpu()
+            see_TT = torch.ones(T, T, device="cpu").tril().bool() if ancestors is None else ancestors.bool()  # a host tensor
             rows = [starts[0]] if uniform else starts
             mask = torch.zeros(len(rows), 1, T, self.L, dtype=torch.bool, device="cpu")
             for b, s in enumerate(rows):
