@@ -122,15 +122,23 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, vs: str
 @click.option("--draft-confidence", "confidence", default=0.0, show_default=True, type=click.FloatRange(0, 1),
               help="End a greedy row's draft of the heads where the heads' own probability that their top chain is "
                    "right so far falls below this (0: off).")
+@click.option("--eval-batches", default=50, show_default=True, type=click.IntRange(0),
+              help="Head 1's held-out bits/byte, measured before decoding on this many batches of 8 windows of the "
+                   "run's val split, as `bytemtp eval --batches` (the same bytes and figure); 0: not measured. Without "
+                   "the run's corpus here (fine with --prompts FILE) a note says it is not measured.")
 @compile_option()
 @device_option()
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
 @json_option()
 def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_bytes: int, max_bytes: int,
                  batch_sizes: str, modes: str, rounds: int, temperature: float, top_p: float, seed: int,
-                 confidence: float, compile_mode: str, device: str, dtype: str, json_path: str | None) -> None:
+                 confidence: float, eval_batches: int, compile_mode: str, device: str, dtype: str,
+                 json_path: str | None) -> None:
     """Plain vs self-speculative decoding (automatic, fixed chains, trees) on one model, greedy
-    (outputs checked identical) or sampled (--temperature)."""
+    (outputs checked identical) or sampled (--temperature), beside head 1's held-out bits/byte.
+
+    With --prompts FILE the run's corpus need not be on this machine: without it, the bits/byte
+    is not measured (null in --json) and every decoding figure is."""
     from tqdm import tqdm
 
     from bytemtp.experiments.bench import decode_speed
@@ -143,12 +151,17 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
                                max_bytes=max_bytes, batch_sizes=sizes, modes=mode_list, rounds=rounds,
                                device=str(resolve_device(device)), dtype=dtype, compile=compile_mode,
                                temperature=temperature, top_p=top_p, seed=seed, confidence=confidence,
-                               progress=bar.update)
+                               eval_batches=eval_batches, progress=bar.update)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
         except ValueError as e:
-            raise empty_split_error(e, "give prompts of your own (--prompts FILE)") from None
-    bpb = f"; model val bits/byte {res.val_bpb:.3f}" if res.val_bpb is not None else ""
+            hint = "give prompts of your own (--prompts FILE)"
+            if prompts_path is None and "does not exist" in str(e):
+                e = ValueError(f"the run's corpus, where the default prompts come from, is not here: {e}, or {hint}")
+            raise empty_split_error(e, hint) from None
+    if res.val_note:
+        echo(f"note: held-out bits/byte not measured: {res.val_note}; the decoding figures do not need the corpus")
+    bpb = report.held_out_bpb(res.val_bpb, nbytes=res.val_bytes, split=res.val_split, note=res.val_note)
     echo(f"{res.prompts} held-out prompts of up to {res.prompt_bytes} bytes, {res.max_bytes} output "
          f"bytes each, {report.decode_sampling(res)}, {res.rounds} interleaved rounds, {res.device} {res.dtype}, "
          f"compiled step {res.compile}{bpb}")
@@ -216,7 +229,7 @@ def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_
                           compile=compile_mode, device=device, progress=lambda line: click.echo(line, err=True))
     except ValueError as e:
         raise empty_split_error(e, "the checkpoint's corpus needs a val split") from None
-    bpb = f"; model val bits/byte {res.val_bpb:.3f}" if res.val_bpb is not None else ""
+    bpb = report.held_out_bpb(res.val_bpb, nbytes=res.val_bytes)
     echo(f"{res.prompts} held-out prompts, {res.max_bytes} bytes each, {res.rounds} interleaved rounds, "
          f"draft {res.draft}{' against plain' if vs_plain else ''}, max batch {res.max_batch}, {res.device}, "
          f"{res.step} step (--compile {res.compile}){bpb}")

@@ -113,7 +113,7 @@ class DecodeSpeed:
     prompt_bytes: int  # the longest prompt's
     max_bytes: int  # output bytes a prompt
     rounds: int
-    val_bpb: float | None  # the model's held-out bits per byte, next-byte head (None: not evaluated)
+    val_bpb: float | None  # head 1's held-out bits per byte on `bytemtp eval`'s bytes (None: not measured)
     compile: str  # "on" or "off": whether the passes ran the compiled static step
     compile_stats: dict | None  # what compiling cost (`StaticStep.stats`); None: no static step made
     pass_costs_ms: dict[str, float]  # the pass costs at the first batch size (`PassCosts.to_dict`)
@@ -122,6 +122,9 @@ class DecodeSpeed:
     top_p: float = 1.0
     seed: int = 0  # each mode's sampler's seed, the same for all (unused when greedy)
     confidence: float = 0.0  # the decoder's draft confidence (`Decoder.confidence`; 0: off)
+    val_split: str | None = None  # the split val_bpb is of: "val", or "all" for a corpus without splits
+    val_bytes: int | None = None  # the bytes val_bpb is of (None: not measured, or JSON written before)
+    val_note: str | None = None  # why val_bpb was not measured where it was asked for (the corpus is not here)
 
     @property
     def sampled(self) -> bool:
@@ -146,7 +149,7 @@ class DecodeSpeed:
                 "plain_bytes_s", "spec_bytes_s", "repetition")
         if self.compile == "on":
             keys += ("eager_plain_bytes_s", "eager_speedup", "compiled_plain_speedup")
-        head = [k for k in _DECODE_HEAD if k != "confidence" or self.confidence]  # written where it was set
+        head = [k for k in _DECODE_HEAD if k not in _DECODE_WHERE_SET or getattr(self, k)]
         return {**{k: getattr(self, k) for k in head}, **{k: top[k] for k in keys},
                 "compile_stats": self.compile_stats, "pass_costs_ms": self.pass_costs_ms,
                 "all_identical": self.all_identical, "cases": [c.to_json() for c in self.cases]}
@@ -155,16 +158,17 @@ class DecodeSpeed:
     def from_json(cls, data: dict) -> DecodeSpeed:
         """A `bench decode --json` file read back (the top case's figures come from its case); one
         written before sampled runs, without `temperature`, `top_p` and `seed`, is greedy."""
-        sampling = ("temperature", "top_p", "seed", "confidence")
-        return cls(**{k: data[k] for k in _DECODE_HEAD if k not in sampling},
-                   **{k: data[k] for k in sampling if k in data},
+        optional = ("temperature", "top_p", "seed", *_DECODE_WHERE_SET)
+        return cls(**{k: data[k] for k in _DECODE_HEAD if k not in optional},
+                   **{k: data[k] for k in optional if k in data},
                    compile_stats=data["compile_stats"], pass_costs_ms=data["pass_costs_ms"],
                    cases=[DecodeCase.from_json(c) for c in data["cases"]])
 
 
-# the keys that open `DecodeSpeed`'s JSON form, in order
+# the keys that open `DecodeSpeed`'s JSON form, in order; those of _DECODE_WHERE_SET only where set
 _DECODE_HEAD = ("ckpt", "device", "dtype", "prompts", "prompt_bytes", "max_bytes", "rounds", "temperature", "top_p",
-                "seed", "confidence", "val_bpb", "compile")
+                "seed", "confidence", "val_bpb", "val_split", "val_bytes", "val_note", "compile")
+_DECODE_WHERE_SET = ("confidence", "val_split", "val_bytes", "val_note")
 
 
 def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batch_size: int = 8,
@@ -228,9 +232,48 @@ def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batc
                             vs=vs_figures)
 
 
+EVAL_BATCHES = 50  # `bytemtp eval --batches`'s default: the bytes of every held-out bits/byte beside speed figures
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOutBpb:
+    """Head 1's bits per byte on the held-out split of a run's corpus, as `bytemtp eval` measures
+    it by default (`held_out_bpb`), or why it was not measured."""
+    bpb: float | None  # None: not measured
+    split: str | None = None  # the split scored: "val", or "all" for a corpus without splits
+    bytes: int | None = None  # the bytes scored (head 1's targets)
+    note: str | None = None  # why it was not measured where it was asked for
+
+
+def held_out_bpb(model, data, *, batches: int = EVAL_BATCHES, device: torch.device) -> HeldOutBpb:
+    """Head 1's bits per byte on the first `batches` batches of 8 windows of the held-out split of
+    `data` (val, or every file of a corpus without splits): with the default, the bytes and the
+    figure of `bytemtp eval` on the same model. The benchmarks call it before they decode, so that
+    a failure here costs no decoding, and where the corpus is not on this machine (a run copied
+    without it) the figure is not measured and `note` says why, while the speed figures, which do
+    not need the corpus, still stand. 0 batches: not measured, no note."""
+    if not batches:
+        return HeldOutBpb(bpb=None)
+    split = held_out_split(data)
+    try:
+        corpus_files(data, split=split)
+    except CorpusError as e:
+        return HeldOutBpb(bpb=None, note=f"the run's corpus is not here ({e})")
+    ev = evaluate(model, data, split=split, batches=batches, device=device)
+    return HeldOutBpb(bpb=ev.bpb[0], split=split or "all", bytes=ev.bytes)
+
+
+def _mode_args(draft: Draft, *, temperature: float, top_p: float, seed: int, device: torch.device) -> dict:
+    """A mode's `generate` arguments: its draft, and when sampled its own sampler, seeded afresh."""
+    if temperature == 0:
+        return {"draft": draft}
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return {"draft": draft, "sampling": Sampling(temperature=temperature, top_p=top_p, generator=generator)}
+
+
 def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128,
                  max_bytes: int = 256, batch_sizes=(1, 8), modes=DECODE_MODES, rounds: int = 2,
-                 device: str = "cpu", dtype: str = "float32", eval_batches: int = 10, compile: str = "auto",
+                 device: str = "cpu", dtype: str = "float32", eval_batches: int = EVAL_BATCHES, compile: str = "auto",
                  temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, confidence: float = 0.0,
                  progress=None) -> DecodeSpeed:
     """Plain against self-speculative decoding in several drafting modes, on the same model and
@@ -249,7 +292,9 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     the ratio of the zstd ratios (a prompts file has no continuation: `real` is then None). The
     `top` case is auto at the first batch size (or the first mode measured), whose figures the
     JSON form also puts at its top level; `compile` says on or off (whether the passes ran the
-    compiled static step); `val_bpb` is the model's held-out bits per byte (next-byte head). When
+    compiled static step); `val_bpb` is head 1's held-out bits per byte on `bytemtp eval`'s bytes
+    (`held_out_bpb`, measured before decoding; `val_split` and `val_bytes` say which bytes, and
+    `val_note` why it was not measured: with `prompts_path` the run's corpus need not be here). When
     compiled, eager plain decoding runs in the same rounds as the baseline: each case's
     `eager_plain_bytes_s`, `compiled_plain_speedup` (compiled plain over eager plain) and
     `eager_speedup` (the mode over eager plain).
@@ -264,6 +309,7 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     else:
         pairs = val_continuations(cfg.data.path, n=n_prompts, prompt_bytes=prompt_bytes, continuation_bytes=max_bytes)
         prompts, real = [p for p, _ in pairs], [c for _, c in pairs]
+    held = held_out_bpb(model, cfg.data.path, batches=eval_batches, device=dev)  # before any decoding
     n_future = model.config.n_future
     # a model of one head (a next-byte or a BPE baseline's) has the modes that need no other head
     modes = ["plain", *[m for m in modes if n_future > 1 or Draft.parse(m).heads in (None, 1)]]
@@ -273,18 +319,11 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     drafts = {m: (decoder, Draft.parse(m).capped(n_future)) for m in modes}
     if compiled:
         drafts["eager plain"] = (decode.Decoder(model, compile="off"), Draft.plain())
-
-    def args(draft: Draft) -> dict:
-        """A mode's `generate` arguments: its draft, and when sampled its own sampler."""
-        if temperature == 0:
-            return {"draft": draft}
-        generator = torch.Generator(device=dev).manual_seed(seed)
-        return {"draft": draft, "sampling": Sampling(temperature=temperature, top_p=top_p, generator=generator)}
-
     cases = []
     for B in batch_sizes:
         batches = [prompts[i:i + B] for i in range(0, len(prompts), B)]
-        runs = {m: (d, args(draft)) for m, (d, draft) in drafts.items()}
+        runs = {m: (d, _mode_args(draft, temperature=temperature, top_p=top_p, seed=seed, device=dev))
+                for m, (d, draft) in drafts.items()}
         took, outs = interleaved_decodes(runs, batches, max_bytes=max_bytes, rounds=rounds, progress=progress)
         for mode in modes[1:]:
             try:
@@ -300,15 +339,14 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
                                   eager_plain_bytes_s=eager.plain_bytes_s, eager_speedup=eager.speedup,
                                   compiled_plain_speedup=plain.speedup)
             cases.append(case)
-    ev = (evaluate(model, cfg.data.path, split=held_out_split(cfg.data.path), batches=eval_batches, device=dev)
-          if eval_batches else None)
     costs = decoder.pass_costs(batch_sizes[0], static=compiled)
     static = decoder.policy.static
     return DecodeSpeed(ckpt=str(ckpt), device=str(dev), dtype=dtype, prompts=len(prompts),
                        prompt_bytes=max(len(p) for p in prompts), max_bytes=max_bytes, rounds=rounds,
-                       val_bpb=ev.bpb[0] if ev else None, compile="on" if compiled else "off",
+                       val_bpb=held.bpb, compile="on" if compiled else "off",
                        compile_stats=static.stats() if static is not None else None, pass_costs_ms=costs.to_dict(),
-                       cases=cases, temperature=temperature, top_p=top_p, seed=seed, confidence=confidence)
+                       cases=cases, temperature=temperature, top_p=top_p, seed=seed, confidence=confidence,
+                       val_split=held.split, val_bytes=held.bytes, val_note=held.note)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,11 +389,17 @@ class AllBenchmarks:
 
 
 def all_benchmarks(*, ckpt: str, data: str = "data/corpus/stdlib", preset_name: str = "small",
-                   device: str = "cpu", n_prompts: int = 16, eval_batches: int = 20, progress=None) -> AllBenchmarks:
-    """The training step (eager; `bench train-step` times the compiled one), the loader, decoding and
-    evaluation in one run (under two minutes on two CPU cores with the `small` preset and the
-    `make demo` run)."""
+                   device: str = "cpu", n_prompts: int = 16, eval_batches: int = EVAL_BATCHES,
+                   progress=None) -> AllBenchmarks:
+    """Evaluation (first: the run's corpus, which decoding takes its prompts from too, is checked
+    before any timing; `bytemtp eval`'s bytes by default), the training step (eager; `bench
+    train-step` times the compiled one), the loader and decoding in one run (under two minutes on
+    two CPU cores with the `small` preset and the `make demo` run)."""
     say = progress or (lambda name: None)
+    say("eval")
+    model, cfg = load_model(ckpt, device=torch.device(device))
+    ev = evaluate(model, cfg.data.path, split=held_out_split(cfg.data.path), batches=eval_batches,
+                  device=torch.device(device))
     say("train-step")
     step = train_step(preset_name, device=device, compile="off")  # eager: compiling 3 variants, each in a subprocess too, would double the run
     say("loader")
@@ -363,8 +407,4 @@ def all_benchmarks(*, ckpt: str, data: str = "data/corpus/stdlib", preset_name: 
     say("decode")
     dec = decode_speed(ckpt, n_prompts=n_prompts, device=device, eval_batches=0, max_bytes=128, rounds=1,
                        modes=("auto", "chain-2", "chain-all", "tree-4"))
-    say("eval")
-    model, cfg = load_model(ckpt, device=torch.device(device))
-    ev = evaluate(model, cfg.data.path, split=held_out_split(cfg.data.path), batches=eval_batches,
-                  device=torch.device(device))
     return AllBenchmarks(train_step=step, loader=loader, decode=dec, eval=ev)

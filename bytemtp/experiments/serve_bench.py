@@ -18,7 +18,8 @@ import torch
 from bytemtp.decoding import decode
 from bytemtp.decoding.compiled import Compile
 from bytemtp.decoding.strategy import Draft
-from bytemtp.evaluation.evaluate import evaluate, held_out_split, val_continuations
+from bytemtp.evaluation.evaluate import val_continuations
+from bytemtp.experiments.bench import EVAL_BATCHES, held_out_bpb
 from bytemtp.runtime.checkpoint import load_model
 
 
@@ -112,9 +113,10 @@ class ServeSpeed:
     load: ServeLoad | None  # None: no timed load asked for
     mean_batch: float  # the engine's rows a pass, over the whole run
     bytes_per_row_pass: float
-    val_bpb: float | None  # the model's held-out bits per byte, next-byte head (None: not evaluated)
+    val_bpb: float | None  # head 1's held-out bits/byte on `bytemtp eval`'s bytes, before serving (None: not measured)
     compile: str | None = None  # the compile policy asked for (None: JSON written before it was asked)
     step: str | None = None  # the step both servers ran: "compiled" or "eager" (settled when they started)
+    val_bytes: int | None = None  # the val bytes val_bpb is of (None: not measured, or JSON written before)
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
@@ -127,7 +129,7 @@ class ServeSpeed:
                     del load[key]
             if self.load.rss_mb_first_quarter is None:
                 del load["rss_mb_first_quarter"]
-        for key in ("compile", "step"):
+        for key in ("compile", "step", "val_bytes"):
             if out[key] is None:
                 del out[key]
         for case in out["cases"].values():  # no plain arm: the keys of before
@@ -153,8 +155,8 @@ def _rss_mb() -> float:
 
 def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes: int = 128, max_bytes: int = 256,
                 rounds: int = 3, load_s: float = 0.0, load_clients: int = 16, malformed: float = 0.0,
-                draft: Draft = Draft(lookup=True),
-                vs_plain: bool = True, compile: Compile | str = "off", device: str = "cpu", eval_batches: int = 10,
+                draft: Draft = Draft(lookup=True), eval_batches: int = EVAL_BATCHES,
+                vs_plain: bool = True, compile: Compile | str = "off", device: str = "cpu",
                 progress=None) -> ServeSpeed:
     """Streaming clients against `bytemtp serve` on loopback, in this process: for each count of
     clients, every held-out prompt streamed once (the prompts shared out among the clients, each
@@ -178,6 +180,7 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
     model, cfg = load_model(ckpt, device=dev, bytes_only="bench serve")
     pairs = val_continuations(cfg.data.path, n=n_prompts, prompt_bytes=prompt_bytes, continuation_bytes=max_bytes)
     prompts = [p for p, _ in pairs]
+    held = held_out_bpb(model, cfg.data.path, batches=eval_batches, device=dev)  # before any serving
     say(f"decoding {len(prompts)} prompts alone (plain greedy), the reference")
     expected = [decode.generate(model, p, max_bytes=max_bytes).output.decode("utf-8", "replace") for p in prompts]
 
@@ -243,9 +246,7 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
                                 malformed=malformed, rss_mb_first_quarter=round(settled[0], 1))
         mean_batch = round(engine.stats.mean_batch, 2)
         bytes_per_row_pass = round(engine.stats.bytes_out / max(1, engine.stats.rows_in_passes), 3)
-    ev = (evaluate(model, cfg.data.path, split=held_out_split(cfg.data.path), batches=eval_batches, device=dev)
-          if eval_batches else None)
     return ServeSpeed(ckpt=str(ckpt), device=str(dev), prompts=len(prompts), max_bytes=max_bytes, rounds=rounds,
                       draft=str(draft), max_batch=engine.max_batch, cases=cases, load=figures, mean_batch=mean_batch,
-                      bytes_per_row_pass=bytes_per_row_pass, val_bpb=ev.bpb[0] if ev else None,
-                      compile=Compile.parse(compile).value, step=step)
+                      bytes_per_row_pass=bytes_per_row_pass, val_bpb=held.bpb,
+                      compile=Compile.parse(compile).value, step=step, val_bytes=held.bytes)

@@ -426,7 +426,8 @@ class _Run:
 
     def validate(self) -> None:
         """Bits per byte of every head on the first train.eval_batches batches of the val split,
-        shared out over the ranks (the library's evaluation)."""
+        shared out over the ranks (the library's evaluation), labelled with the bytes scored: not
+        the bytes `bytemtp eval` scores by default (50 batches of 8 windows), so the figures differ."""
         st, tc = self.state, self.cfg.train
         if not self.has_val:
             return
@@ -437,11 +438,11 @@ class _Run:
         st.val_bpb = res.bpb
         self.last_val = st.step
         agreed = res.agreed_bytes_per_forward
-        self.log({"step": st.step, "bytes": st.bytes_seen, "val_bpb": st.val_bpb,
+        self.log({"step": st.step, "bytes": st.bytes_seen, "val_bpb": st.val_bpb, "val_bytes": res.bytes,
                   "val_agreed_bytes_per_forward": [1.0] + [agreed[k] for k in sorted(agreed)]})
         per_pass = f"; {agreed[max(agreed)]:.2f} bytes/pass agreed with h1" if agreed else ""
-        self.say(f"step {st.step}: val bits/byte " + " ".join(f"h{k + 1} {b:.3f}" for k, b in enumerate(st.val_bpb))
-                 + per_pass)
+        self.say(f"step {st.step}: val bits/byte ({res.bytes:,} bytes) "
+                 + " ".join(f"h{k + 1} {b:.3f}" for k, b in enumerate(st.val_bpb)) + per_pass)
 
     def save(self, *, final: bool) -> Path | None:
         """Every rank takes part (gathering); rank 0 writes, and all agree on whether it worked."""
