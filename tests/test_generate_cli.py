@@ -311,8 +311,10 @@ def test_bench_decode_checks_identity_and_writes_keys(ckpt, code_corpus, tmp_pat
     for case in data["cases"]:
         rep = case["repetition"]
         row = next(r for r in rows if r.split()[:2] == [str(case["batch_size"]), case["mode"]])
-        assert row.split()[-3:] == [f"{rep['decoded']['distinct_8grams']:.2f}", f"{rep['decoded']['zstd_ratio']:.2f}x",
-                                    f"({rep['zstd_ratio_over_real']:.2f})"], row
+        assert row.split()[-5:] == [f"{rep['decoded']['distinct_8grams']:.2f}", f"{rep['decoded']['zstd_ratio']:.2f}x",
+                                    f"({rep['zstd_ratio_over_real']:.2f})", f"{case['host_transfers_per_pass']:.2f},",
+                                    f"{case['outside_step_share']:.0%}"], row
+        assert case["host_transfers_per_pass"] <= 1.0  # the decoding loop reads the device once a pass
     real = auto["repetition"]["real"]
     assert (f"real continuation ({real['bytes']:,} bytes, cut to the decoded lengths): distinct 8-grams "
             f"{real['distinct_8grams']:.2f}, zstd ratio {real['zstd_ratio']:.2f}x") in res.stdout
