@@ -124,6 +124,8 @@ class StaticStep:
         self.compile_s, self.graphs = 0.0, 0
         self.last_was_new = False  # whether the last call ran a shape for the first time (compiling it)
         self.allowed = emitted_ids(model.config.table_rows).to(self.device)  # the ids greedy picks may be
+        if compiled and self.device.type == "cuda":  # CUDA graphs read it where it is, not a copy a pass
+            torch._dynamo.mark_static_address(self.allowed)
         self.picks: torch.Tensor | None = None  # the greedy picks of the last pass (`picks.greedy_picks`)
         self.last_s = 0.0  # seconds of the last call of the step itself (the compiled graph)
 
