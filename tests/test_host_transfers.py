@@ -12,6 +12,7 @@ from doubles import FITTED, FLAT, SONGS, fitted_model
 from bytemtp.decoding import decode
 from bytemtp.decoding.compiled import StaticStep
 from bytemtp.decoding.sampling import Sampling
+from bytemtp.model.draft import DraftPass
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.host import HostReads
 
@@ -31,7 +32,7 @@ def _count(decoder, prompts, *, draft, temperature, monkeypatch):
     sampling = (Sampling(temperature=temperature, generator=torch.Generator(device="cpu").manual_seed(3))
                 if temperature else None)
     passes = []
-    for cls, name in ((ByteMTP, "logits"), (StaticStep, "__call__")):
+    for cls, name in ((ByteMTP, "logits"), (StaticStep, "__call__"), (DraftPass, "head1")):
         monkeypatch.setattr(cls, name, _counting(getattr(cls, name), passes))
     with HostReads() as reads:
         got = decoder.generate(prompts, max_bytes=60, draft=draft, sampling=sampling)
@@ -78,3 +79,17 @@ def test_the_counter_sees_every_kind_of_read():
         x + 1, x.argmax(), x.topk(2)  # none of these waits
     assert (reads.reads, reads.syncs) == (7, 3)
     assert all("test_host_transfers.py" in site for site in reads.sites)
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_draft_heads_read_twice_a_pass_at_most(static, monkeypatch):
+    """Draft heads (`--draft medusa|hydra`) draft from the byte head 1 chose at the kept node, so a
+    pass that runs them reads the picks, then the drafts: two transfers, never one a row."""
+    from doubles import rare_eos_model
+
+    model = rare_eos_model(0, draft="medusa")
+    decoder = _decoder(model, static)
+    got, reads, _, passes = _count(decoder, [b"import os\n", b"x = [", b"q" * 7] * 3, draft="chain-4", temperature=0,
+                                   monkeypatch=monkeypatch)
+    assert reads.syncs == 0 and reads.reads <= 2 * passes, reads.sites
+    assert max(g.stats.host_reads for g in got) <= reads.reads
