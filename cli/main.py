@@ -138,6 +138,7 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
     preset_given = click.get_current_context().get_parameter_source("preset") != click.core.ParameterSource.DEFAULT
     from bytemtp.training import runs
     from bytemtp.training import train as train_lib
+    from bytemtp.training.faults import TrainingError
 
     plan = runs.plan_run(run_dir, resume=resume is not None, preset=preset if preset_given else None,
                          config_file=config_file, overrides=sets)
@@ -159,7 +160,7 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
         click.echo(report.train_header(cfg, plan.run_dir, resume=plan.resume))
     try:
         result = train_lib.run_plan(plan)
-    except train_lib.TrainingError as e:
+    except TrainingError as e:
         raise click.ClickException(str(e)) from None
     val = (" val bits/byte " + " ".join(f"{b:.3f}" for b in result.val_bpb)) if result.val_bpb else ""
     if main_rank:
@@ -223,6 +224,7 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
         _relaunch_with_torchrun(nproc)
     from bytemtp.training import runs
     from bytemtp.training import train as train_lib
+    from bytemtp.training.faults import TrainingError
 
     flags = {"train.device": device, "train.steps": steps, "train.max_bytes": max_bytes and parse_size(max_bytes),
              "train.max_time": max_time and parse_duration(max_time), "loss.teacher_weight": teacher_weight,
@@ -260,7 +262,7 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
 
     try:
         result = train_lib.run_plan(plan, say=say)
-    except train_lib.TrainingError as e:
+    except TrainingError as e:
         raise click.ClickException(str(e)) from None
     if not main_rank:
         return

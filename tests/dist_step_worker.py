@@ -14,7 +14,7 @@ from bytemtp.model.model import ByteMTP
 from bytemtp.runtime import distributed as dist_lib
 from bytemtp.training.optimizer import build_optimizer
 from bytemtp.training.step import forward_backward, plain_forward_backward
-from bytemtp.training.train import accumulate_gradients
+from bytemtp.training.figures import accumulate_gradients
 
 CASES = [  # parallel, head_type, unembed, memory_efficient, grad_accum
     ("ddp", "transformer", "replicated", True, 2),

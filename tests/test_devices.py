@@ -25,3 +25,36 @@ def test_bf16_and_fp32_hold_on_every_device_and_auto_follows_native_support(monk
     monkeypatch.setattr(devices, "native_bf16", lambda device: False)
     assert isinstance(autocast(CPU, "auto"), contextlib.nullcontext)
     assert isinstance(autocast(torch.device("meta"), "bf16"), contextlib.nullcontext)  # no autocast there
+
+
+def test_fp32_matmuls_use_tf32_only_in_a_cuda_run_not_in_fp32_and_are_restored():
+    before = torch.get_float32_matmul_precision()
+    with devices.fast_fp32_matmuls(torch.device("cuda"), "auto"):  # setting the flag needs no GPU
+        assert torch.get_float32_matmul_precision() == "high"
+    assert torch.get_float32_matmul_precision() == before
+    for device, precision in ((CPU, "auto"), (torch.device("cuda"), "fp32")):
+        with devices.fast_fp32_matmuls(device, precision):
+            assert torch.get_float32_matmul_precision() == before
+
+
+class _Batch:
+    """A stand-in for a host batch that records how it was moved."""
+
+    def __init__(self):
+        self.calls = []
+
+    def pin_memory(self):
+        self.calls.append("pin_memory")
+        return self
+
+    def to(self, device, non_blocking=False):
+        self.calls.append(("to", device.type, non_blocking))
+        return self
+
+
+def test_a_batch_goes_to_cuda_from_pinned_memory_without_waiting_and_to_the_cpu_as_it_is():
+    batch = _Batch()
+    devices.batch_to_device(batch, torch.device("cuda"))
+    assert batch.calls == ["pin_memory", ("to", "cuda", True)]
+    ids = torch.arange(6).reshape(2, 3)
+    assert devices.batch_to_device(ids, CPU) is ids

@@ -24,3 +24,16 @@ def test_step_flops_equal_a_count_by_hand(unembed):
     assert per_token == 1_511_424
     model = ByteMTP(cfg)
     assert step_flops(model, 2 * T, T) == 2 * T * per_token
+
+
+@pytest.mark.parametrize("name,peak", [("NVIDIA H200", 989e12), ("NVIDIA H100 80GB HBM3", 989e12),
+                                       ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H200 NVL", 835e12),
+                                       ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA GeForce RTX 4090", None)])
+def test_the_peak_of_a_gpu_is_its_dense_bf16_peak_by_its_name(monkeypatch, name, peak):
+    import torch
+
+    from bytemtp.model.flops import peak_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: name)
+    assert peak_flops(torch.device("cuda")) == peak
+    assert peak_flops(torch.device("cpu")) is None and peak_flops(torch.device("cpu"), 1e12) == 1e12

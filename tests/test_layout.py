@@ -226,6 +226,34 @@ def test_without_doc_mask_a_window_of_documents_is_one_causal_pass():
     assert not torch.allclose(across[0, 10:], within[0, 10:])  # past a boundary, the mask matters
 
 
+def _attention_calls(monkeypatch) -> list[dict]:
+    """The keyword arguments of every scaled_dot_product_attention call that attention makes."""
+    from bytemtp.model import layout as layout_lib
+
+    calls, real = [], layout_lib.F.scaled_dot_product_attention
+
+    def sdpa(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(layout_lib.F, "scaled_dot_product_attention", sdpa)
+    return calls
+
+
+@pytest.mark.parametrize("efficient", [True, False])
+def test_the_training_step_without_doc_mask_asks_for_causal_attention_and_passes_no_mask(monkeypatch, efficient):
+    # an explicit mask keeps CUDA's SDPA off its flash kernel; is_causal alone lets it choose flash
+    model, masked = _model(), _model(doc_mask=True)
+    ids = _windows(model.config.seq_len + model.config.n_future)
+    fb = step.forward_backward if efficient else step.plain_forward_backward
+    calls = _attention_calls(monkeypatch)
+    fb(model, ids, loss_cfg=C.LossConfig())
+    assert calls and all(c["attn_mask"] is None and c["is_causal"] for c in calls)
+    calls.clear()
+    fb(masked, ids, loss_cfg=C.LossConfig())  # documents in the window: the masked reference path
+    assert calls and all(c["attn_mask"] is not None and not c["is_causal"] for c in calls)
+
+
 def test_a_batch_of_one_document_a_row_keeps_the_causal_path_under_doc_mask():
     model, masked = _model(), _model(doc_mask=True)
     ids = torch.randint(0, 256, (3, model.config.seq_len), generator=torch.Generator().manual_seed(2))

@@ -139,3 +139,56 @@ def test_batched_muon_steps_exactly_as_torchs_muon_and_shares_its_state(nesterov
     other.load_state_dict(new.state_dict())  # a checkpoint of either loads into the other
     assert all(torch.equal(other.state_dict()["state"][i]["momentum_buffer"], ref.state_dict()["state"][i]["momentum_buffer"])
                for i in range(len(shapes)))
+
+
+# --- a step cancelled on the device (what the training loop's StepGuard does on a GPU) ------------
+
+
+def _pair(kind: str):
+    """Two equal sets of matrices, each with its optimizer of `kind` (fused AdamW or BatchedMuon)."""
+    from bytemtp.training.optimizer import BatchedMuon
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(8, 8), (8, 24), (24, 8), (8, 8)]
+    a = [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+    b = [p.detach().clone().requires_grad_() for p in a]
+    make = (lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1, fused=True)) if kind == "adamw" else \
+        (lambda ps: BatchedMuon(ps, lr=0.02, momentum=0.9, weight_decay=0.1))
+    return a, b, make(a), make(b), g
+
+
+def _state(opt) -> list:
+    return [v.clone() for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+
+
+@pytest.mark.parametrize("kind", ["adamw", "muon"])
+def test_a_step_cancelled_on_the_device_changes_nothing_and_one_let_through_is_the_plain_step(kind):
+    from bytemtp.runtime.host import HostReads
+    from bytemtp.training.optimizer import skips_on_device, step_unless
+
+    a, b, plain, guarded, g = _pair(kind)
+    assert skips_on_device(guarded)
+    for step in range(5):
+        bad = step in (1, 3)
+        grads = [torch.randn(p.shape, generator=g) for p in a]
+        for p, q, grad in zip(a, b, grads):
+            p.grad, q.grad = grad, grad.clone().fill_(float("nan")) if bad else grad.clone()
+        before = ([q.detach().clone() for q in b], _state(guarded))
+        with HostReads() as reads:
+            step_unless(guarded, torch.tensor(bad))
+        assert (reads.reads, reads.syncs) == (0, 0), reads.sites
+        if bad:  # nothing moved: parameters, moments, momentum, step counts
+            assert all(torch.equal(x, q) for x, q in zip(before[0], b))
+            assert all(torch.equal(x, y) for x, y in zip(before[1], _state(guarded)))
+        else:
+            plain.step()
+            assert all(torch.equal(p, q) for p, q in zip(a, b)), f"step {step}"
+    assert all(torch.equal(x, y) for x, y in zip(_state(plain), _state(guarded)))
+
+
+def test_adamw_runs_fused_on_cuda_and_as_the_foreach_reference_on_the_cpu():
+    model = _model()
+    assert not build_optimizer(model, TrainConfig(), CPU).defaults["fused"]
+    assert build_optimizer(model, TrainConfig(), CPU, fused=True).defaults["fused"]
+    mixed = build_optimizer(model, TrainConfig(optimizer="muon"), CPU, fused=True)
+    assert mixed.optimizers["adamw"].defaults["fused"]

@@ -16,6 +16,12 @@ min, median and max. A result whose pair ratios spread over more than `NOISY_SPR
 median, or that has fewer than `MIN_ROUNDS` of them, is flagged as too noisy to mean anything
 (`time_ratio_noisy` and a note): the targets in BENCHMARKS.md need the ratio to about 10%.
 
+On CUDA the step runs as `bytemtp train` takes it there: bf16 autocast (train.precision=auto),
+fused AdamW skipping a non-finite step on the device, TF32 for what stays in float32, compiled
+blocks with `--compile on` (auto) and eager ones with `--compile off`; its MFU is over the GPU's dense
+bf16 peak (`bytemtp.model.flops`). The step reads nothing back from the GPU, so the timing's
+`synchronize` before and after each sample is the only wait.
+
 Memory: each variant builds and steps in a fresh subprocess, so its peak is its own: on the CPU the
 peak resident set (VmHWM) minus the resident set before the model was built, on CUDA
 `torch.cuda.max_memory_allocated`. Both count weights, gradients, optimizer state and activations.
@@ -41,9 +47,9 @@ import torch
 from bytemtp.config import preset
 from bytemtp.model.flops import peak_flops, step_flops, utilisation
 from bytemtp.model.model import ByteMTP
-from bytemtp.runtime.devices import autocast, synchronize
+from bytemtp.runtime.devices import autocast, fast_fp32_matmuls, synchronize
 from bytemtp.training.step import compile_blocks, compiler_missing, forward_backward, plain_forward_backward
-from bytemtp.training.optimizer import build_optimizer
+from bytemtp.training.optimizer import build_optimizer, skips_on_device, step_unless
 from bytemtp.vocab import EOS
 
 TRAIN_STEP_VARIANTS = {  # name: (n_future, memory-efficient step)
@@ -165,11 +171,15 @@ class _Variant:
         self.bytes_per_step = batch_size * cfg.seq_len
 
     def step(self) -> None:
-        """One training step, as the training loop takes it (one micro-batch)."""
+        """One training step, as the training loop takes it (one micro-batch): where the optimizer
+        can (fused AdamW on CUDA), a non-finite step is skipped on the device, with no host read."""
         with autocast(self.device, self.precision):
-            self.step_fn(self.model, self.ids, loss_cfg=self.loss_cfg)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or float("inf"))
-        self.optimizer.step()
+            out = self.step_fn(self.model, self.ids, loss_cfg=self.loss_cfg)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or float("inf"))
+        if skips_on_device(self.optimizer):
+            step_unless(self.optimizer, ~(torch.isfinite(out.total) & torch.isfinite(norm)))
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
     def sync(self) -> None:
@@ -266,8 +276,9 @@ def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 
     compiled = compile == "on" or (compile == "auto" and missing is None)
     variants = {name: _Variant(preset_name, name, batch_size=batch_size, device=dev, compiled=compiled)
                 for name in TRAIN_STEP_VARIANTS}
-    times, repeats = _timed_rounds(variants, rounds=steps, warmup=warmup, min_sample_s=min_sample_s,
-                                   progress=progress)
+    with fast_fp32_matmuls(dev, preset(preset_name).train.precision):  # as a training run on CUDA
+        times, repeats = _timed_rounds(variants, rounds=steps, warmup=warmup, min_sample_s=min_sample_s,
+                                       progress=progress)
     seq_len, peak, timed = variants["ntp"].cfg.seq_len, peak_flops(dev, peak), {}
     for name, v in variants.items():
         step_s = statistics.median(times[name])

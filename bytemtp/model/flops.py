@@ -6,8 +6,10 @@ import torch
 
 from bytemtp.model.model import ByteMTP
 
-# dense bf16 peak of GPUs we know, for model FLOP utilisation
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+# dense bf16 peak of GPUs we know, for model FLOP utilisation: the first name that the device's
+# name holds wins, so a PCIe or NVL card (a lower clock and power) comes before its SXM form
+PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12, "H200": 989e12, "H100": 989e12,
+                   "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 
 
 def step_flops(model: ByteMTP, tokens: int, seq_len: int) -> float:

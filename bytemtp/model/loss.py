@@ -170,12 +170,13 @@ class LossOutput:
 
 def summarize(heads: list[HeadLoss], weights: list[float], total: torch.Tensor) -> LossOutput:
     count = torch.stack([h.count for h in heads]).detach()
-    ran = torch.tensor([h.ran for h in heads], device=count.device)
+    accuracy = torch.stack([h.correct for h in heads]).float() / count.clamp(min=1)
+    for k in (k for k, h in enumerate(heads) if not h.ran):  # a fill each: no host list copied to the device
+        accuracy[k] = float("nan")
     out = LossOutput(
         total=total,
         head_loss=torch.stack([h.loss for h in heads]).detach(),
-        head_accuracy=(torch.stack([h.correct for h in heads]).float() / count.clamp(min=1)).masked_fill(
-            ~ran, float("nan")),
+        head_accuracy=accuracy,
         head_nats=torch.stack([h.nats for h in heads]).detach(),
         head_count=count,
     )

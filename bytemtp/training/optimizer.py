@@ -7,6 +7,9 @@ torch's Muon with the matrices of a shape orthogonalised together) on the 2-D ma
 each whole update, so FSDP2's sharded matrices are refused in the configuration) and AdamW on the
 rest (the embedding, the norms and the unembeddings, which are not hidden matrices), each at its
 own peak learning rate; `set_lr` sets each at the schedule's fraction of its peak.
+`step_unless` takes a step that a device flag may cancel without the host reading it (fused
+AdamW's `found_inf`, as torch's GradScaler uses it, and `BatchedMuon`'s own), where
+`skips_on_device` says the optimizer can; the training loop's `StepGuard` uses it.
 `set_trainable` freezes all but the draft heads for
 train.trainable=draft-heads, and `start_from` loads train.init's weights into a new run's model
 (the same model settings or an error naming those that differ).
@@ -31,7 +34,12 @@ class BatchedMuon(torch.optim.Muon):
     same learning-rate adjustment, decoupled weight decay and Nesterov momentum); its state is
     torch's Muon's, key for key, so checkpoints load into either. A model of small matrices (the
     `small` preset's are 64 wide) spends most of torch's Muon step in the calls' overhead: on two
-    CPU cores this one takes about a fifth of its time. `torch.optim.Muon` is its reference."""
+    CPU cores this one takes about a fifth of its time. `torch.optim.Muon` is its reference.
+
+    A `found_inf` attribute (a 0-dim float on the device, 1 to skip; `step_unless` sets it) cancels
+    the step on the device: the momentum is lerped towards itself and the update masked to 0, so
+    parameters and state stay bit for bit (non-finite gradients included), and with 0 the step is
+    the unmasked one's, bit for bit."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -50,15 +58,22 @@ class BatchedMuon(torch.optim.Muon):
                 if p.grad.ndim != 2:
                     raise ValueError("Muon takes 2-D matrices only")
                 by_shape.setdefault((tuple(p.shape), p.dtype, p.device), []).append(i)
+            found = getattr(self, "found_inf", None)
+            skip = None if found is None else found.to(device=params[0].device, dtype=torch.bool)
+            if skip is not None:  # a skipped step's momentum moves towards itself: it stays
+                grads = [torch.where(skip, b, g) for b, g in zip(bufs, grads)]
             torch._foreach_lerp_(bufs, grads, 1 - mu)
             updates = torch._foreach_lerp(grads, bufs, mu) if group["nesterov"] else bufs
+            decay = 1 - lr * wd if skip is None else torch.where(skip, 1.0, 1 - lr * wd)
             for (shape, _, _), members in by_shape.items():
                 stacked = torch.stack([updates[i] for i in members])
                 ortho = _newton_schulz(stacked, group["ns_coefficients"], group["ns_steps"], group["eps"])
+                if skip is not None:
+                    ortho = torch.where(skip, 0, ortho)
                 adjusted = lr * math.sqrt(max(1, shape[0] / shape[1])) if group["adjust_lr_fn"] in (None, "original") \
                     else lr * 0.2 * math.sqrt(max(shape))
                 for j, i in enumerate(members):
-                    params[i].mul_(1 - lr * wd)
+                    params[i].mul_(decay)
                     params[i].add_(ortho[j], alpha=-adjusted)
         return loss
 
@@ -110,9 +125,12 @@ def start_from(model: ByteMTP, init: str, device: torch.device) -> Path:
     return ckpt
 
 
-def build_optimizer(model: ByteMTP, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer | Mixed:
+def build_optimizer(model: ByteMTP, cfg: TrainConfig, device: torch.device, *,
+                    fused: bool | None = None) -> torch.optim.Optimizer | Mixed:
     """train.optimizer over the parameters that train: AdamW with weight decay on matrices only
-    (fused on CUDA), or `Mixed` Muon on the trunk's and heads' matrices and AdamW on the rest."""
+    (fused on CUDA: one kernel for all parameters and a step that a device flag can skip; the CPU
+    keeps the foreach form, the reference; `fused` overrides), or `Mixed` Muon on the trunk's and
+    heads' matrices and AdamW on the rest."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     hidden = [p for n, p in named if cfg.optimizer == "muon" and p.dim() == 2 and n.startswith(("trunk.", "heads."))]
     chosen = {id(p) for p in hidden}
@@ -120,12 +138,43 @@ def build_optimizer(model: ByteMTP, cfg: TrainConfig, device: torch.device) -> t
     groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
     adamw = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                              fused=device.type == "cuda")
+                              fused=adamw_fused(device) if fused is None else fused)
     if not hidden:
         return adamw
     muon = BatchedMuon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum,
                             weight_decay=cfg.muon_weight_decay)
     return Mixed(adamw=adamw, muon=muon)
+
+
+def adamw_fused(device: torch.device) -> bool:
+    """Whether AdamW runs fused on `device`: on CUDA (the CPU keeps the foreach reference)."""
+    return device.type == "cuda"
+
+
+def _parts(optimizer: torch.optim.Optimizer | Mixed) -> list[torch.optim.Optimizer]:
+    return list(optimizer.optimizers.values()) if isinstance(optimizer, Mixed) else [optimizer]
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer | Mixed) -> bool:
+    """Whether every part of the optimizer can cancel a step on a device flag (`step_unless`):
+    fused AdamW and `BatchedMuon` can; foreach AdamW and torch's Muon cannot."""
+    return all(isinstance(o, BatchedMuon) or (isinstance(o, torch.optim.Adam) and o.defaults.get("fused"))
+               for o in _parts(optimizer))
+
+
+def step_unless(optimizer: torch.optim.Optimizer | Mixed, skip: torch.Tensor) -> None:
+    """One optimizer step, cancelled on the device where `skip` (a 0-dim bool tensor) is true:
+    no parameter, moment or step count changes, and the host reads nothing. Needs
+    `skips_on_device(optimizer)`."""
+    assert skips_on_device(optimizer), "this optimizer cannot skip a step on the device"
+    parts, found_inf = _parts(optimizer), skip.float()
+    for o in parts:
+        o.found_inf = found_inf
+    try:
+        optimizer.step()
+    finally:
+        for o in parts:
+            del o.found_inf
 
 
 def set_lr(optimizer: torch.optim.Optimizer | Mixed, scale: float, cfg: TrainConfig) -> None:

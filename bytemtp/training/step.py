@@ -156,7 +156,7 @@ def _release(model: ByteMTP, skip: frozenset[int]) -> None:
 
 def _skipped(k: int, device: torch.device) -> HeadLoss:
     """Head k, skipped for its weight of 0: no gradient for its own parameters, NaN figures."""
-    nan, zero = torch.tensor(float("nan"), device=device), torch.zeros((), device=device, dtype=torch.long)
+    nan, zero = torch.full((), float("nan"), device=device), torch.zeros((), device=device, dtype=torch.long)
     return HeadLoss(loss=nan, nats=nan, correct=zero, count=zero, kl=nan, agree=nan,
                     pairs=torch.ones_like(zero), ran=False)
 

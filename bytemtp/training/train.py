@@ -28,7 +28,8 @@ by the model's own greedy continuation (`bytemtp.training.rollout`). The log the
 agreement with head 1 and, with the teacher term on, its KL to head 1.
 
 Faults: a step whose loss or gradient norm is not finite is skipped (no parameter or optimizer
-update, counted) and the run aborts after train.max_bad_steps in a row. A checkpoint that fails
+update, counted) and the run aborts after train.max_bad_steps in a row
+(`bytemtp.training.faults`; on a GPU the verdicts are read at the steps that log). A checkpoint that fails
 to save (a full disk) leaves the previous one intact and the run says so and goes on; only a
 failure of the final save ends the run with an error. A step or validation that runs out of
 memory ends the run with `OutOfMemory`, whose one line names the batch, the context, the
@@ -61,7 +62,6 @@ import math
 import re
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -78,8 +78,10 @@ from bytemtp.model.model import ByteMTP
 from bytemtp.runtime import distributed as dist_lib
 from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, load_optimizer_state, load_weights,
                                         read_train_state, save_checkpoint)
-from bytemtp.runtime.devices import autocast, out_of_memory, resolve_device
+from bytemtp.runtime.devices import autocast, batch_to_device, fast_fp32_matmuls, out_of_memory, resolve_device
 from bytemtp.training import runs, tracking
+from bytemtp.training.faults import StepGuard, TrainingError
+from bytemtp.training.figures import LogClock, ReadFigures, accumulate_gradients, read_figures
 from bytemtp.training.optimizer import build_optimizer, set_lr, set_trainable, start_from
 from bytemtp.training.rollout import greedy_rollout
 from bytemtp.training.runs import METRICS, RunPlan, RunResult
@@ -87,10 +89,6 @@ from bytemtp.training.schedule import TimeFit, head_weights, lr_scale, schedule_
 from bytemtp.training.step import (compile_blocks, compile_choice, draft_forward_backward, forward_backward,
                                    plain_forward_backward)
 from bytemtp.training.train_state import TrainState
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (too many non-finite steps, a failed final save, out of memory)."""
 
 
 class OutOfMemory(TrainingError):
@@ -141,7 +139,7 @@ def run_plan(plan: RunPlan, *, show_progress: bool = True, say=tqdm.write) -> Ru
     cfg = plan.cfg
     tc = cfg.train
     with (dist_lib.process_group(resolve_device(tc.device), timeout_s=tc.dist_timeout) as d,
-          contextlib.ExitStack() as held):
+          contextlib.ExitStack() as held, fast_fp32_matmuls(d.device, tc.precision)):
         _on_main(d, lambda: held.enter_context(runs.run_lock(plan.run_dir)))
         ckpt = _on_main(d, lambda: runs.start_run(plan))
         with torch.random.fork_rng(devices=[d.device] if d.device.type == "cuda" else []):
@@ -188,6 +186,8 @@ class _Run:
         set_trainable(self.model, tc.trainable)
         self.wrapped = dist_lib.wrap_model(self.model, d, tc.parallel)
         self.optimizer = build_optimizer(self.model, tc, self.device)
+        self.guard = StepGuard(self.optimizer, state=self.state, max_bad_steps=tc.max_bad_steps, say=say,
+                               checkpoints=run_dir / "checkpoints")
         self.autocast = autocast(self.device, tc.precision)
         self.bytes_per_step = cfg.data.batch_size * mc.seq_len * tc.grad_accum * d.world_size
         self.flops_per_step = step_flops(self.model, self.bytes_per_step, mc.seq_len)  # the model's, all ranks
@@ -235,24 +235,30 @@ class _Run:
                    disable=not show_progress, dynamic_ncols=True)
         self.loader.warm()  # the shuffle buffer's first read is not training time
         started, session_start = time.perf_counter() - st.elapsed_s, time.perf_counter()
+        clock = LogClock(session_start, st.step, now=time.perf_counter)
         self.model.train()
         metrics = contextlib.closing(self.metrics) if self.metrics is not None else contextlib.nullcontext()
         with stop_on_signals() as flag, contextlib.closing(bar), metrics, contextlib.closing(self.trackers):
             while not (stopped_by := self._stop_condition(flag, session_start)):
                 with self._out_of_memory_stops(step=st.step + 1):
-                    step_s, figures, grad_norm, lr = self._optimizer_step()
+                    figures, grad_norm, lr = self._optimizer_step()
                 st.elapsed_s = time.perf_counter() - started
                 if self.fit is not None:
                     self._fit_schedule(session_start)
                 bar.update()
-                bar.set_postfix_str(self._progress_line(figures, step_s), refresh=False)
-                if st.step % tc.log_every == 0 or st.step == tc.steps:
-                    self._log_step(step_s, figures, grad_norm, lr)
-                if tc.eval_every and st.step % tc.eval_every == 0:
-                    self.validate()
-                if st.step % tc.ckpt_every == 0:
-                    self.save(final=False)
+                logs = st.step % tc.log_every == 0 or st.step == tc.steps
+                validates, saves = bool(tc.eval_every) and st.step % tc.eval_every == 0, st.step % tc.ckpt_every == 0
+                if logs or validates or saves:  # nothing else in a step waits for the device
+                    self.guard.settle()
+                if logs:
+                    self._log_step(read_figures(figures, grad_norm), *clock.lap(st.step), lr, bar)
+                with clock.paused():
+                    if validates:
+                        self.validate()
+                    if saves:
+                        self.save(final=False)
             bar.close()
+            self.guard.settle()
             if stopped_by == "signal":
                 names = dist_lib.gather(flag["signal"], self.d)
                 rank = next(r for r, name in enumerate(names) if name)
@@ -342,29 +348,17 @@ class _Run:
         set_lr(self.optimizer, scale, tc)
         self.step_weights = self.head_weights()
         lr = tc.lr * scale
-        t0 = time.perf_counter()
-        batches = (self._targets(next(self.loader).to(self.device, non_blocking=True)) for _ in range(tc.grad_accum))
+        batches = (self._targets(batch_to_device(next(self.loader), self.device)) for _ in range(tc.grad_accum))
         figures = accumulate_gradients(
             self.model, self.wrapped, batches, step_fn=self.step_fn, loss_cfg=self.cfg.loss,
             accum=tc.grad_accum, d=self.d, autocast=self.autocast, weights=self.step_weights)
         grad_norm = dist_lib.local(torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], tc.grad_clip or float("inf")))
-        if torch.isfinite(figures.total) and torch.isfinite(grad_norm):
-            self.optimizer.step()
-            st.bad_run = 0
-        else:
-            st.skipped_steps, st.bad_run = st.skipped_steps + 1, st.bad_run + 1
-            self.say(f"step {st.step + 1}: non-finite loss or gradient, step skipped ({st.bad_run} in a row)")
-            if st.bad_run >= tc.max_bad_steps:
-                self.optimizer.zero_grad(set_to_none=True)
-                raise TrainingError(
-                    f"{st.bad_run} consecutive steps had a non-finite loss or gradient "
-                    f"(train.max_bad_steps={tc.max_bad_steps}); lower train.lr or check the data; "
-                    f"the last good checkpoint is in {self.run_dir / 'checkpoints'}")
+        self.guard.step(figures.total, grad_norm, step=st.step + 1)  # the update, or a skip
         self.optimizer.zero_grad(set_to_none=True)
         st.step += 1
         st.bytes_seen += self.bytes_per_step
-        return time.perf_counter() - t0, figures, grad_norm, lr
+        return figures, grad_norm, lr
 
     def _targets(self, batch: torch.Tensor) -> torch.Tensor:
         """The batch, or with loss.rollout_bytes its windows ending in the model's greedy continuation."""
@@ -374,22 +368,26 @@ class _Run:
         with self.autocast:  # bf16 on CUDA, as the step itself runs
             return greedy_rollout(self.model, batch, n)
 
-    def _progress_line(self, figures: StepFigures, step_s: float) -> str:
+    def _progress_line(self, figures: ReadFigures, step_s: float) -> str:
         """The next-byte head's loss (the figure a byte model is judged by; the sum over heads is
-        logged), or, where head 1 is frozen, how often head 2 agrees with it."""
+        logged), or, where head 1 is frozen, how often head 2 agrees with it; at a logged step."""
         unit = "B" if self.model.vocab.is_bytes else "tokens"  # a BPE baseline counts its positions in tokens
         speed = f"{self.bytes_per_step / step_s:,.0f} {unit}/s"
         mfu = utilisation(self.flops_per_step, step_s, self.peak_flops, devices=self.d.world_size)
         speed += f" MFU {100 * mfu:.1f}%" if mfu is not None else ""
         if self.cfg.train.trainable == "draft-heads" and figures.head_agreement is not None:
-            return f"head 2 agrees with head 1 {figures.head_agreement[1].item():.3f} {speed}"
-        nats = figures.head_loss[0].item()
+            return f"head 2 agrees with head 1 {figures.head_agreement[1]:.3f} {speed}"
+        nats = figures.head_loss[0]
         if not self.model.vocab.is_bytes:
             return f"next-token loss {nats:.3f} ({nats / LN2:.3f} bits/token) {speed}"
         return f"next-byte loss {nats:.3f} ({nats / LN2:.3f} bits/byte) {speed}"
 
-    def _log_step(self, step_s: float, figures: StepFigures, grad_norm, lr: float) -> None:
+    def _log_step(self, figures: ReadFigures, seconds: float, steps: int, lr: float, bar) -> None:
+        """The metrics line of a logged step, and the progress bar's; the speed is the mean of the
+        `steps` steps since the last logged one, which took `seconds`."""
         st, device = self.state, self.device
+        step_s = seconds / max(steps, 1)
+        bar.set_postfix_str(self._progress_line(figures, step_s), refresh=False)
         data_stats = combine_stats(dist_lib.gather(self.loader.stats(), self.d))
         gpu = {}
         if device.type == "cuda":  # this rank's memory
@@ -397,16 +395,15 @@ class _Run:
         mfu = utilisation(self.flops_per_step, step_s, self.peak_flops, devices=self.d.world_size)  # all ranks'
         if mfu is not None:
             gpu["mfu"] = mfu
-        heads = {"head_agree": figures.head_agreement.tolist()} if figures.head_agreement is not None else {}
+        heads = {"head_agree": figures.head_agreement} if figures.head_agreement is not None else {}
         if figures.head_kl is not None and self.cfg.loss.teacher_weight:
-            heads["head_teacher_kl"] = figures.head_kl.tolist()
+            heads["head_teacher_kl"] = figures.head_kl
         if self.cfg.loss.head_schedule != "constant":
             heads["head_weights"] = self.step_weights
-        self.log({**gpu, "step": st.step, "bytes": st.bytes_seen, "loss": figures.total.item(),
-                  ("bpb" if self.model.vocab.is_bytes else "bits_per_token"): figures.head_loss[0].item() / LN2,
-                  "head_loss": figures.head_loss.tolist(),
-                  "head_acc": figures.head_accuracy.tolist(), **heads,
-                  "lr": lr, "grad_norm": grad_norm.item(), "bytes_per_s": self.bytes_per_step / step_s,
+        self.log({**gpu, "step": st.step, "bytes": st.bytes_seen, "loss": figures.total,
+                  ("bpb" if self.model.vocab.is_bytes else "bits_per_token"): figures.head_loss[0] / LN2,
+                  "head_loss": figures.head_loss, "head_acc": figures.head_accuracy, **heads,
+                  "lr": lr, "grad_norm": figures.grad_norm, "bytes_per_s": self.bytes_per_step / step_s,
                   "skipped_steps": st.skipped_steps, "elapsed_s": st.elapsed_s, "data": data_stats})
 
     def log(self, record: dict) -> None:
@@ -465,38 +462,6 @@ class _Run:
             return None
         self.last_saved = st.step
         return path
-
-
-@dataclass
-class StepFigures:
-    """One optimizer step's loss and per-head figures, averaged over micro-batches and ranks;
-    agreement with head 1 and the teacher KL where the step counted them."""
-
-    total: torch.Tensor
-    head_loss: torch.Tensor
-    head_accuracy: torch.Tensor
-    head_agreement: torch.Tensor | None
-    head_kl: torch.Tensor | None
-
-
-def accumulate_gradients(model: ByteMTP, wrapped, batches, *, step_fn, loss_cfg, accum: int,
-                         d: dist_lib.Dist, autocast=contextlib.nullcontext(),
-                         weights: list[float] | None = None) -> StepFigures:
-    """Forward and backward of one optimizer step's `accum` micro-batches (the heads' loss weights
-    `weights`, default loss.head_weights's), with the gradients reduced once over the ranks; the
-    figures averaged over the micro-batches and the ranks."""
-    outs = []
-    for micro, batch in enumerate(batches):
-        with autocast, dist_lib.gradient_sync(wrapped, last=micro == accum - 1):
-            outs.append(step_fn(model, batch, loss_cfg=loss_cfg, scale=1 / accum, weights=weights))
-
-    def averaged(name):
-        values = [getattr(o, name) for o in outs]
-        return None if values[0] is None else dist_lib.mean(sum(values) / len(values), d)
-
-    dist_lib.reduce_gradients(wrapped, d)
-    return StepFigures(*(averaged(name) for name in ("total", "head_loss", "head_accuracy", "head_agreement",
-                                                     "head_kl")))
 
 
 def _finite(value):
