@@ -16,7 +16,7 @@ DEMO_TUNED ?= $(DEMO_RUN)-tuned
 DEMO_TUNE_TIME ?= 3m
 DEMO_PROMPTS ?= 16
 
-.PHONY: setup test test-quick corpus corpus-poly corpus-induction corpus-shakespeare corpus-speeches demo bench bench-tokens
+.PHONY: setup test test-quick corpus corpus-poly corpus-induction corpus-shakespeare corpus-speeches demo bench bench-tokens gpu-prep
 
 # Installs into the interpreter that PYTHON names (activate a virtual environment first if you
 # want one). A torch that is already importable (a CUDA build, say) is kept; only when there is
@@ -150,3 +150,14 @@ bench-tokens: setup corpus
 	$(BYTEMTP) bench tokens --data data/corpus/$(NAME) --time $(TOKENS_TIME) --seeds $(TOKENS_SEEDS) \
 	  --held-out "$$($(PYTHON) -c 'import click, os; print(os.path.dirname(click.__file__))')/*.py" \
 	  --held-out-bytes 107666 --out runs/tokens --json bench-tokens.json
+
+# What the GPU-check parts (scripts/gpu/) carry to a GPU machine with no network, into .gpu/
+# (git-ignored, under the device's 64 MiB): Python 3.12 wheels of what its image lacks, a tuned
+# `small` model (GPU_RUN's, else trained GPU_TRAIN_TIME and tuned GPU_TUNE_TIME on the default
+# corpus) and held-out code prompts cut from click's source (docs/benchmarks.md).
+GPU_RUN ?=
+GPU_TRAIN_TIME ?= 4m
+GPU_TUNE_TIME ?= 2m
+gpu-prep: setup
+	$(PYTHON) scripts/gpu/prepare.py $(if $(GPU_RUN),--run $(GPU_RUN)) --train-time $(GPU_TRAIN_TIME) \
+	  --tune-time $(GPU_TUNE_TIME)

