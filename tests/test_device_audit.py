@@ -21,7 +21,7 @@ Legend: none (no tensors at module boundaries).
 from __future__ import annotations
 
 import ast
-import contextlib
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -129,8 +129,7 @@ def _state(model) -> dict:
 
 @pytest.mark.parametrize("overrides", [{}, {"head_type": "linear"}, {"draft": "hydra"}])
 def test_init_on_a_meta_built_model_equals_init_on_a_cpu_model(overrides):
-    cfg = C.tiny().model
-    cfg = type(cfg)(**{**cfg.__dict__, **overrides})
+    cfg = dataclasses.replace(C.tiny().model, **overrides)
     plain = ByteMTP(cfg)
     plain.init_weights(generator=torch.Generator(device="cpu").manual_seed(11))
     with torch.device("meta"):
@@ -185,7 +184,7 @@ def test_init_weights_draws_with_a_generator_on_the_device_it_fills():
     assert mode.mismatches and "tensor on meta" in mode.mismatches[0]
 
 
-def test_init_weights_refuses_a_generator_off_the_cpu(monkeypatch):
+def test_init_weights_refuses_a_generator_off_the_cpu():
     class Elsewhere:  # torch makes no generator off the CPU without an accelerator
         device = torch.device("cuda")
 
@@ -230,7 +229,7 @@ class MixedDevices(TorchFunctionMode):
     meta indices returns garbage.)"""
 
     # what materialising a meta-built model (`to_empty`) asks of the old and the new tensor
-    MOVES = {torch._has_compatible_shallow_copy_type}
+    MOVES = frozenset({torch._has_compatible_shallow_copy_type})
 
     def __init__(self, found: list[str]):
         super().__init__()
