@@ -3,8 +3,9 @@ compiled, so that a pass costs what its arithmetic costs (as in gpt-fast).
 
 An eager pass is about a thousand small PyTorch ops, and on a CPU (or a GPU launching one kernel
 per op) most of its time is the framework's, not the arithmetic's. `StaticStep` runs the same
-model code with static shapes instead: the cache is the preallocated `KVCache`, only read inside
-the step (its new keys and values come out and are written by index in one go); positions and
+model code with static shapes instead: the cache is the preallocated `KVCache`, whose new keys and
+values the step writes by index in its own graph (after every read of the cache: nothing of a
+pass but its picks runs outside the graph, so a GPU replays it as one launch); positions and
 the mask come from device tensors (`layout.StaticLayout`), so no host number enters the graph;
 the nodes of a pass are padded up to a bucket (`NODE_BUCKETS`) and the heads run are rounded up
 to a few counts (`head_buckets`), so that ten graphs a batch size (one per bucket of heads and
@@ -120,6 +121,7 @@ class StaticStep:
                                             mode="reduce-overhead" if cuda else None)
         self._shapes: set[tuple] = set()  # (B, K, T) run so far, and ("drafts", B, K)
         self._trees: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._plans: dict[tuple, tuple] = {}  # a call's shape and tree -> what its pass passes besides ids and starts
         self._index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.compile_s, self.graphs = 0.0, 0
         self.last_was_new = False  # whether the last call ran a shape for the first time (compiling it)
@@ -131,10 +133,12 @@ class StaticStep:
 
     def _pass(self, ids_BT: torch.Tensor, starts_B: torch.Tensor, depths_T: torch.Tensor, see_TT: torch.Tensor,
               cache_k: torch.Tensor, cache_v: torch.Tensor, allowed_V: torch.Tensor,
-              heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, heads, V), the greedy picks at every node (`picks.greedy_picks`), the keys
-        and values of the layers that ran, (N, B, H, T, E) in the order of `_indices`, and (draft
-        heads) head 1's states (B, T, D), else None. Reads the cache, writes nothing."""
+              layers_N11: torch.Tensor, rows_B1: torch.Tensor, nodes_T: torch.Tensor,
+              heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, heads, V), the greedy picks at every node (`picks.greedy_picks`) and
+        (draft heads) head 1's states (B, T, D), else None; the keys and values of the layers that
+        ran are written into the cache's slots after each row's start (`_indices`: their layers,
+        the rows and the nodes' offsets), in the graph, after every read of the cache."""
         model = self.model
         cache = _Buffers(cache_k, cache_v)
         layout = build_layout(model, ids_BT, cache, depths=depths_T, ancestors=see_TT, starts_B=starts_B)
@@ -149,7 +153,10 @@ class StaticStep:
                                   for k, h_BTD in model.head_states(z_BTD, cache, layout=layout, heads=heads)], dim=2)
         ks = [k if k.dim() == 5 else k[None] for k, _ in layout.written]  # stacked heads: (K, B, H, T, E)
         vs = [v if v.dim() == 5 else v[None] for _, v in layout.written]
-        return logits, greedy_picks(logits, allowed_V), torch.cat(ks), torch.cat(vs), states
+        slots = starts_B[:, None] + nodes_T  # (layers, B, L, H, E) views index them as (N, B, T)
+        for cache_t, new in ((cache_k, torch.cat(ks)), (cache_v, torch.cat(vs))):
+            cache_t.transpose(2, 3)[layers_N11, rows_B1, slots] = new.transpose(2, 3)
+        return logits, greedy_picks(logits, allowed_V), states
 
     def _indices(self, B: int, heads: int, padded: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where a pass's returned keys and values go, made once per shape: their cache layers
@@ -184,45 +191,45 @@ class StaticStep:
         the tree that `depths` and `ancestors` describe, as `Layout` takes them); advances the
         cache like `ByteMTP.logits`."""
         B, T = ids_BT.shape
-        K = 1 if self.two_phase else head_bucket(heads, self.n_future)
-        padded = node_bucket(max(T, K))  # k heads over fewer nodes run as k nodes: no graph of their own
+        key = (B, T, heads, depths, None if ancestors is None else id(ancestors))
+        plan = self._plans.get(key)
+        if plan is None:  # what a pass of this shape and tree passes besides its ids and starts, made once
+            K = 1 if self.two_phase else head_bucket(heads, self.n_future)
+            padded = node_bucket(max(T, K))  # k heads over fewer nodes run as k nodes: no graph of their own
+            plan = self._plans[key] = (K, padded, (B, K, padded), (*self._tree(T, padded, depths, ancestors),),
+                                       (self.allowed, *self._indices(B, K, padded), K),
+                                       1 + (min(heads, K) - 1) * TREE_RANKS)
+        K, padded, shape, tree, rest, width = plan
         assert max(cache.lengths) + padded <= cache.max_len, (cache.lengths, padded, cache.max_len)
         if padded > T:
             ids_BT = torch.cat([ids_BT, ids_BT[:, -1:].expand(B, padded - T)], dim=1)
-        depth_T, see_TT = self._tree(T, padded, depths, ancestors)
-        starts_B = to_device(cache.lengths, self.device)
         if self.device.type == "cuda" and not getattr(cache.k, "_static_address", False):
             for t in (cache.k, cache.v):  # CUDA graphs then read the cache where it is, not a copy
                 torch._dynamo.mark_static_address(t)
                 t._static_address = True
-        shape = (B, K, padded)
+        args = (ids_BT, to_device(cache.lengths, self.device), *tree, cache.k, cache.v, *rest)
         first = shape not in self._shapes
+        t0 = time.perf_counter()
         if first and self.compiled:  # a new shape may compile one more graph of the same code
             from torch._dynamo.utils import counters
 
-            graphs, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
+            graphs = counters["stats"]["unique_graphs"]
             with torch._dynamo.config.patch(recompile_limit=1024, accumulated_recompile_limit=1 << 16):
-                logits, picks, k, v, states = self._fn(ids_BT, starts_B, depth_T, see_TT, cache.k, cache.v,
-                                                       self.allowed, K)
+                logits, picks, states = self._fn(*args)
             if counters["stats"]["unique_graphs"] > graphs:
                 self.graphs += counters["stats"]["unique_graphs"] - graphs
                 self.compile_s += time.perf_counter() - t0
-            self.last_s = time.perf_counter() - t0
         else:
-            t0 = time.perf_counter()
-            logits, picks, k, v, states = self._fn(ids_BT, starts_B, depth_T, see_TT, cache.k, cache.v, self.allowed, K)
-            self.last_s = time.perf_counter() - t0
+            logits, picks, states = self._fn(*args)
+        self.last_s = time.perf_counter() - t0
         self._shapes.add(shape)
         self.last_was_new = first
-        # the new keys and values into their slots: (layers, B, L, H, E) views index them as (N, B, T)
-        layers, rows, nodes = self._indices(B, K, padded)
-        slots = starts_B[:, None] + nodes
-        for cache_t, new in ((cache.k, k), (cache.v, v)):
-            cache_t.transpose(2, 3)[layers, rows, slots] = new.transpose(2, 3)
         cache.advance(T)
-        self.states = None if states is None else states[:, :T]
-        self.picks = picks[:, :T, :1 + (min(heads, K) - 1) * TREE_RANKS]
-        return logits[:, :T, :heads]
+        if padded > T:
+            logits, picks = logits[:, :T], picks[:, :T]
+            states = None if states is None else states[:, :T]
+        self.states, self.picks = states, picks if picks.shape[-1] == width else picks[..., :width]
+        return logits if heads == logits.shape[2] else logits[:, :, :heads]
 
     def drafts_at(self, h_BD: torch.Tensor, first_B: torch.Tensor, heads: int) -> torch.Tensor:
         """The draft heads' logits (B, heads - 1, V) at one node a row (`DraftPass.drafts`), compiled

@@ -123,21 +123,20 @@ class Decoder:
         self.last_choice: Choice | None = None
         self._states: torch.Tensor | None = None  # head 1's states of the last pass (two-phase drafting)
         self._picks: torch.Tensor | None = None  # the greedy picks the compiled step made in its last pass
-
-    @property
-    def keeps_warm(self) -> bool:
-        """Whether a pass leaves every head's cache whole (draft heads need none), so that more heads
-        than the last pass ran need only their candidates taken anew, at one position."""
-        return getattr(self.stacked, "keeps_warm", False)
-
-    @property
-    def two_phase(self) -> bool:
-        """Whether a pass runs head 1 alone and the draft heads after it at the kept nodes (`DraftPass`)."""
-        return getattr(self.stacked, "two_phase", False)
+        self._layers: dict[int, int] = {}  # heads -> the cache layers a pass of them writes
+        # whether a pass leaves every head's cache whole (draft heads need none), so that more heads
+        # than the last pass ran need only their candidates taken anew, at one position; and whether
+        # a pass runs head 1 alone and the draft heads after it at the kept nodes (`DraftPass`)
+        self.device = model.embed.weight.device
+        self.keeps_warm = getattr(self.stacked, "keeps_warm", False)
+        self.two_phase = getattr(self.stacked, "two_phase", False)
 
     def layers_written(self, heads: int) -> int:
-        """The cache layers a pass of `heads` heads writes (the first this many of the cache)."""
-        return (self.stacked or self.model).layers_written(heads)
+        """The cache layers a pass of `heads` heads writes (the first this many of the cache;
+        asked every pass, so kept)."""
+        if heads not in self._layers:
+            self._layers[heads] = (self.stacked or self.model).layers_written(heads)
+        return self._layers[heads]
 
     # --- compiling and what a pass costs (`compiled`, `calibration`) -----------------------------
 
@@ -303,12 +302,15 @@ class Decoder:
         lengths = [len(w) for w in windows]
         ids = to_device([w + [EOS] * (max(lengths) - len(w)) for w in windows], model.embed.weight.device)
         cache.lengths = [0] * len(rows)
+        t0 = time.perf_counter()
         logits = model.logits(ids, cache, heads=heads, stacked=self.stacked, layout=build_layout(model, ids, cache),
                               last=[n - 1 for n in lengths])  # (B, 1, K, V)
+        seconds = time.perf_counter() - t0
         cache.lengths = lengths
         self.propose_all(rows, logits)
         for row in rows:
             row.stats.forward_passes += 1
+            row.stats.step_s += seconds  # the model's own time, as a pass's step
 
     def propose_all(self, rows: list[Row], logits_B1KV: torch.Tensor, *, nxts: list[int] | None = None,
                     ats: list[int] | None = None) -> None:
@@ -348,9 +350,10 @@ class Decoder:
 
     def draft(self, rows: list[Row], tree: DraftTree) -> torch.Tensor:
         """The ids of one pass (B, T): each row's next byte and its candidates laid out as the tree."""
-        ids = [[row.nxt] + [row.cand[d - 1][r] for d, r in zip(tree.depths[1:], tree.ranks[1:])]
-               for row in rows]
-        return to_device(ids, self.model.embed.weight.device)
+        if tree.T == 1:
+            return to_device([[row.nxt] for row in rows], self.device)
+        nodes = list(zip(tree.depths[1:], tree.ranks[1:]))
+        return to_device([[row.nxt] + [row.cand[d - 1][r] for d, r in nodes] for row in rows], self.device)
 
     def forward(self, ids_BT: torch.Tensor, tree: DraftTree, cache: KVCache, *, heads: int,
                 static: bool, rows: list[Row] = ()) -> torch.Tensor:
@@ -436,36 +439,37 @@ class Decoder:
                 break
         for depth in range(1, offered + 1):
             stats.count(depth, used=depth <= emitted)
-        cache.compact(b, [start + node for node in path], layers=layers)
+        if not tree.is_chain:  # a chain's path is in place already
+            cache.compact(b, [start + node for node in path], layers=layers)
         cache.lengths[b] = start + len(path)
         return done
 
-    def emit_next(self, state: Batch) -> bool:
+    def emit_next(self, state: Batch) -> tuple[bool, list[int]]:
         """Emit each row's next byte, sliding the windows that are full (a slide runs the row's
         newest context again, which chooses its next byte anew: the rows that slide together run
-        in one pass); False when all are finished."""
-        seq_len = self.model.config.seq_len
-        going = [(b, r) for b, r in enumerate(state.active)]
+        in one pass); False when all are finished, and the rows (by index in `state.rows`) whose
+        windows slid."""
+        seq_len, rows, finished = self.model.config.seq_len, state.rows, state.finished
+        going, slid = list(enumerate(state.active)), []
         while going:
             sliding = []
             for b, r in going:
-                row = state.rows[r]
-                if r in state.finished:
+                row = rows[r]
+                if r in finished:
                     continue
                 if row.out.emit(row.nxt):
-                    state.finished.add(r)
-                    continue
-                moved = window_start(row.n_tokens, row.start, seq_len)
-                if moved != row.start:
+                    finished.add(r)
+                elif row.n_tokens > seq_len and (moved := window_start(row.n_tokens, row.start, seq_len)) != row.start:
                     row.start = moved
                     row.stats.slides += 1
                     sliding.append((b, r))
             if sliding:
                 view = state.cache.rows([b for b, _ in sliding])
-                self.prefill([state.rows[r] for _, r in sliding], view, state.warm)
+                self.prefill([rows[r] for _, r in sliding], view, state.warm)
                 state.cache.take_back(view, [b for b, _ in sliding])
+                slid += [r for _, r in sliding]
             going = sliding
-        return len(state.finished) < len(state.rows)
+        return len(finished) < len(rows), slid
 
 
 def generate_batch(model: ByteMTP, prompts: list[bytes | str], *, max_bytes: int, draft: Draft | str = Draft(),

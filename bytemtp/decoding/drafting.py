@@ -76,11 +76,11 @@ class DraftTree:
     def T(self) -> int:
         return len(self.parents)
 
-    @property
+    @functools.cached_property
     def depth(self) -> int:
         return max(self.depths)
 
-    @property
+    @functools.cached_property
     def is_chain(self) -> bool:
         return self.depths == tuple(range(self.T))
 
@@ -103,14 +103,24 @@ class DraftTree:
         return see
 
     def truncated(self, depth: int) -> DraftTree:
-        """The nodes of depth <= `depth` (parents come first, so indices stay valid)."""
-        keep = [i for i, d in enumerate(self.depths) if d <= depth]
-        if len(keep) == self.T:
+        """The nodes of depth <= `depth` (parents come first, so indices stay valid); kept, as a
+        pass asks it of the same few trees again and again."""
+        if depth >= self.depth:
             return self
-        where = {i: j for j, i in enumerate(keep)}
-        return DraftTree(tuple(where.get(self.parents[i], -1) for i in keep),
-                         tuple(self.depths[i] for i in keep), tuple(self.ranks[i] for i in keep))
+        cut = self._truncations.get(depth)
+        if cut is None:
+            keep = [i for i, d in enumerate(self.depths) if d <= depth]
+            where = {i: j for j, i in enumerate(keep)}
+            cut = self._truncations[depth] = DraftTree(tuple(where.get(self.parents[i], -1) for i in keep),
+                                                       tuple(self.depths[i] for i in keep),
+                                                       tuple(self.ranks[i] for i in keep))
+        return cut
 
+    @functools.cached_property
+    def _truncations(self) -> dict[int, DraftTree]:
+        return {}
+
+    @functools.cache
     def describe(self) -> str:
         if self.T == 1:
             return "none"

@@ -64,7 +64,7 @@ class Steps(Protocol):
 
     def step(self, state: Batch, choice: Choice) -> None: ...
 
-    def emit_next(self, state: Batch) -> bool: ...
+    def emit_next(self, state: Batch) -> tuple[bool, list[int]]: ...
 
 
 class Window:
@@ -152,13 +152,13 @@ class Loop:
         compiled step, slides of all 8 transformer heads made the automatic draft 0.77x plain while
         it ran plain passes). Draft heads need no cache, so their slides run every head the draft
         may use (at the window's last position alone)."""
-        state = self.state
-        starts, warm = {r: state.rows[r].start for r in state.active}, state.warm
-        if self.decoder.keeps_warm:
+        state, keeps_warm = self.state, self.decoder.keeps_warm
+        warm = state.warm
+        if keeps_warm:
             state.warm = max(warm, self.full)  # what emit_next runs a slide with
-        going = self.decoder.emit_next(state)
-        for r, start in starts.items():
-            if state.rows[r].start != start and not self.decoder.keeps_warm:
+        going, slid = self.decoder.emit_next(state)
+        if not keeps_warm:
+            for r in slid:
                 state.stale.slid(r, heads=state.warm)
         state.warm = warm
         return going
@@ -219,8 +219,10 @@ class Loop:
             windows[b][:lengths[b] - starts[b]] = window[starts[b]:]
         ids = to_device(windows, model.embed.weight.device)
         cache.lengths = starts
+        t0 = time.perf_counter()
         logits = model.logits(ids, cache, heads=heads, stacked=decoder.stacked, layout=build_layout(model, ids, cache),
                               last=[max(0, length - start - 1) for length, start in zip(lengths, starts)])
+        seconds = time.perf_counter() - t0
         cache.lengths = lengths
         for r in set(state.active) & state.finished:  # fed, never accepted: any drafts do, none drawn
             state.rows[r].cand += [[EOS] * TREE_RANKS] * (heads - 1 - len(state.rows[r].cand))
@@ -230,5 +232,6 @@ class Loop:
                                 ats=[len(row.out.data) - 1 for row in rows])
         for b, r in live:
             state.rows[r].stats.forward_passes += 1
+            state.rows[r].stats.step_s += seconds  # the model's own time, as a pass's step
             stale.warmed(r, heads)
         state.warm = heads

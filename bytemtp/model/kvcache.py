@@ -65,13 +65,21 @@ class KVCache:
         return self.lengths[0]
 
     def advance(self, n: int | list[int]) -> None:
-        ns = [n] * len(self.lengths) if isinstance(n, int) else list(n)
+        if isinstance(n, int):  # every row alike: a pass's nodes (asked every pass)
+            assert 0 <= n and max(self.lengths) + n <= self.max_len, (self.lengths, n, self.max_len)
+            self.lengths = [length + n for length in self.lengths]
+            return
+        ns = list(n)
         assert all(0 <= m and length + m <= self.max_len for m, length in zip(ns, self.lengths)), \
             (self.lengths, ns, self.max_len)
         self.lengths = [length + m for length, m in zip(self.lengths, ns)]
 
     def rewind(self, n: int | list[int]) -> None:
-        ns = [n] * len(self.lengths) if isinstance(n, int) else list(n)
+        if isinstance(n, int):
+            assert 0 <= n <= min(self.lengths), (n, self.lengths)
+            self.lengths = [length - n for length in self.lengths]
+            return
+        ns = list(n)
         assert len(ns) == len(self.lengths) and all(0 <= m <= length for m, length in zip(ns, self.lengths)), \
             (ns, self.lengths)
         self.lengths = [length - m for length, m in zip(self.lengths, ns)]
