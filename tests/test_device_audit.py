@@ -22,11 +22,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import functools
-import importlib
-import inspect
 import json
-import sys
 import threading
 import traceback
 from pathlib import Path
@@ -41,17 +37,6 @@ from bytemtp import config as C
 from bytemtp.model.model import ByteMTP
 from bytemtp_cli.main import main
 
-# Files another change is rewriting now: skipped by the static audit, and shielded in the runtime
-# audit (their functions run with the CPU as the default device, so a command that passes through
-# them is audited everywhere else). Empty this set once that rewrite lands.
-IN_REWRITE = {
-    "bytemtp/decoding/decode.py",
-    "bytemtp/decoding/compiled.py",
-    "bytemtp/decoding/loop.py",
-    "bytemtp/decoding/batch.py",
-    "bytemtp/decoding/sampling.py",
-}
-
 ROOT = Path(__file__).resolve().parents[1]
 FACTORIES = {"tensor", "zeros", "ones", "empty", "full", "arange", "randint", "randn", "rand", "randperm", "eye",
              "linspace"}
@@ -64,8 +49,7 @@ HOST_SIDE: dict[tuple[str, str], str] = {}
 
 
 def _sources() -> list[Path]:
-    files = sorted([*(ROOT / "bytemtp").rglob("*.py"), *(ROOT / "cli").rglob("*.py")])
-    return [p for p in files if p.relative_to(ROOT).as_posix() not in IN_REWRITE]
+    return sorted([*(ROOT / "bytemtp").rglob("*.py"), *(ROOT / "cli").rglob("*.py")])
 
 
 def _torch_calls(path: Path):
@@ -195,34 +179,6 @@ def test_init_weights_refuses_a_generator_off_the_cpu():
 # --- runtime -----------------------------------------------------------------------------------------
 
 
-def _on_cpu(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        if torch.get_default_device().type != "meta":
-            return fn(*args, **kwargs)
-        with torch.device("cpu"):
-            return fn(*args, **kwargs)
-    wrapper.__shielded__ = True
-    return wrapper
-
-
-def _shield_rewrites(monkeypatch) -> None:
-    """Every function and method defined in an IN_REWRITE module (and every name it is imported
-    under elsewhere in bytemtp) runs with the CPU as the default device."""
-    modules = [importlib.import_module(p.removesuffix(".py").replace("/", ".")) for p in IN_REWRITE]
-    names = {m.__name__ for m in modules}
-    for m in modules:
-        for name, obj in list(vars(m).items()):
-            if inspect.isclass(obj) and obj.__module__ in names:
-                for attr, fn in list(vars(obj).items()):
-                    if inspect.isfunction(fn):
-                        monkeypatch.setattr(obj, attr, _on_cpu(fn))
-    for mod in [m for n, m in list(sys.modules.items()) if n.startswith(("bytemtp", "bytemtp_cli"))]:
-        for name, obj in list(vars(mod).items()):
-            if inspect.isfunction(obj) and obj.__module__ in names and not getattr(obj, "__shielded__", False):
-                monkeypatch.setattr(mod, name, _on_cpu(obj))
-
-
 class MixedDevices(TorchFunctionMode):
     """Records every op whose tensor arguments lie on the meta device and on another one: a tensor
     made without a device met the model's. (Some such ops raise nothing: indexing a CPU tensor with
@@ -253,14 +209,6 @@ MIXED: list[str] = []  # what MixedDevices saw during the test running now
 def meta_default(monkeypatch):
     """The default device is meta for the test, in this thread and in every thread started
     meanwhile, and every op that mixes meta tensors with others is recorded in MIXED."""
-    import bytemtp_cli.bench  # noqa: F401  (the commands' modules, so their imports can be shielded)
-    import bytemtp_cli.eval_task  # noqa: F401
-    import bytemtp_cli.generate  # noqa: F401
-    import bytemtp_cli.serve  # noqa: F401
-    from bytemtp.decoding import batch, compiled, decode, loop, sampling  # noqa: F401
-    from bytemtp.serving import app, engine  # noqa: F401
-
-    _shield_rewrites(monkeypatch)
     MIXED.clear()
     run = threading.Thread.run
 

@@ -38,7 +38,7 @@ def allowed_mask(logits: torch.Tensor) -> torch.Tensor:
     key = (logits.shape[-1], logits.device)
     mask = _MASKS.get(key)
     if mask is None:
-        mask = _MASKS[key] = emitted_ids(logits.shape[-1]).to(logits.device)
+        mask = _MASKS[key] = emitted_ids(logits.shape[-1], device=logits.device)
     return mask
 
 
