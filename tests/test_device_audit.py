@@ -264,6 +264,14 @@ def test_generate(meta_default, ckpt, tmp_path):
             "--compile", "off", "--device", "cpu")
 
 
+def test_bench_decode(meta_default, ckpt, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def f(x):", "import os")))
+    _invoke("bench", "decode", "--ckpt", ckpt, "--prompts", prompts, "--n-prompts", 2, "--batch-sizes", "1,2",
+            "--max-bytes", 6, "--rounds", 1, "--modes", "auto,chain-2", "--eval-batches", 1, "--compile", "off",
+            "--device", "cpu")
+
+
 def test_tune_heads(meta_default, ckpt, tmp_path):
     _invoke("tune-heads", "--ckpt", ckpt, "--out", tmp_path / "tuned", "--steps", 1, "--report-prompts", 1,
             "--draft", "medusa", "--device", "cpu", "--set", "data.batch_size=2", "--set", "train.eval_batches=1")
