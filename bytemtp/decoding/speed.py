@@ -96,7 +96,10 @@ class SpeedFigures:
     outside_step_share: float | None = None
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """The figures; the host's, only where they were measured (a file that predates them is
+        written back as it was)."""
+        out = dataclasses.asdict(self)
+        return {k: v for k, v in out.items() if v is not None or k not in _HOST_FIGURES}
 
     @classmethod
     def from_json(cls, data: dict) -> SpeedFigures:
@@ -145,6 +148,9 @@ def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", sam
                            f"{figures.bytes_per_forward:.2f} bytes per pass, but a pass never costs less than "
                            "a plain one; rerun on a quieter machine")
     return figures
+
+
+_HOST_FIGURES = ("host_transfers_per_pass", "outside_step_share")
 
 
 def host_cost(batches: list[list[Generation]], seconds: list[float]) -> dict[str, float]:
