@@ -248,12 +248,12 @@ class Decoder:
         live = [row for r, row in zip(state.active, batch) if r not in state.finished]
         logits = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static, rows=live)
         cache.rewind(tree.T)
-        picks = self.read_picks(logits, batch, ats, live, heads=1 if self.two_phase else k)  # the pass's one transfer
+        if self.two_phase and k > 1:  # the draft heads at every node, from head 1's pick there
+            logits = self.with_drafts(logits, batch, ats, heads=k, static=state.static)
+        picks = self.read_picks(logits, batch, ats, live, heads=k)  # the pass's one transfer
         verdicts = self.verify(picks, state, batch, tree, offered)
-        two_phase = self.two_phase and k > 1
         layers = self.layers_written(k)
         shapes: dict[int, str] = {}  # the shape offered to rows that may use drafts to a depth, by depth
-        going = []  # (b, row, kept node, next byte) of the rows that go on
         for b, (r, row) in enumerate(zip(state.active, batch)):
             if r in state.finished:
                 continue
@@ -277,11 +277,7 @@ class Decoder:
             if done:
                 state.finished.add(r)
                 continue
-            going.append((b, row, path[-1], nxt))
-            if not two_phase:
-                self.propose(row, picks, b, path[-1], nxt)
-        if two_phase and going:  # the draft heads at the kept nodes, from the bytes chosen there
-            self.propose_drafts(logits, going, heads=k, static=state.static)
+            self.propose(row, picks, b, path[-1], nxt)
         state.warm = k  # the heads whose candidates the rows hold (and, for training heads, whose caches are whole)
         if state.static and self.policy.static.last_was_new:  # compiling: not a cost, nor a rate
             state.compiled = True
@@ -371,7 +367,7 @@ class Decoder:
             model, t0 = self.model, time.perf_counter()
             layout = build_layout(model, ids_BT, cache, depths=None if chain else list(tree.depths),
                                   ancestors=None if chain else tree.ancestors, drafts=True)
-            if self.two_phase:  # head 1 over the nodes; the drafts come at the kept nodes (`propose_drafts`)
+            if self.two_phase:  # head 1 over the nodes; the drafts follow at every node (`with_drafts`)
                 logits, self._states = self.stacked.head1(model(ids_BT, cache, layout=layout), layout, cache)
                 cache.advance(ids_BT.shape[1])
             else:
@@ -381,20 +377,19 @@ class Decoder:
             row.stats.step_s += seconds
         return logits
 
-    def propose_drafts(self, logits_BT1V: torch.Tensor, going: list[tuple[int, Row, int, int]], *, heads: int,
-                       static: bool) -> None:
-        """The draft heads' candidates at each going row's kept node of the last pass, reading the
-        byte chosen there (`DraftPass.drafts`, on the compiled step where it runs), with head 1's
-        logits there: `propose_all`, in one more transfer."""
-        device = self._states.device
-        bs = to_device([b for b, _, _, _ in going], device)
-        nodes = to_device([node for _, _, node, _ in going], device)
-        first = to_device([nxt for _, _, _, nxt in going], device)
-        h_BD = self._states[bs, nodes]
-        drafts = (self.policy.static.drafts_at(h_BD, first, heads) if static
-                  else self.stacked.drafts(h_BD, first, heads - 1))
-        logits = torch.cat([logits_BT1V[bs, nodes], drafts.to(logits_BT1V.dtype)], dim=1)[:, None]
-        self.propose_all([row for _, row, _, _ in going], logits, nxts=[nxt for _, _, _, nxt in going])
+    def with_drafts(self, logits_BT1V: torch.Tensor, rows: list[Row], ats: list[int], *, heads: int,
+                    static: bool) -> torch.Tensor:
+        """Head 1's logits of a pass with the draft heads' (B, T, heads, V): at every node, the
+        drafts read head 1's pick there (`DraftPass.drafts`, on the compiled step where it runs),
+        the byte the row emits if it keeps that node; so the pass's picks, the drafts after the
+        kept node among them, come back in its one transfer."""
+        B, T = logits_BT1V.shape[:2]
+        first = pass_picks(logits_BT1V, rows, ats, allowed_mask(logits_BT1V), greedy_BTW=self._picks)[..., 0]
+        self._picks = None  # head 1's alone: the pass's picks are read over every head
+        h_ND, first_N = self._states.reshape(B * T, -1), first.reshape(B * T).clamp(min=0)  # -1: a NaN, refused later
+        drafts = (self.policy.static.drafts_at(h_ND, first_N, heads) if static
+                  else self.stacked.drafts(h_ND, first_N, heads - 1))
+        return torch.cat([logits_BT1V, drafts.view(B, T, heads - 1, -1).to(logits_BT1V.dtype)], dim=2)
 
     def verify(self, picks: Picks, state: Batch, rows: list[Row], tree: DraftTree,
                offered: list[int]) -> list[tuple[list[int], int]]:
