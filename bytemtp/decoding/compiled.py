@@ -232,9 +232,10 @@ class StaticStep:
         return logits if heads == logits.shape[2] else logits[:, :, :heads]
 
     def drafts_at(self, h_BD: torch.Tensor, first_B: torch.Tensor, heads: int) -> torch.Tensor:
-        """The draft heads' logits (B, heads - 1, V) at one node a row (`DraftPass.drafts`), compiled
-        once per batch size and head bucket (the depths of the bucket run; the first heads - 1 are
-        returned); a call that compiles marks the step's time as not a cost."""
+        """The draft heads' logits (N, heads - 1, V) at N nodes (a pass's, every row's:
+        `DraftPass.drafts`), compiled once per node count and head bucket (the depths of the bucket
+        run; the first heads - 1 are returned); a call that compiles marks the step's time as not a
+        cost."""
         K = head_bucket(heads, self.n_future)
         shape = ("drafts", h_BD.shape[0], K)
         if shape not in self._shapes:
