@@ -333,6 +333,10 @@ def record_path(model, *, stacked: bool, batch_size: int) -> pathlib.Path:
     return _cache_dir() / "bytemtp" / f"static-step-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
+# the step's own version: pass costs recorded by a step that ran other code are not this one's
+STEP_FORMAT = 2  # 2: the cache written and the greedy picks made inside the graph
+
+
 def _key(model, *, stacked: bool, batch_size: int) -> list:
     """What the compiled step's graphs depend on, as JSON reads it back (the draft heads' shapes too,
     where the model has them: their design is more than their name)."""
@@ -340,7 +344,7 @@ def _key(model, *, stacked: bool, batch_size: int) -> list:
     drafter = getattr(model, "drafter", None)
     drafts = [] if drafter is None else [[name, list(p.shape)] for name, p in drafter.named_parameters()]
     return json.loads(json.dumps([dataclasses.asdict(model.config), str(weight.dtype), weight.device.type,
-                                  torch.__version__, batch_size, stacked, *([drafts] if drafts else [])]))
+                                  torch.__version__, batch_size, stacked, STEP_FORMAT, *([drafts] if drafts else [])]))
 
 
 @functools.cache
