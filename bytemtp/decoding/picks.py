@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from bytemtp.decoding.drafting import TREE_RANKS
-from bytemtp.decoding.sampling import distribution, gumbel
+from bytemtp.decoding.sampling import distribution, gumbel_at
+from bytemtp.runtime.devices import to_device
 
 
 def greedy_picks(logits_BTKV: torch.Tensor, allowed_V: torch.Tensor) -> torch.Tensor:
@@ -47,19 +48,22 @@ def confident_depths(logits_BTKV: torch.Tensor, allowed_V: torch.Tensor, confide
     return (top.cumsum(-1).exp() >= confidence).sum(-1, keepdim=True)
 
 
-def sampled_picks(logits_TKV: torch.Tensor, sampling, *, key: int, at: int) -> torch.Tensor:
-    """(T, 1 + (K - 1) R) ids of one sampled row: the Gumbel-max picks of each head at each node
-    by output position (node t, head k: position at + t + k - 1), each draft repeated over the
-    ranks; -1 where the distribution holds a NaN."""
-    T, K, V = logits_TKV.shape
-    probs = distribution(logits_TKV, sampling)  # (T, K, V)
-    positions = [at + t + k for t in range(T) for k in range(K)]
-    noise = gumbel(key, positions, V, probs.device).view(T, K, V)
+def sampled_picks(logits_BTKV: torch.Tensor, sampling, *, keys: list[int], ats: list[int]) -> torch.Tensor:
+    """(B, T, 1 + (K - 1) R) ids of rows that sample alike (one `Sampling`): the Gumbel-max picks of
+    each head at each node by output position (row b, node t, head k: position ats[b] + t + k - 1,
+    drawn with keys[b]), each draft repeated over the ranks; -1 where the distribution holds a NaN.
+    The rows run together, value for value as `sampling.pick` draws each alone."""
+    B, T, K, V = logits_BTKV.shape
+    probs = distribution(logits_BTKV, sampling)  # (B, T, K, V)
+    device = probs.device
+    positions = (to_device(ats, device)[:, None, None] + torch.arange(T, device=device)[:, None]
+                 + torch.arange(K, device=device))  # (B, T, K)
+    noise = gumbel_at(to_device(keys, device)[:, None, None, None], positions, V)
     picks = (probs.double().log() + noise).argmax(-1)
     picks = picks.masked_fill(torch.isnan(probs).any(-1), -1)
     if K == 1:
         return picks
-    return torch.cat([picks[:, :1], picks[:, 1:, None].expand(T, K - 1, TREE_RANKS).flatten(1)], dim=-1)
+    return torch.cat([picks[..., :1], picks[..., 1:, None].expand(B, T, K - 1, TREE_RANKS).flatten(2)], dim=-1)
 
 
 class Picks:
@@ -99,13 +103,18 @@ def pass_picks(logits_BTKV: torch.Tensor, rows, ats: list[int], allowed_V: torch
     compiled step made them), the sampled rows' in their place (each at its output position
     `ats[b]`, the position of head 1's pick at node 0), and the confident depths if asked."""
     picks = greedy_picks(logits_BTKV, allowed_V) if greedy_BTW is None else greedy_BTW
-    sampled = [b for b, row in enumerate(rows) if not row.sampling.greedy and not row.pad]
-    if sampled:
+    groups: dict[tuple, list[int]] = {}  # rows that sample alike run together
+    for b, row in enumerate(rows):
+        if not row.sampling.greedy and not row.pad:
+            s = row.sampling
+            groups.setdefault((s.temperature, s.top_k, s.top_p), []).append(b)
+    if groups:
         picks = picks.clone()
-        for b in sampled:
-            row = rows[b]
-            logits = logits_BTKV[b] if logits_BTKV.device.type != "mps" else logits_BTKV[b].cpu()  # no float64 there
-            picks[b] = sampled_picks(logits, row.sampling, key=row.key, at=ats[b]).to(picks.device)
+    for bs in groups.values():
+        index = to_device(bs, picks.device)
+        logits = logits_BTKV[index] if logits_BTKV.device.type != "mps" else logits_BTKV[index].cpu()  # no float64 there
+        picks[index] = sampled_picks(logits, rows[bs[0]].sampling, keys=[rows[b].key for b in bs],
+                                     ats=[ats[b] for b in bs]).to(picks.device)
     if confidence:
         picks = torch.cat([picks, confident_depths(logits_BTKV, allowed_V, confidence)], dim=-1)
     return picks

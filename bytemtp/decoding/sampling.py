@@ -31,6 +31,7 @@ import torch
 from bytemtp.model.draft import emitted_ids
 
 _MASKS: dict[tuple[int, torch.device], torch.Tensor] = {}
+_COUNTS: dict[tuple[int, torch.device], int] = {}  # how many ids each mask allows
 
 
 def allowed_mask(logits: torch.Tensor) -> torch.Tensor:
@@ -39,6 +40,7 @@ def allowed_mask(logits: torch.Tensor) -> torch.Tensor:
     mask = _MASKS.get(key)
     if mask is None:
         mask = _MASKS[key] = emitted_ids(logits.shape[-1], device=logits.device)
+        _COUNTS[key] = int(mask.sum())  # read once, not at every top-k
     return mask
 
 
@@ -76,7 +78,7 @@ def distribution(logits_V: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     logits = logits_V.float().masked_fill(~allowed, float("-inf"))
     logits = logits / sampling.temperature
     if sampling.top_k:
-        kth = torch.topk(logits, min(sampling.top_k, int(allowed.sum()))).values[..., -1, None]
+        kth = torch.topk(logits, min(sampling.top_k, _COUNTS[logits.shape[-1], logits.device])).values[..., -1, None]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if sampling.top_p < 1.0:
@@ -115,9 +117,15 @@ def gumbel(key: int, positions: list[int], vocab: int, device: torch.device | st
     hash of the three (splitmix64 over the key's stream of positions, then over the position's stream
     of ids) gives 53 bits of a uniform u in (0, 1), and the noise is -log(-log u). The same on every
     device that computes float64 (CPU, CUDA), and in any batch of positions."""
-    pos = torch.tensor(positions, dtype=torch.int64, device=device)[:, None]
-    ids = torch.arange(vocab, dtype=torch.int64, device=device)[None]
-    stream = _mix((key & ((1 << 63) - 1)) + (pos + 1) * _GAMMA)  # the position's own seed
+    return gumbel_at(key & ((1 << 63) - 1), torch.tensor(positions, dtype=torch.int64, device=device), vocab)
+
+
+def gumbel_at(keys: int | torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`gumbel` over positions of any shape (...,), keys (below 2^63) broadcast against them (one,
+    or a tensor of one a row): noise (..., vocab), value for value the same as `gumbel`'s."""
+    pos = positions[..., None]
+    ids = torch.arange(vocab, dtype=torch.int64, device=positions.device)
+    stream = _mix(keys + (pos + 1) * _GAMMA)  # the position's own seed
     z = _mix(stream + (ids + 1) * _GAMMA)
     u = (_shr(z, 11).double() + 0.5) * 2.0 ** -53
     return -torch.log(-torch.log(u))
