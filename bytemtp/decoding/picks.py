@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from bytemtp.decoding.drafting import TREE_RANKS
-from bytemtp.decoding.sampling import distribution, gumbel_at
+from bytemtp.decoding.sampling import allowed_count, allowed_mask, gumbel_at, scaled_probs
 from bytemtp.runtime.devices import to_device
 
 
@@ -54,8 +54,10 @@ def sampled_picks(logits_BTKV: torch.Tensor, sampling, *, keys: list[int], ats: 
     drawn with keys[b]), each draft repeated over the ranks; -1 where the distribution holds a NaN.
     The rows run together, value for value as `sampling.pick` draws each alone."""
     B, T, K, V = logits_BTKV.shape
-    probs = distribution(logits_BTKV, sampling)  # (B, T, K, V)
-    device = probs.device
+    device = logits_BTKV.device
+    top_k = min(sampling.top_k, allowed_count(logits_BTKV)) if sampling.top_k else 0
+    probs = scaled_probs(logits_BTKV, allowed_mask(logits_BTKV), sampling.temperature, top_k=top_k,
+                         top_p=sampling.top_p if sampling.top_p < 1.0 else None)  # (B, T, K, V)
     positions = (to_device(ats, device)[:, None, None] + torch.arange(T, device=device)[:, None]
                  + torch.arange(K, device=device))  # (B, T, K)
     noise = gumbel_at(to_device(keys, device)[:, None, None, None], positions, V)

@@ -72,18 +72,33 @@ class Sampling:
         return int(torch.randint(0, 1 << 62, (), generator=self.generator, device=device))
 
 
+def allowed_count(logits: torch.Tensor) -> int:
+    """How many ids `allowed_mask` allows for logits of this width (counted once, when the mask is made)."""
+    allowed_mask(logits)
+    return _COUNTS[logits.shape[-1], logits.device]
+
+
 def distribution(logits_V: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """Probabilities over the vocabulary after masking, temperature, top-k and top-p."""
     allowed = allowed_mask(logits_V)
-    logits = logits_V.float().masked_fill(~allowed, float("-inf"))
-    logits = logits / sampling.temperature
-    if sampling.top_k:
-        kth = torch.topk(logits, min(sampling.top_k, _COUNTS[logits.shape[-1], logits.device])).values[..., -1, None]
+    top_k = min(sampling.top_k, allowed_count(logits_V)) if sampling.top_k else 0
+    return scaled_probs(logits_V, allowed, sampling.temperature, top_k=top_k,
+                        top_p=sampling.top_p if sampling.top_p < 1.0 else None)
+
+
+def scaled_probs(logits: torch.Tensor, allowed: torch.Tensor, temperature: float | torch.Tensor, *,
+                 top_k: int = 0, top_p: float | torch.Tensor | None = None) -> torch.Tensor:
+    """`distribution`'s arithmetic: the allowed ids' logits over the temperature, the top k kept
+    (0: all), softmax, the smallest set reaching top_p kept (None: all) and renormalised; the
+    temperature and top_p a number, or tensors that broadcast (one a row: the compiled picks)."""
+    logits = logits.float().masked_fill(~allowed, float("-inf")) / temperature
+    if top_k:
+        kth = torch.topk(logits, top_k).values[..., -1, None]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    if sampling.top_p < 1.0:
+    if top_p is not None:
         sorted_p, order = torch.sort(probs, descending=True, dim=-1)
-        outside = sorted_p.cumsum(-1) - sorted_p >= sampling.top_p  # keep the smallest set reaching top_p
+        outside = sorted_p.cumsum(-1) - sorted_p >= top_p  # keep the smallest set reaching top_p
         sorted_p = sorted_p.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)
