@@ -86,7 +86,9 @@ class StaleHeads:
         """A pass of `heads` heads wrote the row's positions from `start` on."""
         first = self.first[row]
         for h in range(heads, self.n_future):
-            first[h] = start if first[h] is None else min(first[h], start)
+            f = first[h]
+            if f is None or f > start:
+                first[h] = start
 
     def slid(self, row: int, *, heads: int) -> None:
         """The row's window slid and was run again with `heads` heads: the others lack all of it."""

@@ -120,8 +120,11 @@ class DraftTree:
     def _truncations(self) -> dict[int, DraftTree]:
         return {}
 
-    @functools.cache
     def describe(self) -> str:
+        return self._description
+
+    @functools.cached_property
+    def _description(self) -> str:  # asked every pass: made once a tree
         if self.T == 1:
             return "none"
         if self.is_chain:
