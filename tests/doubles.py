@@ -435,3 +435,24 @@ def chi2_critical(df: int, p: float = 0.001) -> float:
                                              torch.tensor(mid / 2, dtype=torch.float64)))
         lo, hi = (mid, hi) if tail > p else (lo, mid)
     return lo
+
+
+def lm_eval_tasks(root, docs: list[dict], *, until: list[str], max_gen_toks: int):
+    """A folder of two lm-eval tasks over one local JSON file of `docs` ({"q", "choices", "gold"}):
+    tiny_mc (multiple choice, acc) and tiny_gen (generate_until, exact match); its path."""
+    import json
+
+    (root / "docs.json").write_text("\n".join(json.dumps(d) for d in docs))
+    tasks = root / "tasks"
+    tasks.mkdir()
+    common = (f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {root / 'docs.json'}\n"
+              f"  cache_dir: {root / 'hf-cache'}\ntest_split: test\ndoc_to_text: \"{{{{q}}}}\"\n")
+    metric = "    aggregation: mean\n    higher_is_better: true\n"
+    (tasks / "tiny_mc.yaml").write_text(
+        "task: tiny_mc\n" + common + "output_type: multiple_choice\ndoc_to_choice: \"{{choices}}\"\n"
+        "doc_to_target: gold\nmetric_list:\n  - metric: acc\n" + metric)
+    (tasks / "tiny_gen.yaml").write_text(
+        "task: tiny_gen\n" + common + "output_type: generate_until\ndoc_to_target: \"{{choices[0]}}\"\n"
+        f"generation_kwargs:\n  until: {json.dumps(until)}\n  max_gen_toks: {max_gen_toks}\n"
+        "metric_list:\n  - metric: exact_match\n" + metric)
+    return tasks

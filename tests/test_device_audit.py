@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from doubles import lm_eval_tasks
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
@@ -291,17 +292,7 @@ def test_eval_tasks_and_export(meta_default, ckpt, tmp_path):
 def test_lm_eval(meta_default, ckpt, tmp_path):
     pytest.importorskip("lm_eval")
     docs = [{"q": f"{a} + {b} =", "choices": [str(a + b), str(a + b + 1)], "gold": 0} for a in range(2) for b in (1,)]
-    (tmp_path / "docs.json").write_text("\n".join(json.dumps(d) for d in docs))
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    common = (f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'docs.json'}\n"
-              f"  cache_dir: {tmp_path / 'hf-cache'}\ntest_split: test\ndoc_to_text: \"{{{{q}}}}\"\n")
-    (tasks / "tiny_mc.yaml").write_text(
-        "task: tiny_mc\n" + common + "output_type: multiple_choice\ndoc_to_choice: \"{{choices}}\"\n"
-        "doc_to_target: gold\nmetric_list:\n  - metric: acc\n")
-    (tasks / "tiny_gen.yaml").write_text(
-        "task: tiny_gen\n" + common + "output_type: generate_until\ndoc_to_target: \"{{choices[0]}}\"\n"
-        "generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: 3\nmetric_list:\n  - metric: exact_match\n")
+    tasks = lm_eval_tasks(tmp_path, docs, until=["\n"], max_gen_toks=3)
     _invoke("lm-eval", "--model", "bytemtp", "--model_args", f"ckpt={ckpt},device=cpu,batch_size=2",
             "--include_path", tasks, "--tasks", "tiny_mc,tiny_gen")
 

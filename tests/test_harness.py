@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 from click.testing import CliRunner
+from doubles import lm_eval_tasks
 
 from bytemtp import config as C
 from bytemtp import config_io
@@ -46,18 +47,7 @@ def harness_run(tmp_path_factory):
     save_checkpoint(root / "run", step=0, model=model, config=cfg, train_state={})
     docs = [{"q": f"{a} + {b} =", "choices": [str(a + b), str(a + b + 1), str(a * b + 2)], "gold": (a + b) % 3}
             for a in range(4) for b in range(3)]
-    (root / "docs.json").write_text("\n".join(json.dumps(d) for d in docs))
-    tasks = root / "tasks"
-    tasks.mkdir()
-    common = (f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {root / 'docs.json'}\n"
-              f"  cache_dir: {root / 'hf-cache'}\ntest_split: test\ndoc_to_text: \"{{{{q}}}}\"\n")
-    (tasks / "tiny_mc.yaml").write_text(
-        "task: tiny_mc\n" + common + "output_type: multiple_choice\ndoc_to_choice: \"{{choices}}\"\n"
-        "doc_to_target: gold\nmetric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
-    (tasks / "tiny_gen.yaml").write_text(
-        "task: tiny_gen\n" + common + "output_type: generate_until\ndoc_to_target: \"{{choices[0]}}\"\n"
-        "generation_kwargs:\n  until: [\"\\n\", \"=\"]\n  max_gen_toks: 12\n"
-        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n")
+    lm_eval_tasks(root, docs, until=["\n", "="], max_gen_toks=12)
     return root, model, docs
 
 

@@ -120,7 +120,6 @@ class StaticStep:
                 self.drafts = torch.compile(stacked.drafts, dynamic=False, fullgraph=True,
                                             mode="reduce-overhead" if cuda else None)
         self._shapes: set[tuple] = set()  # (B, K, T) run so far, and ("drafts", B, K)
-        self._trees: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._plans: dict[tuple, tuple] = {}  # a call's shape and tree -> what its pass passes besides ids and starts
         self._index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.compile_s, self.graphs = 0.0, 0
@@ -174,16 +173,12 @@ class StaticStep:
     def _tree(self, T: int, padded: int, depths: tuple[int, ...] | None,
               ancestors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The depths (padded,) and ancestry (padded, padded) of a pass on the device, padded
-        nodes seeing only themselves; made once per tree."""
-        # a tree's ancestry is one tensor for its life (`DraftTree.ancestors`), kept alive here with its entry
-        key = (T, padded, depths, None if ancestors is None else id(ancestors))
-        if key not in self._trees:
-            see = torch.eye(padded, dtype=torch.bool, device="cpu")
-            see[:T, :T] = torch.ones(T, T, device="cpu").tril().bool() if ancestors is None else ancestors
-            depth = torch.zeros(padded, dtype=torch.long, device="cpu")
-            depth[:T] = torch.arange(T, device="cpu") if depths is None else torch.tensor(depths, device="cpu")
-            self._trees[key] = depth.to(self.device), see.to(self.device), ancestors
-        return self._trees[key][:2]
+        nodes seeing only themselves (made once a call shape and tree: `__call__`'s plans)."""
+        see = torch.eye(padded, dtype=torch.bool, device="cpu")
+        see[:T, :T] = torch.ones(T, T, device="cpu").tril().bool() if ancestors is None else ancestors
+        depth = torch.zeros(padded, dtype=torch.long, device="cpu")
+        depth[:T] = torch.arange(T, device="cpu") if depths is None else torch.tensor(depths, device="cpu")
+        return depth.to(self.device), see.to(self.device)
 
     def __call__(self, ids_BT: torch.Tensor, cache: KVCache, *, heads: int,
                  depths: tuple[int, ...] | None = None, ancestors: torch.Tensor | None = None) -> torch.Tensor:
@@ -191,15 +186,16 @@ class StaticStep:
         the tree that `depths` and `ancestors` describe, as `Layout` takes them); advances the
         cache like `ByteMTP.logits`."""
         B, T = ids_BT.shape
+        # a tree's ancestry is one tensor for its life (`DraftTree.ancestors`), kept alive in its plan
         key = (B, T, heads, depths, None if ancestors is None else id(ancestors))
         plan = self._plans.get(key)
         if plan is None:  # what a pass of this shape and tree passes besides its ids and starts, made once
             K = 1 if self.two_phase else head_bucket(heads, self.n_future)
             padded = node_bucket(max(T, K))  # k heads over fewer nodes run as k nodes: no graph of their own
-            plan = self._plans[key] = (K, padded, (B, K, padded), (*self._tree(T, padded, depths, ancestors),),
+            plan = self._plans[key] = (K, padded, (B, K, padded), self._tree(T, padded, depths, ancestors),
                                        (self.allowed, *self._indices(B, K, padded), K),
-                                       1 + (min(heads, K) - 1) * TREE_RANKS)
-        K, padded, shape, tree, rest, width = plan
+                                       1 + (min(heads, K) - 1) * TREE_RANKS, ancestors)
+        K, padded, shape, tree, rest, width, _ = plan
         assert max(cache.lengths) + padded <= cache.max_len, (cache.lengths, padded, cache.max_len)
         if padded > T:
             ids_BT = torch.cat([ids_BT, ids_BT[:, -1:].expand(B, padded - T)], dim=1)
