@@ -278,8 +278,7 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
 def _empty_val_split(data) -> bool:
     """Whether the corpus is a prepared one whose val split holds no document (a tune trains on
     it, but has no held-out text to report on)."""
-    from bytemtp.evaluation.evaluate import has_splits
-    from bytemtp.training.train import has_val_split
+    from bytemtp.data.splits import has_splits, has_val_split
 
     return has_splits(data.path) and not has_val_split(data)
 
@@ -345,7 +344,8 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, 
     """
     from tqdm import tqdm
 
-    from bytemtp.evaluation.evaluate import evaluate_checkpoint, has_splits
+    from bytemtp.data.splits import has_splits
+    from bytemtp.evaluation.evaluate import evaluate_checkpoint
     from bytemtp.runtime.checkpoint import load_config, resolve_checkpoint
 
     data = data_path or load_config(resolve_checkpoint(ckpt)).data.path
@@ -374,7 +374,8 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, 
 
 def _decoded(ckpt: str, data: str, n: int, *, device: str, dtype: str | None):
     """Bytes per pass of greedy chain and tree drafts of all heads on n held-out prompts."""
-    from bytemtp.evaluation.evaluate import has_splits, held_out_decoding
+    from bytemtp.data.splits import has_splits
+    from bytemtp.evaluation.evaluate import held_out_decoding
     from bytemtp.runtime.checkpoint import load_model
     from bytemtp.runtime.devices import resolve_device
 
@@ -416,7 +417,8 @@ def plot_cmd(run: str | None, ckpt: str | None, out: str | None, eval_json: str 
         result = EvalResult.from_json(json.loads(open(eval_json).read()))
     elif eval_batches:
         from bytemtp.data.shards import CorpusError
-        from bytemtp.evaluation.evaluate import evaluate, held_out_split
+        from bytemtp.data.splits import held_out_split
+        from bytemtp.evaluation.evaluate import evaluate
         from bytemtp.runtime.checkpoint import load_model
         from bytemtp.runtime.devices import resolve_device
 

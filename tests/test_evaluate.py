@@ -182,18 +182,6 @@ def test_a_corpus_without_splits_says_so(code_corpus, tmp_path):
     assert res.exit_code == 0 and "(val)" in res.stdout  # a prepared corpus: its val split
 
 
-def test_val_continuations_are_the_bytes_after_each_prompt(tmp_path):
-    from bytemtp.evaluation.evaluate import val_continuations, val_prompts
-
-    docs = [b"short", b"0123456789abcdefghij", b"ABCDEFGHIJKL"]  # files a directory holds, one document each
-    for i, doc in enumerate(docs):
-        (tmp_path / f"d{i}.txt").write_bytes(doc)
-    pairs = val_continuations(str(tmp_path), n=2, prompt_bytes=6, continuation_bytes=10)
-    # the short document is no prompt; the last one ends before its continuation does
-    assert pairs == [(b"012345", b"6789abcdef"), (b"ABCDEF", b"GHIJKL")]
-    assert val_prompts(str(tmp_path), n=2, prompt_bytes=6) == [b"012345", b"ABCDEF"]
-
-
 def test_a_document_masked_model_scores_each_document_as_if_alone(tmp_path):
     """Head 1's bits per byte of a doc-masked model on windows of short documents are the nats of
     each document of each window run alone (a document from its EOS, the first one from the

@@ -16,7 +16,7 @@ from bytemtp.config import tiny
 from bytemtp.decoding import compiled, decode
 from bytemtp.decoding.compiled import record_costs, record_path
 from bytemtp.decoding.repetition import measure_repetition
-from bytemtp.evaluation.evaluate import val_continuations
+from bytemtp.data.splits import val_continuations
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import load_model, save_checkpoint
 from bytemtp.decoding.strategy import Draft

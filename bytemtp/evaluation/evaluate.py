@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from bytemtp.config import DataConfig
-from bytemtp.data.corpus import corpus_files, iter_documents
 from bytemtp.data.loader import ByteLoader
-from bytemtp.data.shards import MANIFEST, CorpusError
+from bytemtp.data.shards import CorpusError
+from bytemtp.data.splits import has_splits, held_out_split, val_prompts
 from bytemtp.decoding.strategy import EVALUATED_DRAFTS, Draft
 from bytemtp.model.draft import forced_logits
 from bytemtp.model.layout import build_layout
@@ -102,19 +101,6 @@ class DraftReport:
         if self.prompts is None:
             del out["prompts"], out["max_bytes"]
         return out
-
-
-def has_splits(data) -> bool:
-    """Whether a corpus spec names prepared corpora only (directories or manifests), whose
-    documents are split into train and val; any other corpus is just its files."""
-    items = data if isinstance(data, (list, tuple)) else [data]
-    return all(((Path(i).parent if Path(i).name == MANIFEST else Path(i)) / MANIFEST).is_file() for i in items)
-
-
-def held_out_split(data) -> str | None:
-    """The split that scores a model on text it did not train on: val where the corpus has
-    splits, else None (every file: a corpus without splits holds no held-out text)."""
-    return "val" if has_splits(data) else None
 
 
 def evaluate_checkpoint(ckpt, data: str, *, split: str | None = "val", batches: int = 50, batch_size: int = 8,
@@ -261,30 +247,6 @@ def _result(sums, runs) -> EvalResult:
         agreement={k + 1: agreement[k] for k in range(1, K)},
         agreed_bytes_per_forward={k + 1: 1 + sum(agreement[1:k + 1]) for k in range(1, K)},
     )
-
-
-def val_prompts(data_path: str, *, n: int, prompt_bytes: int) -> list[bytes]:
-    """The first `prompt_bytes` bytes of the first n documents of a corpus's val split that are
-    at least that long: held-out prompts."""
-    return [prompt for prompt, _ in val_continuations(data_path, n=n, prompt_bytes=prompt_bytes, continuation_bytes=0)]
-
-
-def val_continuations(data_path: str, *, n: int, prompt_bytes: int,
-                      continuation_bytes: int) -> list[tuple[bytes, bytes]]:
-    """The prompts of `val_prompts`, each with the `continuation_bytes` bytes that follow it in its
-    document (fewer where the document ends first): the real continuation, that decoded text is
-    judged against."""
-    files = corpus_files(data_path, split="val")
-    pairs = []
-    for path in files:
-        for doc in iter_documents(path):
-            if len(doc) >= prompt_bytes:
-                pairs.append((doc[:prompt_bytes], doc[prompt_bytes:prompt_bytes + continuation_bytes]))
-                if len(pairs) == n:
-                    return pairs
-    if not pairs:
-        raise CorpusError(f"the val split of {data_path} has no document of {prompt_bytes} bytes or more")
-    return pairs
 
 
 def decoded_bytes_per_pass(model: ByteMTP, prompts: list[bytes], *, max_bytes: int = 150,

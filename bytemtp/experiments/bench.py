@@ -24,12 +24,13 @@ from bytemtp.data.compression import decompressed_size
 from bytemtp.data.corpus import corpus_files
 from bytemtp.data.loader import ByteLoader
 from bytemtp.data.shards import CorpusError
+from bytemtp.data.splits import held_out_split, val_continuations
 from bytemtp.decoding import decode
 from bytemtp.decoding.generation import load_prompts
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.speed import SpeedFigures, interleaved_decodes, speed_figures
 from bytemtp.decoding.strategy import DECODE_MODES, Draft
-from bytemtp.evaluation.evaluate import EvalResult, evaluate, held_out_split, val_continuations
+from bytemtp.evaluation.evaluate import EvalResult, evaluate
 from bytemtp.experiments.step_bench import TrainStepResult, train_step
 from bytemtp.runtime.checkpoint import load_model
 

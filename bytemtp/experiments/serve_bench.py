@@ -18,7 +18,7 @@ import torch
 from bytemtp.decoding import decode
 from bytemtp.decoding.compiled import Compile
 from bytemtp.decoding.strategy import Draft
-from bytemtp.evaluation.evaluate import val_continuations
+from bytemtp.data.splits import val_continuations
 from bytemtp.experiments.bench import EVAL_BATCHES, held_out_bpb
 from bytemtp.runtime.checkpoint import load_model
 

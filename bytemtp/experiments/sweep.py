@@ -54,13 +54,14 @@ from tqdm import tqdm
 
 from bytemtp import config as config_lib
 from bytemtp import config_io
+from bytemtp.data.splits import has_val_split
 from bytemtp.decoding.repetition import Repetition
 from bytemtp.evaluation.evaluate import draft_report, evaluate
 from bytemtp.experiments.bench import DecodeCase, decode_speed
 from bytemtp.runtime.checkpoint import load_model, read_train_state
 from bytemtp.runtime.devices import resolve_device
 from bytemtp.training import runs
-from bytemtp.training.train import has_val_split, run_plan, train
+from bytemtp.training.train import run_plan, train
 
 RESULT = "sweep.json"
 

@@ -45,12 +45,12 @@ from pathlib import Path
 import torch
 import tqdm
 
-from bytemtp.data.corpus import corpus_files, iter_documents
+from bytemtp.data.corpus import corpus_files
+from bytemtp.data.splits import documents, has_splits, held_out_split, val_continuations
 from bytemtp.decoding.decode import Decoder
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.speed import SpeedFigures, interleaved_decodes, speed_figures
 from bytemtp.decoding.strategy import Draft
-from bytemtp.evaluation.evaluate import has_splits, val_continuations
 from bytemtp.evaluation.likelihood import score_texts
 from bytemtp.experiments.sweep import Grid, run_sweep
 from bytemtp.runtime.checkpoint import load_model
@@ -161,15 +161,10 @@ class TokenBench:
                       "decoding": [TokenDecoding.from_json(d) for d in data["decoding"]]})
 
 
-def documents(path: str, split: str | None) -> list[bytes]:
-    """Every document of a corpus (its `split` where it has splits), in order."""
-    return [doc for f in corpus_files(path, split=split) for doc in iter_documents(f)]
-
-
 def held_out_texts(path: str, limit: int = 0) -> list[bytes]:
     """The documents of a held-out corpus (a prepared one's val split, or every file), cut to
     `limit` bytes in all (0: all of them)."""
-    docs = documents(path, "val" if has_splits(path) else None)
+    docs = documents(path, held_out_split(path))
     if not limit:
         return docs
     out, left = [], limit
@@ -199,7 +194,7 @@ def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: floa
     if not has_splits(data):
         raise ValueError(f"{data} is not a prepared corpus with a val split; bench tokens trains the tokenizer "
                          "and both models on its train split and scores them on its val split (bytemtp prep)")
-    if held_out and not corpus_files(held_out, split="val" if has_splits(held_out) else None):
+    if held_out and not corpus_files(held_out, split=held_out_split(held_out)):
         raise ValueError(f"--held-out {held_out}: no files to score")  # corpus_files names a path that is not there
     Sampling(temperature=temperature)  # a bad value stops here
     out = Path(out)

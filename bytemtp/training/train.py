@@ -67,11 +67,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from bytemtp.config import Config, DataConfig
-from bytemtp.data import shards
+from bytemtp.config import Config
 from bytemtp.data.loader import ByteLoader, combine_stats
+from bytemtp.data.splits import has_splits, has_val_split
 from bytemtp.vocab import check_vocab_size, load_vocabulary
-from bytemtp.evaluation.evaluate import evaluate, has_splits
+from bytemtp.evaluation.evaluate import evaluate
 from bytemtp.model.flops import peak_flops, step_flops, utilisation
 from bytemtp.model.loss import LN2
 from bytemtp.model.model import ByteMTP
@@ -93,15 +93,6 @@ from bytemtp.training.train_state import TrainState
 
 class OutOfMemory(TrainingError):
     """A step or validation ran out of device memory; the message says what to lower."""
-
-
-def has_val_split(data: DataConfig) -> bool:
-    """Whether the corpus is a prepared one whose val split holds documents (what validation reads)."""
-    try:
-        manifest = shards.read_manifest(data.path)
-    except shards.CorpusError:
-        return False
-    return manifest.get("splits", {}).get("val", {}).get("documents", 0) > 0
 
 
 @contextlib.contextmanager
