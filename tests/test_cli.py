@@ -250,7 +250,7 @@ LIBRARY_MESSAGES = {
     "bytemtp.experiments.quality.compare": ("bench quality",),
     "bytemtp.experiments.quality.parse_arm": ("bench quality",),
     "bytemtp.experiments.token_bench.compare": ("bench tokens",),
-    "bytemtp.experiments.token_bench._check_same_run": ("bench tokens",),
+    "bytemtp.experiments.sweep.run_sweep": ("bench sweep", "bench quality", "bench tokens"),
     "bytemtp.training.runs.plan_config": ("train", "tune-heads"),
     "bytemtp.training.runs.plan_run": ("train",),  # tune-heads passes no preset: its --preset message is train's
     "bytemtp.training.runs.plan_tune": ("tune-heads",),

@@ -135,3 +135,19 @@ def test_a_signal_in_an_arms_tune_stops_the_comparison_and_keeps_no_figure_of_th
     line = res.stderr.strip().splitlines()[-1]
     assert line.startswith("Error: stopped during mtp-s0's tune: run the same command again to go on")
     assert {name: (out / name / "sweep.json").read_text() for name in measured} == before
+
+
+def test_bench_quality_refuses_a_run_of_other_settings_in_one_line(corpus_dir, tmp_path):
+    from bytemtp.config_io import to_dict
+    from bytemtp.training.runs import RUN_CONFIG
+
+    out = tmp_path / "q"
+    shared = [f"data.path={corpus_dir}", "train.eval_every=0", "train.device=cpu"]
+    cfg = quality.grid_of("tiny", shared, {"ntp": quality.ARMS["ntp"][1]}, 1).config("ntp-s0", budget_s=0.0, steps=2)
+    (out / "ntp-s0").mkdir(parents=True)
+    (out / "ntp-s0" / RUN_CONFIG).write_text(json.dumps(to_dict(cfg)))
+    res = CliRunner().invoke(main, ["bench", "quality", "--preset", "tiny", "--data", str(corpus_dir), "--steps", "3",
+                                    "--seeds", "1", "--arms", "mtp", "--out", str(out), "--device", "cpu"])
+    assert res.exit_code == 1 and "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+    assert "ntp-s0 was trained with other settings than asked for now (train.steps: 2 -> 3)" in res.output
+    assert not (out / "mtp-s0").exists()

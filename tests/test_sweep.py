@@ -234,3 +234,44 @@ def test_a_sweep_json_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
         sweep._keep(run_dir, dataclasses.replace(figures, steps=8))
     monkeypatch.setattr(sweep.os, "replace", real)
     assert json.loads((run_dir / sweep.RESULT).read_text()) == MEASURED
+
+
+def _trained_with(run_dir, cfg, **changed) -> None:
+    """Leave in run_dir the run-config.json and sweep.json of a run trained with cfg, sections' settings `changed`."""
+    from bytemtp.config_io import to_dict
+    from bytemtp.training.runs import RUN_CONFIG
+
+    saved = to_dict(cfg)
+    for key, value in changed.items():
+        section, name = key.split("__")
+        saved[section][name] = value
+    run_dir.mkdir(parents=True)
+    (run_dir / RUN_CONFIG).write_text(json.dumps(saved))
+    (run_dir / sweep.RESULT).write_text(json.dumps(MEASURED))
+
+
+def test_a_run_trained_with_other_settings_is_refused_naming_them_or_trained_anew_when_fresh(
+        tmp_path, corpus_dir, monkeypatch):
+    grid = sweep.read_grid(_grid(tmp_path, corpus_dir, TWO))
+    out = tmp_path / "out"
+    _trained_with(out / "adamw", grid.config("adamw", budget_s=1.0))  # the same settings: read back
+    assert sweep.run_sweep(grid, out, budget_s=1.0, only=["adamw"]) == [sweep.CandidateResult.from_json(MEASURED)]
+    _trained_with(out / "muon", grid.config("muon", budget_s=1.0), train__max_time=5.0)
+    (out / "muon-tuned").mkdir()
+    with pytest.raises(ValueError, match=r"muon was trained with other settings than asked for now "
+                                         r"\(train.max_time: 5.0 -> 1.0\); use another --out, or delete it"):
+        sweep.run_sweep(grid, out, budget_s=1.0)
+    seen = []
+    monkeypatch.setattr(sweep, "run_candidate", lambda grid, name, out, **kw: seen.append(
+        (name, (out / name).exists(), (out / f"{name}-tuned").exists())))
+    sweep.run_sweep(grid, out, budget_s=1.0, fresh=True)
+    assert seen == [("adamw", True, False), ("muon", False, False)]  # the stale run and its tune went first
+
+
+def test_bench_sweep_refuses_a_run_of_another_budget_in_one_line(tmp_path, corpus_dir):
+    path = _grid(tmp_path, corpus_dir, TWO)
+    _trained_with(tmp_path / "out" / "muon", sweep.read_grid(path).config("muon", budget_s=1.0), train__max_time=5.0)
+    res = CliRunner().invoke(main, ["bench", "sweep", str(path), "--out", str(tmp_path / "out"), "--time", "1s"])
+    assert res.exit_code == 1 and "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+    assert "muon was trained with other settings than asked for now (train.max_time: 5.0 -> 1.0)" in res.output
+    assert not (tmp_path / "out" / "adamw").exists()  # refused before anything trained

@@ -82,9 +82,10 @@ def grid_of(preset: str, sets: list[str], arms: dict[str, tuple[str, ...]], seed
 def compare(preset: str = "small", *, data: str, arms: list[str] | None = None,
             extra: list[tuple[str, tuple[str, ...]]] = (), sets: list[str] = (), seeds: int = 2,
             budget_s: float = 180.0, steps: int = 0, eval_bytes: int = 102_400, tune_s: float = 30.0,
-            prompts: int = 8, out: str | Path) -> QualityResult:
+            prompts: int = 8, out: str | Path, fresh: bool = False) -> QualityResult:
     """Train, score and tune every arm at every seed (see the module docstring) into `out`, and
-    summarize them against the baseline (`summary`)."""
+    summarize them against the baseline (`summary`); a run found there is read back only when it
+    was trained with the settings asked for now, else refused unless `fresh` (`sweep.run_sweep`)."""
     from bytemtp.experiments.sweep import run_sweep
 
     names = list(arms or DEFAULT_ARMS)
@@ -102,7 +103,7 @@ def compare(preset: str = "small", *, data: str, arms: list[str] | None = None,
         except ValueError as e:
             raise ValueError(f"arm {name.rsplit('-s', 1)[0]!r}: {e}") from None
     results = run_sweep(grid, out, budget_s=budget_s, eval_bytes=eval_bytes, tune_s=tune_s, prompts=prompts,
-                        steps=steps)
+                        steps=steps, fresh=fresh)
     by_arm: dict[str, list[CandidateResult]] = {arm: [] for arm in chosen}
     for r in results:
         by_arm[r.name.rsplit("-s", 1)[0]].append(r)

@@ -251,19 +251,35 @@ def _tuned(run_dir: Path, *, name: str, budget_s: float, prompts: int, device: t
 
 
 def run_sweep(grid: Grid, out: str | Path, *, budget_s: float, eval_bytes: int = 102_400, tune_s: float = 0.0,
-              prompts: int = 8, only: list[str] | None = None, steps: int = 0) -> list[CandidateResult]:
+              prompts: int = 8, only: list[str] | None = None, steps: int = 0,
+              fresh: bool = False) -> list[CandidateResult]:
     """`run_candidate` of every candidate (or those named in `only`), in the grid's order; with
-    `steps`, each trains that many steps instead of budget_s seconds."""
+    `steps`, each trains that many steps instead of budget_s seconds.
+
+    A candidate's run found in `out` is read back (or resumed) only when it was trained with the
+    settings asked for now (`differing_settings`: budget, corpus, preset, shapes); one trained with
+    others stops the sweep before anything trains, in one line that names them, unless `fresh`
+    says to train it anew (its run and tune removed first). Every sweep-like command (`bench sweep`,
+    `bench quality`, `bench tokens`) goes through here, so each refuses alike."""
     names = only or list(grid.candidates)
     missing = [n for n in names if n not in grid.candidates]
     if missing:
         raise ValueError(f"no candidate {missing[0]!r} in the grid; it has {', '.join(grid.candidates)}")
-    for name in names:  # each candidate is scored on its val split: a corpus without one stops before training
-        data = grid.config(name, budget_s=budget_s, steps=steps).data
-        if not has_val_split(data):
-            raise ValueError(f"candidate {name!r}: {data.path} has no val split to score on; prepare it with "
-                             "`make corpus` or `bytemtp prep`")
     out = Path(out)
+    stale = []
+    for name in names:  # every candidate checked before anything trains
+        cfg = grid.config(name, budget_s=budget_s, steps=steps)
+        if not has_val_split(cfg.data):  # each candidate is scored on its val split
+            raise ValueError(f"candidate {name!r}: {cfg.data.path} has no val split to score on; prepare it with "
+                             "`make corpus` or `bytemtp prep`")
+        differ = differing_settings(out / name, cfg)
+        if differ and not fresh:
+            raise ValueError(f"{out / name} was trained with other settings than asked for now ({'; '.join(differ)}); "
+                             "use another --out, or delete it")
+        stale += [name] if differ else []
+    for name in stale:  # fresh: a run of other settings and its tune go, and the candidate trains anew
+        shutil.rmtree(out / name)
+        shutil.rmtree(_tune_dir(out / name), ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     say = lambda text: tqdm.write(text, file=sys.stderr)  # noqa: E731 (stdout may carry the table)
     results = []
@@ -276,6 +292,23 @@ def run_sweep(grid: Grid, out: str | Path, *, budget_s: float, eval_bytes: int =
                 raise SweepInterrupted(f"stopped during {n}: run the same command again to go on (what of it was "
                                        f"not measured is done again; the candidates measured are kept)") from None
     return results
+
+
+def differing_settings(run_dir: Path, cfg: config_lib.Config) -> list[str]:
+    """The settings in which the run in `run_dir` (its run-config.json) differs from `cfg`, each as
+    `section.key: was -> now` (corpus and tokenizer paths compared resolved); empty where they are
+    the same or nothing was trained there yet."""
+    saved = run_dir / runs.RUN_CONFIG
+    if not saved.is_file():
+        return []
+
+    def flat(d: dict) -> dict:
+        return {f"{section}.{key}": str(Path(v).resolve()) if section == "data" and key in ("path", "tokenizer") and v
+                else v for section, values in d.items() for key, v in values.items()}
+
+    was, now = flat(json.loads(saved.read_text())), flat(json.loads(json.dumps(config_io.to_dict(cfg))))
+    return [f"{key}: {was.get(key)!r} -> {now.get(key)!r}" for key in sorted(was.keys() | now.keys())
+            if was.get(key) != now.get(key)]
 
 
 @contextlib.contextmanager

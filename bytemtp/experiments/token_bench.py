@@ -187,8 +187,10 @@ def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: floa
             sets: list[str] = (), token_sets: list[str] = (), token_heads: int = 1, token_seq_len: int = 0,
             prompts: int = 16, prompt_bytes: int = 128, max_bytes: int = 256, batch_sizes=(1, 8),
             rounds: int = 2, compile: str = "auto", temperature: float = 0.0, device: str = "cpu",
-            say=tqdm.tqdm.write) -> TokenBench:
-    """The whole comparison into `out` (see the module docstring)."""
+            fresh: bool = False, say=tqdm.tqdm.write) -> TokenBench:
+    """The whole comparison into `out` (see the module docstring); an arm's run found there is read
+    back only when it was trained with the settings asked for now, else refused unless `fresh`
+    (`sweep.run_sweep`)."""
     from bytemtp.config_io import resolve
 
     if not has_splits(data):
@@ -222,11 +224,10 @@ def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: floa
     grid = Grid(preset=preset, sets=tuple(shared), candidates=candidates)
     for name in candidates:  # every setting checked before anything trains
         try:
-            cfg = grid.config(name, budget_s=budget_s, steps=steps)
+            grid.config(name, budget_s=budget_s, steps=steps)
         except ValueError as e:
             raise ValueError(f"the {name.rsplit('-s', 1)[0]} arm: {e}") from None
-        _check_same_run(out / name, cfg)
-    trained = run_sweep(grid, out, budget_s=budget_s, eval_bytes=1, tune_s=0.0, steps=steps)
+    trained = run_sweep(grid, out, budget_s=budget_s, eval_bytes=1, tune_s=0.0, steps=steps, fresh=fresh)
     dev = resolve_device(device)
     held = held_out_texts(held_out, held_out_bytes) if held_out else []
     arms = [_scored(out, r, grid, bpt=train_bpt, val_docs=val_docs, held=held, budget_s=budget_s, steps=steps,
@@ -238,23 +239,6 @@ def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: floa
                       tokenizer=str(tok_path), vocab_size=vocab.size, train_bytes_per_token=train_bpt,
                       val_bytes_per_token=val_bpt, held_out=held_out, arms=arms, decoding=decoding,
                       prompts=prompts, max_bytes=max_bytes, temperature=temperature, compiled=compiled)
-
-
-def _check_same_run(run_dir: Path, cfg) -> None:
-    """A run read back must be the one asked for: the same resolved settings (budget, corpus,
-    tokenizer and shapes included), else one line saying so."""
-    from bytemtp.config_io import to_dict
-    from bytemtp.training.runs import RUN_CONFIG
-
-    def paths_resolved(d: dict) -> dict:
-        data = {k: str(Path(v).resolve()) if k in ("path", "tokenizer") and v else v for k, v in d["data"].items()}
-        return {**d, "data": data}
-
-    saved = run_dir / RUN_CONFIG
-    if saved.is_file() and (paths_resolved(json.loads(saved.read_text()))
-                            != paths_resolved(json.loads(json.dumps(to_dict(cfg))))):
-        raise ValueError(f"{run_dir} was trained with other settings than this comparison asks for (another "
-                         "--time, --steps, corpus, preset or token setting); use another --out, or delete it")
 
 
 def _scored(out: Path, r, grid: Grid, *, bpt: float, val_docs: list[bytes], held: list[bytes], budget_s: float,
