@@ -1,4 +1,5 @@
-"""Configuration: frozen dataclasses, their validation, the head types, presets.
+"""Configuration: frozen dataclasses, their validation, the head types. The presets, where every
+configuration starts, are `bytemtp.config_io`'s.
 
 No torch here, so the CLI can parse and validate a configuration before paying for the torch
 import. Each field carries a one-line docstring under it; `bytemtp.config_docs` reads those
@@ -486,60 +487,3 @@ class Config:
         _check((self.model.vocab_size == 259) == (not self.data.tokenizer), "model.vocab_size", self.model.vocab_size,
                "259 trains on bytes (data.tokenizer empty); a BPE's size needs its tokenizer.json in data.tokenizer"
                if self.data.tokenizer else "a size above 259 needs the BPE's tokenizer.json in data.tokenizer")
-
-
-# --- presets --------------------------------------------------------------------------------
-
-
-def tiny() -> Config:
-    """A model for tests: builds and steps in milliseconds on a CPU, in fp32 on every machine."""
-    return Config(model=ModelConfig(n_layers=10, d_model=32, n_attn_heads=2, seq_len=64),
-                  train=TrainConfig(warmup_steps=10, eval_every=0, eval_batches=4, ckpt_every=50, precision="fp32"))
-
-
-def small() -> Config:
-    """About 0.8M parameters (width 64, a 4-layer trunk under 8 one-layer heads, batch 16 x 256
-    bytes), Muon on a warmup-stable-decay schedule: of what a sweep trained for `make demo`'s 9
-    minutes on two CPU cores, the one whose head 1 ended lowest (BENCHMARKS.md,
-    `examples/sweep-small.toml`). A budget that short buys a model of a few bytes a parameter;
-    wider ones (10M at width 256) see too few. Heads 2..8 fade out over the first half of the
-    schedule (a reverse head schedule): of the multi-token recipes `bench quality` compared at
-    equal wall time, the one whose head 1 ended lowest, 0.91x the next-byte baseline's bits per
-    byte on the default corpus (BENCHMARKS.md); `tune-heads` then makes the faded heads drafts.
-    Its shuffle takes 131,072 windows (the whole default corpus, about 84 MB of memory): with the
-    loader's default 16,384, each 1,024 steps train on one 4 MB stretch of the corpus, and
-    `make demo`'s head 1 lost 0.35 bits/byte of held-out quality when a stretch changed."""
-    return Config(model=ModelConfig(n_layers=12, d_model=64, n_attn_heads=2, seq_len=256),
-                  loss=LossConfig(head_schedule="reverse"),
-                  data=DataConfig(batch_size=16, shuffle_buffer=131072),
-                  train=TrainConfig(optimizer="muon", schedule="wsd", lr=5e-3, warmup_steps=50, eval_every=250,
-                                    ckpt_every=250))
-
-
-def base() -> Config:
-    """About 100M parameters, for one GPU-hour: a 24-layer trunk under 8 one-layer heads, the paper's
-    7B byte model's proportion, so the heads are a quarter of every speculative pass. Sized by the
-    CPU sweep's rule: the best model there (0.8M) saw about 5 bytes a parameter; with the parameters
-    growing as the square root of the compute (Chinchilla's rule), an hour of one H100-class GPU at
-    40% model FLOP utilisation (about 6e17 FLOP, 2e4 times the sweep's) buys about 100M parameters
-    and 1 GB of bytes. Train it with `--time 1h`: the schedule is fitted to the hour."""
-    return Config(model=ModelConfig(n_layers=32, d_model=512, n_attn_heads=8, seq_len=2048),
-                  data=DataConfig(batch_size=16, num_workers=2),
-                  train=TrainConfig(lr=6e-4, warmup_steps=500, eval_every=500, ckpt_every=1000))
-
-
-def paper_7b_byte() -> Config:
-    """The paper's 7B byte-level model: 32 layers of width 4096, 8 heads, replicated unembedding."""
-    return Config(model=ModelConfig(
-        n_layers=32, d_model=4096, n_attn_heads=32, n_future=8, seq_len=8192,
-        unembed="replicated", ffn_hidden=11008,
-    ), train=TrainConfig(lr=3e-4, warmup_steps=2000, eval_every=1000, ckpt_every=1000))
-
-
-PRESETS = {"tiny": tiny, "small": small, "base": base, "paper-7b-byte": paper_7b_byte}
-
-
-def preset(name: str) -> Config:
-    if name not in PRESETS:
-        raise ValueError(f"preset {name!r} does not exist; choose one of {', '.join(PRESETS)}")
-    return PRESETS[name]()

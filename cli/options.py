@@ -13,6 +13,7 @@ from decimal import Decimal
 import click
 
 from bytemtp import config as config_lib
+from bytemtp import config_io
 from bytemtp.decoding.strategy import Draft
 
 
@@ -91,7 +92,7 @@ def one_target(argument: str | None, ckpt: str | None, what: str) -> str:
 
 def preset_option(default: str):
     return click.option("--preset", default=default, show_default=True,
-                        type=click.Choice(list(config_lib.PRESETS)), help="Starting configuration.")
+                        type=click.Choice(list(config_io.PRESETS)), help="Starting configuration.")
 
 
 def _check_device(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.runtime import distributed as dist_lib
 from bytemtp.training import runs
 from bytemtp.training import train as train_lib
@@ -18,7 +18,7 @@ from bytemtp.training import train as train_lib
 def main() -> None:
     corpus, run_dir, out = sys.argv[1:4]
     rank = int(os.environ["RANK"])
-    cfg = C.tiny()
+    cfg = config_io.tiny()
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=corpus, batch_size=2),
                               train=dataclasses.replace(cfg.train, steps=2, eval_batches=1))
     plan = runs.plan_config(cfg, run_dir)  # free when planned

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime import distributed as dist_lib
 from bytemtp.training.optimizer import build_optimizer
@@ -36,7 +36,7 @@ def batches(cfg, steps: int, accum: int, global_batch: int = 4) -> list[list[tor
 
 
 def build(head_type: str, unembed: str):
-    cfg = C.tiny()
+    cfg = config_io.tiny()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, head_type=head_type, unembed=unembed,
                                                              n_future=4, dropout=0.0, seq_len=32),
                               train=dataclasses.replace(cfg.train, lr=1e-2, weight_decay=0.1))

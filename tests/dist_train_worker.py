@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.training import train as train_lib
 
 
@@ -27,7 +27,7 @@ def main() -> None:
         return result
 
     train_lib.forward_backward = forward_backward
-    cfg = C.tiny()
+    cfg = config_io.tiny()
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=corpus, batch_size=2),
                               train=dataclasses.replace(cfg.train, steps=5, log_every=1, eval_every=0,
                                                         eval_batches=1))

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.config import ModelConfig
 from bytemtp.decoding import decode
 from bytemtp.decoding.drafting import TREE_RANKS, PassCosts
@@ -40,7 +41,7 @@ def build_model(model_cfg: ModelConfig, seed: int = 0) -> ByteMTP:
 
 def tiny_model(seed: int = 0, **overrides) -> ByteMTP:
     """The tiny preset's model with `overrides` (ModelConfig fields), its weights drawn from `seed`."""
-    return build_model(dataclasses.replace(C.tiny().model, **overrides), seed)
+    return build_model(dataclasses.replace(config_io.tiny().model, **overrides), seed)
 
 
 def rare_eos_model(seed=0, **kw):
@@ -95,7 +96,7 @@ class ScriptedModel:
     vocab = BYTES  # ids are bytes
 
     def __init__(self, text: bytes, right, n_future: int = 8):
-        self.config = dataclasses.replace(C.tiny().model, n_future=n_future, seq_len=128)
+        self.config = dataclasses.replace(config_io.tiny().model, n_future=n_future, seq_len=128)
         self.embed = torch.nn.Embedding(1, 1)  # only its device is read
         self.rope_cos = self.rope_sin = torch.zeros(self.config.seq_len, 1)
         self.stream = [EOS, *text, EOS]
@@ -145,7 +146,7 @@ class ScriptedBatchModel:
     vocab = BYTES  # ids are bytes
 
     def __init__(self, docs: list[tuple[bytes, bytes, object]], n_future: int = 8):
-        self.config = dataclasses.replace(C.tiny().model, head_type="linear", n_layers=1, d_model=2,
+        self.config = dataclasses.replace(config_io.tiny().model, head_type="linear", n_layers=1, d_model=2,
                                           n_attn_heads=1, n_future=n_future, seq_len=128)
         self.embed = torch.nn.Embedding(1, 1, dtype=torch.float64)  # cache dtype: ids stored exactly
         self.rope_cos = self.rope_sin = torch.zeros(self.config.seq_len, 1)
@@ -218,7 +219,7 @@ class MarkovModel:
 
     def __init__(self, n_future: int = 3, *, head1=(MARKOV_TARGET[0], MARKOV_TARGET[1]), drafts=MARKOV_DRAFT,
                  ids=MARKOV_SYMBOLS, seq_len: int = 8):
-        self.config = dataclasses.replace(C.tiny().model, head_type="linear", n_layers=1, d_model=2,
+        self.config = dataclasses.replace(config_io.tiny().model, head_type="linear", n_layers=1, d_model=2,
                                           n_attn_heads=1, n_future=n_future, seq_len=seq_len)
         self.embed = torch.nn.Embedding(1, 1)
         self.rope_cos = self.rope_sin = torch.zeros(self.config.seq_len, 1)
@@ -402,7 +403,7 @@ def bigram_model() -> ByteMTP:
     layer's output projection is zero, so the state is the last byte's embedding, and the
     embeddings and the first unembedding make a bigram table. "\\n#" is a stop string, so after a
     prompt that ends in a space the completion is "1" (and after a newline "#1")."""
-    model = ByteMTP(C.tiny().model).eval()
+    model = ByteMTP(config_io.tiny().model).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("attn.out.weight", "mlp.out.weight")):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from bytemtp.config import tiny
+from bytemtp.config_io import tiny
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import save_checkpoint
 from bytemtp_cli.main import main

@@ -11,7 +11,8 @@ import torch
 from doubles import build_model
 from safetensors import SafetensorError, safe_open
 
-from bytemtp.config import ModelConfig, tiny
+from bytemtp.config import ModelConfig
+from bytemtp.config_io import tiny
 from bytemtp.model.layout import build_layout
 from bytemtp.runtime import checkpoint
 from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_config, load_model,

@@ -50,7 +50,7 @@ def test_keys_lists_every_setting():
 
 
 def test_keys_show_the_presets_values():
-    from bytemtp.config import small, tiny
+    from bytemtp.config_io import small, tiny
 
     def value(output, key):
         line = next(line for line in output.splitlines() if line.split()[:1] == [key])
@@ -100,7 +100,7 @@ def test_bench_train_step_writes_all_keys(tmp_path):
 def test_inspect_reports_a_checkpoint_and_damage(tmp_path):
     import torch
 
-    from bytemtp.config import tiny
+    from bytemtp.config_io import tiny
     from bytemtp.model.model import ByteMTP
     from bytemtp.runtime.checkpoint import save_checkpoint
 

@@ -11,10 +11,10 @@ from bytemtp.model.model import ByteMTP
 
 
 def test_defaults_and_presets_are_valid():
-    for name in C.PRESETS:
-        cfg = C.preset(name)
+    for name in config_io.PRESETS:
+        cfg = config_io.preset(name)
         assert isinstance(cfg.model, C.ModelConfig)
-    assert C.tiny().model.total_layers == C.tiny().model.n_layers
+    assert config_io.tiny().model.total_layers == config_io.tiny().model.n_layers
 
 
 @pytest.mark.parametrize("field,value,words", [
@@ -63,14 +63,14 @@ def test_from_dict_rejects_unknown_keys_and_wrong_types():
 
 
 def test_document_masking_is_off_unless_set_and_old_configs_load_without_it():
-    assert config_io.apply_overrides(C.tiny(), ["model.doc_mask=true"]).model.doc_mask
-    old = json.loads(config_io.to_json(C.tiny()))
+    assert config_io.apply_overrides(config_io.tiny(), ["model.doc_mask=true"]).model.doc_mask
+    old = json.loads(config_io.to_json(config_io.tiny()))
     del old["model"]["doc_mask"]  # a checkpoint written before the option existed
     assert config_io.from_dict(C.Config, old).model.doc_mask is False
 
 
 def test_overrides():
-    cfg = config_io.apply_overrides(C.tiny(), ["model.n_future=4", "model.param_match=false",
+    cfg = config_io.apply_overrides(config_io.tiny(), ["model.n_future=4", "model.param_match=false",
                                        "loss.head_weights=geometric", "model.dropout=0.25"])
     assert (cfg.model.n_future, cfg.model.param_match, cfg.model.dropout) == (4, False, 0.25)
     assert cfg.loss.head_weights == "geometric"
@@ -79,14 +79,14 @@ def test_overrides():
                        ("model.n_future=four", "expected int"),
                        ("model.n_future.x=1", "is a setting, not a section")]:
         with pytest.raises(ValueError, match=words):
-            config_io.apply_overrides(C.tiny(), [bad])
+            config_io.apply_overrides(config_io.tiny(), [bad])
 
 
 def test_config_file_then_overrides(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text('[model]\nn_future = 2\nd_model = 64\n')
     cfg = config_io.resolve("tiny", config_file=str(toml), overrides=["model.n_future=3"])
-    assert (cfg.model.n_future, cfg.model.d_model, cfg.model.seq_len) == (3, 64, C.tiny().model.seq_len)
+    assert (cfg.model.n_future, cfg.model.d_model, cfg.model.seq_len) == (3, 64, config_io.tiny().model.seq_len)
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="bad.json is not valid JSON"):
@@ -94,7 +94,7 @@ def test_config_file_then_overrides(tmp_path):
     with pytest.raises(ValueError, match="cannot read config file"):
         config_io.resolve("tiny", config_file=str(tmp_path / "missing.toml"))
     with pytest.raises(ValueError, match="preset 'huge' does not exist"):
-        C.preset("huge")
+        config_io.preset("huge")
 
 
 def test_every_field_has_a_docstring():
@@ -129,7 +129,7 @@ def _arithmetic_params(m: C.ModelConfig, vocab: int = 264) -> int:
 
 
 def test_paper_7b_byte_builds_on_meta_with_the_right_count():
-    cfg = C.paper_7b_byte().model
+    cfg = config_io.paper_7b_byte().model
     assert (cfg.n_layers, cfg.d_model, cfg.n_attn_heads, cfg.n_future, cfg.seq_len, cfg.unembed) == (
         32, 4096, 32, 8, 8192, "replicated")
     with torch.device("meta"):
@@ -142,7 +142,7 @@ def test_paper_7b_byte_builds_on_meta_with_the_right_count():
 
 @pytest.mark.parametrize("name", ["tiny", "small", "base"])
 def test_preset_counts_match_arithmetic(name):
-    cfg = C.preset(name).model
+    cfg = config_io.preset(name).model
     with torch.device("meta"):
         model = ByteMTP(cfg)
     assert model.num_params() == _arithmetic_params(cfg)
@@ -154,7 +154,7 @@ def test_preset_counts_match_arithmetic(name):
 def test_presets_keep_heads_a_minority_of_the_layers(name):
     """Every speculative pass pays for the heads it runs: as in the paper's 7B byte model (24 + 8),
     the GPU presets' trunk has three times the heads' layers."""
-    cfg = C.preset(name).model
+    cfg = config_io.preset(name).model
     assert cfg.trunk_layers == 3 * cfg.n_future * cfg.layers_per_head
 
 
@@ -165,5 +165,5 @@ def test_data_validation():
         C.DataConfig(num_workers=-1)
     with pytest.raises(ValueError, match="data.max_bad_fraction"):
         C.DataConfig(max_bad_fraction=2.0)
-    cfg = config_io.apply_overrides(C.tiny(), ["data.path=corp", "data.num_workers=2"])
+    cfg = config_io.apply_overrides(config_io.tiny(), ["data.path=corp", "data.num_workers=2"])
     assert (cfg.data.path, cfg.data.num_workers) == ("corp", 2)

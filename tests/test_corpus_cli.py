@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from corpora import stream_cut_after_first_batch, write_table
 
-from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.data.prep import prepare
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import save_checkpoint
@@ -151,8 +151,8 @@ def run_on_empty_val(tmp_path):
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0, "head_loss": [3.0, 3.0],
                                                        "bpb": 4.0}) + "\n")
-    cfg = dataclasses.replace(C.tiny(), model=dataclasses.replace(C.tiny().model, n_future=2),
-                              data=dataclasses.replace(C.tiny().data, path=str(corpus)))
+    cfg = dataclasses.replace(config_io.tiny(), model=dataclasses.replace(config_io.tiny().model, n_future=2),
+                              data=dataclasses.replace(config_io.tiny().data, path=str(corpus)))
     save_checkpoint(run_dir, step=1, model=ByteMTP(cfg.model), config=cfg, train_state={})
     return run_dir, corpus
 

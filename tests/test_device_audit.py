@@ -34,7 +34,7 @@ from doubles import lm_eval_tasks
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.model.model import ByteMTP
 from bytemtp_cli.main import main
 
@@ -114,7 +114,7 @@ def _state(model) -> dict:
 
 @pytest.mark.parametrize("overrides", [{}, {"head_type": "linear"}, {"draft": "hydra"}])
 def test_init_on_a_meta_built_model_equals_init_on_a_cpu_model(overrides):
-    cfg = dataclasses.replace(C.tiny().model, **overrides)
+    cfg = dataclasses.replace(config_io.tiny().model, **overrides)
     plain = ByteMTP(cfg)
     plain.init_weights(generator=torch.Generator(device="cpu").manual_seed(11))
     with torch.device("meta"):
@@ -152,16 +152,16 @@ class GeneratorDevices(TorchFunctionMode):
 
 
 def test_init_weights_draws_with_a_generator_on_the_device_it_fills():
-    model = ByteMTP.build(C.tiny().model, "cpu")
+    model = ByteMTP.build(config_io.tiny().model, "cpu")
     with GeneratorDevices() as mode:
         model.init_weights(generator=torch.Generator(device="cpu").manual_seed(0))
-        ByteMTP.build(C.tiny().model, "cpu", generator=torch.Generator(device="cpu").manual_seed(0))
+        ByteMTP.build(config_io.tiny().model, "cpu", generator=torch.Generator(device="cpu").manual_seed(0))
     assert mode.mismatches == []
     # what the check exists for: the old initialisation drew in place, on the parameter's device
     # (a CPU generator into CUDA weights crashed on a GPU). The meta device stands in for CUDA
     # here: it raises nothing, but the check sees the mismatch.
     with torch.device("meta"):
-        model = ByteMTP(C.tiny().model)
+        model = ByteMTP(config_io.tiny().model)
     with GeneratorDevices() as mode:
         for p in model.parameters():
             if p.dim() >= 2:
@@ -174,7 +174,7 @@ def test_init_weights_refuses_a_generator_off_the_cpu():
         device = torch.device("cuda")
 
     with pytest.raises(ValueError, match="pass a CPU generator"):
-        ByteMTP(C.tiny().model).init_weights(generator=Elsewhere())
+        ByteMTP(config_io.tiny().model).init_weights(generator=Elsewhere())
 
 
 # --- runtime -----------------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def test_the_static_step_with_draft_heads_equals_plain_greedy(design):
     prompts = [b"import os\n", b"x = [", b"q"]
     want = [generate(model, p, max_bytes=50).output for p in prompts]
     decoder = Decoder(model, compile="on")
-    decoder.policy.static = StaticStep(model, decoder.stacked, compiled=False)
+    decoder.policy.static = StaticStep(model, decoder.heads, compiled=False)
     for draft in ("chain-all", "tree-4"):
         got = decoder.generate(prompts, max_bytes=50, draft=draft)
         assert [g.output for g in got] == want
@@ -76,17 +76,17 @@ def test_the_static_step_with_draft_heads_equals_plain_greedy(design):
 def test_a_pass_with_draft_heads_writes_a_plain_pass_s_cache_and_keeps_every_head_warm(design):
     model = _drafted_model(design)
     decoder = Decoder(model, compile="off")
-    assert decoder.keeps_warm and decoder.layers_written(8) == model.layers_written(1)
+    assert decoder.heads.whole_after(1) == 8 and decoder.heads.layers_written(8) == model.layers_written(1)
     ids = torch.randint(0, 256, (2, 5))
     plain, drafted = (KVCache.for_model(model, batch_size=2) for _ in range(2))
     want = model.logits(ids, plain, heads=1, layout=build_layout(model, ids, plain))
-    got = model.logits(ids, drafted, heads=8, stacked=decoder.stacked, layout=build_layout(model, ids, drafted))
+    got = decoder.heads.logits(ids, drafted, heads=8, layout=build_layout(model, ids, drafted))
     assert got.shape == (2, 5, 8, want.shape[-1])
     torch.testing.assert_close(got[:, :, :1], want)
     n = model.layers_written(1)
     torch.testing.assert_close(drafted.k[:n, :, :5], plain.k[:n, :, :5])
     assert not drafted.k[n:].any()  # the training heads' layers stay unwritten
-    step = StaticStep(model, decoder.stacked, compiled=False)
+    step = StaticStep(model, decoder.heads, compiled=False)
     assert step._indices(2, 8, 8)[0].flatten().tolist() == list(model.cache_layers(1))
 
 
@@ -177,8 +177,8 @@ def test_the_total_variation_is_one_minus_the_acceptance_of_speculative_sampling
 @pytest.mark.parametrize("design", DESIGNS)
 def test_draft_heads_survive_a_checkpoint(design, tmp_path):
     model = _drafted_model(design)
-    cfg = dataclasses.replace(C.tiny(), model=model.config,
-                              train=dataclasses.replace(C.tiny().train, trainable="draft-heads"))
+    cfg = dataclasses.replace(config_io.tiny(), model=model.config,
+                              train=dataclasses.replace(config_io.tiny().train, trainable="draft-heads"))
     ckpt = save_checkpoint(tmp_path / "run", step=1, model=model, config=cfg, train_state={})
     loaded, saved = load_model(ckpt)
     assert saved.model.draft == design
@@ -196,7 +196,7 @@ def test_what_a_user_can_get_wrong_about_draft_heads():
     with pytest.raises(ValueError, match="n_future >= 2"):
         C.ModelConfig(n_future=1, draft="medusa")
     with pytest.raises(ValueError, match="train.trainable=draft-heads"):
-        config_io.apply_overrides(C.tiny(), ["model.draft=medusa"])
+        config_io.apply_overrides(config_io.tiny(), ["model.draft=medusa"])
     with pytest.raises(ValueError, match="loss.teacher_divergence"):
         C.LossConfig(teacher_divergence="js")
 

@@ -34,7 +34,7 @@ def _model(head_type="transformer", seed=2):
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])
 def test_training_validation_is_this_evaluation(code_corpus, tmp_path, head_type):
     """The val bits per byte a run records are evaluate's on its final weights."""
-    cfg = config_io.apply_overrides(C.tiny(), [f"data.path={code_corpus}", f"model.head_type={head_type}",
+    cfg = config_io.apply_overrides(config_io.tiny(), [f"data.path={code_corpus}", f"model.head_type={head_type}",
                                        "model.n_future=4", "train.steps=2", "train.eval_batches=3",
                                        "data.batch_size=2"])
     result = train(cfg, tmp_path / "run", show_progress=False, say=lambda m: None)
@@ -108,8 +108,8 @@ def test_a_model_trained_to_copy_gets_drafts_right(code_corpus):
 @pytest.mark.slow
 def test_eval_command(code_corpus, tmp_path):
     model = _model()
-    cfg = dataclasses.replace(C.tiny(), model=model.config,
-                              data=dataclasses.replace(C.tiny().data, path=str(code_corpus)))
+    cfg = dataclasses.replace(config_io.tiny(), model=model.config,
+                              data=dataclasses.replace(config_io.tiny().data, path=str(code_corpus)))
     save_checkpoint(tmp_path / "run", step=1, model=model, config=cfg, train_state={})
     out = tmp_path / "eval.json"
     res = CliRunner().invoke(main, ["eval", "--ckpt", str(tmp_path / "run"), "--batches", "3", "--batch-size", "2",
@@ -138,8 +138,8 @@ def test_eval_command(code_corpus, tmp_path):
 @pytest.mark.xdist_group("processes")  # with the other multi-process tests (test_distributed)
 def test_eval_under_torchrun_adds_the_ranks(code_corpus, tmp_path):
     model = _model()
-    cfg = dataclasses.replace(C.tiny(), model=model.config,
-                              data=dataclasses.replace(C.tiny().data, path=str(code_corpus)))
+    cfg = dataclasses.replace(config_io.tiny(), model=model.config,
+                              data=dataclasses.replace(config_io.tiny().data, path=str(code_corpus)))
     save_checkpoint(tmp_path / "run", step=1, model=model, config=cfg, train_state={})
     one = evaluate(model, str(code_corpus), batches=1000, batch_size=2)
     out = tmp_path / "eval.json"
@@ -165,8 +165,8 @@ def test_a_corpus_without_splits_says_so(code_corpus, tmp_path):
     model = _model()
     with pytest.raises(CorpusError, match="has no splits.*split=None"):
         evaluate(model, str(folder), split="val", batches=1, batch_size=2)
-    cfg = dataclasses.replace(C.tiny(), model=model.config,
-                              data=dataclasses.replace(C.tiny().data, path=str(code_corpus)))
+    cfg = dataclasses.replace(config_io.tiny(), model=model.config,
+                              data=dataclasses.replace(config_io.tiny().data, path=str(code_corpus)))
     save_checkpoint(tmp_path / "run", step=1, model=model, config=cfg, train_state={})
     base = ["eval", "--ckpt", str(tmp_path / "run"), "--data", str(folder), "--batches", "1", "--batch-size", "2"]
     for split in ("val", "train"):

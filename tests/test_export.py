@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.decoding.decode import generate
 from bytemtp.interop import remote_code
 from bytemtp.interop.export import export_hf
@@ -38,7 +39,7 @@ VARIANTS = [("transformer", "replicated", "swiglu", 2), ("linear", "shared", "ge
 
 
 def make_config(head_type="transformer", unembed="replicated", mlp="swiglu", head_layers=2) -> C.Config:
-    cfg = C.tiny()
+    cfg = config_io.tiny()
     n_layers = 2 + (0 if head_type == "linear" else 3 * head_layers)
     model = dataclasses.replace(cfg.model, head_type=head_type, unembed=unembed, mlp=mlp, head_layers=head_layers,
                                 n_future=3, n_layers=n_layers)

@@ -4,14 +4,14 @@ import dataclasses
 
 import pytest
 
-from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.model.flops import step_flops
 from bytemtp.model.model import ByteMTP
 
 
 @pytest.mark.parametrize("unembed", ["replicated", "shared"])
 def test_step_flops_equal_a_count_by_hand(unembed):
-    cfg = dataclasses.replace(C.tiny().model, unembed=unembed)
+    cfg = dataclasses.replace(config_io.tiny().model, unembed=unembed)
     D, F, V, T = 32, 128, 264, 64  # width, SwiGLU hidden width (8/3 x 32 rounded up to 64), vocabulary, context
     assert (cfg.d_model, cfg.ffn_dim, cfg.seq_len, cfg.n_future, cfg.total_layers) == (D, F, T, 8, 10)
     # forward FLOPs a token, 2 per multiply-add:

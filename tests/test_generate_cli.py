@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 from doubles import FITTED, FLAT, fitted_model
 
-from bytemtp.config import tiny
+from bytemtp.config_io import tiny
 from bytemtp.decoding import compiled, decode
 from bytemtp.decoding.compiled import record_costs, record_path
 from bytemtp.decoding.repetition import measure_repetition
@@ -209,12 +209,12 @@ def test_no_compile_cache_content_breaks_generate(ckpt, content, monkeypatch):
     be, `generate` (under the default --compile auto, drafting by measured costs) writes the
     library's greedy output; a short job stays eager, the record counting as absent."""
     model, _ = load_model(ckpt)
-    path = record_path(model, stacked=True, batch_size=1)
+    path = record_path(model.decode_heads(), batch_size=1)
     path.parent.mkdir(parents=True, exist_ok=True)
     if content == "folder":
         path.mkdir()
     elif content in ("of another machine", "of another torch"):
-        record_costs(model, stacked=True, batch_size=1, costs_ms=_GRID)
+        record_costs(model.decode_heads(), batch_size=1, costs_ms=_GRID)
         record = json.loads(path.read_text())
         if content == "of another machine":
             record["machine"] = "cpu: another"

@@ -10,6 +10,7 @@ import torch
 from doubles import FITTED, SONGS, build_model, fitted_model
 
 from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
@@ -41,7 +42,7 @@ def _grads(model) -> dict[str, torch.Tensor]:
 def test_memory_efficient_gradients_equal_plain_in_bf16(head_type):
     """Both steps in bf16 against the plain step in float64, parameter by parameter, by the
     relative norm of the difference: an error confined to one head is not lost among the others."""
-    cfg = dataclasses.replace(C.tiny().model, head_type=head_type)
+    cfg = dataclasses.replace(config_io.tiny().model, head_type=head_type)
     model = _model(cfg)
     ids = _ids(4, cfg.seq_len + cfg.n_future)
     reference = copy.deepcopy(model).double()
@@ -57,7 +58,7 @@ def test_memory_efficient_gradients_equal_plain_in_bf16(head_type):
 
 
 def test_cached_logits_equal_full_sequence_on_cuda():
-    model = _model(C.tiny().model).eval()
+    model = _model(config_io.tiny().model).eval()
     ids = _ids(2, 40)
     full = model.logits(ids, layout=build_layout(model, ids))
     cache = KVCache.for_model(model, batch_size=2)
@@ -76,7 +77,7 @@ def test_peak_memory_efficient_below_plain_on_cuda():
 
 
 def test_stacked_heads_and_per_row_cache_on_cuda():
-    model = _model(dataclasses.replace(C.tiny().model, n_future=4)).eval()
+    model = _model(dataclasses.replace(config_io.tiny().model, n_future=4)).eval()
     ids = _ids(3, 30)
     full = model.logits(ids, layout=build_layout(model, ids))
     cache = KVCache.for_model(model, batch_size=3)
@@ -91,7 +92,7 @@ def test_stacked_heads_and_per_row_cache_on_cuda():
 def test_batched_decoding_on_cuda_with_a_cuda_generator():
     from bytemtp.decoding import decode
 
-    model = _model(C.tiny().model).eval()
+    model = _model(config_io.tiny().model).eval()
     prompts = [b"", b"def ", b"x" * 20]
     plain = [decode.generate(model, p, max_bytes=16).output for p in prompts]
     assert [g.output for g in decode.generate_batch(model, prompts, max_bytes=16)] == plain

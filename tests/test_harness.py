@@ -10,7 +10,6 @@ import torch
 from click.testing import CliRunner
 from doubles import lm_eval_tasks
 
-from bytemtp import config as C
 from bytemtp import config_io
 from bytemtp.decoding.decode import generate
 from bytemtp.evaluation.likelihood import loglikelihoods
@@ -41,7 +40,7 @@ def harness_run(tmp_path_factory):
     the tests that need it are slow ones.)"""
     pytest.importorskip("lm_eval")
     root = tmp_path_factory.mktemp("harness")
-    cfg = config_io.apply_overrides(C.tiny(), ["model.n_future=4"])
+    cfg = config_io.apply_overrides(config_io.tiny(), ["model.n_future=4"])
     model = ByteMTP(cfg.model)
     model.init_weights(generator=torch.Generator().manual_seed(0))
     save_checkpoint(root / "run", step=0, model=model, config=cfg, train_state={})

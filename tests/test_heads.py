@@ -11,7 +11,7 @@ import torch
 from doubles import tiny_model
 
 import bytemtp
-from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.config import HEAD_TYPES, ModelConfig
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
@@ -58,7 +58,7 @@ def test_a_head_reads_the_trunk_or_for_chained_heads_the_previous_head():
 @pytest.mark.parametrize("head_type", list(HEAD_TYPES))
 def test_the_model_stacks_and_skips_as_its_type_says(head_type):
     model = tiny_model(head_type=head_type, n_future=3).eval()
-    assert (model.stack_heads() is not None) == model.config.head.stackable
+    assert (model.decode_heads() is not None) == model.config.head.stackable
     z = torch.zeros(1, 4, model.config.d_model)
     layout = build_layout(model, torch.zeros(1, 4, dtype=torch.long))
     if model.config.head.skippable:
@@ -69,7 +69,7 @@ def test_the_model_stacks_and_skips_as_its_type_says(head_type):
 
 
 def test_the_cache_layer_order_of_stacked_and_one_by_one_heads():
-    cfg = dataclasses.replace(C.tiny().model, n_layers=2 + 3 * 2, n_future=3, head_layers=2)
+    cfg = dataclasses.replace(config_io.tiny().model, n_layers=2 + 3 * 2, n_future=3, head_layers=2)
     assert cfg.trunk_layers == 2
     head = cfg.head
     one_by_one = head.cache_layers(trunk_layers=2, head_layers=2, heads=2, stacked=False)
@@ -92,14 +92,14 @@ def test_the_cache_layers_are_the_ones_a_pass_writes_in_the_order_it_writes_them
     model = tiny_model(head_type=head_type, head_layers=head_layers, n_future=4,
                        n_layers=2 + 4 * head_layers).double().eval()
     ids = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(0))
-    stack = model.stack_heads() if stacked else None
+    stack = model.decode_heads(stacked=stacked)
     order = model.cache_layers(heads, stacked=stacked)
     assert sorted(order) == list(range(model.layers_written(heads)))
 
     # the layers a pass with a cache writes: those, and no other
     cache = KVCache.for_model(model, 2)
     with torch.no_grad():
-        model.logits(ids, cache, heads=heads, stacked=stack, layout=build_layout(model, ids, cache))
+        stack.logits(ids, cache, heads=heads, layout=build_layout(model, ids, cache))
     changed = [n for n in range(model.config.total_layers) if bool(cache.k[n].any())]
     assert changed == sorted(order)
 
@@ -108,7 +108,7 @@ def test_the_cache_layers_are_the_ones_a_pass_writes_in_the_order_it_writes_them
     layout = build_layout(model, ids, static_cache, depths=torch.arange(5), ancestors=torch.ones(5, 5).tril().bool(),
                           starts_B=torch.zeros(2, dtype=torch.long))
     with torch.no_grad():
-        model.logits(ids, static_cache, heads=heads, stacked=stack, layout=layout)
+        stack.logits(ids, static_cache, heads=heads, layout=layout)
     written = torch.cat([k if k.dim() == 5 else k[None] for k, _ in layout.written])  # (N, B, H, T, E)
     assert written.shape[0] == len(order)
     torch.testing.assert_close(written, cache.k[list(order), :, :, :5])

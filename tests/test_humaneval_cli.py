@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 from doubles import TOY, bigram_model, tiny_model
 
-from bytemtp.config import tiny
+from bytemtp.config_io import tiny
 from bytemtp.evaluation import execution
 from bytemtp.evaluation.guard import PASSED
 from bytemtp.runtime.checkpoint import save_checkpoint

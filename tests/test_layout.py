@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.decoding import compiled, decode
 from bytemtp.decoding.compiled import StaticStep
 from bytemtp.decoding.drafting import DraftTree, PassCosts
@@ -32,7 +33,7 @@ FLAT = PassCosts({(1, 1): 1.0, (1, 16): 1.0, (8, 1): 1.0, (8, 16): 1.0})  # no p
 
 def _model(head_type: str = "transformer", *, n_future: int = 3, head_layers: int = 1,
            doc_mask: bool = False) -> ByteMTP:
-    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=n_future, head_layers=head_layers,
+    cfg = dataclasses.replace(config_io.tiny().model, head_type=head_type, n_future=n_future, head_layers=head_layers,
                               doc_mask=doc_mask)
     model = ByteMTP(cfg)
     model.init_weights(generator=torch.Generator().manual_seed(0))
@@ -131,7 +132,7 @@ def test_the_static_step_hands_its_layout_to_every_head(monkeypatch, stacked):
     cache = KVCache.for_model(model, batch_size=2, max_len=model.config.seq_len + 16)
     cache.lengths = [5, 9]
     tree = DraftTree.from_paths([(0,), (1,), (0, 0)])
-    StaticStep(model, model.stack_heads() if stacked else None, compiled=False)(
+    StaticStep(model, model.decode_heads(stacked=stacked), compiled=False)(
         torch.randint(0, 256, (2, tree.T)), cache, heads=4, depths=tree.depths, ancestors=tree.ancestors)
     built = probe.check(heads=4)
     assert len(built) == 1 and isinstance(built[0], StaticLayout)
@@ -153,7 +154,7 @@ def test_a_call_without_a_layout_is_an_error_not_a_default():
     with pytest.raises(TypeError, match="layout"):
         model.head_states(z)
     with pytest.raises(TypeError, match="layout"):
-        model.stack_heads()(z, k=2)
+        model.decode_heads()(z, k=2)
     assert not hasattr(model, "layout")  # no default layout to fall back on
 
 
@@ -204,7 +205,7 @@ def test_a_document_masked_window_scores_each_document_as_if_alone(head_type, st
     with torch.no_grad():
         layout = build_layout(model, ids)
         assert not layout.causal and layout.mask.shape == (3, 1, ids.shape[1], ids.shape[1])
-        got = model.logits(ids, stacked=model.stack_heads() if stacked else None, layout=layout)
+        got = model.decode_heads(stacked=stacked).logits(ids, layout=layout)
         for b in range(len(ids)):
             for start, end in _documents(ids[b]):
                 alone = ids[b:b + 1, start:end]

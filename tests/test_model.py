@@ -3,9 +3,10 @@ import pytest
 import torch
 from doubles import tiny_model
 
-from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
+from bytemtp.model.pass_heads import HeadsInTurn, StackedHeads
 from bytemtp.vocab import VOCAB_SIZE
 
 HEAD_TYPES = ["transformer", "linear", "causal"]
@@ -27,14 +28,14 @@ def test_shapes(head_type, unembed):
 
 def test_parameter_matching_keeps_layers_equal():
     mtp, ntp = tiny_model(n_future=8), tiny_model(n_future=1)
-    assert mtp.config.total_layers == ntp.config.total_layers == C.tiny().model.n_layers
+    assert mtp.config.total_layers == ntp.config.total_layers == config_io.tiny().model.n_layers
     count_blocks = lambda m: sum(1 for mod in m.modules() if type(mod).__name__ == "Block")  # noqa: E731
-    assert count_blocks(mtp) == count_blocks(ntp) == C.tiny().model.n_layers
+    assert count_blocks(mtp) == count_blocks(ntp) == config_io.tiny().model.n_layers
     d = mtp.config.d_model
     # only the extra per-head norms and unembeddings differ
     assert mtp.num_params() - ntp.num_params() == 7 * (d + VOCAB_SIZE * d)
     unmatched = tiny_model(n_future=8, param_match=False)
-    assert count_blocks(unmatched) == C.tiny().model.n_layers + 7
+    assert count_blocks(unmatched) == config_io.tiny().model.n_layers + 7
 
 
 def test_heads_are_independent_modules():
@@ -101,14 +102,14 @@ def test_stacked_heads_equal_heads_one_by_one(head_type, mlp, unembed, head_laye
     model = tiny_model(head_type=head_type, mlp=mlp, unembed=unembed, head_layers=head_layers, n_future=4,
                        n_layers=10).double().eval()
     ids = torch.randint(0, 258, (2, 30))
-    stacked = model.stack_heads()
+    stacked = model.decode_heads()
     for k in (4, 2):
         layout = build_layout(model, ids)
-        torch.testing.assert_close(model.logits(ids, heads=k, stacked=stacked, layout=layout),
+        torch.testing.assert_close(stacked.logits(ids, heads=k, layout=layout),
                                    model.logits(ids, heads=k, layout=layout))
         fast, slow = KVCache.for_model(model, 2), KVCache.for_model(model, 2)
         for a, b, back in [(0, 9, 0), (9, 10, 0), (10, 16, 3), (13, 20, 0), (20, 30, 0)]:
-            got = model.logits(ids[:, a:b], fast, heads=k, stacked=stacked,
+            got = stacked.logits(ids[:, a:b], fast, heads=k,
                                layout=build_layout(model, ids[:, a:b], fast))
             want = model.logits(ids[:, a:b], slow, heads=k, layout=build_layout(model, ids[:, a:b], slow))
             torch.testing.assert_close(got, want)
@@ -118,7 +119,9 @@ def test_stacked_heads_equal_heads_one_by_one(head_type, mlp, unembed, head_laye
 
 
 def test_causal_heads_do_not_stack():
-    assert tiny_model(head_type="causal").stack_heads() is None
+    assert isinstance(tiny_model(head_type="causal").decode_heads(), HeadsInTurn)
+    assert isinstance(tiny_model().decode_heads(), StackedHeads)
+    assert isinstance(tiny_model().decode_heads(stacked=False), HeadsInTurn)
 
 
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
@@ -128,13 +131,13 @@ def test_rows_at_different_lengths_equal_each_row_alone(head_type):
     model = tiny_model(head_type=head_type, n_future=3).double().eval()
     ids = torch.randint(0, 258, (3, 40))
     full = model.logits(ids, layout=build_layout(model, ids))
-    stacked = model.stack_heads()
+    stacked = model.decode_heads()
     cache = KVCache.for_model(model, batch_size=3)
     model.logits(ids[:, :12], cache, layout=build_layout(model, ids[:, :12], cache))
     cache.rewind([0, 5, 9])  # rows now at 12, 7 and 3
     assert cache.lengths == [12, 7, 3]
     fed = torch.stack([ids[0, 12:18], ids[1, 7:13], ids[2, 3:9]])
-    got = model.logits(fed, cache, heads=3, stacked=stacked, layout=build_layout(model, fed, cache))
+    got = stacked.logits(fed, cache, heads=3, layout=build_layout(model, fed, cache))
     for row, start in enumerate([12, 7, 3]):
         torch.testing.assert_close(got[row], full[row, start:start + 6])
     cache.keep([2, 0])
@@ -190,7 +193,7 @@ def test_a_tree_pass_equals_each_branch_as_a_chain(head_type, rows):
     the logits of its branch fed as a plain chain; after compacting the accepted path the cache
     equals the cache of that path, and decoding goes on from it exactly."""
     model = tiny_model(head_type=head_type, n_future=3).double().eval()
-    stacked = model.stack_heads()
+    stacked = model.decode_heads()
     ids = torch.randint(0, 256, (rows, 30))
     # root 0; children 1, 2 of the root; 3 under 1; 4 under 2; 5 under 3
     parents = [-1, 0, 0, 1, 2, 3]
@@ -207,7 +210,7 @@ def test_a_tree_pass_equals_each_branch_as_a_chain(head_type, rows):
     model.logits(ids[:, :10], cache, heads=3, layout=build_layout(model, ids[:, :10], cache))
     cache.rewind([0, 3][:rows])
     layout = build_layout(model, tree_ids, cache, depths=depths, ancestors=anc)
-    got = model.logits(tree_ids, cache, heads=3, stacked=stacked, layout=layout)
+    got = stacked.logits(tree_ids, cache, heads=3, layout=layout)
     for r, s in enumerate(starts):
         for node in range(6):
             branch = [j for j in range(6) if anc[node, j]]  # ancestors in depth order
@@ -230,8 +233,8 @@ def test_prefill_unembeds_only_the_last_positions():
     model = tiny_model(n_future=3).double().eval()
     ids = torch.randint(0, 256, (2, 12))
     full = model.logits(ids, layout=build_layout(model, ids))
-    for stacked in (None, model.stack_heads()):
+    for stacked in (HeadsInTurn(model), model.decode_heads()):
         cache = KVCache.for_model(model, 2)
-        got = model.logits(ids, cache, stacked=stacked, layout=build_layout(model, ids, cache), last=[11, 4])
+        got = stacked.logits(ids, cache, layout=build_layout(model, ids, cache), last=[11, 4])
         assert got.shape == (2, 1, 3, full.shape[-1])
         torch.testing.assert_close(got[:, 0], full[[0, 1], [11, 4]])

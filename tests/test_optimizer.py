@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from train_runs import loss_lines, read_metrics, tiny_cfg
 
 import bytemtp.training.train as train_lib
-from bytemtp import config as config_lib
+from bytemtp import config_io
 from bytemtp.config import TrainConfig
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import CheckpointError, latest_checkpoint, load_optimizer_state
@@ -19,7 +19,7 @@ CPU = torch.device("cpu")
 
 
 def _model() -> ByteMTP:
-    model = ByteMTP(config_lib.tiny().model)
+    model = ByteMTP(config_io.tiny().model)
     model.init_weights(generator=torch.Generator().manual_seed(0))
     return model
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import save_checkpoint
 from bytemtp.training import plot
@@ -31,8 +31,8 @@ def _run(tmp_path, corpus, *, val=True):
             lines.append({"step": step, "val_bpb": [4.0 - 0.1 * step + 0.3 * k for k in range(4)]})
     lines.append({"step": 7, "head_loss": [None, 1.0, 1.0, 1.0]})  # a non-finite step logs null
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"torn": ')
-    cfg = dataclasses.replace(C.tiny(), model=dataclasses.replace(C.tiny().model, n_future=4),
-                              data=dataclasses.replace(C.tiny().data, path=str(corpus)))
+    cfg = dataclasses.replace(config_io.tiny(), model=dataclasses.replace(config_io.tiny().model, n_future=4),
+                              data=dataclasses.replace(config_io.tiny().data, path=str(corpus)))
     model = ByteMTP(cfg.model)
     model.init_weights(generator=torch.Generator().manual_seed(0))
     save_checkpoint(run, step=7, model=model, config=cfg, train_state={})

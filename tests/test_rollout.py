@@ -7,7 +7,6 @@ import pytest
 import torch
 from doubles import tiny_model
 
-from bytemtp import config as C
 from bytemtp import config_io
 from bytemtp.decoding.decode import generate
 from bytemtp.decoding.sampling import Sampling, next_byte
@@ -87,5 +86,5 @@ def test_a_document_masked_rollout_that_writes_eos_starts_a_document_there():
 
 def test_rollouts_need_a_frozen_trunk():
     with pytest.raises(ValueError, match="trainable=draft-heads"):
-        config_io.apply_overrides(C.tiny(), ["loss.rollout_bytes=16"])
-    config_io.apply_overrides(C.tiny(), ["loss.rollout_bytes=16", "train.trainable=draft-heads"])
+        config_io.apply_overrides(config_io.tiny(), ["loss.rollout_bytes=16"])
+    config_io.apply_overrides(config_io.tiny(), ["loss.rollout_bytes=16", "train.trainable=draft-heads"])

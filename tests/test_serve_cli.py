@@ -102,7 +102,7 @@ def long_run(tmp_path):
     """A checkpoint of a tiny model whose EOS is rare, so that its streams run long."""
     from doubles import rare_eos_model
 
-    from bytemtp.config import tiny
+    from bytemtp.config_io import tiny
     from bytemtp.runtime.checkpoint import save_checkpoint
 
     save_checkpoint(tmp_path / "long", step=1, model=rare_eos_model(), config=tiny(), train_state={})

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.evaluation.evaluate import evaluate
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
@@ -27,7 +28,7 @@ def _grads(model):
 @pytest.mark.parametrize("teacher", [False, True])
 @pytest.mark.parametrize("doc_mask", [False, True])
 def test_memory_efficient_gradients_equal_plain(head_type, mlp, unembed, dropout, teacher, doc_mask):
-    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, mlp=mlp, unembed=unembed, dropout=dropout,
+    cfg = dataclasses.replace(config_io.tiny().model, head_type=head_type, mlp=mlp, unembed=unembed, dropout=dropout,
                               n_future=4, head_layers=2, n_layers=10, doc_mask=doc_mask)
     model = ByteMTP(cfg)
     model.init_weights(generator=torch.Generator().manual_seed(0))
@@ -58,7 +59,7 @@ def test_memory_efficient_gradients_equal_plain(head_type, mlp, unembed, dropout
 @pytest.mark.parametrize("head_type", ["transformer", "linear", "causal"])
 @pytest.mark.parametrize("teacher", [False, True])
 def test_heads_of_weight_0_do_not_run_and_get_the_references_zero_gradients(head_type, teacher):
-    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=4, head_layers=1, n_layers=8)
+    cfg = dataclasses.replace(config_io.tiny().model, head_type=head_type, n_future=4, head_layers=1, n_layers=8)
     model = ByteMTP(cfg)
     model.init_weights(generator=torch.Generator().manual_seed(0))
     ids = torch.randint(0, 256, (3, 24 + 4), generator=torch.Generator().manual_seed(1))
@@ -94,7 +95,7 @@ def test_heads_of_weight_0_do_not_run_and_get_the_references_zero_gradients(head
 
 
 def test_head_weights_must_give_head_1_a_weight():
-    model = ByteMTP(dataclasses.replace(C.tiny().model, n_future=2, n_layers=4))
+    model = ByteMTP(dataclasses.replace(config_io.tiny().model, n_future=2, n_layers=4))
     ids = torch.randint(0, 256, (1, 16 + 2))
     with pytest.raises(ValueError, match="expected 2 head weights, the first above 0"):
         forward_backward(model, ids, loss_cfg=C.LossConfig(), weights=[0.0, 1.0])
@@ -102,7 +103,7 @@ def test_head_weights_must_give_head_1_a_weight():
 
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])
 def test_a_frozen_trunk_and_head_1_train_only_the_draft_heads_as_the_reference_does(head_type):
-    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=4, head_layers=1, n_layers=6)
+    cfg = dataclasses.replace(config_io.tiny().model, head_type=head_type, n_future=4, head_layers=1, n_layers=6)
     model = ByteMTP(cfg)
     model.init_weights(generator=torch.Generator().manual_seed(0))
     set_trainable(model, "draft-heads")  # what tune-heads trains: heads 2..n and their unembeddings
@@ -122,7 +123,7 @@ def test_a_frozen_trunk_and_head_1_train_only_the_draft_heads_as_the_reference_d
 
 
 def test_gradients_accumulate_across_calls():
-    model = ByteMTP(C.tiny().model)
+    model = ByteMTP(config_io.tiny().model)
     ids = torch.randint(0, 256, (2, 40 + 8))
     loss_cfg = C.LossConfig()
     forward_backward(model, ids, loss_cfg=loss_cfg)
@@ -156,7 +157,7 @@ def test_step_reports_per_head_figures():
     """Each head's loss, nats, accuracy, count and agreement with head 1, recomputed from the
     logits: head k (0-based) at position t predicts ids[t + k + 1], and agrees with head 1 when
     its greedy byte is head 1's at t + k."""
-    model = ByteMTP(C.tiny().model)
+    model = ByteMTP(config_io.tiny().model)
     model.init_weights(generator=torch.Generator().manual_seed(0))
     B, T, K = 2, 16, model.config.n_future
     ids = _predicted_ids(model, B, T + K, torch.Generator().manual_seed(1))
@@ -180,7 +181,7 @@ def test_step_reports_per_head_figures():
 @pytest.mark.parametrize("head_type", ["transformer", "causal"])
 def test_evaluation_nats_equal_the_training_loss(head_type, tmp_path):
     """evaluate (what training's validation runs) scores a window as the training step does."""
-    cfg = dataclasses.replace(C.tiny().model, head_type=head_type)
+    cfg = dataclasses.replace(config_io.tiny().model, head_type=head_type)
     model = ByteMTP(cfg).eval()
     ids = torch.randint(0, 256, (2, cfg.seq_len + cfg.n_future))
     (tmp_path / "doc.bin").write_bytes(bytes(ids[0, :-1].tolist()))  # one document: the window, EOS last
@@ -200,7 +201,7 @@ def test_evaluation_nats_equal_the_training_loss(head_type, tmp_path):
 def test_the_compiled_step_gives_the_eager_steps_losses_and_gradients(head_type, doc_mask):
     from bytemtp.training.step import compile_blocks
 
-    cfg = dataclasses.replace(C.tiny().model, head_type=head_type, n_future=4, n_layers=6, doc_mask=doc_mask)
+    cfg = dataclasses.replace(config_io.tiny().model, head_type=head_type, n_future=4, n_layers=6, doc_mask=doc_mask)
     eager, compiled = ByteMTP(cfg), ByteMTP(cfg)
     compiled.load_state_dict(eager.state_dict())
     compile_blocks(compiled)

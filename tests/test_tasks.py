@@ -10,7 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from bytemtp import config as C
+from bytemtp import config_io
 from bytemtp.data.corpus import corpus_files, iter_documents
 from bytemtp.decoding.generation import Generation
 from bytemtp.evaluation import tasks as T
@@ -126,7 +126,7 @@ def test_task_accuracy_counts_exact_matches(monkeypatch):
     from bytemtp.decoding import decode
 
     test = T.test_set(5, range(1, 3))
-    model = ByteMTP(dataclasses.replace(C.small().model, n_layers=10, d_model=32, n_attn_heads=2))
+    model = ByteMTP(dataclasses.replace(config_io.small().model, n_layers=10, d_model=32, n_attn_heads=2))
     answers = {p.prompt.encode(): p.answer.encode() for ps in test.values() for p in ps}
 
     def oracle(model, prompts, **kw):  # right on every other problem
@@ -145,7 +145,7 @@ def test_task_corpus_and_eval_task_commands(tmp_path):
     for doc in docs[:50]:
         expression, answer = doc.split("=")
         assert _show(_evaluate(expression)) == answer
-    cfg = dataclasses.replace(C.small(), model=dataclasses.replace(C.small().model, n_layers=10, d_model=32,
+    cfg = dataclasses.replace(config_io.small(), model=dataclasses.replace(config_io.small().model, n_layers=10, d_model=32,
                                                                    n_attn_heads=2, n_future=4))
     model = ByteMTP(cfg.model)
     save_checkpoint(tmp_path / "run", step=1, model=model, config=cfg, train_state={})
@@ -211,7 +211,7 @@ def test_induction_accuracy_scores_the_second_part_only(monkeypatch):
     from bytemtp.decoding import decode
 
     test = T.induction_test_set(20)
-    model = ByteMTP(dataclasses.replace(C.small().model, n_layers=10, d_model=32, n_attn_heads=2))
+    model = ByteMTP(dataclasses.replace(config_io.small().model, n_layers=10, d_model=32, n_attn_heads=2))
 
     def copier(model, prompts, *, max_bytes, **kw):  # induction by pattern: copy the name's second part
         outs = []
@@ -244,8 +244,8 @@ def test_induction_corpus_and_eval_commands(tmp_path):
     assert res.exit_code != 0 and "--counts is for poly" in res.output
 
     def run(seq_len):
-        cfg = dataclasses.replace(C.small(), model=dataclasses.replace(
-            C.small().model, n_layers=10, d_model=32, n_attn_heads=2, n_future=2, seq_len=seq_len))
+        cfg = dataclasses.replace(config_io.small(), model=dataclasses.replace(
+            config_io.small().model, n_layers=10, d_model=32, n_attn_heads=2, n_future=2, seq_len=seq_len))
         save_checkpoint(tmp_path / f"run{seq_len}", step=1, model=ByteMTP(cfg.model), config=cfg, train_state={})
         return str(tmp_path / f"run{seq_len}")
 
@@ -271,7 +271,7 @@ def test_answer_scores_equal_a_problem_by_problem_count(until_eos):
     from bytemtp.evaluation.evaluate import task_answer_scores
     from bytemtp.vocab import EOS
 
-    model = ByteMTP(dataclasses.replace(C.small().model, n_layers=10, d_model=32, n_attn_heads=2,
+    model = ByteMTP(dataclasses.replace(config_io.small().model, n_layers=10, d_model=32, n_attn_heads=2,
                                         n_future=2, seq_len=512)).double().eval()
     test = {"poly": T.test_set(6, range(1, 3))[2], "induction": T.induction_test_set(2)["3"]}
     got = task_answer_scores(model, test, until_eos=until_eos, batch_size=4)
@@ -303,8 +303,8 @@ def test_eval_task_says_when_its_window_slides(tmp_path):
     assert need == 1 + max(len(p.prompt) for p in test[10]) + ANSWER_MAX_BYTES
     assert task_context(test, until_eos=False) == 1 + max(len(p.prompt) + len(p.answer) for p in test[10])
     for seq_len, ok in ((need - 1, False), (need, True)):
-        cfg = dataclasses.replace(C.small(), model=dataclasses.replace(
-            C.small().model, n_layers=10, d_model=32, n_attn_heads=2, n_future=2, seq_len=seq_len))
+        cfg = dataclasses.replace(config_io.small(), model=dataclasses.replace(
+            config_io.small().model, n_layers=10, d_model=32, n_attn_heads=2, n_future=2, seq_len=seq_len))
         save_checkpoint(tmp_path / f"run{seq_len}", step=1, model=ByteMTP(cfg.model), config=cfg, train_state={})
         res = CliRunner().invoke(main, ["eval-task", "poly", "--ckpt", str(tmp_path / f"run{seq_len}"),
                                         "--per-count", "5", "--counts", "10", "--device", "cpu"])

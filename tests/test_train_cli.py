@@ -348,7 +348,7 @@ def test_train_prints_a_header_and_the_next_byte_loss(tmp_path, corpus_dir):
               "--set", f"data.batch_size={BATCH}", "--set", "train.log_every=1", "--device", "cpu")
     assert res.exit_code == 0, res.output
     assert "{" not in res.stdout  # the config is in the run directory, not on the screen
-    params = ByteMTP(config_lib.tiny().model).num_params()
+    params = ByteMTP(config_io.tiny().model).num_params()
     for words in (f"run      {run} (new", "run-config.json", f"corpus   {corpus_dir}", f"{params:,} parameters",
                   "device   cpu"):
         assert words in res.stdout, words

@@ -8,7 +8,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from bytemtp import config as C
 from bytemtp import config_io
 from bytemtp.runtime.checkpoint import load_model
 from bytemtp.training.train import train
@@ -22,7 +21,7 @@ pytestmark = [pytest.mark.xdist_group("tune-source"), pytest.mark.slow]
 @pytest.fixture(scope="module")
 def source(code_corpus, tmp_path_factory):
     """A tiny 4-head run, trained a few steps so that its heads disagree."""
-    cfg = config_io.apply_overrides(C.tiny(), [f"data.path={code_corpus}", "model.n_future=4", "train.steps=30",
+    cfg = config_io.apply_overrides(config_io.tiny(), [f"data.path={code_corpus}", "model.n_future=4", "train.steps=30",
                                        "train.eval_batches=2", "data.batch_size=4", "train.lr=3e-3",
                                        "train.warmup_steps=5"])
     run = tmp_path_factory.mktemp("tune") / "source"
@@ -134,7 +133,7 @@ def test_a_tune_with_a_shared_unembedding_keeps_head_1s_logits(code_corpus, tmp_
     head 1's logits are the source's to the bit, while the draft heads' change."""
     from bytemtp.model.layout import build_layout
 
-    cfg = config_io.apply_overrides(C.tiny(), [f"data.path={code_corpus}", "model.n_future=4", "model.unembed=shared",
+    cfg = config_io.apply_overrides(config_io.tiny(), [f"data.path={code_corpus}", "model.n_future=4", "model.unembed=shared",
                                        "train.steps=2", "data.batch_size=2", "train.eval_batches=1"])
     train(cfg, tmp_path / "source", show_progress=False, say=lambda m: None)
     _tune(["--ckpt", str(tmp_path / "source"), "--out", str(tmp_path / "tuned"), "--steps", "2",
@@ -170,7 +169,7 @@ def test_a_tune_trains_on_a_corpus_whose_val_split_is_empty(tmp_path):
     assert res.exit_code == 0, res.output
     manifest = json.loads((tmp_path / "corpus" / "manifest.json").read_text())
     assert manifest["splits"]["val"]["documents"] == 0
-    cfg = config_io.apply_overrides(C.tiny(), [f"data.path={tmp_path / 'corpus'}", "model.n_future=4", "train.steps=2",
+    cfg = config_io.apply_overrides(config_io.tiny(), [f"data.path={tmp_path / 'corpus'}", "model.n_future=4", "train.steps=2",
                                        "data.batch_size=2"])
     train(cfg, tmp_path / "source", show_progress=False, say=lambda m: None)
     report = tmp_path / "tune.json"
@@ -203,7 +202,7 @@ def test_mistakes_stop_with_one_line(source, tmp_path, args, message):
 
 
 def test_a_run_starts_from_weights_of_the_same_model_only(source, code_corpus, tmp_path):
-    cfg = config_io.apply_overrides(C.tiny(), [f"data.path={code_corpus}", "model.n_future=4", "train.steps=1",
+    cfg = config_io.apply_overrides(config_io.tiny(), [f"data.path={code_corpus}", "model.n_future=4", "train.steps=1",
                                        f"train.init={source}", "data.batch_size=2", "train.eval_batches=1"])
     got = train(cfg, tmp_path / "a", show_progress=False, say=lambda m: None)
     assert got.step == 1
@@ -240,7 +239,7 @@ def prose_source(tmp_path_factory):
     prepare([root / "src"], root / "corpus", val_fraction=0.2)
     # windows in packing order: 150 steps of windows shuffled over the whole corpus leave this tiny
     # model's greedy text a run of one byte, which every draft matches (nothing left to tune)
-    cfg = config_io.apply_overrides(C.tiny(), [f"data.path={root / 'corpus'}", "train.steps=150", "train.eval_batches=2",
+    cfg = config_io.apply_overrides(config_io.tiny(), [f"data.path={root / 'corpus'}", "train.steps=150", "train.eval_batches=2",
                                        "data.batch_size=4", "train.lr=3e-3", "train.warmup_steps=5",
                                        "data.shuffle_buffer=1"])
     train(cfg, root / "run", show_progress=False, say=lambda m: None)

@@ -44,7 +44,7 @@ import time
 
 import torch
 
-from bytemtp.config import preset
+from bytemtp.config_io import preset
 from bytemtp.model.flops import peak_flops, step_flops, utilisation
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.devices import autocast, fast_fp32_matmuls, synchronize
