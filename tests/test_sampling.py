@@ -197,6 +197,21 @@ def test_never_emits_pad_or_special_ids():
     assert probs[PAD] == 0 and probs[256] == 0 and probs[259:].sum() == 0
 
 
+def test_a_temperature_below_the_greedy_threshold_decodes_greedily():
+    """Sampling owns the rule the server's parser asks too: below GREEDY_BELOW (1e-5) a
+    temperature is greedy, made 0 when the value is made, so that no reader divides by it."""
+    for tiny in (1e-40, 1e-9, Sampling.GREEDY_BELOW / 2):
+        s = Sampling(temperature=tiny, generator=torch.Generator().manual_seed(1))
+        assert s.greedy and s.temperature == 0.0
+    edge = Sampling(temperature=Sampling.GREEDY_BELOW)
+    assert not edge.greedy and edge.temperature == Sampling.GREEDY_BELOW
+    model = rare_eos_model()
+    want = decode.generate(model, b"a", max_bytes=30, sampling=Sampling(temperature=0)).output
+    tiny = Sampling(temperature=1e-9, generator=torch.Generator().manual_seed(1))
+    assert decode.generate(model, b"a", max_bytes=30, sampling=tiny).output == want
+    assert decode.Decoder(model).generate([b"a", b"b"], max_bytes=30, sampling=tiny, draft=Draft(heads=2))[0].output == want
+
+
 def test_sampling_is_seeded_and_truncated():
     model = rare_eos_model()
     def run(seed):

@@ -25,6 +25,7 @@ Legend: N rows (any leading dimensions), T positions, D drafts, V vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -44,9 +45,17 @@ def allowed_mask(logits: torch.Tensor) -> torch.Tensor:
     return mask
 
 
+SEED_RANGE = (-2 ** 63, 2 ** 64 - 1)  # the seeds a torch.Generator takes
+
+
 @dataclass
 class Sampling:
-    """How a byte is chosen from the next-byte distribution; temperature 0 is greedy."""
+    """How a byte is chosen from the next-byte distribution; a temperature below `GREEDY_BELOW`
+    (0 included) is greedy, and is made 0 when the value is made, so that every reader of
+    `temperature` (the batched picks group rows by it) sees greedy decoding as 0: dividing the
+    logits by a temperature that small overflows, and its distribution is the greedy pick anyway."""
+
+    GREEDY_BELOW: ClassVar[float] = 1e-5  # a smaller temperature decodes greedily (as vLLM does)
 
     temperature: float = 0.0
     top_k: int = 0  # 0: all
@@ -56,14 +65,20 @@ class Sampling:
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature} is not allowed; expected >= 0 (0 = greedy)")
+        self.temperature = self.effective_temperature(self.temperature)
         if self.top_k < 0:
             raise ValueError(f"top_k={self.top_k} is not allowed; expected >= 0 (0 = all)")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p} is not allowed; expected 0 < top_p <= 1")
 
+    @classmethod
+    def effective_temperature(cls, temperature: float) -> float:
+        """The temperature that decodes as `temperature` does: 0 below `GREEDY_BELOW`, else itself."""
+        return 0.0 if temperature < cls.GREEDY_BELOW else temperature
+
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < self.GREEDY_BELOW
 
     def draw_key(self) -> int:
         """A sampled row's key (63 bits), drawn from the generator when the row starts: every byte

@@ -16,8 +16,8 @@ a stop string or end inside a UTF-8 character (`StreamText`), so no client ever 
 or a broken character.
 
 Numbers must be finite (Python's JSON reads `NaN`, `Infinity` and `1e309`: each is refused, by
-the field's name); a temperature below `GREEDY_BELOW` decodes greedily, as 0 does (dividing the
-logits by it overflows). What one request may ask for is bounded: `MAX_N` completions per prompt
+the field's name); a temperature below `Sampling.GREEDY_BELOW` decodes greedily, as 0 does
+(`Sampling`'s rule, which every command shares). What one request may ask for is bounded: `MAX_N` completions per prompt
 and `MAX_CHOICES` in all, `MAX_STOPS` stop strings of `MAX_STOP_BYTES` bytes each (each is
 checked after every byte, on the decoding thread), a seed within what a generator takes (64 bits).
 
@@ -33,6 +33,7 @@ import math
 import pathlib
 from typing import Any
 
+from bytemtp.decoding.sampling import SEED_RANGE, Sampling
 from bytemtp.vocab import EOS, SPECIAL_NAMES, TextStream
 
 MAX_N = 16  # completions a request may ask for per prompt
@@ -40,8 +41,6 @@ MAX_CHOICES = 1024  # completions a request may ask for in all (prompts x n)
 MAX_LOGPROBS = 20  # likeliest ids a request may ask for per position
 MAX_STOPS = 16  # stop strings a request may give (OpenAI allows 4; lm-eval sends its stops and EOS's name)
 MAX_STOP_BYTES = 256  # bytes of one stop string
-GREEDY_BELOW = 1e-5  # a smaller temperature decodes greedily (as vLLM does)
-SEED_RANGE = (-2 ** 63, 2 ** 64 - 1)  # what a torch.Generator takes
 
 
 class ApiError(Exception):
@@ -127,7 +126,7 @@ def parse_completion(body: Any, *, model_name: str, max_prompt_bytes: int) -> Co
     return Completion(
         prompts=prompts, leading_eos=leading,
         max_tokens=_integer(body, "max_tokens", 16, lo=0),
-        temperature=0.0 if temperature < GREEDY_BELOW else temperature,
+        temperature=Sampling.effective_temperature(temperature),
         top_p=_number(body, "top_p", 1.0, lo=0.0, lo_open=True, hi=1.0),
         top_k=max(0, top_k),  # -1 (vLLM's "all") is 0 here
         stop=_stop(body.get("stop")),
