@@ -15,7 +15,8 @@ from train_runs import tiny_cfg
 import bytemtp.training.train as train_lib
 from bytemtp.config import DataConfig, ModelConfig
 from bytemtp.data.corpus import corpus_files, iter_documents
-from bytemtp.data.loader import ByteLoader, DocumentStream
+from bytemtp.data.loader import ByteLoader
+from bytemtp.data.stream import DocumentStream
 from bytemtp.decoding.decode import Decoder, generate
 from bytemtp.decoding.generation import Output, DecodeStats
 from bytemtp.evaluation.evaluate import evaluate

@@ -2,5 +2,6 @@
 gzip and plain files; `readers`: the file formats, one reader class each with its resume position),
 the prepared-shard format (`shards`), what a corpus holds by split (`splits`: held-out text,
 prompts), preparing a corpus (`prep`: dedup, split, bad-record policy)
-and the stateful streaming loader that packs documents into windows (`loader`). No torch model here.
+and the stateful streaming loader that packs documents into windows (`loader`, its document
+stream in `stream`). No torch model here.
 """

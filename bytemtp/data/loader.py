@@ -3,7 +3,7 @@
 The pipeline is a chain of two small stages, each with a plain-dict state that rebuilds it at
 the same position:
 
-- `DocumentStream` walks the corpus files in an order shuffled every epoch from the seed (the
+- `DocumentStream` (`bytemtp.data.stream`) walks the corpus files in an order shuffled every epoch from the seed (the
   same order in every reader) and numbers the records it meets (documents of prepared shards, JSONL
   lines, table rows, whole raw files) in that order. Reader g of G (g = rank x workers + worker) keeps the
   records whose number is g mod G, so one epoch hands every record to exactly one reader whatever
@@ -46,9 +46,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import hashlib
-import random
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -56,16 +53,12 @@ import torch
 
 from bytemtp.config import DataConfig, ModelConfig
 from bytemtp.data.corpus import corpus_files
-from bytemtp.data.readers import reader_for
-from bytemtp.data.shards import CorpusError
-from bytemtp.data.steps import Share
+from bytemtp.data.stream import DocumentStream
 from bytemtp.data.tokenized import TokenStream
 from bytemtp.vocab import load_vocabulary
 from bytemtp.vocab import EOS
 
 STATE_VERSION = 2  # 2: segment shuffle (1: block shuffle, its pending windows in the state)
-START = (0, 0)  # the saved position of a file's start, in every format
-_MIN_LINES_FOR_BAD_CHECK = 1000
 
 
 def _version_error(state: dict) -> str:
@@ -111,108 +104,6 @@ def write_ids(out: np.ndarray, data: np.ndarray, at: np.ndarray) -> int:
         out[:n][fill] = data
     out[slots] = EOS
     return n
-
-
-class DocumentStream:
-    """One reader's share of the corpus as ids (documents, each followed by EOS), epoch after
-    epoch, with a resumable position."""
-
-    CHUNK = 1 << 16  # the most bytes a prepared shard hands out at a time (the packer's tail stays small)
-    AHEAD = 3  # frames of a prepared shard decoded ahead, in threads (zstd releases the GIL)
-
-    def __init__(self, files: list[Path], *, field: str = "text", reader: int = 0, n_readers: int = 1,
-                 seed: int = 0, max_bad_fraction: float = 0.01):
-        assert 0 <= reader < n_readers, (reader, n_readers)
-        self.files, self.field = [Path(f) for f in files], field
-        self.readers = [reader_for(f, field=field) for f in self.files]
-        self.reader, self.n_readers, self.seed = reader, n_readers, seed
-        self.max_bad_fraction = max_bad_fraction
-        self.epoch, self.file_index, self.record = 0, 0, 0
-        self.pos: tuple[int, int] = START  # the position in the current file, typed by its reader once read
-        self.counts = {"documents": 0, "bytes": 0, "lines": 0, "skipped": {}}
-        self._epoch_docs = 0  # documents this reader took in the current epoch
-        self._unchecked = False
-
-    def order(self, epoch: int) -> list[int]:
-        """File order of an epoch: a permutation that every reader derives alike."""
-        order = list(range(len(self.files)))
-        random.Random(f"bytemtp-shards:{self.seed}:{epoch}").shuffle(order)
-        return order
-
-    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Pieces (bytes, offsets after which an EOS follows) from the current position on, forever:
-        whole documents from raw and JSONL files, up to CHUNK bytes at a time from prepared shards
-        and tables (a table's longer document whole).
-        The position advances as they go."""
-        while True:
-            yield from self.epoch_pieces()
-
-    def epoch_pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The pieces from the current position to the end of the current epoch; once they run out,
-        the stream stands at the start of the next epoch."""
-        order = self.order(self.epoch)
-        while self.file_index < len(order):
-            file = self.readers[order[self.file_index]]
-            share = Share(self.reader, self.n_readers, chunk=self.CHUNK, ahead=self.AHEAD,
-                          undigested=self._unchecked)
-            for step in file.share(file.position(self.pos), record=self.record, share=share):
-                self.pos, self.record = step.pos, step.record
-                self.counts["lines"] += step.lines
-                if step.skipped is not None:
-                    self._skip(step.skipped, file.path)
-                self.counts["documents"] += step.documents
-                self.counts["bytes"] += step.nbytes
-                self._epoch_docs += step.documents
-                if step.piece is not None:
-                    yield step.piece
-            self.file_index, self.pos = self.file_index + 1, START
-        self._check_bad(final=True)
-        if self._epoch_docs == 0:
-            raise CorpusError(
-                f"reader {self.reader} of {self.n_readers} found no documents in a whole epoch of "
-                f"{len(self.files)} file(s): the corpus has fewer documents than readers "
-                "(ranks x workers); use fewer workers or a bigger corpus")
-        self.epoch, self.file_index, self.record, self._epoch_docs = self.epoch + 1, 0, 0, 0
-
-    def _skip(self, reason: str, path: Path) -> None:
-        skipped = self.counts["skipped"]
-        skipped[reason] = skipped.get(reason, 0) + 1
-        self._check_bad(final=False, path=path)
-
-    def _check_bad(self, *, final: bool, path: Path | None = None) -> None:
-        lines, bad = self.counts["lines"], sum(self.counts["skipped"].values())
-        if (final or lines >= _MIN_LINES_FOR_BAD_CHECK) and lines and bad / lines > self.max_bad_fraction:
-            reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.counts["skipped"].items()))
-            where = f" (last in {path})" if path else ""
-            raise CorpusError(
-                f"{bad} of {lines} records are unusable ({reasons}){where}: more than "
-                f"data.max_bad_fraction={self.max_bad_fraction}; check data.field "
-                f"(now {self.field!r}) or clean the corpus")
-
-    @functools.cached_property
-    def fingerprint(self) -> str:
-        """A digest of the files' names and sizes: a saved position fits only the corpus it was taken in."""
-        digest = hashlib.sha256()
-        for path in self.files:
-            digest.update(f"{path.name}\0{path.stat().st_size}\n".encode())
-        return digest.hexdigest()[:16]
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "file_index": self.file_index, "pos": list(self.pos),
-                "record": self.record, "epoch_docs": self._epoch_docs,
-                "counts": {**self.counts, "skipped": dict(self.counts["skipped"])},
-                "files": self.fingerprint}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._unchecked = "files" not in state  # saved before positions carried the files' digest
-        if state.get("files", self.fingerprint) != self.fingerprint:
-            raise CorpusError(f"the corpus changed since this position was saved (its {len(self.files)} "
-                              "file(s) differ in names or sizes, e.g. prepared again); resume with the "
-                              "corpus the run trained on, or start a new run")
-        self.epoch, self.file_index, self.record = state["epoch"], state["file_index"], state["record"]
-        self.pos = tuple(state["pos"])
-        self._epoch_docs = state["epoch_docs"]
-        self.counts = {**state["counts"], "skipped": dict(state["counts"]["skipped"])}
 
 
 class WindowPacker:

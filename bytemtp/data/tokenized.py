@@ -1,6 +1,6 @@
 """A document stream read as BPE tokens: the loader's stage for the token baseline of `bench tokens`.
 
-`TokenStream` wraps a `loader.DocumentStream` and hands the packer the same kind of pieces, but as
+`TokenStream` wraps a `stream.DocumentStream` and hands the packer the same kind of pieces, but as
 ids already: each whole document encoded by the vocabulary (`bytemtp.vocab`), then EOS. A
 document arrives in pieces from prepared shards (up to a chunk at a time), and BPE needs it whole,
 so the bytes of a document not yet ended wait in `pending`; they are part of the state, next to
