@@ -307,3 +307,49 @@ def test_the_floor_table_check_fails_on_a_missing_an_unknown_or_a_misplaced_modu
     readme.write_text("# bytemtp\n\nNo table.\n")
     assert floor_table_faults(readme, pkg, floors) == [
         "README.md has no floor table (a markdown table with a `floor` and a `module` column)"]
+
+
+# --- size: limits kept by a test, not by memory ----------------------------------------------------
+
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+
+def _sources(package: pathlib.Path = PACKAGE, cli: pathlib.Path = ROOT / "cli") -> list[pathlib.Path]:
+    return sorted([*package.rglob("*.py"), *cli.rglob("*.py")])
+
+
+def long_modules(files, limit: int = MAX_MODULE_LINES, root: pathlib.Path = ROOT) -> list[str]:
+    """The modules over `limit` lines, each by its path below `root` with its count."""
+    return [f"{p.relative_to(root).as_posix()}: {n} lines" for p in files
+            if (n := len(p.read_text().splitlines())) > limit]
+
+
+def long_functions(files, limit: int = MAX_FUNCTION_LINES, root: pathlib.Path = ROOT) -> list[str]:
+    """The functions and methods over `limit` lines (decorators left out, docstring in), each by
+    its module's path below `root`, its line and its count."""
+    faults = []
+    for p in files:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > limit:
+                    faults.append(f"{p.relative_to(root).as_posix()}:{node.lineno} {node.name}: {n} lines")
+    return faults
+
+
+def test_no_module_is_over_500_lines():
+    assert long_modules(_sources()) == []
+
+
+def test_no_function_is_over_80_lines():
+    assert long_functions(_sources()) == []
+
+
+def test_the_size_checks_name_what_is_too_long(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    short, long = tmp_path / "pkg" / "short.py", tmp_path / "pkg" / "long.py"
+    short.write_text("def f():\n    return 1\n")
+    long.write_text("def g():\n" + "    x = 1\n" * 80 + "\n" * 420)
+    assert long_modules([short, long], root=tmp_path) == ["pkg/long.py: 501 lines"]
+    assert long_functions([short, long], root=tmp_path) == ["pkg/long.py:1 g: 81 lines"]

@@ -192,7 +192,7 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
     engine.start(progress=say)
     step = "compiled" if engine.static else "eager"
     say(f"the draft's server ({draft}) runs the {step} step")
-    cases, figures = {}, None
+    figures = None
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(Running(Server(engine, model_name="bench")))
         plain = None
@@ -206,47 +206,60 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
             return run_load(at.url, model="bench", prompts=prompts, expected=expected, clients=n,
                             max_tokens=max_bytes, **kw)
 
-        say("warm-up")
-        load(max(clients), per_client=1)
-        if plain is not None:
-            load(max(clients), at=plain, per_client=1)
-        by_count: dict[int, list[LoadFigures]] = {n: [] for n in clients}
-        plain_by_count: dict[int, list[LoadFigures]] = {n: [] for n in clients}
-        for r in range(rounds):
-            for n in clients:
-                say(f"round {r + 1}: {n} clients")
-                per_client = -(-len(prompts) // n)
-                by_count[n].append(LoadFigures(**load(n, per_client=per_client).to_json()))
-                if plain is not None:
-                    say(f"round {r + 1}: {n} clients, plain")
-                    plain_by_count[n].append(LoadFigures(**load(n, at=plain, per_client=per_client).to_json()))
-        for n, runs in by_count.items():
-            cases[n] = ServeCase.of(runs, by_count[clients[0]], plain_by_count[n] if plain is not None else None)
+        cases = _rounds(load, clients=clients, rounds=rounds, prompts=len(prompts), plain=plain, say=say)
         if load_s:
-            say(f"load: {load_clients} clients for {load_s:.0f} s")
-            rss, done = [(0.0, _rss_mb())], threading.Event()
-            t0 = time.perf_counter()
-
-            def sample() -> None:  # the memory every few seconds while the load runs
-                while not done.wait(min(5.0, load_s / 10)):
-                    rss.append((time.perf_counter() - t0, _rss_mb()))
-
-            sampler = threading.Thread(target=sample, daemon=True)
-            sampler.start()
-            report = load(load_clients, duration_s=load_s, malformed=malformed)
-            done.set()
-            sampler.join()
-            rss.append((time.perf_counter() - t0, _rss_mb()))
-            settled = [mb for t, mb in rss if t >= load_s / 4] or [rss[-1][1]]  # after the first quarter
-            figures = ServeLoad(**report.to_json(), rss_mb_before=round(rss[0][1], 1),
-                                rss_mb_after=round(rss[-1][1], 1),
-                                rss_mb_settled_min_max=[round(min(settled), 1), round(max(settled), 1)],
-                                rss_mb_samples=[[round(t, 1), round(mb, 1)] for t, mb in rss],
-                                engine_requests=engine.stats.requests, engine_errors=engine.stats.errors,
-                                malformed=malformed, rss_mb_first_quarter=round(settled[0], 1))
+            figures = _timed_load(load, engine, clients=load_clients, load_s=load_s, malformed=malformed, say=say)
         mean_batch = round(engine.stats.mean_batch, 2)
         bytes_per_row_pass = round(engine.stats.bytes_out / max(1, engine.stats.rows_in_passes), 3)
     return ServeSpeed(ckpt=str(ckpt), device=str(dev), prompts=len(prompts), max_bytes=max_bytes, rounds=rounds,
                       draft=str(draft), max_batch=engine.max_batch, cases=cases, load=figures, mean_batch=mean_batch,
                       bytes_per_row_pass=bytes_per_row_pass, val_bpb=held.bpb,
                       compile=Compile.parse(compile).value, step=step, val_bytes=held.bytes)
+
+
+def _rounds(load, *, clients, rounds: int, prompts: int, plain, say) -> dict[int, ServeCase]:
+    """After a warm-up, `rounds` interleaved rounds of every count of clients streaming the prompts
+    (shared out among them) from the draft's server, each followed by the plain server's (`plain`,
+    or None) on the same prompts; the case of each count (`ServeCase.of`). `load(n, at=...)` runs
+    one load of n clients against a server (the draft's by default)."""
+    say("warm-up")
+    load(max(clients), per_client=1)
+    if plain is not None:
+        load(max(clients), at=plain, per_client=1)
+    by_count: dict[int, list[LoadFigures]] = {n: [] for n in clients}
+    plain_by_count: dict[int, list[LoadFigures]] = {n: [] for n in clients}
+    for r in range(rounds):
+        for n in clients:
+            say(f"round {r + 1}: {n} clients")
+            per_client = -(-prompts // n)
+            by_count[n].append(LoadFigures(**load(n, per_client=per_client).to_json()))
+            if plain is not None:
+                say(f"round {r + 1}: {n} clients, plain")
+                plain_by_count[n].append(LoadFigures(**load(n, at=plain, per_client=per_client).to_json()))
+    return {n: ServeCase.of(runs, by_count[clients[0]], plain_by_count[n] if plain is not None else None)
+            for n, runs in by_count.items()}
+
+
+def _timed_load(load, engine, *, clients: int, load_s: float, malformed: float, say) -> ServeLoad:
+    """`clients` clients streaming for `load_s` seconds against the draft's server (`malformed` of
+    their requests malformed ones), the process's memory sampled every few seconds throughout."""
+    say(f"load: {clients} clients for {load_s:.0f} s")
+    rss, done = [(0.0, _rss_mb())], threading.Event()
+    t0 = time.perf_counter()
+
+    def sample() -> None:  # the memory every few seconds while the load runs
+        while not done.wait(min(5.0, load_s / 10)):
+            rss.append((time.perf_counter() - t0, _rss_mb()))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    report = load(clients, duration_s=load_s, malformed=malformed)
+    done.set()
+    sampler.join()
+    rss.append((time.perf_counter() - t0, _rss_mb()))
+    settled = [mb for t, mb in rss if t >= load_s / 4] or [rss[-1][1]]  # after the first quarter
+    return ServeLoad(**report.to_json(), rss_mb_before=round(rss[0][1], 1), rss_mb_after=round(rss[-1][1], 1),
+                     rss_mb_settled_min_max=[round(min(settled), 1), round(max(settled), 1)],
+                     rss_mb_samples=[[round(t, 1), round(mb, 1)] for t, mb in rss],
+                     engine_requests=engine.stats.requests, engine_errors=engine.stats.errors,
+                     malformed=malformed, rss_mb_first_quarter=round(settled[0], 1))
