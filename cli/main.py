@@ -28,7 +28,7 @@ from .generate import generate_cmd
 from .harness import lm_eval_cmd
 from .serve import serve_cmd
 from .options import (OneLineErrors, check_output_dir, device_option, dtype_option, empty_split_error, json_option,
-                      one_target, parse_counts, parse_duration, parse_size, preset_option)
+                      one_target, parse_counts, parse_duration, parse_size, preset_option, renamed)
 from .report import echo, table, write_json
 
 
@@ -177,18 +177,20 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
 @click.option("--time", "max_time", help="Stop after this much wall time (e.g. 3m).")
 @click.option("--teacher-weight", type=click.FloatRange(0), default=None,
               help="Weight of the teacher term (loss.teacher_weight).  [default: 1]")
-@click.option("--temperature", type=click.FloatRange(0, min_open=True), default=None,
+@click.option("--teacher-temperature", type=click.FloatRange(0, min_open=True), default=None,
               help="Temperature of head 1's distribution as the teacher (loss.teacher_temperature).  [default: 1]")
+@click.option("--temperature", "old_temperature", type=click.FloatRange(0, min_open=True), default=None, hidden=True)
 @click.option("--data-term", type=click.FloatRange(0), default=None,
               help="Weight of the draft heads' cross-entropy on the windows' bytes beside the teacher term "
                    "(loss.draft_data_weight).  [default: 1]")
 @click.option("--rollout-bytes", type=click.IntRange(0), default=None,
               help="Bytes at the end of every window that the model writes itself, greedily, before the "
                    "heads learn from it (loss.rollout_bytes; 0: the corpus alone).  [default: half the context]")
-@click.option("--draft", type=click.Choice(["medusa", "hydra"]), default=None,
+@click.option("--drafter", type=click.Choice(["medusa", "hydra"]), default=None,
               help="Add cheap draft heads of this design and train them instead of heads 2..n (model.draft): "
                    "medusa, parallel residual blocks on head 1's state; hydra, blocks that also read the byte "
                    "drafted before. The decoder drafts with them.  [default: tune heads 2..n]")
+@click.option("--draft", "old_draft", type=click.Choice(["medusa", "hydra"]), default=None, hidden=True)
 @click.option("--divergence", type=click.Choice(["kl", "tv"]), default=None,
               help="The teacher term: KL from head 1's distribution, or total variation to it (one minus the "
                    "acceptance of speculative sampling) (loss.teacher_divergence).  [default: kl]")
@@ -204,10 +206,11 @@ def train_cmd(preset: str, data_path: str | None, out: str | None, config_file: 
 @device_option(None)
 @json_option()
 def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str | None, max_time: str | None,
-                   teacher_weight: float | None, temperature: float | None, data_term: float | None,
-                   rollout_bytes: int | None, draft: str | None, divergence: str | None, config_file: str | None, overrides: tuple[str, ...], resume: bool,
+                   teacher_weight: float | None, teacher_temperature: float | None, old_temperature: float | None,
+                   data_term: float | None, rollout_bytes: int | None, drafter: str | None, old_draft: str | None,
+                   divergence: str | None, config_file: str | None, overrides: tuple[str, ...], resume: bool,
                    report_prompts: int, nproc: int | None, device: str | None, json_path: str | None) -> None:
-    """Train heads 2..n of a run (or, with --draft, cheap draft heads added to it) toward its
+    """Train heads 2..n of a run (or, with --drafter, cheap draft heads added to it) toward its
     next-byte head, which stays frozen with the trunk.
 
     Greedy self-speculative decoding keeps a drafted byte only when head 1 would have chosen it,
@@ -226,10 +229,12 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
     from bytemtp.training import train as train_lib
     from bytemtp.training.faults import TrainingError
 
+    teacher_temperature = renamed(old_temperature, teacher_temperature, "--temperature", "--teacher-temperature")
+    drafter = renamed(old_draft, drafter, "--draft", "--drafter")
     flags = {"train.device": device, "train.steps": steps, "train.max_bytes": max_bytes and parse_size(max_bytes),
              "train.max_time": max_time and parse_duration(max_time), "loss.teacher_weight": teacher_weight,
-             "loss.teacher_temperature": temperature, "loss.draft_data_weight": data_term,
-             "loss.rollout_bytes": rollout_bytes, "model.draft": draft, "loss.teacher_divergence": divergence}
+             "loss.teacher_temperature": teacher_temperature, "loss.draft_data_weight": data_term,
+             "loss.rollout_bytes": rollout_bytes, "model.draft": drafter, "loss.teacher_divergence": divergence}
     sets = list(overrides) + [f"{key}={value}" for key, value in flags.items() if value is not None]
     if resume:
         if ckpt:

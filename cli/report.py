@@ -76,7 +76,7 @@ def corpus_table(manifest: dict) -> str:
 
 def model_line(m, params: int) -> str:
     """One line that says what a model is."""
-    drafts = "" if m.draft == "none" else f" + {m.n_future - 1} {m.draft} draft heads"
+    drafts = f" + {m.n_future - 1} {m.draft} draft heads" if m.drafts.heads else ""
     return (f"{params:,} parameters: {m.trunk_layers} trunk layers + {m.n_future} {m.head_type} heads{drafts}, "
             f"width {m.d_model}, context {m.seq_len}")
 
@@ -313,10 +313,11 @@ def train_step_table(res) -> str:
 
 
 def decode_sampling(res) -> str:
-    """How a `bench.DecodeSpeed` decoded: greedy, or sampled at its temperature and top-p."""
+    """How a `bench.DecodeSpeed` decoded: greedy, or sampled at its temperature, top-p (and top-k)."""
     if not res.sampled:
         return "greedy"
-    return f"sampled at temperature {res.temperature:g}, top-p {res.top_p:g} (seed {res.seed})"
+    top_k = f", top-k {res.top_k}" if res.top_k else ""
+    return f"sampled at temperature {res.temperature:g}, top-p {res.top_p:g}{top_k} (seed {res.seed})"
 
 
 def held_out_bpb(bpb: float | None, *, nbytes: int | None, split: str | None = "val", note: str | None = None) -> str:

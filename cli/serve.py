@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import pathlib
 
 import click
 
-from bytemtp.decoding.strategy import DECODE_MODES, Draft
+from bytemtp.decoding.strategy import Draft
 
-from .options import device_option, dtype_option
+from .options import check_draft, compile_option, decoding_options, device_option, dtype_option
 
 
 def _api_keys(given: tuple[str, ...], path: str | None) -> tuple[str, ...]:
@@ -36,13 +35,6 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _draft(ctx: click.Context, param: click.Parameter, value: str) -> Draft:
-    try:
-        return Draft.parse(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-
-
 @click.command("serve")
 @click.option("--ckpt", required=True, help="A run directory (its newest checkpoint) or a checkpoint.")
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -63,27 +55,17 @@ def _draft(ctx: click.Context, param: click.Parameter, value: str) -> Draft:
                    "waits.")
 @click.option("--max-prompt-bytes", default=65536, show_default=True, type=click.IntRange(1),
               help="Longest prompt accepted (413 past it); the window slides past the context.")
-@click.option("--draft", "draft", default="auto", show_default=True, callback=_draft,
-              help=f"How decoding drafts: {', '.join(DECODE_MODES)}, plain, chain-K or tree-K.")
-@click.option("--lookup/--no-lookup", default=True, show_default=True,
-              help="Also draft prompt-lookup bytes (what followed the last earlier occurrence of a row's newest "
-                   "bytes in its prompt and output), verified in the same pass as the heads' drafts.")
+@decoding_options(old=("lookup",))
 @click.option("--model-name", default=None, help="The model's id in the API (default: the run directory's name).")
 @click.option("--shutdown-timeout", default=5.0, show_default=True, type=click.FloatRange(0.1, 3600),
               help="Seconds from SIGTERM or Ctrl-C to exit: the requests in flight may finish meanwhile, and those "
                    "still open then end with an error (a stream: an error event, then [DONE]); a second signal "
                    "ends them at once. Under Docker's 10 s and Kubernetes' 30 s.")
-@click.option("--compile", "compile_mode", default="auto", show_default=True,
-              type=click.Choice(["auto", "on", "off"]),
-              help="Decode on the compiled static-shape step, as generate does (inductor on a CPU, CUDA graphs on a "
-                   "GPU): on compiles every batch bucket's shapes when the server starts (minutes on a CPU the "
-                   "first time, seconds from the compile cache); auto runs compiled when the compile cache holds "
-                   "every bucket's step already, else eagerly.")
+@compile_option()
 @device_option()
 @dtype_option()
 def serve_cmd(ckpt: str, host: str, api_keys: tuple[str, ...], api_key_file: str | None, port: int,
-              max_batch: int, max_queue: int, max_prompt_bytes: int, draft: Draft,
-              lookup: bool, model_name: str | None, shutdown_timeout: float, compile_mode: str, device: str,
+              max_batch: int, max_queue: int, max_prompt_bytes: int, draft: Draft, model_name: str | None, shutdown_timeout: float, compile_mode: str, device: str,
               dtype: str) -> None:
     """Serve a model over HTTP: OpenAI-compatible /v1/completions (stream, echo, logprobs),
     /v1/models, /health, and /tokenize with /tokenizer_info for lm-evaluation-harness.
@@ -113,9 +95,8 @@ def serve_cmd(ckpt: str, host: str, api_keys: tuple[str, ...], api_key_file: str
     except ListenError as e:
         raise click.ClickException(str(e)) from None
     with sock:  # closed when the server stops, or when the model fails to load
-        draft = dataclasses.replace(draft, lookup=draft.lookup or lookup)
         model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype, bytes_only="serve")
-        draft.for_model(model.config.n_future)  # a draft of more heads than the model has: one line
+        check_draft(draft, model.config.n_future)  # a draft of more heads than the model has: one line
         path = pathlib.Path(ckpt).resolve()
         name = model_name or (path.parent.name if path.name.startswith("step") else path.name)
         engine = Engine(model, max_batch=max_batch, max_queue=max_queue, draft=draft,

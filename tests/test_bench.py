@@ -234,3 +234,16 @@ def test_prep_speed_reads_back_from_the_json_bench_prep_wrote():
     assert list(_written(res).items()) == list(PREP.items()) and PrepSpeed.from_json(_written(res)) == res
     alone = {k: v for k, v in PREP.items() if k != "parts"}
     assert PrepSpeed.from_json(alone).parts is None and _written(PrepSpeed.from_json(alone)) == alone
+
+
+def test_bench_decode_and_bench_tokens_time_their_arms_with_one_function():
+    """One function times decoding arms (interleaved rounds, a sampler per arm, the figures against
+    plain): bench decode and bench tokens both call it, and neither interleaves decodes itself."""
+    import inspect
+
+    from bytemtp.experiments import bench, token_bench
+
+    assert token_bench.time_arms is bench.time_arms
+    for module in (bench, token_bench):
+        body = inspect.getsource(module).replace(inspect.getsource(bench.time_arms), "")
+        assert "interleaved_decodes(" not in body and "manual_seed(" not in body, module.__name__

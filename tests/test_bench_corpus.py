@@ -56,7 +56,7 @@ def run_dir(tmp_path):
     return tmp_path / "run"
 
 
-DECODE = ("--n-prompts", 2, "--prompt-bytes", 8, "--max-bytes", 16, "--batch-sizes", "1,2", "--modes", "auto,chain-2",
+DECODE = ("--n-prompts", 2, "--prompt-bytes", 8, "--max-bytes", 16, "--batch-sizes", "1,2", "--draft", "auto,chain-2",
           "--rounds", 1, "--device", "cpu", "--compile", "off")
 
 

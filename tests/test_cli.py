@@ -369,3 +369,121 @@ def test_every_option_a_message_suggests_is_one_its_command_has():
             wrong += [f"{named}: {option} in {text!r}" for named, option in _suggested(text, command, commands)
                       if option not in _options(commands[named])]
     assert not wrong, "\n".join(sorted(set(wrong)))
+
+
+# --- one decoding vocabulary: the same options, spelt alike, in every command that decodes ----------
+
+DECODING_COMMANDS = ("generate", "serve", "eval-task humaneval", "bench decode", "bench serve", "bench tokens")
+
+
+def _command(words: str):
+    return dict(_commands(main))[words]
+
+
+def _param(cmd, opt: str):
+    return next((p for p in cmd.params if opt in p.opts), None)
+
+
+@pytest.mark.parametrize("opt", ["--draft", "--compile", "--dtype", "--prompts", "--n-prompts", "--temperature",
+                                 "--top-k", "--top-p", "--seed"])
+def test_every_decoding_command_spells_a_decoding_option_alike(opt):
+    """Each decoding option has one help text (the list form of --draft says so first), and
+    --prompts is a file wherever it is shown."""
+    helps = {}
+    for words in DECODING_COMMANDS:
+        p = _param(_command(words), opt)
+        if p is not None and not p.hidden:
+            text = re.sub(r"\s*\[default: [^]]*\]$", "", p.help)
+            helps[words] = text.split("; a draft is ")[-1].split("How decoding drafts: ")[-1]
+    assert len(set(helps.values())) == 1, helps
+    wanted = {"--draft": DECODING_COMMANDS, "--compile": DECODING_COMMANDS, "--dtype": DECODING_COMMANDS,
+              "--prompts": ("generate", "bench decode", "bench serve", "bench tokens"),
+              "--n-prompts": ("generate", "bench decode", "bench serve", "bench tokens"),
+              "--temperature": ("generate", "eval-task humaneval", "bench decode", "bench tokens")}
+    assert set(wanted.get(opt, wanted["--temperature"])) <= set(helps), helps
+    if opt == "--prompts":
+        assert all("one JSON object a line" in h for h in helps.values())
+
+
+def test_old_spellings_are_hidden_from_help():
+    for words, old in [("generate", ("--heads", "--lookup", "--no-speculative")), ("serve", ("--lookup",)),
+                       ("eval-task humaneval", ("--heads",)), ("bench decode", ("--modes",)),
+                       ("tune-heads", ("--temperature", "--draft")), ("bench quality", ("--prompts",)),
+                       ("bench sweep", ("--prompts",))]:
+        res = run(*words.split(), "--help")
+        assert res.exit_code == 0, res.output
+        for opt in old:
+            assert not re.search(rf"^\s+{opt}\b", res.output, re.M), (words, opt)
+
+
+def _captured(monkeypatch, target: str) -> dict:
+    """Replace a library function by one that keeps its arguments and stops the command."""
+    module, name = target.rsplit(".", 1)
+    got = {}
+
+    def capture(*args, **kwargs):
+        got.update(kwargs, args=args)
+        raise ValueError("captured")
+    monkeypatch.setattr(__import__(module, fromlist=[name]), name, capture)
+    return got
+
+
+def test_old_spellings_are_read_into_the_new_with_a_note(monkeypatch, tmp_path):
+    from bytemtp.decoding.strategy import Draft
+
+    got = _captured(monkeypatch, "bytemtp.experiments.bench.decode_speed")
+    res = run("bench", "decode", "--ckpt", "x", "--modes", "auto,chain-4")
+    assert "note: --modes is now --draft; read as --draft auto,chain-4" in res.output, res.output
+    assert got["modes"] == (Draft(), Draft(4)) and "captured" in res.output
+    res = run("bench", "decode", "--ckpt", "x", "--modes", "auto", "--draft", "plain")
+    assert res.exit_code == 2 and "give --draft alone: --modes is its older spelling" in res.output
+
+    got = _captured(monkeypatch, "bytemtp.experiments.token_bench.compare")
+    res = run("bench", "tokens", "--out", str(tmp_path / "t"), "--prompts", "3", "--temperature", "1e-9",
+              "--seed", "5", "--dtype", "bfloat16")
+    assert "note: --prompts 3 is now --n-prompts 3; read as --n-prompts 3" in res.output, res.output
+    assert (got["n_prompts"], got["prompts_path"], got["temperature"], got["seed"], got["dtype"]) == (
+        3, None, 0.0, 5, "bfloat16")  # a temperature below the greedy threshold is greedy here too
+    assert run("bench", "tokens", "--out", str(tmp_path / "t"), "--prompts", "3", "--n-prompts", "4").exit_code == 2
+
+    got = _captured(monkeypatch, "bytemtp.experiments.quality.compare")
+    res = run("bench", "quality", "--out", str(tmp_path / "q"), "--prompts", "3")
+    assert "--n-prompts 3" in res.output and got["prompts"] == 3
+    res = run("bench", "quality", "--out", str(tmp_path / "q"), "--prompts", __file__)
+    assert res.exit_code == 2 and "cuts its prompts from the corpus's val split" in res.output
+
+    got = _captured(monkeypatch, "bytemtp.training.runs.plan_tune")
+    res = run("tune-heads", "--ckpt", "x", "--out", str(tmp_path / "u"), "--temperature", "2", "--draft", "medusa")
+    assert "note: --temperature is now --teacher-temperature; read as --teacher-temperature 2.0" in res.output
+    assert "note: --draft is now --drafter; read as --drafter medusa" in res.output
+    assert {"loss.teacher_temperature=2.0", "model.draft=medusa"} <= set(got["overrides"])
+
+
+@pytest.mark.parametrize("seed", [str(2 ** 64), str(-2 ** 63 - 1)])
+def test_a_seed_out_of_range_is_one_line_naming_its_range(seed):
+    res = run("bench", "decode", "--ckpt", "x", "--seed", seed)
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "--seed" in res.output and "a seed is an integer from -2**63 to 2**64-1" in res.output
+
+
+@pytest.mark.parametrize("old,args,read_as", [
+    (("lookup",), [], None),  # serve: the default
+    (("lookup",), ["--no-lookup"], "auto"),
+    (("lookup",), ["--draft", "plain", "--no-lookup"], "plain"),
+    (("lookup",), ["--draft", "plain", "--lookup"], "plain+lookup"),
+    (("heads",), ["--heads", "3"], "chain-3"),  # eval-task humaneval: no lookup there
+    (("heads", "lookup", "no-speculative"), ["--heads", "3"], "chain-3+lookup"),  # generate: lookup was on
+    (("heads", "lookup", "no-speculative"), ["--draft", "chain", "--no-speculative"], "plain"),
+])
+def test_the_older_draft_options_of_each_command_read_as_they_decoded(old, args, read_as):
+    from bytemtp_cli.options import decoding_options
+
+    @click.command()
+    @decoding_options(old=old)
+    def cmd(draft):
+        click.echo(f"drafts {draft}")
+
+    res = CliRunner().invoke(cmd, args)
+    assert res.exit_code == 0, res.output
+    assert res.stdout == f"drafts {read_as or 'auto+lookup'}\n"
+    assert (read_as is None) == (res.stderr == "") and res.stderr.endswith(f"read as --draft {read_as}\n" if read_as else "")

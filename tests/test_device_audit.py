@@ -269,13 +269,13 @@ def test_bench_decode(meta_default, ckpt, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def f(x):", "import os")))
     _invoke("bench", "decode", "--ckpt", ckpt, "--prompts", prompts, "--n-prompts", 2, "--batch-sizes", "1,2",
-            "--max-bytes", 6, "--rounds", 1, "--modes", "auto,chain-2", "--eval-batches", 1, "--compile", "off",
+            "--max-bytes", 6, "--rounds", 1, "--draft", "auto,chain-2", "--eval-batches", 1, "--compile", "off",
             "--device", "cpu")
 
 
 def test_tune_heads(meta_default, ckpt, tmp_path):
     _invoke("tune-heads", "--ckpt", ckpt, "--out", tmp_path / "tuned", "--steps", 1, "--report-prompts", 1,
-            "--draft", "medusa", "--device", "cpu", "--set", "data.batch_size=2", "--set", "train.eval_batches=1")
+            "--drafter", "medusa", "--device", "cpu", "--set", "data.batch_size=2", "--set", "train.eval_batches=1")
 
 
 def test_eval_tasks_and_export(meta_default, ckpt, tmp_path):
@@ -336,14 +336,14 @@ def test_bench_sweep_and_quality(meta_default, corpus_dir, tmp_path):
     grid = tmp_path / "grid.toml"
     grid.write_text(f'preset = "tiny"\nsets = ["data.path={corpus_dir}", "data.batch_size=2", "train.device=cpu", '
                     '"train.compile=off", "model.n_future=2"]\n[[candidate]]\nname = "a"\nsets = []\n')
-    _invoke("bench", "sweep", grid, "--out", tmp_path / "sweep", "--time", "1s", "--eval-bytes", 128, "--prompts", 1)
+    _invoke("bench", "sweep", grid, "--out", tmp_path / "sweep", "--time", "1s", "--eval-bytes", 128, "--n-prompts", 1)
     _invoke("bench", "quality", "--preset", "tiny", "--data", corpus_dir, "--steps", 1, "--seeds", 1, "--arms", "mtp",
             "--set", "data.batch_size=2", "--set", "model.n_future=2", "--set", "train.compile=off",
-            "--eval-bytes", 128, "--prompts", 1, "--tune-time", "1s", "--out", tmp_path / "q", "--device", "cpu")
+            "--eval-bytes", 128, "--n-prompts", 1, "--tune-time", "1s", "--out", tmp_path / "q", "--device", "cpu")
 
 
 def test_bench_tokens(meta_default, corpus_dir, tmp_path):
     _invoke("bench", "tokens", "--preset", "tiny", "--data", corpus_dir, "--steps", 1, "--vocab", 270,
-            "--held-out", corpus_dir.parent / "src", "--held-out-bytes", 128, "--prompts", 1, "--max-bytes", 4,
+            "--held-out", corpus_dir.parent / "src", "--held-out-bytes", 128, "--n-prompts", 1, "--max-bytes", 4,
             "--rounds", 1, "--batch-sizes", "1", "--compile", "off", "--out", tmp_path / "tok", "--device", "cpu",
             "--set", "data.batch_size=2", "--set", "model.n_future=2")

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from doubles import FITTED, FLAT, fitted_model
 
 from bytemtp.config_io import tiny
-from bytemtp.decoding import compiled, decode
+from bytemtp.decoding import calibration, compiled, decode
 from bytemtp.decoding.compiled import record_costs, record_path
 from bytemtp.decoding.repetition import measure_repetition
 from bytemtp.data.splits import val_continuations
@@ -74,18 +74,18 @@ def test_generate_streams_what_the_library_returns(fitted_ckpt):
     # how repetitive the output is, beside its bytes per pass
     assert repetition_line(dataclasses.asdict(measure_repetition([want]))) + "\n" in res.stderr
     assert "decoded text (40 bytes): distinct 8-grams" in res.stderr
-    res = run(*args, "--heads", 4, "--draft", "tree", "--raw", "--stats")
+    res = run(*args, "--draft", "tree-4", "--raw", "--stats")
     assert res.exit_code == 0, res.output
     assert res.stdout_bytes == want and _bytes_per_pass(res.stderr) > 1.5, res.stderr
-    res = run(*args, "--no-speculative", "--raw", "--stats")
+    res = run(*args, "--draft", "plain", "--raw", "--stats")
     assert res.stdout_bytes == want and _bytes_per_pass(res.stderr) == 1.0, res.stderr
 
 
 def test_compare_reports_speedup_and_identity(ckpt):
-    res = run("generate", "--ckpt", ckpt, "--prompt", "x = ", "--max-bytes", 30, "--compare", "--heads", 4)
+    res = run("generate", "--ckpt", ckpt, "--prompt", "x = ", "--max-bytes", 30, "--compare", "--draft", "chain-4+lookup")
     assert res.exit_code == 0, res.output
     assert "speedup" in res.stderr and "outputs identical: yes" in res.stderr
-    assert "speculative, 4 heads" in res.stderr
+    assert "speculative, chain-4+lookup" in res.stderr
     model, _ = load_model(ckpt)
     want = decode.generate(model, b"x = ", max_bytes=30).output
     assert repetition_line(dataclasses.asdict(measure_repetition([want]))) in res.stderr
@@ -115,11 +115,11 @@ def test_sampling_is_speculative_and_seeded(ckpt):
     # the bytes go by position: a seed repeats them under a fixed draft, the automatic one (which
     # follows measured timings) and plain decoding alike
     args = ("generate", "--ckpt", ckpt, "--prompt", "a", "--max-bytes", 24, "--temperature", "0.9", "--raw")
-    a, b = run(*args, "--heads", 4, "--seed", 3), run(*args, "--heads", 4, "--seed", 3)
+    a, b = run(*args, "--draft", "chain-4", "--seed", 3), run(*args, "--draft", "chain-4", "--seed", 3)
     assert a.exit_code == 0, a.output
     assert a.stdout_bytes == b.stdout_bytes
     assert run(*args, "--seed", 3).stdout_bytes == a.stdout_bytes  # automatic
-    assert run(*args, "--no-speculative", "--seed", 3).stdout_bytes == a.stdout_bytes
+    assert run(*args, "--draft", "plain", "--seed", 3).stdout_bytes == a.stdout_bytes
     res = run(*args, "--seed", 3, "--stats")
     assert "heads run:" in res.stderr  # speculative sampling by default
     assert "seed" not in res.stderr
@@ -129,7 +129,7 @@ def test_sampling_without_a_seed_draws_one_and_prints_it(ckpt):
     import re
 
     args = ("generate", "--ckpt", ckpt, "--prompt", "a", "--max-bytes", 24, "--temperature", "0.9", "--raw",
-            "--heads", 4)
+            "--draft", "chain-4")
     first = run(*args)
     assert first.exit_code == 0, first.output
     seed = re.search(r"seed (\d+) \(sampling again with --seed \1", first.stderr)
@@ -142,7 +142,9 @@ def test_sampling_without_a_seed_draws_one_and_prints_it(ckpt):
 
 @pytest.mark.parametrize("args,words", [
     (("--prompt", "x", "--prompt-file", __file__), "exactly one of"),
-    (("--prompt", "x", "--heads", "9"), "--heads 9: 9 is more than the model's 8 heads; choose 1 to 8"),
+    (("--prompt", "x", "--draft", "chain-9"), "--draft chain-9: 9 is more than the model's 8 heads; choose 1 to 8"),
+    (("--prompt", "x", "--draft", "chain-0"), "'chain-0' is not a draft"),
+    (("--prompt", "x", "--temperature", "0.5", "--seed", str(2 ** 64)), "a seed is an integer from -2**63 to 2**64-1"),
     (("--prompt", "x", "--draft", "tree", "--temperature", "0.5"), "sampling drafts chains"),
 ])
 def test_user_errors_are_one_line(ckpt, args, words):
@@ -153,18 +155,42 @@ def test_user_errors_are_one_line(ckpt, args, words):
 
 
 def test_one_head_stats_say_there_are_no_drafts(ckpt):
-    res = run("generate", "--ckpt", ckpt, "--prompt", "a", "--max-bytes", 8, "--heads", 1, "--no-lookup", "--stats")
+    res = run("generate", "--ckpt", ckpt, "--prompt", "a", "--max-bytes", 8, "--draft", "plain", "--stats")
     assert res.exit_code == 0, res.output
     assert "draft acceptance" not in res.stderr and "no drafts" in res.stderr
     assert "1.00 bytes/pass" in res.stderr
 
 
-def test_lookup_is_on_by_default_and_keeps_the_output(ckpt):
+def test_prompt_lookup_keeps_the_output(ckpt):
     prompt = "def f(x):\n    return x\n" * 3
-    args = ("generate", "--ckpt", ckpt, "--prompt", prompt, "--max-bytes", 60, "--heads", 1, "--stats")
-    on, off = run(*args), run(*args, "--no-lookup")
+    args = ("generate", "--ckpt", ckpt, "--prompt", prompt, "--max-bytes", 60, "--stats")
+    on, off = run(*args, "--draft", "plain+lookup"), run(*args, "--draft", "plain")
     assert on.exit_code == off.exit_code == 0, on.output + off.output
     assert on.stdout == off.stdout and "prompt lookup drafted in" in on.stderr and "lookup" not in off.stderr
+
+
+def test_a_temperature_below_the_greedy_threshold_decodes_greedily(ckpt):
+    """generate --temperature 1e-9 writes what --temperature 0 writes (Sampling's rule, at the
+    CLI's boundary too): no seed is drawn for it, and the logits are never divided by it."""
+    args = ("generate", "--ckpt", ckpt, "--prompt", "x = ", "--max-bytes", 24, "--raw")
+    greedy, tiny = run(*args, "--temperature", 0), run(*args, "--temperature", "1e-9")
+    assert greedy.exit_code == tiny.exit_code == 0, greedy.output + tiny.output
+    assert tiny.stdout_bytes == greedy.stdout_bytes and "seed" not in tiny.stderr
+    assert run(*args, "--temperature", "1e-9", "--compare").exit_code == 0  # greedy, so --compare is allowed
+
+
+@pytest.mark.parametrize("old,new,note", [
+    (("--heads", 4, "--draft", "tree"), ("--draft", "tree-4+lookup"),
+     "--heads 4, --draft tree are now --draft; read as --draft tree-4+lookup"),
+    (("--no-speculative",), ("--draft", "plain"), "--no-speculative is now --draft; read as --draft plain"),
+    (("--heads", 2, "--no-lookup"), ("--draft", "chain-2"), "--heads 2, --no-lookup are now --draft; read as --draft chain-2"),
+])
+def test_old_draft_spellings_decode_as_the_new_one_with_a_note(ckpt, old, new, note):
+    args = ("generate", "--ckpt", ckpt, "--prompt", "x = ", "--max-bytes", 16, "--raw")
+    was, now = run(*args, *old), run(*args, *new)
+    assert was.exit_code == now.exit_code == 0, was.output + now.output
+    assert was.stdout_bytes == now.stdout_bytes
+    assert was.stderr.splitlines() == [f"note: {note}"] and now.stderr == ""
 
 
 @pytest.mark.parametrize("line,words", [
@@ -223,7 +249,7 @@ def test_no_compile_cache_content_breaks_generate(ckpt, content, monkeypatch):
         path.write_text(json.dumps(record))
     else:
         path.write_bytes(content.encode("latin-1") if isinstance(content, str) else json.dumps(content).encode())
-    monkeypatch.setattr(decode, "measure_pass_costs", lambda decoder, batch_size, **kw: FLAT)
+    monkeypatch.setattr(calibration, "measure_pass_costs", lambda decoder, batch_size, **kw: FLAT)
     res = run("generate", "--ckpt", ckpt, "--prompt", "x = ", "--max-bytes", 12, "--raw", "--stats")
     assert res.exit_code == 0, res.output
     assert res.stdout_bytes == decode.generate(model, b"x = ", max_bytes=12).output
@@ -321,8 +347,8 @@ def test_bench_decode_checks_identity_and_writes_keys(ckpt, code_corpus, tmp_pat
     assert "80 output bytes each, greedy, " in res.stdout and "n/a (sampled)" not in res.stdout
     assert data["val_bpb"] > 0 and data["pass_costs_ms"]["1x1"] > 0
     assert data["prompts"] == 3 and data["max_bytes"] == 80  # past the context of 64: the window slides
-    res = run("bench", "decode", "--ckpt", ckpt, "--modes", "auto,chain-x")
-    assert res.exit_code != 0 and "'chain-x' is not a mode" in res.output
+    res = run("bench", "decode", "--ckpt", ckpt, "--draft", "auto,chain-x")
+    assert res.exit_code != 0 and "'chain-x' is not a draft" in res.output
 
 
 def _one_ms(monkeypatch) -> list[dict]:
@@ -367,7 +393,7 @@ def test_bench_decode_samples_and_says_so(ckpt, tmp_path, monkeypatch):
     _one_ms(monkeypatch)
     out = tmp_path / "decode.json"
     res = run("bench", "decode", "--ckpt", ckpt, "--n-prompts", 2, "--prompt-bytes", 8, "--max-bytes", 24,
-              "--batch-sizes", "2", "--modes", "chain-2", "--rounds", 1, "--device", "cpu", "--compile", "off",
+              "--batch-sizes", "2", "--draft", "chain-2", "--rounds", 1, "--device", "cpu", "--compile", "off",
               "--temperature", 0.8, "--top-p", 0.95, "--json", out)
     assert res.exit_code == 0, res.output
     assert "24 output bytes each, sampled at temperature 0.8, top-p 0.95 (seed 0), 1 interleaved rounds" in res.stdout
@@ -512,7 +538,7 @@ def test_ctrl_c_keeps_the_output_prints_the_stats_and_exits_130(ckpt):
     import sys
 
     proc = subprocess.Popen([sys.executable, "-m", "bytemtp_cli", "generate", "--ckpt", str(ckpt), "--prompt", "a",
-                             "--max-bytes", "100000000", "--no-speculative", "--raw", "--stats"],
+                             "--max-bytes", "100000000", "--draft", "plain", "--raw", "--stats"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         first = os.read(proc.stdout.fileno(), 1)  # decoding has begun

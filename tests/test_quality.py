@@ -72,7 +72,7 @@ def test_bench_quality_compares_arms_over_seeds_against_the_baseline_of_each_see
     out = tmp_path / "q"
     args = ["bench", "quality", "--preset", "tiny", "--data", str(corpus_dir), "--steps", "3", "--seeds", "2",
             "--arms", "reverse", "--arm", "geo=loss.head_weights=geometric", "--set", "data.batch_size=4",
-            "--tune-time", "1s", "--prompts", "2", "--eval-bytes", "2048", "--out", str(out), "--device", "cpu"]
+            "--tune-time", "1s", "--n-prompts", "2", "--eval-bytes", "2048", "--out", str(out), "--device", "cpu"]
     res = CliRunner().invoke(main, [*args, "--json", str(tmp_path / "q.json")])
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "q.json").read_text())

@@ -113,7 +113,7 @@ def _start_server(run, *args: str) -> tuple[subprocess.Popen, str]:
     """`bytemtp serve` on the run, plainly decoding on any free port: the process and its URL."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "bytemtp_cli", "serve", "--ckpt", str(run), "--port", "0",
-                             "--draft", "plain", "--no-lookup", "--compile", "off", *args],
+                             "--draft", "plain", "--compile", "off", *args],
                             stderr=subprocess.PIPE, text=True, env=env)
     lines, deadline = [], time.time() + 120
     while time.time() < deadline:

@@ -191,7 +191,7 @@ def test_a_token_checkpoint_without_its_tokenizer_is_refused(token_run, tmp_path
 def test_bench_tokens_trains_scores_and_decodes_both_arms(corpus_dir, tmp_path):
     out = tmp_path / "bench"
     args = ["bench", "tokens", "--preset", "tiny", "--data", str(corpus_dir), "--steps", "4", "--vocab", "300",
-            "--held-out", str(corpus_dir.parent / "src"), "--held-out-bytes", "2000", "--prompts", "2",
+            "--held-out", str(corpus_dir.parent / "src"), "--held-out-bytes", "2000", "--n-prompts", "2",
             "--max-bytes", "16", "--rounds", "1", "--compile", "off", "--out", str(out), "--device", "cpu",
             "--json", str(tmp_path / "r.json")]
     res = CliRunner().invoke(main, args)
@@ -210,6 +210,25 @@ def test_bench_tokens_trains_scores_and_decodes_both_arms(corpus_dir, tmp_path):
     assert again.exit_code == 0 and "training a byte-level BPE" not in again.output
 
 
+@pytest.mark.slow
+def test_bench_tokens_takes_the_shared_decoding_options(corpus_dir, tmp_path):
+    """bench tokens takes decoding's options as bench decode does: the drafts to time (a token arm
+    without heads drafts prompt lookup alone, where a draft asks for it), the sampling options
+    (a temperature below the greedy threshold is greedy), a seed and the dtype; the JSON says which."""
+    args = ["bench", "tokens", "--preset", "tiny", "--data", str(corpus_dir), "--steps", "2", "--vocab", "300",
+            "--n-prompts", "2", "--max-bytes", "12", "--batch-sizes", "2", "--rounds", "1", "--compile", "off",
+            "--draft", "chain-2,plain+lookup", "--temperature", "1e-9", "--top-p", "0.9", "--seed", "4",
+            "--out", str(tmp_path / "bench"), "--device", "cpu", "--json", str(tmp_path / "r.json")]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert (data["temperature"], data["top_p"], data["seed"], data["dtype"]) == (0.0, 0.9, 4, "float32")
+    assert list(data["decoding"][0]["modes"]) == ["bytes plain", "bytes chain-2", "bytes plain+lookup",
+                                                 "tokens plain", "tokens plain+lookup"]
+    assert all(m["identical"] for m in data["decoding"][0]["modes"].values())  # greedy: checked, as bench decode does
+    assert "decoding, greedy, 2 held-out prompts" in res.output
+
+
 def test_uses_that_take_bytes_refuse_a_token_checkpoint_in_one_line(token_run, tmp_path):
     with pytest.raises(CheckpointError, match=r"^serve takes byte models; .* 320 BPE token ids"):
         load_model(token_run, bytes_only="serve")
@@ -223,7 +242,7 @@ def test_uses_that_take_bytes_refuse_a_token_checkpoint_in_one_line(token_run, t
 @pytest.mark.slow
 def test_bench_decode_measures_a_token_checkpoint(token_run, tmp_path):
     res = CliRunner().invoke(main, ["bench", "decode", "--ckpt", str(token_run), "--n-prompts", "2", "--max-bytes", "24",
-                                    "--batch-sizes", "1", "--modes", "auto,plain+lookup,chain-all", "--rounds", "1",
+                                    "--batch-sizes", "1", "--draft", "auto,plain+lookup,chain-all", "--rounds", "1",
                                     "--compile", "off", "--device", "cpu",
                                     "--json", str(tmp_path / "d.json")])
     assert res.exit_code == 0, res.output
@@ -235,7 +254,7 @@ def test_bench_decode_measures_a_token_checkpoint(token_run, tmp_path):
 def test_bench_tokens_refuses_runs_trained_with_other_settings(corpus_dir, tmp_path):
     from bytemtp.experiments.token_bench import compare
 
-    common = dict(out=tmp_path / "b", preset="tiny", vocab_size=300, prompts=1, max_bytes=8, batch_sizes=(1,),
+    common = dict(out=tmp_path / "b", preset="tiny", vocab_size=300, n_prompts=1, max_bytes=8, batch_sizes=(1,),
                   rounds=1, compile="off", sets=["train.device=cpu"])
     compare(str(corpus_dir), steps=2, **common)
     with pytest.raises(ValueError, match="bytes-s0 was trained with other settings"):

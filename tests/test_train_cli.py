@@ -285,7 +285,7 @@ def test_a_run_works_from_any_directory(tmp_path, corpus_dir, code_corpus, monke
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in (run / "plots").iterdir()) == ["acceptance.png", "loss.png", "val_bpb.png"]
     res = CliRunner().invoke(main, ["bench", "decode", "--ckpt", str(run), "--n-prompts", "1", "--prompt-bytes", "8",
-                                    "--max-bytes", "8", "--batch-sizes", "1", "--modes", "auto", "--rounds", "1",
+                                    "--max-bytes", "8", "--batch-sizes", "1", "--draft", "auto", "--rounds", "1",
                                     "--device", "cpu"])
     assert res.exit_code == 0, res.output
 

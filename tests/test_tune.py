@@ -265,13 +265,13 @@ def test_self_generated_targets_raise_the_bytes_per_pass_decoded(prose_source, t
 @pytest.mark.slow
 @pytest.mark.parametrize("design", ["medusa", "hydra"])
 def test_a_tune_with_draft_adds_draft_heads_and_trains_them_alone(source, tmp_path, design):
-    """tune-heads --draft adds draft heads (model.draft) to the source's weights, trains them alone
+    """tune-heads --drafter adds draft heads (model.draft) to the source's weights, trains them alone
     (the training heads stay the source's), and the tuned run decodes with them; a resume keeps them."""
     from bytemtp.decoding.decode import Decoder, generate
 
     report = tmp_path / "tune.json"
     out = tmp_path / "tuned"
-    res = _tune(["--ckpt", str(source), "--out", str(out), "--draft", design, "--divergence", "tv",
+    res = _tune(["--ckpt", str(source), "--out", str(out), "--drafter", design, "--divergence", "tv",
                  "--steps", "4", "--report-prompts", "2", "--json", str(report)])
     before, cfg_before = _weights(source)
     after, cfg_after = _weights(out)

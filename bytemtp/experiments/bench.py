@@ -1,6 +1,7 @@
 """Benchmarks, measured as ratios within one run (shared machines are noisy): the loader against
 `zstd -dc` on the same shard (`loader_throughput`), decoding modes against plain decoding on
-held-out prompts, greedy or sampled (`decode_speed`), and all of them with the training step
+held-out prompts, greedy or sampled (`decode_speed`, timing its arms with `time_arms`, which `bench
+tokens` times with too), and all of them with the training step
 (`step_bench.train_step`) and evaluation in one run (`all_benchmarks`); the server's benchmark is
 `serve_bench`.
 
@@ -121,6 +122,7 @@ class DecodeSpeed:
     cases: list[DecodeCase]  # batch size by batch size, mode by mode
     temperature: float = 0.0  # 0: greedy; above: every mode sampled (`sampling.Sampling`)
     top_p: float = 1.0
+    top_k: int = 0  # 0: all bytes (written only where set)
     seed: int = 0  # each mode's sampler's seed, the same for all (unused when greedy)
     confidence: float = 0.0  # the decoder's draft confidence (`Decoder.confidence`; 0: off)
     val_split: str | None = None  # the split val_bpb is of: "val", or "all" for a corpus without splits
@@ -159,7 +161,7 @@ class DecodeSpeed:
     def from_json(cls, data: dict) -> DecodeSpeed:
         """A `bench decode --json` file read back (the top case's figures come from its case); one
         written before sampled runs, without `temperature`, `top_p` and `seed`, is greedy."""
-        optional = ("temperature", "top_p", "seed", *_DECODE_WHERE_SET)
+        optional = ("temperature", "top_p", "seed", "top_k", *_DECODE_WHERE_SET)
         return cls(**{k: data[k] for k in _DECODE_HEAD if k not in optional},
                    **{k: data[k] for k in optional if k in data},
                    compile_stats=data["compile_stats"], pass_costs_ms=data["pass_costs_ms"],
@@ -167,9 +169,9 @@ class DecodeSpeed:
 
 
 # the keys that open `DecodeSpeed`'s JSON form, in order; those of _DECODE_WHERE_SET only where set
-_DECODE_HEAD = ("ckpt", "device", "dtype", "prompts", "prompt_bytes", "max_bytes", "rounds", "temperature", "top_p",
-                "seed", "confidence", "val_bpb", "val_split", "val_bytes", "val_note", "compile")
-_DECODE_WHERE_SET = ("confidence", "val_split", "val_bytes", "val_note")
+_DECODE_HEAD = ("ckpt", "device", "dtype", "prompts", "prompt_bytes", "max_bytes", "rounds", "temperature", "top_k",
+                "top_p", "seed", "confidence", "val_bpb", "val_split", "val_bytes", "val_note", "compile")
+_DECODE_WHERE_SET = ("top_k", "confidence", "val_split", "val_bytes", "val_note")
 
 
 def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batch_size: int = 8,
@@ -264,26 +266,65 @@ def held_out_bpb(model, data, *, batches: int = EVAL_BATCHES, device: torch.devi
     return HeldOutBpb(bpb=ev.bpb[0], split=split or "all", bytes=ev.bytes)
 
 
-def _mode_args(draft: Draft, *, temperature: float, top_p: float, seed: int, device: torch.device) -> dict:
-    """A mode's `generate` arguments: its draft, and when sampled its own sampler, seeded afresh."""
-    if temperature == 0:
-        return {"draft": draft}
-    generator = torch.Generator(device=device).manual_seed(seed)
-    return {"draft": draft, "sampling": Sampling(temperature=temperature, top_p=top_p, generator=generator)}
+@dataclasses.dataclass(frozen=True)
+class TimedArms:
+    """Decoding arms timed on the same batches at one batch size (`time_arms`): the seconds and
+    the last round's generations of each arm (`speed.interleaved_decodes`)."""
+    batch_size: int
+    took: dict  # arm: [round][batch] seconds
+    outs: dict  # arm: [batch] generations of the last round
+    real: list[bytes] | None  # the real continuation of each prompt, where the prompts have one
+
+    def figures(self, arm: str, *, base: str = "plain", same_step: bool = True) -> SpeedFigures:
+        """`arm` against `base` (`speed.speed_figures`: speedup and its spread, bytes per pass,
+        whether the outputs are the base's, repetition); an impossible speedup names the batch size."""
+        try:
+            return speed_figures(self.took, self.outs, arm, base=base, same_step=same_step, real=self.real)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e} (batch {self.batch_size})") from None
+
+
+def time_arms(arms: dict[str, tuple[decode.Decoder, Draft]], prompts: list[bytes], *, batch_sizes, max_bytes: int,
+              rounds: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+              real: list[bytes] | None = None, progress=None) -> list[TimedArms]:
+    """Decoding arms (name: a decoder and its draft) timed against each other, the one function
+    `bench decode` and `bench tokens` time with: at each batch size, the prompts in batches of that
+    size, every arm decoding every batch in interleaved rounds (`speed.interleaved_decodes`, after a
+    warm-up). Greedy at `temperature` 0, else every arm samples (`top_k`, `top_p`) with a generator
+    of its own seeded with `seed` afresh at every batch size, so that each arm draws the same bytes
+    (draws go by position) and their outputs can be checked against plain's as greedy ones are
+    (`TimedArms.figures`)."""
+    Sampling(temperature=temperature, top_k=top_k, top_p=top_p)  # a bad value stops here
+
+    def args(decoder: decode.Decoder, draft: Draft) -> dict:
+        sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+        if sampling.greedy:
+            return {"draft": draft}
+        device = decoder.model.embed.weight.device
+        sampling.generator = torch.Generator(device=device).manual_seed(seed)
+        return {"draft": draft, "sampling": sampling}
+
+    timed = []
+    for B in batch_sizes:
+        batches = [prompts[i:i + B] for i in range(0, len(prompts), B)]
+        runs = {name: (decoder, args(decoder, draft)) for name, (decoder, draft) in arms.items()}
+        took, outs = interleaved_decodes(runs, batches, max_bytes=max_bytes, rounds=rounds, progress=progress)
+        timed.append(TimedArms(batch_size=B, took=took, outs=outs, real=real))
+    return timed
 
 
 def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128,
                  max_bytes: int = 256, batch_sizes=(1, 8), modes=DECODE_MODES, rounds: int = 2,
                  device: str = "cpu", dtype: str = "float32", eval_batches: int = EVAL_BATCHES, compile: str = "auto",
-                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, confidence: float = 0.0,
-                 progress=None) -> DecodeSpeed:
-    """Plain against self-speculative decoding in several drafting modes, on the same model and
-    held-out prompts, in one run: greedy at `temperature` 0, else every mode (plain included)
-    sampled at that temperature and `top_p`, each mode with its own generator seeded with `seed`
-    afresh at every batch size.
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 confidence: float = 0.0, progress=None) -> DecodeSpeed:
+    """Plain against self-speculative decoding in several drafting modes (drafts, or their names),
+    on the same model and held-out prompts, in one run: greedy at `temperature` 0, else every mode
+    (plain included) sampled at that temperature, `top_k` and `top_p`, each mode with its own
+    generator seeded with `seed` afresh at every batch size (`time_arms`).
 
     Every mode decodes with one `Decoder` (heads stacked once, pass costs measured once per batch
-    size, the acceptance profile kept across calls), by `interleaved_decodes`; greedy outputs must
+    size, the acceptance profile kept across calls); greedy outputs must
     be identical (each case's `identical`); sampled ones are compared too (every mode draws each
     byte by its position from the same seed, so they come out as plain's) but not judged
     (`all_identical` is then None).
@@ -301,7 +342,7 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     `eager_speedup` (the mode over eager plain).
     """
     dev = torch.device(device)
-    Sampling(temperature=temperature, top_p=top_p)  # a bad value stops here, before the model loads
+    temperature = Sampling(temperature=temperature, top_k=top_k, top_p=top_p).temperature  # checked before loading
     model, cfg = load_model(ckpt, device=dev)
     model = model.to(getattr(torch, dtype))
     real = None  # the real continuations, where the prompts come from documents
@@ -313,29 +354,23 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     held = held_out_bpb(model, cfg.data.path, batches=eval_batches, device=dev)  # before any decoding
     n_future = model.config.n_future
     # a model of one head (a next-byte or a BPE baseline's) has the modes that need no other head
-    modes = ["plain", *[m for m in modes if n_future > 1 or Draft.parse(m).heads in (None, 1)]]
+    modes = ["plain", *[m for m in map(str, modes) if n_future > 1 or Draft.parse(m).heads in (None, 1)]]
     decoder = decode.Decoder(model, compile=compile, confidence=confidence)
     compiled = decoder.policy.settle(batch_size=batch_sizes[0],
                                      work_bytes=len(prompts) * max_bytes * len(modes) * rounds * len(batch_sizes))
-    drafts = {m: (decoder, Draft.parse(m).capped(n_future)) for m in modes}
+    arms = {m: (decoder, Draft.parse(m).capped(n_future)) for m in modes}
     if compiled:
-        drafts["eager plain"] = (decode.Decoder(model, compile="off"), Draft.plain())
+        arms["eager plain"] = (decode.Decoder(model, compile="off"), Draft.plain())
     cases = []
-    for B in batch_sizes:
-        batches = [prompts[i:i + B] for i in range(0, len(prompts), B)]
-        runs = {m: (d, _mode_args(draft, temperature=temperature, top_p=top_p, seed=seed, device=dev))
-                for m, (d, draft) in drafts.items()}
-        took, outs = interleaved_decodes(runs, batches, max_bytes=max_bytes, rounds=rounds, progress=progress)
+    for timed in time_arms(arms, prompts, batch_sizes=batch_sizes, max_bytes=max_bytes, rounds=rounds,
+                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, real=real, progress=progress):
         for mode in modes[1:]:
-            try:
-                figures = speed_figures(took, outs, mode, real=real)
-            except RuntimeError as e:
-                raise RuntimeError(f"{e} (batch {B})") from None
-            case = DecodeCase(batch_size=B, figures=figures)
+            figures = timed.figures(mode)
+            case = DecodeCase(batch_size=timed.batch_size, figures=figures)
             if compiled:
-                eager = speed_figures(took, outs, mode, base="eager plain", same_step=False)
-                plain = speed_figures(took, outs, "plain", base="eager plain", same_step=False)
-                case = DecodeCase(batch_size=B,
+                eager = timed.figures(mode, base="eager plain", same_step=False)
+                plain = timed.figures("plain", base="eager plain", same_step=False)
+                case = DecodeCase(batch_size=timed.batch_size,
                                   figures=dataclasses.replace(figures, identical=figures.identical and plain.identical),
                                   eager_plain_bytes_s=eager.plain_bytes_s, eager_speedup=eager.speedup,
                                   compiled_plain_speedup=plain.speedup)
@@ -346,8 +381,8 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
                        prompt_bytes=max(len(p) for p in prompts), max_bytes=max_bytes, rounds=rounds,
                        val_bpb=held.bpb, compile="on" if compiled else "off",
                        compile_stats=static.stats() if static is not None else None, pass_costs_ms=costs.to_dict(),
-                       cases=cases, temperature=temperature, top_p=top_p, seed=seed, confidence=confidence,
-                       val_split=held.split, val_bytes=held.bytes, val_note=held.note)
+                       cases=cases, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                       confidence=confidence, val_split=held.split, val_bytes=held.bytes, val_note=held.note)
 
 
 @dataclasses.dataclass(frozen=True)

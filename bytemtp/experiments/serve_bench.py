@@ -17,6 +17,7 @@ import torch
 
 from bytemtp.decoding import decode
 from bytemtp.decoding.compiled import Compile
+from bytemtp.decoding.generation import load_prompts
 from bytemtp.decoding.strategy import Draft
 from bytemtp.data.splits import val_continuations
 from bytemtp.experiments.bench import EVAL_BATCHES, held_out_bpb
@@ -117,6 +118,7 @@ class ServeSpeed:
     compile: str | None = None  # the compile policy asked for (None: JSON written before it was asked)
     step: str | None = None  # the step both servers ran: "compiled" or "eager" (settled when they started)
     val_bytes: int | None = None  # the val bytes val_bpb is of (None: not measured, or JSON written before)
+    dtype: str | None = None  # the model's (None: JSON written before it was asked)
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
@@ -129,7 +131,7 @@ class ServeSpeed:
                     del load[key]
             if self.load.rss_mb_first_quarter is None:
                 del load["rss_mb_first_quarter"]
-        for key in ("compile", "step", "val_bytes"):
+        for key in ("compile", "step", "val_bytes", "dtype"):
             if out[key] is None:
                 del out[key]
         for case in out["cases"].values():  # no plain arm: the keys of before
@@ -153,10 +155,10 @@ def _rss_mb() -> float:
         return float("nan")
 
 
-def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes: int = 128, max_bytes: int = 256,
-                rounds: int = 3, load_s: float = 0.0, load_clients: int = 16, malformed: float = 0.0,
+def serve_speed(ckpt: str, *, clients=(1, 8), prompts_path: str | None = None, n_prompts: int = 16,
+                prompt_bytes: int = 128, max_bytes: int = 256, rounds: int = 3, load_s: float = 0.0, load_clients: int = 16, malformed: float = 0.0,
                 draft: Draft = Draft(lookup=True), eval_batches: int = EVAL_BATCHES,
-                vs_plain: bool = True, compile: Compile | str = "off", device: str = "cpu",
+                vs_plain: bool = True, compile: Compile | str = "off", device: str = "cpu", dtype: str = "float32",
                 progress=None) -> ServeSpeed:
     """Streaming clients against `bytemtp serve` on loopback, in this process: for each count of
     clients, every held-out prompt streamed once (the prompts shared out among the clients, each
@@ -169,7 +171,9 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
     is the draft server's policy; the plain server runs the step it settled on. With `load_s`,
     then `load_clients` clients stream for that long against the draft's server, `malformed` of
     their requests malformed ones (`serving.load.MALFORMED`, each of which must get a 4xx), and
-    the process's memory (server and clients: one process) is sampled throughout."""
+    the process's memory (server and clients: one process) is sampled throughout. The prompts are
+    the first `n_prompts` of `prompts_path` (`generation.load_prompts`) where given, else cut from
+    val documents of the run's corpus (`prompt_bytes` each)."""
     from bytemtp.decoding.decode import Decoder
     from bytemtp.serving.app import Running, Server
     from bytemtp.serving.engine import Engine
@@ -177,9 +181,12 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
 
     say = progress or (lambda line: None)
     dev = torch.device(device)
-    model, cfg = load_model(ckpt, device=dev, bytes_only="bench serve")
-    pairs = val_continuations(cfg.data.path, n=n_prompts, prompt_bytes=prompt_bytes, continuation_bytes=max_bytes)
-    prompts = [p for p, _ in pairs]
+    model, cfg = load_model(ckpt, device=dev, dtype=dtype, bytes_only="bench serve")
+    if prompts_path is not None:
+        prompts = load_prompts(prompts_path)[:n_prompts]
+    else:
+        pairs = val_continuations(cfg.data.path, n=n_prompts, prompt_bytes=prompt_bytes, continuation_bytes=max_bytes)
+        prompts = [p for p, _ in pairs]
     held = held_out_bpb(model, cfg.data.path, batches=eval_batches, device=dev)  # before any serving
     say(f"decoding {len(prompts)} prompts alone (plain greedy), the reference")
     expected = [decode.generate(model, p, max_bytes=max_bytes).output.decode("utf-8", "replace") for p in prompts]
@@ -214,7 +221,7 @@ def serve_speed(ckpt: str, *, clients=(1, 8), n_prompts: int = 16, prompt_bytes:
     return ServeSpeed(ckpt=str(ckpt), device=str(dev), prompts=len(prompts), max_bytes=max_bytes, rounds=rounds,
                       draft=str(draft), max_batch=engine.max_batch, cases=cases, load=figures, mean_batch=mean_batch,
                       bytes_per_row_pass=bytes_per_row_pass, val_bpb=held.bpb,
-                      compile=Compile.parse(compile).value, step=step, val_bytes=held.bytes)
+                      compile=Compile.parse(compile).value, step=step, val_bytes=held.bytes, dtype=dtype)
 
 
 def _rounds(load, *, clients, rounds: int, prompts: int, plain, say) -> dict[int, ServeCase]:

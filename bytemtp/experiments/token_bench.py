@@ -19,12 +19,14 @@ same family over BPE tokens. The comparison here:
 3. scores both on the whole val split and on `held_out` text with `likelihood.score_texts`: every
    document whole, each arm in windows of its own context, nats summed over the document and its
    closing EOS, divided by the same bytes for both arms;
-4. decodes the same held-out prompts (val documents cut at `prompt_bytes`) with both arms'
-   decoders in one interleaved run, at each batch size: plain decoding and every speculative mode
-   each arm has (the byte arm's heads and its default, auto with prompt lookup; the token arm's
-   prompt lookup, and its heads where it has them), in bytes a second, with the repetition of the
-   decoded text beside the real continuation's; each arm's best mode, and the byte arm's default
-   over the token arm's best with its spread (batch by batch and round by round).
+4. decodes the same held-out prompts (val documents cut at `prompt_bytes`, or a prompts file)
+   with both arms' decoders in one interleaved run at each batch size, timed as `bench decode`
+   times its modes (`bench.time_arms`, greedy or sampled alike): plain decoding and the drafts
+   asked for (`drafts`, by default auto and auto+lookup) where each arm can run them (`arm_drafts`:
+   an arm without draft heads drafts prompt lookup alone), in bytes a second, with the repetition
+   of the decoded text beside the real continuation's; each arm's best mode, and the byte arm's
+   default (auto+lookup where timed) over the token arm's best with its spread (batch by batch
+   and round by round).
 
 What it does not control for is said in docs/benchmarks.md: the tokenizer is trained on the same
 train split the models see (no tokenizer is that well fitted to a user's text for free); the
@@ -48,9 +50,11 @@ import tqdm
 from bytemtp.data.corpus import corpus_files
 from bytemtp.data.splits import documents, has_splits, held_out_split, val_continuations
 from bytemtp.decoding.decode import Decoder
+from bytemtp.decoding.generation import load_prompts
 from bytemtp.decoding.sampling import Sampling
-from bytemtp.decoding.speed import SpeedFigures, interleaved_decodes, speed_figures
+from bytemtp.decoding.speed import SpeedFigures
 from bytemtp.decoding.strategy import Draft
+from bytemtp.experiments.bench import time_arms
 from bytemtp.evaluation.likelihood import score_texts
 from bytemtp.experiments.sweep import Grid, run_sweep
 from bytemtp.runtime.checkpoint import load_model
@@ -59,9 +63,7 @@ from bytemtp.vocab import BPE, load_vocabulary, train_bpe
 
 TOKENIZER = "tokenizer.json"
 SCORES = "scores.json"  # OUT/ARM-sN/scores.json: the arm's bits per byte, once measured
-BYTE_MODES = ("plain", "auto", "auto+lookup")  # the byte arm's decoders; auto+lookup is its default
-TOKEN_MODES = ("plain", "plain+lookup")  # the token arm's, without heads
-TOKEN_HEAD_MODES = ("plain", "plain+lookup", "auto", "auto+lookup")  # with heads
+DRAFTS = ("auto", "auto+lookup")  # the drafts timed against plain decoding by default
 DEFAULT_MODE = "auto+lookup"  # what `generate` and the server decode with
 
 
@@ -134,6 +136,10 @@ class TokenBench:
     max_bytes: int
     temperature: float
     compiled: bool
+    top_k: int = 0  # the sampling's (JSON written before they were asked: these defaults)
+    top_p: float = 1.0
+    seed: int = 0
+    dtype: str = "float32"
 
     def of(self, arm: str) -> list[ArmFigures]:
         return [a for a in self.arms if a.arm == arm]
@@ -154,9 +160,17 @@ class TokenBench:
         out["ratios"] = {f: self.ratio(f) for f in ("val_bpb", "held_out_bpb", "bytes_seen")}
         return out
 
+    @property
+    def all_identical(self) -> bool | None:
+        """Whether every greedy mode's outputs are its arm's plain ones; None when sampled (compared,
+        not judged, as in `bench decode`)."""
+        if self.temperature:
+            return None
+        return all(f.identical for d in self.decoding for f in d.modes.values())
+
     @classmethod
     def from_json(cls, data: dict) -> TokenBench:
-        given = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+        given = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
         return cls(**{**given, "arms": [ArmFigures.from_json(a) for a in data["arms"]],
                       "decoding": [TokenDecoding.from_json(d) for d in data["decoding"]]})
 
@@ -185,8 +199,9 @@ def bytes_per_token(vocab: BPE, docs: list[bytes]) -> float:
 def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: float = 540.0, steps: int = 0,
             seeds: int = 1, vocab_size: int = 4096, held_out: str | None = None, held_out_bytes: int = 0,
             sets: list[str] = (), token_sets: list[str] = (), token_heads: int = 1, token_seq_len: int = 0,
-            prompts: int = 16, prompt_bytes: int = 128, max_bytes: int = 256, batch_sizes=(1, 8),
-            rounds: int = 2, compile: str = "auto", temperature: float = 0.0, device: str = "cpu",
+            prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128, max_bytes: int = 256,
+            batch_sizes=(1, 8), rounds: int = 2, drafts=DRAFTS, compile: str = "auto", temperature: float = 0.0,
+            top_k: int = 0, top_p: float = 1.0, seed: int = 0, device: str = "cpu", dtype: str = "float32",
             fresh: bool = False, say=tqdm.tqdm.write) -> TokenBench:
     """The whole comparison into `out` (see the module docstring); an arm's run found there is read
     back only when it was trained with the settings asked for now, else refused unless `fresh`
@@ -198,7 +213,8 @@ def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: floa
                          "and both models on its train split and scores them on its val split (bytemtp prep)")
     if held_out and not corpus_files(held_out, split=held_out_split(held_out)):
         raise ValueError(f"--held-out {held_out}: no files to score")  # corpus_files names a path that is not there
-    Sampling(temperature=temperature)  # a bad value stops here
+    checked = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)  # a bad value stops here
+    sampling = dict(temperature=checked.temperature, top_k=top_k, top_p=top_p, seed=seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tok_path = out / TOKENIZER
@@ -232,13 +248,14 @@ def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: floa
     held = held_out_texts(held_out, held_out_bytes) if held_out else []
     arms = [_scored(out, r, grid, bpt=train_bpt, val_docs=val_docs, held=held, budget_s=budget_s, steps=steps,
                     device=dev, say=say) for r in trained]
-    decoding, compiled = _decode(out, data, prompts=prompts, prompt_bytes=prompt_bytes, max_bytes=max_bytes,
-                                 batch_sizes=batch_sizes, rounds=rounds, compile=compile, temperature=temperature,
-                                 device=dev, token_heads=token_heads, say=say)
+    decoding, compiled, n = _decode(out, data, prompts_path=prompts_path, n_prompts=n_prompts,
+                                    prompt_bytes=prompt_bytes, max_bytes=max_bytes, batch_sizes=batch_sizes,
+                                    rounds=rounds, drafts=drafts, compile=compile, sampling=sampling, device=dev,
+                                    dtype=dtype, say=say)
     return TokenBench(data=data, preset=preset, budget_s=0.0 if steps else budget_s, steps=steps, seeds=seeds,
                       tokenizer=str(tok_path), vocab_size=vocab.size, train_bytes_per_token=train_bpt,
                       val_bytes_per_token=val_bpt, held_out=held_out, arms=arms, decoding=decoding,
-                      prompts=prompts, max_bytes=max_bytes, temperature=temperature, compiled=compiled)
+                      prompts=n, max_bytes=max_bytes, compiled=compiled, dtype=dtype, **sampling)
 
 
 def _scored(out: Path, r, grid: Grid, *, bpt: float, val_docs: list[bytes], held: list[bytes], budget_s: float,
@@ -265,45 +282,50 @@ def _scored(out: Path, r, grid: Grid, *, bpt: float, val_docs: list[bytes], held
     return figures
 
 
-def _decode(out: Path, data: str, *, prompts: int, prompt_bytes: int, max_bytes: int, batch_sizes, rounds: int,
-            compile: str, temperature: float, device: torch.device, token_heads: int,
-            say) -> tuple[list[TokenDecoding], bool]:
-    """Both seed-0 arms decoding the same held-out prompts, every mode of each, interleaved."""
-    pairs = val_continuations(data, n=prompts, prompt_bytes=prompt_bytes, continuation_bytes=max_bytes)
-    texts, real = [p for p, _ in pairs], [c for _, c in pairs]
+def arm_drafts(drafts, n_future: int) -> list[Draft]:
+    """An arm's drafts, plain first: those asked for where the arm has draft heads; without them,
+    prompt lookup alone (plain+lookup) where any draft asks for lookup."""
+    asked = [Draft.parse(str(d)) for d in drafts]
+    if n_future == 1:
+        asked = [Draft.parse("plain+lookup")] if any(d.lookup for d in asked) else []
+    return list(dict.fromkeys([Draft.plain(), *asked]))
+
+
+def _decode(out: Path, data: str, *, prompts_path: str | None, n_prompts: int, prompt_bytes: int, max_bytes: int,
+            batch_sizes, rounds: int, drafts, compile: str, sampling: dict, device: torch.device, dtype: str,
+            say) -> tuple[list[TokenDecoding], bool, int]:
+    """Both seed-0 arms decoding the same held-out prompts, every draft of each, interleaved
+    (`bench.time_arms`); whether they ran the compiled step, and how many prompts they decoded."""
+    real = None
+    if prompts_path is not None:
+        texts = load_prompts(prompts_path)[:n_prompts]
+    else:
+        pairs = val_continuations(data, n=n_prompts, prompt_bytes=prompt_bytes, continuation_bytes=max_bytes)
+        texts, real = [p for p, _ in pairs], [c for _, c in pairs]
     decoders = {}
     for arm in ("bytes", "tokens"):
-        model, _ = load_model(out / f"{arm}-s0", device=device)
+        model, _ = load_model(out / f"{arm}-s0", device=device, dtype=dtype)
         decoders[arm] = Decoder(model, compile=compile)
-    modes_of = {"bytes": BYTE_MODES, "tokens": TOKEN_HEAD_MODES if token_heads > 1 else TOKEN_MODES}
+    drafts_of = {arm: arm_drafts(drafts, d.model.config.n_future) for arm, d in decoders.items()}
     work = len(texts) * max_bytes * rounds * len(batch_sizes) * 4
     compiled = all([decoders[arm].policy.settle(batch_size=batch_sizes[0], work_bytes=work) for arm in decoders])
     if not compiled:  # both arms on the same kind of step
         decoders = {arm: Decoder(d.model, compile="off") for arm, d in decoders.items()}
-
-    def args(mode: str) -> dict:
-        draft = Draft.parse(mode)
-        if temperature == 0:
-            return {"draft": draft}
-        generator = torch.Generator(device=device).manual_seed(0)
-        return {"draft": draft, "sampling": Sampling(temperature=temperature, generator=generator)}
-
+    arms = {f"{arm} {draft}": (decoders[arm], draft) for arm, ds in drafts_of.items() for draft in ds}
+    default = f"bytes {DEFAULT_MODE}" if f"bytes {DEFAULT_MODE}" in arms else f"bytes {drafts_of['bytes'][-1]}"
     results = []
     for B in batch_sizes:
         say(f"decoding {len(texts)} held-out prompts x {max_bytes} bytes at batch {B}, both arms interleaved")
-        runs = {f"{arm} {mode}": (decoders[arm], args(mode)) for arm, modes in modes_of.items() for mode in modes}
-        batches = [texts[i:i + B] for i in range(0, len(texts), B)]
-        took, outs = interleaved_decodes(runs, batches, max_bytes=max_bytes, rounds=rounds)
-        figures = {name: speed_figures(took, outs, name, base=f"{name.split()[0]} plain", real=real)
-                   for name in runs}
+        timed, = time_arms(arms, texts, batch_sizes=(B,), max_bytes=max_bytes, rounds=rounds, real=real, **sampling)
+        figures = {name: timed.figures(name, base=f"{name.split()[0]} plain") for name in arms}
         best = {}
-        for arm in modes_of:
-            names = [n for n in runs if n.startswith(arm + " ")]
+        for arm in drafts_of:
+            names = [n for n in arms if n.startswith(arm + " ")]
             best[arm] = max(names, key=lambda n: figures[n].plain_bytes_s if n.endswith(" plain")
                             else figures[n].spec_bytes_s)
-        vs = speed_figures(took, outs, f"bytes {DEFAULT_MODE}", base=best["tokens"], same_step=False, real=real)
+        vs = timed.figures(default, base=best["tokens"], same_step=False)
         results.append(TokenDecoding(batch_size=B, modes=figures, best=best, default_over_best_tokens=vs))
-    return results, compiled
+    return results, compiled, len(texts)
 
 
 def _spread(values: list[float], fmt: str = "{:.3f}") -> str:
@@ -340,7 +362,8 @@ def table(res: TokenBench) -> str:
         r = res.ratio(field)
         if r is not None:
             lines.append(f"bytes/tokens, {label}: {r[0]:.3f}x ({r[1]:.3f}-{r[2]:.3f})")
-    sampled = f"sampled at {res.temperature:g}" if res.temperature else "greedy"
+    sampled = (f"sampled at temperature {res.temperature:g}, top-p {res.top_p:g}"
+               + (f", top-k {res.top_k}" if res.top_k else "") + f" (seed {res.seed})" if res.temperature else "greedy")
     lines += ["", f"decoding, {sampled}, {res.prompts} held-out prompts x {res.max_bytes} bytes, "
               f"{'compiled' if res.compiled else 'eager'} step (seed 0's models):", "",
               "| batch | mode | bytes/s | over its arm's plain | bytes/pass | distinct 8-grams | zstd ratio / real |",

@@ -53,10 +53,10 @@ from aiohttp import web
 import torch
 
 from bytemtp.decoding.generation import Generation
-from bytemtp.decoding.sampling import Sampling
+from bytemtp.decoding.sampling import SEED_RANGE, Sampling
 from bytemtp.serving.engine import Engine, GenerateJob, QueueFull, ScoreJob
-from bytemtp.serving.protocol import (SEED_RANGE, ApiError, Completion, StreamText, authorized, error_body,
-                                      finish_reason, logprobs_body, parse_completion, trim_stop)
+from bytemtp.serving.protocol import (ApiError, Completion, StreamText, authorized, error_body, finish_reason,
+                                      logprobs_body, parse_completion, trim_stop)
 from bytemtp.vocab import EOS, SPECIAL_NAMES
 
 log = logging.getLogger("bytemtp.serve")
