@@ -117,7 +117,7 @@ demo: setup corpus
 	$(BYTEMTP) eval --ckpt $(DEMO_RUN) --batches 50
 	@echo "--- a sample from $(DEMO_RUN) (temperature 0.5, seed 1, a fixed draft of 4 heads so the seed repeats it):"
 	$(BYTEMTP) generate --ckpt $(DEMO_RUN) --prompt "$$(printf 'import os\n\ndef ')" --max-bytes 200 \
-	  --temperature 0.5 --top-p 0.95 --seed 1 --heads 4 --stats
+	  --temperature 0.5 --top-p 0.95 --seed 1 --draft chain-4 --stats
 	@echo "--- heads 2-8 tuned on the model's own greedy text for $(DEMO_TUNE_TIME), into $(DEMO_TUNED):"
 	@if ls $(DEMO_TUNED)/checkpoints 2>/dev/null | grep -q '^step-' && \
 	  [ -z "$$(find $(DEMO_RUN)/checkpoints -mindepth 1 -maxdepth 1 -newer $(DEMO_TUNED)/run-config.json)" ]; then \
@@ -130,9 +130,9 @@ demo: setup corpus
 	@echo "    decoding against the heads alone (auto) and the default (auto+lookup: the heads and prompt-lookup"
 	@echo "    drafts), greedy and then sampled, with how repetitive the decoded text is beside the real"
 	@echo "    continuations; the first run compiles the step (a few minutes), later ones take it from the cache:"
-	$(BYTEMTP) bench decode --ckpt $(DEMO_TUNED) --n-prompts $(DEMO_PROMPTS) --batch-sizes 1 --modes auto,auto+lookup \
+	$(BYTEMTP) bench decode --ckpt $(DEMO_TUNED) --n-prompts $(DEMO_PROMPTS) --batch-sizes 1 --draft auto,auto+lookup \
 	  --compile on
-	$(BYTEMTP) bench decode --ckpt $(DEMO_TUNED) --n-prompts $(DEMO_PROMPTS) --batch-sizes 1 --modes auto,auto+lookup \
+	$(BYTEMTP) bench decode --ckpt $(DEMO_TUNED) --n-prompts $(DEMO_PROMPTS) --batch-sizes 1 --draft auto,auto+lookup \
 	  --compile on --temperature 0.8 --top-p 0.95 --seed 1
 
 # Every benchmark in one run (a few minutes on two CPU cores); decode and eval use the

@@ -12,8 +12,9 @@ need pass costs to weigh a deeper chain: a fixed draft with lookup measures them
 lookup pass.
 
 A new strategy is a new `Shape` (or a new heads value) with its rule in these methods; the
-CLI's choices (`generate --draft` from `Shape`, `bench decode --modes` from `DECODE_MODES`), the
-benchmark's modes and the drafts that evaluation decodes (`EVALUATED_DRAFTS`) are read from here.
+CLI's `--draft` (every command that decodes reads it with `parse`; `bench decode`'s default is
+`DECODE_MODES`), the benchmark's modes and the drafts that evaluation decodes (`EVALUATED_DRAFTS`)
+are read from here.
 No torch: the CLI reads this module when it builds its options.
 """
 
@@ -120,7 +121,7 @@ class Draft:
         return 0 if self.heads == 1 else (self.heads or n_future) - 1
 
 
-# what `bench decode` compares with plain decoding by default, and their names (`--modes`)
+# what `bench decode` compares with plain decoding by default, and their names (`--draft`)
 BENCHMARK_DRAFTS = (Draft(), Draft(2, Shape.CHAIN), Draft(4, Shape.CHAIN), Draft("all", Shape.CHAIN),
                     Draft(4, Shape.TREE), Draft("all", Shape.TREE))
 DECODE_MODES = tuple(str(d) for d in BENCHMARK_DRAFTS)

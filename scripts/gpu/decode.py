@@ -56,7 +56,7 @@ def run_cases(p: Part, model: str, prompts: str) -> dict[str, dict]:
         modes = "auto,auto+lookup" if not temperature else "auto"  # prompt lookup drafts greedy rows only
         outcome = p.bytemtp(label, "bench", "decode", "--ckpt", model, "--prompts", prompts,
                             "--n-prompts", str(n_prompts), "--max-bytes", str(max_bytes), "--batch-sizes", sizes,
-                            "--modes", modes, "--rounds", str(rounds), "--compile", compile_mode,
+                            "--draft", modes, "--rounds", str(rounds), "--compile", compile_mode,
                             "--device", p.device, "--dtype", dtype, *sampling, "--json", str(json_path),
                             timeout=min(left, 300))
         data = read_json(json_path) if outcome.status == "PASS" else None

@@ -59,7 +59,7 @@ def decode_commands(p: Part, s: dict, run: Path, dtype: str) -> None:
               "--temperature", "0.8", "--top-p", "0.95", "--seed", "1", "--stats", "--device", dev,
               "--dtype", dtype, "--compile", "off")
     p.bytemtp("bench decode", "bench", "decode", "--ckpt", r, "--n-prompts", str(s["prompts"]), "--max-bytes", n,
-              "--batch-sizes", "1,2", "--modes", "auto,auto+lookup", "--rounds", "1", "--compile", "off",
+              "--batch-sizes", "1,2", "--draft", "auto,auto+lookup", "--rounds", "1", "--compile", "off",
               "--device", dev, "--dtype", dtype, "--json", str(p.work / "decode.json"))
     p.bytemtp("bench train-step", "bench", "train-step", "--preset", "tiny", "--steps", "1", "--warmup", "1",
               "--min-sample-s", "0", "--batch-size", "2", "--compile", "off", "--device", dev,
@@ -73,16 +73,16 @@ def experiment_commands(p: Part, s: dict) -> None:
     """bench tokens, quality and sweep, each shrunk to a few steps of the tiny preset."""
     w, dev, corpus = p.work, p.device, str(p.work / "corpus")
     p.bytemtp("bench tokens", "bench", "tokens", "--preset", "tiny", "--data", corpus, "--steps", "2",
-              "--vocab", "300", "--prompts", "2", "--max-bytes", "16", "--batch-sizes", "1", "--rounds", "1",
+              "--vocab", "300", "--n-prompts", "2", "--max-bytes", "16", "--batch-sizes", "1", "--rounds", "1",
               "--compile", "off", "--out", str(w / "tokens"), "--device", dev, "--json", str(w / "tokens.json"))
     p.bytemtp("bench quality", "bench", "quality", "--preset", "tiny", "--data", corpus, "--steps", "2",
-              "--seeds", "1", "--arms", "mtp", "--tune-time", "0s", "--eval-bytes", "2048", "--prompts", "2",
+              "--seeds", "1", "--arms", "mtp", "--tune-time", "0s", "--eval-bytes", "2048", "--n-prompts", "2",
               "--out", str(w / "quality"), "--device", dev, "--json", str(w / "quality.json"))
     grid = w / "grid.toml"  # bench sweep has no --device: the grid's settings name it
     grid.write_text(f'preset = "tiny"\nsets = ["data.path={corpus}", "train.device={dev}", "train.eval_every=0", '
                     '"train.compile=off"]\n\n[[candidate]]\nname = "tiny"\nsets = []\n')
     p.bytemtp("bench sweep", "bench", "sweep", str(grid), "--out", str(w / "sweep"), "--time", "3s",
-              "--eval-bytes", "2048", "--prompts", "2", "--json", str(w / "sweep.json"))
+              "--eval-bytes", "2048", "--n-prompts", "2", "--json", str(w / "sweep.json"))
 
 
 def free_port() -> int:
