@@ -36,7 +36,6 @@ COMPILE = ("auto", "on", "off")  # compiled training (train.compile): auto compi
 PRECISIONS = ("auto", "bf16", "fp32")  # of training's matmuls (bf16: autocast; weights stay fp32)
 PARALLEL = ("ddp", "fsdp")  # how many processes share a model: DistributedDataParallel or FSDP2
 TRAINABLE = ("all", "draft-heads")  # what trains: the whole model, or heads 2..n only (tune-heads)
-DRAFTS = ("none", "medusa", "hydra")  # cheap draft heads beside the training heads (bytemtp.model.draft)
 DIVERGENCES = ("kl", "tv")  # the teacher term: KL from head 1, or total variation (1 - speculative acceptance)
 SCHEDULES = ("cosine", "wsd", "linear")  # the learning rate's decay after warmup
 OPTIMIZERS = ("adamw", "muon")  # muon: Muon on the trunk's and heads' matrices, AdamW on the rest
@@ -127,6 +126,18 @@ HEAD_TYPES: dict[str, HeadType] = {t.name: t for t in (TransformerHeads(), Linea
 
 
 @dataclass(frozen=True)
+class DraftDesign:
+    """A design of draft heads beside the training heads (`model.draft`; modules: `bytemtp.model.draft`), asked
+    as head types are, never named: `heads`, whether there are any; `reads_bytes`, whether depth d reads d - 1's byte."""
+    name: str
+    heads: bool
+    reads_bytes: bool = False
+
+
+DRAFT_DESIGNS = {d.name: d for d in (DraftDesign("none", False), DraftDesign("medusa", True), DraftDesign("hydra", True, True))}
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Shape of the byte transformer: a shared trunk and n_future future-byte heads."""
 
@@ -182,8 +193,8 @@ class ModelConfig:
                f"choose one of {', '.join(HEAD_TYPES)}")
         _check(self.unembed in UNEMBED_TYPES, "model.unembed", self.unembed,
                f"choose one of {', '.join(UNEMBED_TYPES)}")
-        _check(self.draft in DRAFTS, "model.draft", self.draft, f"choose one of {', '.join(DRAFTS)}")
-        _check(self.draft == "none" or self.n_future >= 2, "model.draft", self.draft,
+        _check(self.draft in DRAFT_DESIGNS, "model.draft", self.draft, f"choose one of {', '.join(DRAFT_DESIGNS)}")
+        _check(not self.drafts.heads or self.n_future >= 2, "model.draft", self.draft,
                "draft heads draft bytes 2..n_future ahead; set model.n_future >= 2")
         _check(self.mlp in MLP_TYPES, "model.mlp", self.mlp, f"choose one of {', '.join(MLP_TYPES)}")
         for name in ("param_match", "doc_mask"):
@@ -213,6 +224,11 @@ class ModelConfig:
     def head(self) -> HeadType:
         """The type of the heads, which whatever depends on the kind of head asks (never the name)."""
         return HEAD_TYPES[self.head_type]
+
+    @property
+    def drafts(self) -> DraftDesign:
+        """The design of the draft heads (`model.draft`), which what depends on it asks."""
+        return DRAFT_DESIGNS[self.draft]
 
     @property
     def layers_per_head(self) -> int:
@@ -272,14 +288,10 @@ class LossConfig:
     """Self-generated targets: the last this many inputs of every window are the model's own greedy continuation (needs train.trainable=draft-heads; 0: off)."""
 
     def __post_init__(self) -> None:
-        _check(self.head_weights in HEAD_WEIGHTS, "loss.head_weights", self.head_weights,
-               f"choose one of {', '.join(HEAD_WEIGHTS)}")
-        _check(0.0 < self.geometric_decay <= 1.0, "loss.geometric_decay", self.geometric_decay,
-               "expected 0 < decay <= 1")
-        _check(isinstance(self.mask_after_eos, bool), "loss.mask_after_eos", self.mask_after_eos,
-               "expected true or false")
-        _check(self.head_schedule in HEAD_SCHEDULES, "loss.head_schedule", self.head_schedule,
-               f"choose one of {', '.join(HEAD_SCHEDULES)}")
+        _check(self.head_weights in HEAD_WEIGHTS, "loss.head_weights", self.head_weights, f"choose one of {', '.join(HEAD_WEIGHTS)}")
+        _check(0.0 < self.geometric_decay <= 1.0, "loss.geometric_decay", self.geometric_decay, "expected 0 < decay <= 1")
+        _check(isinstance(self.mask_after_eos, bool), "loss.mask_after_eos", self.mask_after_eos, "expected true or false")
+        _check(self.head_schedule in HEAD_SCHEDULES, "loss.head_schedule", self.head_schedule, f"choose one of {', '.join(HEAD_SCHEDULES)}")
         _check(isinstance(self.head_schedule_span, (int, float)) and 0.0 < self.head_schedule_span <= 1.0,
                "loss.head_schedule_span", self.head_schedule_span, "expected 0 < span <= 1")
         _check(isinstance(self.head_schedule_floor, (int, float)) and 0.0 <= self.head_schedule_floor <= 1.0,
@@ -475,9 +487,8 @@ class Config:
     """The training loop."""
 
     def __post_init__(self) -> None:
-        _check(self.model.draft == "none" or self.train.trainable == "draft-heads", "model.draft", self.model.draft,
-               "draft heads train with everything else frozen (train.trainable=draft-heads, as bytemtp tune-heads "
-               "--draft sets)")
+        _check(not self.model.drafts.heads or self.train.trainable == "draft-heads", "model.draft", self.model.draft,
+               "draft heads train with everything else frozen (train.trainable=draft-heads, as tune-heads sets)")
         if self.loss.rollout_bytes:
             _check(self.train.trainable == "draft-heads", "loss.rollout_bytes", self.loss.rollout_bytes,
                    "self-generated targets need the trunk and head 1 frozen (train.trainable=draft-heads, "

@@ -45,6 +45,13 @@ def table_rows(vocab_size: int) -> int:
     return -(-vocab_size // 8) * 8
 
 
+def emitted(rows: int = VOCAB_SIZE) -> list[bool]:
+    """Which ids of a table of `rows` ids generation may emit: the bytes, EOS and a BPE baseline's
+    merged tokens (from 264 on); never BOS, PAD or the byte table's padding. Decoding ranks only
+    these, and a draft head reads only these as the id drafted before it."""
+    return [i < N_BYTES or i == EOS or i >= VOCAB_SIZE for i in range(rows)]
+
+
 class TextStream:
     """Incremental UTF-8: a character split across pieces prints whole; invalid bytes become U+FFFD."""
 

@@ -27,7 +27,25 @@ from bytemtp.decoding.sampling import Sampling
 from bytemtp.evaluation import humaneval as he
 from bytemtp.model.layout import attend
 from bytemtp.model.model import ByteMTP
+from bytemtp.model.pass_heads import PassHeads
 from bytemtp.vocab import BYTES, EOS, VOCAB_SIZE
+
+# --- decoding in one call -------------------------------------------------------------------------
+
+
+def generate_batch(model, prompts, *, max_bytes, draft="auto", sampling=None, stop=(), on_bytes=None, cancel=None,
+                   stacked=True, costs=None, compile="auto"):
+    """`Decoder(model).generate(...)` in one call (a new decoder: it makes the model's pass heads and,
+    for the automatic choice, measures pass costs unless `costs` are given)."""
+    return decode.Decoder(model, stacked=stacked, costs=costs, compile=compile).generate(
+        prompts, max_bytes=max_bytes, draft=draft, sampling=sampling, stop=stop, on_bytes=on_bytes, cancel=cancel)
+
+
+def generate_speculative(model, prompt, *, max_bytes, draft="auto", sampling=None, stop=(), on_bytes=None, **kw):
+    """Self-speculative decoding of one prompt (`generate_batch` of one)."""
+    return generate_batch(model, [prompt], max_bytes=max_bytes, draft=draft, sampling=sampling, stop=stop,
+                          on_bytes=None if on_bytes is None else (lambda _, piece: on_bytes(piece)), **kw)[0]
+
 
 # --- tiny models ----------------------------------------------------------------------------------
 
@@ -85,13 +103,30 @@ def fitted_model(seed: int, head_type: str) -> ByteMTP:
 
 # --- scripted models: the decoder against known texts ---------------------------------------------
 
+class ScriptedHeads(PassHeads):
+    """What a scripted model's passes run: the whole model at once, its own `logits` (the trunk is
+    part of the script), every head in the pass."""
+
+    name = "scripted"
+
+    def logits(self, ids_BT, cache, *, heads, layout, last=None):
+        return self.model.logits(ids_BT, cache, heads=heads, layout=layout, last=last)
+
+    def run_pass(self, ids_BT, cache, *, heads, layout):
+        return self.model.logits(ids_BT, cache, heads=heads, layout=layout), ids_BT[..., :0]
+
+
+def scripted_heads(model, *, stacked: bool = True) -> ScriptedHeads:
+    return ScriptedHeads(model)
+
+
 class ScriptedModel:
     """Knows a text: head 1 always predicts its next byte; head j > 1 predicts the byte j ahead
     when `right(j)` says so, else a wrong byte. Positions count from the leading EOS."""
 
     cache_layers = ByteMTP.cache_layers  # what a pass writes, from the config as the model says it
     layers_written = ByteMTP.layers_written
-    decode_heads = ByteMTP.decode_heads  # no draft heads: the training heads, stacked where they stack
+    decode_heads = scripted_heads  # every pass: `logits`
     drafter = None
     vocab = BYTES  # ids are bytes
 
@@ -106,10 +141,7 @@ class ScriptedModel:
     def _byte(self, position: int) -> int:
         return self.stream[position] if position < len(self.stream) else EOS
 
-    def stack_heads(self):
-        return None
-
-    def logits(self, ids, cache, heads=None, stacked=None, *, layout=None, last=None):
+    def logits(self, ids, cache, heads=None, *, layout=None, last=None):
         assert layout is None or layout.chain
         self.calls += 1
         K = heads or self.config.n_future
@@ -141,7 +173,7 @@ class ScriptedBatchModel:
 
     cache_layers = ByteMTP.cache_layers  # what a pass writes, from the config as the model says it
     layers_written = ByteMTP.layers_written
-    decode_heads = ByteMTP.decode_heads  # no draft heads: the training heads, stacked where they stack
+    decode_heads = scripted_heads  # every pass: `logits`
     drafter = None
     vocab = BYTES  # ids are bytes
 
@@ -153,16 +185,13 @@ class ScriptedBatchModel:
         self.docs = [([EOS, *prompt, *text, EOS], right) for prompt, text, right in docs]
         self.calls = 0
 
-    def stack_heads(self):
-        return None
-
     def _doc(self, prefix: list[int]):
         for stream, right in self.docs:
             if (stream + [EOS] * len(prefix))[:len(prefix)] == prefix:  # EOS after the end
                 return stream, right
         return None, None
 
-    def logits(self, ids, cache, heads=None, stacked=None, *, layout=None, last=None):
+    def logits(self, ids, cache, heads=None, *, layout=None, last=None):
         assert layout is None or layout.chain
         self.calls += 1
         K = heads or self.config.n_future
@@ -213,7 +242,7 @@ class MarkovModel:
 
     cache_layers = ByteMTP.cache_layers  # what a pass writes, from the config as the model says it
     layers_written = ByteMTP.layers_written
-    decode_heads = ByteMTP.decode_heads  # no draft heads: the training heads, stacked where they stack
+    decode_heads = scripted_heads  # every pass: `logits`
     drafter = None
     vocab = BYTES  # ids are bytes
 
@@ -233,10 +262,7 @@ class MarkovModel:
                     table[phase, prev, j, ids] = torch.tensor(q).log()
         self.table = table
 
-    def stack_heads(self):
-        return None
-
-    def logits(self, ids, cache, heads=None, stacked=None, *, layout=None, last=None):
+    def logits(self, ids, cache, heads=None, *, layout=None, last=None):
         assert layout is None or layout.chain
         B, T = ids.shape
         slot_BT = torch.tensor(cache.lengths)[:, None] + torch.arange(T)
@@ -295,7 +321,7 @@ class PathModel:
 
     cache_layers = ByteMTP.cache_layers  # what a pass writes, from the config as the model says it
     layers_written = ByteMTP.layers_written
-    decode_heads = ByteMTP.decode_heads  # no draft heads: the training heads, stacked where they stack
+    decode_heads = scripted_heads  # every pass: `logits`
     drafter = None
     vocab = BYTES  # ids are bytes
 
@@ -315,10 +341,7 @@ class PathModel:
                 self.follows[key] = (n, i)
         self.calls = 0
 
-    def stack_heads(self):
-        return None
-
-    def logits(self, ids_BT: torch.Tensor, cache, heads: int | None = None, stacked=None, *, layout,
+    def logits(self, ids_BT: torch.Tensor, cache, heads: int | None = None, *, layout,
                last: list[int] | None = None) -> torch.Tensor:
         self.calls += 1
         cfg = self.config

@@ -15,6 +15,8 @@ import torch
 from doubles import FITTED, FLAT, SONGS, fitted_model, seeded_sampling, tiny_model
 
 from bytemtp.decoding import decode
+from bytemtp.decoding import calibration
+from bytemtp.decoding.calibration import compile_shapes
 from bytemtp.decoding.compiled import (Compile, CompilePolicy, StaticStep, cached_costs, head_bucket, head_buckets, node_bucket,
                                       record_costs, record_path, worth_compiling)
 from bytemtp.decoding.drafting import DraftTree, PassCosts
@@ -23,6 +25,7 @@ from bytemtp.decoding.strategy import Draft, Shape
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
+from bytemtp.model.pass_heads import HeadsInTurn
 
 COMPILED = pytest.mark.xdist_group("processes")  # not beside the torchrun tests (see test_distributed)
 
@@ -67,7 +70,7 @@ def test_auto_compiles_from_the_documented_output(device, monkeypatch):
         config = _model().config  # a model that says it lives on the device (only its shape is read)
         model = types.SimpleNamespace(config=config, embed=types.SimpleNamespace(
             weight=types.SimpleNamespace(device=dev, dtype=torch.float32)))
-        policy = CompilePolicy(model, None)
+        policy = CompilePolicy(model, HeadsInTurn(model))
         assert policy.settle(batch_size=1, work_bytes=work) is want, work
         assert policy.mode is (Compile.ON if want else Compile.OFF)
         assert policy.worth(1, 10**9 if not want else 1) is want  # settled: the job's share does not matter
@@ -75,7 +78,7 @@ def test_auto_compiles_from_the_documented_output(device, monkeypatch):
     for ready in (False, True):
         assert not worth_compiling(Compile.AUTO, device=dev, work_bytes=10**9, ready=ready)
     assert worth_compiling(Compile.ON, device=dev, work_bytes=1, ready=False)  # asked for: the step runs
-    policy = CompilePolicy(model, None)
+    policy = CompilePolicy(model, HeadsInTurn(model))
     assert not policy.settle(batch_size=1, work_bytes=10 * least) and policy.mode is Compile.OFF
 
 
@@ -90,7 +93,7 @@ def test_settle_on_a_decoders_compile_policy(monkeypatch):
     long = decode.Decoder(model)
     assert long.policy.settle(batch_size=2, work_bytes=least) and long.policy.mode is Compile.ON
     assert long.policy.use(2, max_bytes=1) and long.policy.static is not None and long.policy.static.compiled
-    record_costs(model, stacked=True, batch_size=2, costs_ms=_GOOD)
+    record_costs(model.decode_heads(), batch_size=2, costs_ms=_GOOD)
     assert decode.Decoder(model).policy.settle(batch_size=2, work_bytes=1)  # compiled already
     assert not decode.Decoder(model).policy.settle(batch_size=3, work_bytes=1)
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
@@ -112,7 +115,7 @@ def test_static_step_equals_the_eager_pass(head_type, head_layers):
     """Chains and a tree, every bucket (padded or not), rows at different lengths: the static
     step's logits and cache writes equal the eager pass's."""
     model = _model(head_type, head_layers=head_layers, n_layers=2 + 8 * head_layers)
-    stacked = model.stack_heads()
+    stacked = model.decode_heads()
     step = StaticStep(model, stacked, compiled=False)
     tree = DraftTree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
     n = model.config.n_future
@@ -122,13 +125,13 @@ def test_static_step_equals_the_eager_pass(head_type, head_layers):
         caches = [KVCache.for_model(model, batch_size=B, max_len=max_len) for _ in range(2)]
         prompt = torch.randint(0, 256, (B, 12), generator=torch.Generator().manual_seed(B))
         for cache in caches:
-            model.logits(prompt, cache, stacked=stacked, layout=build_layout(model, prompt, cache))
+            stacked.logits(prompt, cache, layout=build_layout(model, prompt, cache))
             cache.lengths = list(lengths)
         passes = [(1, 1, None), (2, 2, None), (4, 3, None), (n, 5, None), (n, 7, tree), (n, 16, None)]
         for heads, T, shape in passes:
             ids = torch.randint(0, 256, (B, T), generator=torch.Generator().manual_seed(T))
             kw = {} if shape is None else {"depths": list(shape.depths), "ancestors": shape.ancestors}
-            want = model.logits(ids, caches[0], heads=heads, stacked=stacked,
+            want = stacked.logits(ids, caches[0], heads=heads,
                                 layout=build_layout(model, ids, caches[0], drafts=True, **kw))
             got = step(ids, caches[1], heads=heads, **({} if shape is None else
                                                        {"depths": shape.depths, "ancestors": shape.ancestors}))
@@ -153,7 +156,7 @@ def test_uncompiled_static_decoding_equals_plain_greedy(head_type):
     prompts = _prompts(model.config.seq_len)
     want = [decode.generate(model, p, max_bytes=70) for p in prompts]
     decoder = decode.Decoder(model, compile="on")
-    decoder.policy.static = StaticStep(model, decoder.stacked, compiled=False)
+    decoder.policy.static = StaticStep(model, decoder.pass_heads, compiled=False)
     for kw in ({"draft": "plain"}, {"draft": Draft(3)}, {"draft": "tree-8"}, {}):
         got = decoder.generate(prompts, max_bytes=70, **kw)
         assert [g.output for g in got] == [w.output for w in want], kw
@@ -200,15 +203,15 @@ def _pass_equals_eager(model, step: StaticStep, *, heads: int, T: int, tree: Dra
                        lengths: list[int]) -> None:
     """One pass of the static step against the eager `ByteMTP.logits`, on rows at `lengths`:
     its logits and the cache slots it wrote."""
-    B, stacked = len(lengths), step.stacked
+    B, stacked = len(lengths), step.pass_heads
     caches = [KVCache.for_model(model, batch_size=B, max_len=model.config.seq_len + 16) for _ in range(2)]
     prompt = torch.tensor([list((SONGS[0] * 2)[:max(lengths)])] * B)
     for cache in caches:
-        model.logits(prompt, cache, stacked=stacked, layout=build_layout(model, prompt, cache))
+        stacked.logits(prompt, cache, layout=build_layout(model, prompt, cache))
         cache.lengths = list(lengths)
     ids = torch.tensor([list(b"o la")[:1] + list(SONGS[b % 3][:T - 1]) for b in range(B)])
     kw = {} if tree is None else {"depths": list(tree.depths), "ancestors": tree.ancestors}
-    want = model.logits(ids, caches[0], heads=heads, stacked=stacked,
+    want = stacked.logits(ids, caches[0], heads=heads,
                         layout=build_layout(model, ids, caches[0], drafts=True, **kw))
     got = step(ids, caches[1], heads=heads, **({} if tree is None else
                                                {"depths": tree.depths, "ancestors": tree.ancestors}))
@@ -224,7 +227,7 @@ def _pass_equals_eager(model, step: StaticStep, *, heads: int, T: int, tree: Dra
 @pytest.mark.usefixtures("one_thread")
 def test_uncompiled_static_decoding_of_a_fitted_model_equals_plain_greedy():
     model = fitted_model(0, "transformer")
-    _fitted_decoding_equals_plain_greedy(model, StaticStep(model, model.stack_heads(), compiled=False))
+    _fitted_decoding_equals_plain_greedy(model, StaticStep(model, model.decode_heads(), compiled=False))
 
 
 @pytest.mark.slow
@@ -235,7 +238,7 @@ def test_compiled_decoding_of_a_fitted_model_equals_plain_greedy_and_the_eager_p
     tree passes, output equal to plain greedy decoding and every pass to the eager one; seeded
     sampling draws what the eager step draws."""
     model = fitted_model(0, "transformer")  # float64: the seeded draws do not hinge on rounding
-    step = StaticStep(model, model.stack_heads())
+    step = StaticStep(model, model.decode_heads())
     _fitted_decoding_equals_plain_greedy(model, step)
     assert step.graphs == 2 and step.stats()["compile_s"] > 0, step.stats()
     draws = []
@@ -254,7 +257,7 @@ def test_costs_measured_on_the_static_step_serve_the_next_process(tmp_path, monk
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     model = _model()
     first = decode.Decoder(model, compile="on")
-    first.policy.static = StaticStep(model, first.stacked, compiled=False)
+    first.policy.static = StaticStep(model, first.pass_heads, compiled=False)
     assert not first.policy.static.ready(2)
     costs = first.pass_costs(2, static=True)
     assert costs.stepwise and costs(3, 3) == costs(4, 4) and costs(1, 1) > 0
@@ -263,7 +266,7 @@ def test_costs_measured_on_the_static_step_serve_the_next_process(tmp_path, monk
     def never(*args, **kw):
         raise AssertionError("measured again")
 
-    monkeypatch.setattr(decode, "measure_pass_costs", never)
+    monkeypatch.setattr(calibration, "measure_pass_costs", never)
     other = _model(seed=1)  # other weights, same shape: the same graphs
     later = decode.Decoder(other)  # auto
     assert later.policy.use(2, max_bytes=8)  # little work, but the step is compiled already
@@ -277,8 +280,8 @@ def test_costs_measured_on_the_static_step_serve_the_next_process(tmp_path, monk
 def _record(model, costs_ms: dict | None = None, **fields) -> dict:
     """A valid record of `model`'s step at batch size 2 (stacked heads), as `record_costs` writes
     it, with `fields` replaced."""
-    path = record_path(model, stacked=True, batch_size=2)
-    record_costs(model, stacked=True, batch_size=2, costs_ms=_GOOD if costs_ms is None else costs_ms)
+    path = record_path(model.decode_heads(), batch_size=2)
+    record_costs(model.decode_heads(), batch_size=2, costs_ms=_GOOD if costs_ms is None else costs_ms)
     return {**json.loads(path.read_text()), **fields}
 
 
@@ -325,20 +328,20 @@ def test_a_bad_record_is_absent_measured_again_and_rewritten(bad, monkeypatch):
     take the step as compiled, the costs are measured again on the step and the record is
     rewritten, and a default decode of that model shape runs."""
     model = _model()
-    path = record_path(model, stacked=True, batch_size=2)
+    path = record_path(model.decode_heads(), batch_size=2)
     _write_bad(path, BAD_RECORDS[bad](model))
-    assert cached_costs(model, stacked=True, batch_size=2) is None
+    assert cached_costs(model.decode_heads(), batch_size=2) is None
     assert not decode.Decoder(model).policy.use(2, max_bytes=8)  # not "compiled already"
     measured = []
-    monkeypatch.setattr(decode, "measure_pass_costs", lambda decoder, batch_size, static=False, **kw:
+    monkeypatch.setattr(calibration, "measure_pass_costs", lambda decoder, batch_size, static=False, **kw:
                         measured.append(static) or _COSTS)
     got = decode.Decoder(model).generate([b"a", b"bc"], max_bytes=8)  # auto, eager: bad record or not
     assert [g.output for g in got] == [decode.generate(model, p, max_bytes=8).output for p in (b"a", b"bc")]
     on = decode.Decoder(model, compile="on")
-    on.policy.static = StaticStep(model, on.stacked, compiled=False)
+    on.policy.static = StaticStep(model, on.pass_heads, compiled=False)
     assert on.pass_costs(2, static=True).to_dict() == _GOOD and measured == [False, True]
     if bad != "a folder":  # in its place: left as it is, and measured again next time
-        assert cached_costs(model, stacked=True, batch_size=2) == _GOOD
+        assert cached_costs(model.decode_heads(), batch_size=2) == _GOOD
         assert decode.Decoder(model).policy.use(2, max_bytes=8)
 
 
@@ -346,16 +349,16 @@ def test_writers_at_once_leave_a_valid_record():
     """Two threads rewrite the record over and over while a third reads it: every read finds
     the whole record (temp file + rename), and a valid record is left."""
     model = _model()
-    record_costs(model, stacked=True, batch_size=2, costs_ms=_GOOD)
+    record_costs(model.decode_heads(), batch_size=2, costs_ms=_GOOD)
     stop, reads = threading.Event(), []
 
     def write():
         for _ in range(150):
-            record_costs(model, stacked=True, batch_size=2, costs_ms=_GOOD)
+            record_costs(model.decode_heads(), batch_size=2, costs_ms=_GOOD)
 
     def read():
         while not stop.is_set():
-            reads.append(cached_costs(model, stacked=True, batch_size=2))
+            reads.append(cached_costs(model.decode_heads(), batch_size=2))
 
     reader = threading.Thread(target=read)
     writers = [threading.Thread(target=write) for _ in range(2)]
@@ -367,13 +370,13 @@ def test_writers_at_once_leave_a_valid_record():
     stop.set()
     reader.join()
     assert reads and all(r == _GOOD for r in reads), sum(r != _GOOD for r in reads)
-    assert cached_costs(model, stacked=True, batch_size=2) == _GOOD
-    assert [p.name for p in record_path(model, stacked=True, batch_size=2).parent.iterdir()] == \
-        [record_path(model, stacked=True, batch_size=2).name]  # no temp file left behind
+    assert cached_costs(model.decode_heads(), batch_size=2) == _GOOD
+    assert [p.name for p in record_path(model.decode_heads(), batch_size=2).parent.iterdir()] == \
+        [record_path(model.decode_heads(), batch_size=2).name]  # no temp file left behind
 
 
 def test_tests_use_a_compile_cache_of_their_own(compile_cache):
-    assert record_path(_model(), stacked=True, batch_size=1).is_relative_to(compile_cache)
+    assert record_path(_model().decode_heads(), batch_size=1).is_relative_to(compile_cache)
 
 
 @pytest.mark.slow
@@ -383,10 +386,10 @@ def test_compile_shapes_covers_the_lookup_passes_a_decode_runs():
     head verifies for prompt-lookup drafts included (before, the first timed round compiled them)."""
     model = fitted_model(0, "transformer")
     decoder = decode.Decoder(model, compile="on")
-    decoder.policy.static = StaticStep(model, decoder.stacked, compiled=False)  # records its shapes alike
+    decoder.policy.static = StaticStep(model, decoder.pass_heads, compiled=False)  # records its shapes alike
     # every pass costs alike, so lookup's long chains are chosen (a copy: a run calibrates what it is given here)
     decoder.calibration.add(1, PassCosts(dict(FLAT.table)), static=True)
-    decoder.compile_shapes(1)
+    compile_shapes(decoder, 1)
     warmed = set(decoder.policy.static._shapes)
     # one head and lookup drafts: every drafted pass is a lookup chain that head 1 verifies
     got = decoder.generate([SONGS[0] * 3 + SONGS[0][:12]], max_bytes=120, draft=Draft(1, lookup=True))[0]

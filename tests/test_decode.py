@@ -5,7 +5,7 @@ import types
 
 import pytest
 import torch
-from doubles import FITTED, FLAT, SONGS, fitted_model, rare_eos_model
+from doubles import FITTED, FLAT, SONGS, fitted_model, generate_batch, rare_eos_model
 
 from bytemtp.decoding import decode
 from bytemtp.decoding.batch import Row
@@ -14,7 +14,7 @@ from bytemtp.decoding.generation import Output, SpeculativeStats
 from bytemtp.decoding.picks import Picks, greedy_picks
 from bytemtp.decoding.sampling import Sampling, next_byte
 from bytemtp.decoding.strategy import Draft
-from bytemtp.model.draft import emitted_ids
+from bytemtp.vocab import emitted
 from bytemtp.model.kvcache import KVCache, window_start
 from bytemtp.model.layout import build_layout
 from bytemtp.vocab import EOS
@@ -92,7 +92,7 @@ def test_the_window_slides_and_speculative_equals_plain(head_type, prompt_len):
     plain = decode.generate(model, prompt, max_bytes=200)
     assert plain.stats.bytes_out == 200 or plain.stats.stopped_by == "eos"
     for heads, draft in ((None, "auto"), (8, "chain"), (4, "tree")):
-        got = decode.generate_batch(model, [prompt, prompt[:5]], max_bytes=200, draft=Draft(heads, draft),
+        got = generate_batch(model, [prompt, prompt[:5]], max_bytes=200, draft=Draft(heads, draft),
                                     costs=FLAT)
         assert got[0].output == plain.output
         assert got[1].output == decode.generate(model, prompt[:5], max_bytes=200).output
@@ -123,15 +123,14 @@ def test_verify_greedy_walks_the_tree_along_head_1():
     tree = DraftTree.from_paths([(0,), (1,), (1, 0), (0, 0)])  # nodes: root, (0), (0,0), (1), (1,0)
     assert tree.ranks == (0, 0, 0, 1, 0) and tree.parents == (-1, 0, 1, 0, 3)
     row = _row([[ord("x"), ord("b")], [ord("c"), ord("y")]])  # head 2: x, b; head 3: c, y
-    dec = decode.Decoder.__new__(decode.Decoder)
     # head 1 after the root says b (rank 1 of head 2: node 3), after b says c (node 4), then d
     logits = _logits([[ord("b"), 1, 2], [ord("q"), 1, 2], [ord("q"), 1, 2], [ord("c"), 1, 2], [ord("d"), 7, 8]])
-    picks = Picks.read(greedy_picks(logits, emitted_ids(264)), [row], heads=3)  # one transfer
+    picks = Picks.read(greedy_picks(logits, torch.tensor(emitted(264))), [row], heads=3)  # one transfer
     assert row.stats.host_reads == 1
     state = types.SimpleNamespace(active=[0], finished=set())
-    (path, nxt), = dec.verify(picks, state, [row], tree, offered=[2])
+    (path, nxt), = decode.verify(picks, state, [row], tree, offered=[2])
     assert path == [0, 3, 4] and nxt == ord("d") and [c[0] for c in picks.cands(0, path[-1])] == [7, 8]
-    (path, nxt), = dec.verify(picks, state, [row], tree, offered=[1])  # depth 2 not usable
+    (path, nxt), = decode.verify(picks, state, [row], tree, offered=[1])  # depth 2 not usable
     assert path == [0, 3] and nxt == ord("c")
 
 

@@ -2,7 +2,7 @@
 its slow reference: greedy one row and batches, and batch sampling reproducible from its seed."""
 
 import pytest
-from doubles import FITTED, SONGS, fitted_model, seeded_sampling
+from doubles import FITTED, SONGS, fitted_model, generate_batch, generate_speculative, seeded_sampling
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +15,7 @@ from bytemtp.decoding.strategy import Draft
 def test_fitted_models_accept_some_drafts_but_not_all():
     rates = []
     for head_type in ("transformer", "causal", "linear"):
-        got = decode.generate_speculative(fitted_model(0, head_type), b"one t", max_bytes=40, draft=Draft(8))
+        got = generate_speculative(fitted_model(0, head_type), b"one t", max_bytes=40, draft=Draft(8))
         rates += got.stats.acceptance
     assert 0.1 < sum(rates) / len(rates) < 1.0
 
@@ -31,7 +31,7 @@ def test_speculative_greedy_equals_plain_greedy(seed, head_type, prompt, k, max_
     model = fitted_model(seed, head_type)
     max_bytes = min(max_bytes, model.config.seq_len - len(prompt) - 1)  # near the context end too
     plain = decode.generate(model, prompt, max_bytes=max_bytes)
-    spec = decode.generate_speculative(model, prompt, max_bytes=max_bytes, draft=Draft(k))
+    spec = generate_speculative(model, prompt, max_bytes=max_bytes, draft=Draft(k))
     assert spec.output == plain.output
     assert spec.stats.stopped_by == plain.stats.stopped_by
     assert spec.stats.forward_passes <= plain.stats.forward_passes
@@ -63,11 +63,11 @@ def test_greedy_batch_equals_each_row_alone(head_type):
     prompts = _batch_prompts(model.config.seq_len, max_bytes)
     assert len(prompts[-1]) + 1 + max_bytes == model.config.seq_len
     alone = [decode.generate(model, p, max_bytes=max_bytes) for p in prompts]
-    runs = {("plain batch", False): decode.generate_batch(model, prompts, max_bytes=max_bytes,
+    runs = {("plain batch", False): generate_batch(model, prompts, max_bytes=max_bytes,
                                                           draft="plain")}
     for k in (2, model.config.n_future):
         for stacked in (True, False):
-            runs[(k, stacked)] = decode.generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(k),
+            runs[(k, stacked)] = generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(k),
                                                        stacked=stacked)
     accepted = 0
     for key, batch in runs.items():
@@ -96,7 +96,7 @@ def test_greedy_batch_equals_each_row_alone(head_type):
 def test_greedy_batch_equals_rows_alone_property(head_type, prompts, k, max_bytes, stacked):
     model = fitted_model(0, head_type)
     max_bytes = min(max_bytes, model.config.seq_len - 1 - max(map(len, prompts)))
-    batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(k), stacked=stacked)
+    batch = generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(k), stacked=stacked)
     for p, got in zip(prompts, batch):
         ref = decode.generate(model, p, max_bytes=max_bytes)
         assert (got.output, got.stats.stopped_by) == (ref.output, ref.stats.stopped_by)
@@ -115,7 +115,7 @@ def test_batch_sampling_is_reproducible_from_the_seed(head_type):
     runs = {}
     for seed in (1, 1, 2):
         for stacked in (True, False):
-            batch = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=24, draft=Draft(4), stacked=stacked,
+            batch = generate_batch(model, _SAMPLE_PROMPTS, max_bytes=24, draft=Draft(4), stacked=stacked,
                                           sampling=seeded_sampling(seed, temperature=1.3, top_k=40, top_p=0.97))
             runs.setdefault(seed, []).append([g.output for g in batch])
             assert all(len(g.output) <= 24 and 0.0 <= min(g.stats.acceptance, default=0.0)
@@ -130,9 +130,9 @@ def test_batch_sampling_is_reproducible_from_the_seed(head_type):
 @pytest.mark.parametrize("head_type", _HEAD_TYPES_QUICK_DEFAULT)
 def test_plain_batch_sampling_runs_and_matches_plain_decoding(head_type):
     model = fitted_model(0, head_type)
-    batch = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, draft="plain",
+    batch = generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, draft="plain",
                                   sampling=seeded_sampling(3, temperature=0.9, top_p=0.9))
-    again = decode.generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, draft="plain",
+    again = generate_batch(model, _SAMPLE_PROMPTS, max_bytes=20, draft="plain",
                                   sampling=seeded_sampling(3, temperature=0.9, top_p=0.9))
     assert [g.output for g in batch] == [g.output for g in again]
     for got in batch:
@@ -142,7 +142,7 @@ def test_plain_batch_sampling_runs_and_matches_plain_decoding(head_type):
         assert stats.forward_passes == stats.bytes_out + (stats.stopped_by == "eos")
     # one row with k = 1 draws from the generator exactly as plain decoding does, byte for byte
     for prompt in _SAMPLE_PROMPTS[:3]:
-        row = decode.generate_batch(model, [prompt], max_bytes=20, draft="plain",
+        row = generate_batch(model, [prompt], max_bytes=20, draft="plain",
                                     sampling=seeded_sampling(5, temperature=1.1))[0]
         plain = decode.generate(model, prompt, max_bytes=20, sampling=seeded_sampling(5, temperature=1.1))
         assert row.output == plain.output
@@ -156,7 +156,7 @@ def test_streamed_pieces_per_row_equal_the_outputs(head_type, sampling):
     model = fitted_model(0, head_type)
     for k, speculative in ((4, True), (8, True), (1, False)):
         pieces = {}
-        batch = decode.generate_batch(
+        batch = generate_batch(
             model, _SAMPLE_PROMPTS, max_bytes=20, draft=Draft(k) if speculative else "plain",
             sampling=seeded_sampling(4) if sampling else None, stop=(b"la l",),
             on_bytes=lambda r, piece: pieces.setdefault(r, []).append(piece))

@@ -5,7 +5,7 @@ profile kept apart from lookup's, and sampled rows, which keep their heads' draf
 
 import pytest
 import torch
-from doubles import FITTED, FLAT, SONGS, TEXT, MarkovModel, ScriptedBatchModel, fitted_model, tiny_model
+from doubles import FITTED, FLAT, SONGS, TEXT, MarkovModel, ScriptedBatchModel, fitted_model, generate_batch, tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,8 +25,8 @@ def _scripted(right=lambda j: j <= 2) -> ScriptedBatchModel:
 
 @pytest.mark.parametrize("draft", ["chain-8", "chain-4", "plain", "chain"])
 def test_lookup_raises_the_bytes_a_pass_where_the_answer_copies_the_prompt(draft):
-    heads = decode.generate_batch(_scripted(), [PROMPT], max_bytes=100, draft=draft, costs=FLAT)[0]
-    both = decode.generate_batch(_scripted(), [PROMPT], max_bytes=100, draft=draft + "+lookup", costs=FLAT)[0]
+    heads = generate_batch(_scripted(), [PROMPT], max_bytes=100, draft=draft, costs=FLAT)[0]
+    both = generate_batch(_scripted(), [PROMPT], max_bytes=100, draft=draft + "+lookup", costs=FLAT)[0]
     assert heads.output == both.output == ANSWER == decode.generate(_scripted(), PROMPT, max_bytes=100).output
     assert both.stats.bytes_per_forward >= 1.5 * heads.stats.bytes_per_forward
     assert both.stats.lookup_passes > 0 and both.stats.lookup_accepted >= len(TEXT) - 8
@@ -36,7 +36,7 @@ def test_lookup_raises_the_bytes_a_pass_where_the_answer_copies_the_prompt(draft
 def test_rows_with_and_without_matches_decode_together():
     model = _scripted()
     prompts = [PROMPT, b"other: ", PROMPT]
-    got = decode.generate_batch(model, prompts, max_bytes=60, draft="chain-4+lookup", costs=FLAT)
+    got = generate_batch(model, prompts, max_bytes=60, draft="chain-4+lookup", costs=FLAT)
     assert [g.output for g in got] == [decode.generate(_scripted(), p, max_bytes=60).output for p in prompts]
     assert got[0].stats.lookup_accepted > 0 and got[1].stats.bytes_per_forward < got[0].stats.bytes_per_forward
 
@@ -44,7 +44,7 @@ def test_rows_with_and_without_matches_decode_together():
 @pytest.mark.parametrize("max_bytes,stop", [(9, ()), (17, ()), (100, (b"return",)), (100, (b"42\n",))])
 def test_limits_and_stops_inside_lookup_drafts(max_bytes, stop):
     plain = decode.generate(_scripted(), PROMPT, max_bytes=max_bytes, stop=stop)
-    got = decode.generate_batch(_scripted(), [PROMPT], max_bytes=max_bytes, stop=stop, draft="plain+lookup",
+    got = generate_batch(_scripted(), [PROMPT], max_bytes=max_bytes, stop=stop, draft="plain+lookup",
                                 costs=FLAT)[0]
     assert got.output == plain.output and got.stats.stopped_by == plain.stats.stopped_by
     assert got.stats.lookup_accepted <= len(got.output)
@@ -61,7 +61,7 @@ def test_lookup_passes_do_not_teach_the_heads_profile():
 
 
 def test_lookup_stats_are_summed():
-    got = decode.generate_batch(_scripted(), [PROMPT, PROMPT], max_bytes=100, draft="plain+lookup", costs=FLAT)
+    got = generate_batch(_scripted(), [PROMPT, PROMPT], max_bytes=100, draft="plain+lookup", costs=FLAT)
     total = SpeculativeStats.total(g.stats for g in got)
     assert total.lookup_accepted == 2 * got[0].stats.lookup_accepted > 0
     assert total.lookup_passes == 2 * got[0].stats.lookup_passes
@@ -115,7 +115,7 @@ def test_sampled_rows_keep_their_heads_drafts():
     outs = {}
     for draft in ("chain-3", "chain-3+lookup"):
         sampling = Sampling(temperature=1.0, generator=torch.Generator().manual_seed(3))
-        got = decode.generate_batch(MarkovModel(seq_len=64), [b"abcabcab"] * 20, max_bytes=40, draft=draft,
+        got = generate_batch(MarkovModel(seq_len=64), [b"abcabcab"] * 20, max_bytes=40, draft=draft,
                                     sampling=sampling, costs=FLAT)
         outs[draft] = [g.output for g in got]
         assert sum(g.stats.lookup_passes for g in got) == 0

@@ -3,7 +3,7 @@
 
 import pytest
 import torch
-from doubles import MARKOV_SYMBOLS, MARKOV_TARGET, MarkovModel, chi2_critical, seeded_sampling
+from doubles import MARKOV_SYMBOLS, MARKOV_TARGET, MarkovModel, chi2_critical, generate_batch, seeded_sampling
 
 from bytemtp.decoding import decode
 from bytemtp.decoding import picks as picks_lib
@@ -44,7 +44,7 @@ def _sample_outputs(n: int, heads: int, seed: int, speculative: bool = True):
     sampling = Sampling(temperature=1.0, generator=gen)
     model, outputs, stats = MarkovModel(), [], []
     for _ in range(n // 2000):  # batches of 2000 rows (one call per batch)
-        batch = decode.generate_batch(model, [b""] * 2000, max_bytes=3,
+        batch = generate_batch(model, [b""] * 2000, max_bytes=3,
                                       draft=Draft(heads) if speculative else "plain", sampling=sampling)
         outputs += [g.output for g in batch]
         stats += [g.stats for g in batch]
@@ -186,12 +186,16 @@ def test_sampled_rows_beside_greedy_rows_keep_the_target_distribution():
     head 1's distribution, each greedy row writes what plain greedy decoding writes."""
     from bytemtp.decoding.batch import Row
     from bytemtp.decoding.generation import Output, SpeculativeStats
+    from bytemtp.decoding.loop import Loop
 
     model = MarkovModel()
     sampled = Sampling(temperature=1.0, generator=torch.Generator().manual_seed(5))
     rows = [Row(b"", Output(SpeculativeStats(), max_bytes=3, stop=(), on_bytes=None),
                 sampled if r % 2 else Sampling()) for r in range(8000)]
-    decode.Decoder(model, costs=_FLAT_COSTS).decode(rows, Draft(3), max_bytes=3, cancel=None)
+    decoder = decode.Decoder(model, costs=_FLAT_COSTS)
+    loop = Loop(decoder, Draft(3).for_model(model.config.n_future), rows, static=False, greedy=False)
+    while loop.emit():  # what `Decoder.generate` runs, on rows of their own samplings
+        loop.advance()
     greedy = decode.generate(model, b"", max_bytes=3).output
     assert {bytes(row.out.data) for row in rows[0::2]} == {greedy}
     assert _chi_square([bytes(row.out.data) for row in rows[1::2]]) < _CHI2_26_P001

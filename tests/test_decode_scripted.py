@@ -3,7 +3,7 @@
 never / always / sometimes-accept cases, EOS, stop strings and max_bytes inside accepted drafts."""
 
 import pytest
-from doubles import CPU_LIKE, FLAT, TEXT, ScriptedBatchModel, ScriptedModel
+from doubles import CPU_LIKE, FLAT, TEXT, ScriptedBatchModel, ScriptedModel, generate_batch, generate_speculative
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +20,7 @@ from bytemtp.decoding.strategy import Draft
 def test_scripted_acceptance(name, right, per_forward):
     plain = decode.generate(ScriptedModel(TEXT, right), b"", max_bytes=100)
     model = ScriptedModel(TEXT, right)
-    spec = decode.generate_speculative(model, b"", max_bytes=100, draft=Draft(8))
+    spec = generate_speculative(model, b"", max_bytes=100, draft=Draft(8))
     assert plain.output == spec.output == TEXT
     stats = spec.stats
     if name == "never":
@@ -38,7 +38,7 @@ def test_scripted_acceptance(name, right, per_forward):
 
 def test_eos_inside_an_accepted_draft_stops_there():
     model = ScriptedModel(b"abc", lambda j: True)
-    got = decode.generate_speculative(model, b"", max_bytes=50, draft=Draft(8))
+    got = generate_speculative(model, b"", max_bytes=50, draft=Draft(8))
     assert got.output == b"abc" and got.stats.stopped_by == "eos"
     # honest counts: the EOS draft ends the output and is not counted as a used draft
     assert got.stats.accepted[:3] == [1, 1, 0] and got.stats.bytes_out == 3
@@ -47,14 +47,14 @@ def test_eos_inside_an_accepted_draft_stops_there():
 @pytest.mark.parametrize("max_bytes", [0, 1, 7, 8, 9])
 def test_max_bytes_edges(max_bytes):
     model = ScriptedModel(TEXT, lambda j: True)
-    got = decode.generate_speculative(model, b"", max_bytes=max_bytes, draft=Draft(8))
+    got = generate_speculative(model, b"", max_bytes=max_bytes, draft=Draft(8))
     assert got.output == TEXT[:max_bytes]
     assert got.stats.stopped_by == "max_bytes"
 
 
 def test_stop_string_inside_accepted_drafts():
     model = ScriptedModel(TEXT, lambda j: True)
-    got = decode.generate_speculative(model, b"", max_bytes=50, stop=(b"():",), draft=Draft(8))
+    got = generate_speculative(model, b"", max_bytes=50, stop=(b"():",), draft=Draft(8))
     assert got.output == b"def main():" and got.stats.stopped_by == "stop"
     # drafts after the stop string were right but are not output, so they are not counted
     assert sum(got.stats.accepted) + got.stats.forward_passes == len(got.output) + 1
@@ -63,13 +63,13 @@ def test_stop_string_inside_accepted_drafts():
 def test_streamed_pieces_equal_the_output():
     pieces = []
     model = ScriptedModel(TEXT, lambda j: j % 2 == 0)
-    got = decode.generate_speculative(model, b"", max_bytes=50, on_bytes=pieces.append, draft=Draft(8))
+    got = generate_speculative(model, b"", max_bytes=50, on_bytes=pieces.append, draft=Draft(8))
     assert b"".join(pieces) == got.output == TEXT
 
 
 def test_heads_must_exist():
     with pytest.raises(ValueError, match="heads=9"):
-        decode.generate_speculative(ScriptedModel(TEXT, lambda j: True), b"", max_bytes=5, draft=Draft(9))
+        generate_speculative(ScriptedModel(TEXT, lambda j: True), b"", max_bytes=5, draft=Draft(9))
 
 
 _DOCS = [  # prompt, text, which draft heads are right
@@ -86,11 +86,11 @@ _DOCS = [  # prompt, text, which draft heads are right
 def test_scripted_batch_rows_follow_their_own_texts(k):
     model = ScriptedBatchModel(_DOCS)
     prompts = [prompt for prompt, _, _ in _DOCS]
-    batch = decode.generate_batch(model, prompts, max_bytes=100, draft=Draft(k))
+    batch = generate_batch(model, prompts, max_bytes=100, draft=Draft(k))
     for (prompt, text, right), got in zip(_DOCS, batch):
         assert got.output == text and got.stats.stopped_by == "eos"
         alone_model = ScriptedBatchModel(_DOCS)
-        alone = decode.generate_speculative(alone_model, prompt, max_bytes=100, draft=Draft(k))
+        alone = generate_speculative(alone_model, prompt, max_bytes=100, draft=Draft(k))
         assert alone.output == text and alone_model.calls == alone.stats.forward_passes
         # per-row stats are that row's own: as many passes and drafts as decoding it alone
         assert got.stats.forward_passes == alone.stats.forward_passes
@@ -121,7 +121,7 @@ def test_scripted_batch_eos_inside_accepted_drafts_while_other_rows_continue():
             (b"L", b"a longer text that keeps going", lambda j: j <= 4)]
     model = ScriptedBatchModel(docs)
     pieces = {}
-    batch = decode.generate_batch(model, [d[0] for d in docs], max_bytes=60, draft=Draft(8),
+    batch = generate_batch(model, [d[0] for d in docs], max_bytes=60, draft=Draft(8),
                                   on_bytes=lambda r, piece: pieces.setdefault(r, []).append(piece))
     assert [g.output for g in batch] == [d[1] for d in docs]
     assert [g.stats.stopped_by for g in batch] == ["eos"] * 3
@@ -137,7 +137,7 @@ def test_scripted_batch_max_bytes_edges(k, extra):
     max_bytes = {"k": k, "k+1": k + 1}.get(extra, extra)
     model = ScriptedBatchModel(_DOCS[:4])
     prompts = [d[0] for d in _DOCS[:4]]
-    batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(k))
+    batch = generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(k))
     for (_, text, _), got in zip(_DOCS, batch):
         assert got.output == text[:max_bytes]
         assert got.stats.stopped_by == "max_bytes" and got.stats.bytes_out == max_bytes
@@ -162,7 +162,7 @@ def test_scripted_batch_max_bytes_edges(k, extra):
 @pytest.mark.usefixtures("one_thread")
 def test_scripted_batch_stop_strings_per_row():
     model = ScriptedBatchModel(_DOCS)
-    batch = decode.generate_batch(model, [d[0] for d in _DOCS], max_bytes=100, draft=Draft(6),
+    batch = generate_batch(model, [d[0] for d in _DOCS], max_bytes=100, draft=Draft(6),
                                   stop=(b"():", b"ri", b"heads"))
     assert [g.output for g in batch] == [b"def main():", b"always ri", b"never ri",
                                          b"odd heads", b"ab"]
@@ -181,9 +181,9 @@ def test_scripted_batch_rows_equal_rows_alone_property(docs, k, max_bytes, data)
             for i, (prompt, text, right) in enumerate(docs)]
     stop = data.draw(st.lists(st.binary(min_size=1, max_size=2), max_size=2).map(tuple))
     model = ScriptedBatchModel(docs)
-    batch = decode.generate_batch(model, [d[0] for d in docs], max_bytes=max_bytes, draft=Draft(k), stop=stop)
+    batch = generate_batch(model, [d[0] for d in docs], max_bytes=max_bytes, draft=Draft(k), stop=stop)
     for (prompt, text, _), got in zip(docs, batch):
-        alone = decode.generate_speculative(ScriptedBatchModel(docs), prompt, max_bytes=max_bytes,
+        alone = generate_speculative(ScriptedBatchModel(docs), prompt, max_bytes=max_bytes,
                                             draft=Draft(k), stop=stop)
         plain = decode.generate(ScriptedBatchModel(docs), prompt, max_bytes=max_bytes, stop=stop)
         assert got.output == alone.output == plain.output and text.startswith(got.output)
@@ -241,9 +241,9 @@ class _TimedModel(ScriptedModel):
         super().__init__(text, right)
         self.clock, self.costs = clock, costs
 
-    def logits(self, ids, cache, heads=None, stacked=None, **kw):
+    def logits(self, ids, cache, heads=None, **kw):
         self.clock.now += self.costs.predicted(heads or self.config.n_future, ids.shape[1])
-        return super().logits(ids, cache, heads, stacked, **kw)
+        return super().logits(ids, cache, heads, **kw)
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -2,7 +2,7 @@
 model that computes every node's outputs from that node's own path.
 
 `PathModel` (in tests/doubles.py) has the interface the decoder calls (`logits` with a cache, heads and a layout,
-`stack_heads`, `config`, `embed`, the rotary tables) and goes through the real `KVCache`,
+`decode_heads`, `config`, `embed`, the rotary tables) and goes through the real `KVCache`,
 `Layout` and `attend`: each layer that runs writes the pass's ids into its cache slots as
 attention writes its keys, and each node then reads back the ids it attends to (the cached past
 and the nodes its layout's mask lets it see) and its rotary position. From that context alone

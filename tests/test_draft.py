@@ -66,7 +66,7 @@ def test_the_static_step_with_draft_heads_equals_plain_greedy(design):
     prompts = [b"import os\n", b"x = [", b"q"]
     want = [generate(model, p, max_bytes=50).output for p in prompts]
     decoder = Decoder(model, compile="on")
-    decoder.policy.static = StaticStep(model, decoder.heads, compiled=False)
+    decoder.policy.static = StaticStep(model, decoder.pass_heads, compiled=False)
     for draft in ("chain-all", "tree-4"):
         got = decoder.generate(prompts, max_bytes=50, draft=draft)
         assert [g.output for g in got] == want
@@ -76,17 +76,17 @@ def test_the_static_step_with_draft_heads_equals_plain_greedy(design):
 def test_a_pass_with_draft_heads_writes_a_plain_pass_s_cache_and_keeps_every_head_warm(design):
     model = _drafted_model(design)
     decoder = Decoder(model, compile="off")
-    assert decoder.heads.whole_after(1) == 8 and decoder.heads.layers_written(8) == model.layers_written(1)
+    assert decoder.pass_heads.whole_after(1) == 8 and decoder.pass_heads.layers_written(8) == model.layers_written(1)
     ids = torch.randint(0, 256, (2, 5))
     plain, drafted = (KVCache.for_model(model, batch_size=2) for _ in range(2))
     want = model.logits(ids, plain, heads=1, layout=build_layout(model, ids, plain))
-    got = decoder.heads.logits(ids, drafted, heads=8, layout=build_layout(model, ids, drafted))
+    got = decoder.pass_heads.logits(ids, drafted, heads=8, layout=build_layout(model, ids, drafted))
     assert got.shape == (2, 5, 8, want.shape[-1])
     torch.testing.assert_close(got[:, :, :1], want)
     n = model.layers_written(1)
     torch.testing.assert_close(drafted.k[:n, :, :5], plain.k[:n, :, :5])
     assert not drafted.k[n:].any()  # the training heads' layers stay unwritten
-    step = StaticStep(model, decoder.heads, compiled=False)
+    step = StaticStep(model, decoder.pass_heads, compiled=False)
     assert step._indices(2, 8, 8)[0].flatten().tolist() == list(model.cache_layers(1))
 
 

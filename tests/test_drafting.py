@@ -3,7 +3,7 @@ plain greedy decoding (`decode.generate`), which knows nothing of drafts, trees 
 
 import pytest
 import torch
-from doubles import CPU_LIKE, FITTED, FLAT, SONGS, TEXT, ScriptedModel, fitted_model
+from doubles import CPU_LIKE, FITTED, FLAT, SONGS, TEXT, ScriptedModel, fitted_model, generate_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -76,7 +76,7 @@ def test_pass_costs_interpolate():
 def test_auto_settles_on_plain_decoding_when_drafts_are_never_right():
     plain = decode.generate(ScriptedModel(TEXT * 4, lambda j: False), b"", max_bytes=100)
     model = ScriptedModel(TEXT * 4, lambda j: False)
-    got = decode.generate_batch(model, [b""], max_bytes=100, draft="chain", costs=CPU_LIKE)[0]
+    got = generate_batch(model, [b""], max_bytes=100, draft="chain", costs=CPU_LIKE)[0]
     assert got.output == plain.output
     used = got.stats.heads_used
     assert used.get(1, 0) >= 0.8 * sum(used.values())  # a few exploring passes, then plain
@@ -85,7 +85,7 @@ def test_auto_settles_on_plain_decoding_when_drafts_are_never_right():
 
 def test_auto_drafts_long_chains_when_drafts_are_always_right():
     model = ScriptedModel(TEXT * 3, lambda j: True)
-    got = decode.generate_batch(model, [b""], max_bytes=70, draft="chain", costs=FLAT)[0]
+    got = generate_batch(model, [b""], max_bytes=70, draft="chain", costs=FLAT)[0]
     assert got.output == (TEXT * 3)[:70]
     assert got.stats.bytes_per_forward > 5 and max(got.stats.heads_used) == 8
 
@@ -114,7 +114,7 @@ def test_a_decoder_measures_costs_once_and_keeps_its_profile():
 def test_tree_and_auto_greedy_equal_plain_greedy(seed, head_type, prompts, mode, costs, max_bytes):
     model = fitted_model(seed, head_type)
     draft, heads = mode
-    batch = decode.generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(heads, draft), costs=costs)
+    batch = generate_batch(model, prompts, max_bytes=max_bytes, draft=Draft(heads, draft), costs=costs)
     for p, got in zip(prompts, batch):
         ref = decode.generate(model, p, max_bytes=max_bytes)
         assert (got.output, got.stats.stopped_by) == (ref.output, ref.stats.stopped_by)
@@ -127,8 +127,8 @@ def test_tree_and_auto_greedy_equal_plain_greedy(seed, head_type, prompts, mode,
 def test_trees_accept_more_bytes_per_pass_than_chains_on_a_fitted_model():
     model = fitted_model(1, "transformer")
     prompts = [b"one two", b"la la", b"0123", b"four five"]
-    chain = decode.generate_batch(model, prompts, max_bytes=40, draft=Draft(4))
-    tree = decode.generate_batch(model, prompts, max_bytes=40, draft=Draft(4, "tree"), costs=FLAT)
+    chain = generate_batch(model, prompts, max_bytes=40, draft=Draft(4))
+    tree = generate_batch(model, prompts, max_bytes=40, draft=Draft(4, "tree"), costs=FLAT)
     assert [g.output for g in chain] == [g.output for g in tree]
     rate = lambda gens: sum(g.stats.bytes_out for g in gens) / sum(g.stats.forward_passes for g in gens)  # noqa: E731
     assert rate(tree) > rate(chain)  # here 160 bytes in 58 passes against 70: second guesses were right

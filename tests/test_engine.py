@@ -199,7 +199,7 @@ def test_the_engine_on_the_static_step_equals_each_prompt_decoded_alone(draft):
             sizes.append(ids_BT.shape[0])
             return super().__call__(ids_BT, cache, **kw)
 
-    decoder.policy.static = Spy(model, decoder.stacked, compiled=False)
+    decoder.policy.static = Spy(model, decoder.pass_heads, compiled=False)
     engine = Engine(model, decoder=decoder, max_batch=3, draft=draft)
     engine.start()
     warm_up = len(sizes)

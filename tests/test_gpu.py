@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from doubles import FITTED, SONGS, build_model, fitted_model
+from doubles import FITTED, SONGS, build_model, fitted_model, generate_batch
 
 from bytemtp import config as C
 from bytemtp import config_io
@@ -84,7 +84,7 @@ def test_stacked_heads_and_per_row_cache_on_cuda():
     model.logits(ids[:, :10], cache, layout=build_layout(model, ids[:, :10], cache))
     cache.rewind([0, 4, 7])
     fed = torch.stack([ids[0, 10:14], ids[1, 6:10], ids[2, 3:7]])
-    got = model.logits(fed, cache, heads=4, stacked=model.stack_heads(), layout=build_layout(model, fed, cache))
+    got = model.decode_heads().logits(fed, cache, heads=4, layout=build_layout(model, fed, cache))
     for row, start in enumerate([10, 6, 3]):
         torch.testing.assert_close(got[row], full[row, start:start + 4], atol=1e-4, rtol=1e-4)
 
@@ -95,9 +95,9 @@ def test_batched_decoding_on_cuda_with_a_cuda_generator():
     model = _model(config_io.tiny().model).eval()
     prompts = [b"", b"def ", b"x" * 20]
     plain = [decode.generate(model, p, max_bytes=16).output for p in prompts]
-    assert [g.output for g in decode.generate_batch(model, prompts, max_bytes=16)] == plain
+    assert [g.output for g in generate_batch(model, prompts, max_bytes=16)] == plain
     gen = torch.Generator(device="cuda").manual_seed(0)
-    sampled = decode.generate_batch(model, prompts, max_bytes=16,
+    sampled = generate_batch(model, prompts, max_bytes=16,
                                     sampling=Sampling(temperature=1.0, generator=gen))
     assert all(len(g.output) <= 16 for g in sampled)
 

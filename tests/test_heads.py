@@ -12,9 +12,11 @@ from doubles import tiny_model
 
 import bytemtp
 from bytemtp import config_io
-from bytemtp.config import HEAD_TYPES, ModelConfig
+from bytemtp.config import DRAFT_DESIGNS, HEAD_TYPES, ModelConfig
+from bytemtp.model.draft import DRAFTERS
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
+from bytemtp.model.pass_heads import StackedHeads
 
 PACKAGE = pathlib.Path(bytemtp.__file__).parent
 
@@ -58,7 +60,7 @@ def test_a_head_reads_the_trunk_or_for_chained_heads_the_previous_head():
 @pytest.mark.parametrize("head_type", list(HEAD_TYPES))
 def test_the_model_stacks_and_skips_as_its_type_says(head_type):
     model = tiny_model(head_type=head_type, n_future=3).eval()
-    assert (model.decode_heads() is not None) == model.config.head.stackable
+    assert isinstance(model.decode_heads(), StackedHeads) == model.config.head.stackable
     z = torch.zeros(1, 4, model.config.d_model)
     layout = build_layout(model, torch.zeros(1, 4, dtype=torch.long))
     if model.config.head.skippable:
@@ -117,9 +119,9 @@ def test_the_cache_layers_are_the_ones_a_pass_writes_in_the_order_it_writes_them
 # --- no module compares a head type's name ------------------------------------------------------
 
 
-def _is_head_type(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Name) and node.id == "head_type") or \
-        (isinstance(node, ast.Attribute) and node.attr == "head_type")
+def _is_head_type(node: ast.AST, names: tuple[str, ...] = ("head_type",)) -> bool:
+    return (isinstance(node, ast.Name) and node.id in names) or \
+        (isinstance(node, ast.Attribute) and node.attr in names)
 
 
 def _is_str_literal(node: ast.AST) -> bool:
@@ -128,10 +130,10 @@ def _is_str_literal(node: ast.AST) -> bool:
     return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_is_str_literal(e) for e in node.elts)
 
 
-def name_comparisons(source: str) -> list[int]:
-    """Lines where `head_type` is compared with a string literal (==, !=, in, ...)."""
+def name_comparisons(source: str, names: tuple[str, ...] = ("head_type",)) -> list[int]:
+    """Lines where `head_type` (or another of `names`) is compared with a string literal (==, !=, in, ...)."""
     return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Compare)
-            and any(map(_is_head_type, [node.left, *node.comparators]))
+            and any(_is_head_type(n, names) for n in [node.left, *node.comparators])
             and any(map(_is_str_literal, [node.left, *node.comparators]))]
 
 
@@ -146,3 +148,15 @@ def test_the_check_finds_a_comparison_of_the_name():
                  'y = head_type in ("linear", "causal")', 'z = a < cfg.head_type == "causal"'):
         assert name_comparisons(code) == [1], code
     assert name_comparisons('ok = cfg.head_type in HEAD_TYPES\nname = f"{cfg.head_type} heads"\n') == []
+
+
+def test_no_module_compares_a_draft_design_name():
+    """The draft heads' design (`model.draft`) is asked as head types are (`ModelConfig.drafts`, a
+    `DraftDesign`), in the package and the CLI alike."""
+    paths = [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "cli").rglob("*.py")]
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(paths)
+             for line in name_comparisons(path.read_text(), names=("draft",))]
+    assert found == [], f"ask the draft design (ModelConfig.drafts) instead: {found}"
+    assert name_comparisons('if cfg.draft == "none":\n    pass', names=("draft",)) == [1]
+    assert [d for d, design in DRAFT_DESIGNS.items() if design.heads] == sorted(DRAFTERS, reverse=True)
+    assert DRAFT_DESIGNS["hydra"].reads_bytes and not DRAFT_DESIGNS["medusa"].reads_bytes

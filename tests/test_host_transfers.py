@@ -22,7 +22,7 @@ DRAFTS = ["plain", "chain-4", "tree-4", "auto", "auto+lookup"]
 def _decoder(model, static: bool) -> decode.Decoder:
     decoder = decode.Decoder(model, compile="on" if static else "off", costs=FLAT)
     if static:  # the static step's code, uncompiled: what the compiled graph runs, read op by op
-        decoder.policy.static = StaticStep(model, decoder.stacked, compiled=False)
+        decoder.policy.static = StaticStep(model, decoder.pass_heads, compiled=False)
     return decoder
 
 

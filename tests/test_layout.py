@@ -25,7 +25,8 @@ from bytemtp.decoding.drafting import DraftTree, PassCosts
 from bytemtp.evaluation import evaluate, likelihood
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import Layout, StaticLayout, build_layout, document_starts
-from bytemtp.model.model import Attention, ByteMTP, StackedHeads
+from bytemtp.model.model import Attention, ByteMTP
+from bytemtp.model.pass_heads import StackedHeads
 from bytemtp.training import rollout, step
 from bytemtp.vocab import EOS
 

@@ -6,8 +6,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bytemtp.decoding.drafting import MAX_NODES, AcceptanceProfile, DraftTree, PassCosts
-from bytemtp.decoding.lookup import (LookupProfile, Match, RowDraft, accepted_run, chain_length, extended, find,
+from bytemtp.decoding.drafting import MAX_NODES, AcceptanceProfile, DraftTree, PassCosts, accepted_run
+from bytemtp.decoding.lookup import (LookupProfile, Match, RowDraft, chain_length, extended, find,
                                      plan_pass, substitute)
 
 

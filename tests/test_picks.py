@@ -11,10 +11,10 @@ from bytemtp.decoding.drafting import TREE_RANKS
 from bytemtp.decoding.generation import Output, SpeculativeStats
 from bytemtp.decoding.picks import greedy_picks, pass_picks, sampled_picks
 from bytemtp.decoding.sampling import Sampling, distribution, pick
-from bytemtp.model.draft import emitted_ids
+from bytemtp.vocab import emitted
 
 V = 264
-ALLOWED = emitted_ids(V)
+ALLOWED = torch.tensor(emitted(V))
 
 
 def _row(sampling: Sampling | None, seed: int) -> Row:

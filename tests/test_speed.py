@@ -7,7 +7,7 @@ import itertools
 import types
 
 import pytest
-from doubles import rare_eos_model
+from doubles import generate_batch, rare_eos_model
 
 from bytemtp.decoding import decode
 from bytemtp.decoding.generation import DecodeStats, Generation, SpeculativeStats
@@ -34,7 +34,7 @@ def test_compare_decoding_measures_plain_against_speculative(monkeypatch):
     draft = Draft(4, "chain")  # four heads every pass: no choice that a timing could sway
     res = speed.compare_decoding(decode.Decoder(model, compile="off"), "def ", max_bytes=24, draft=draft, rounds=2)
     plain = decode.generate(model, b"def ", max_bytes=24)
-    spec = decode.generate_batch(model, [b"def "], max_bytes=24, draft=draft)[0]
+    spec = generate_batch(model, [b"def "], max_bytes=24, draft=draft)[0]
     assert res.identical and res.output == plain.output == spec.output and not res.compiled
     assert res.figures.speedup == pytest.approx(0.8 / 0.65)
     assert res.figures.speedup_runs == pytest.approx([0.8, 1.5])

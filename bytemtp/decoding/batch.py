@@ -3,13 +3,13 @@ output rules, its window, the byte due next and the heads' candidates after it),
 of rows decoded together (which cache row holds which prompt, which rows have finished, what
 the passes teach: the acceptance profile and the calibrated costs) and, with the batch it
 describes, which heads' caches are complete (`StaleHeads`). `loop.Loop` advances a batch pass
-by pass over the steps of `decode.Decoder`; `decode.measure_pass_costs` times those steps on
+by pass over the steps of `decode.Decoder`; `calibration.measure_pass_costs` times those steps on
 dummy rows.
 
 Stale heads: a pass of k heads writes keys and values for the trunk and heads 1..k only, so
 after a plain pass (or a slide run with fewer heads) the caches of the heads beyond it miss the
 positions decoded since. A re-plan that wants more heads than are complete must first run those
-positions again (`Loop.rewarm`). The trade-off: a position per row and head is tracked, so that
+positions again (`Decoder.rewarm`, a partial prefill). The trade-off: a position per row and head is tracked, so that
 a re-warm runs only the positions that are missing (after a short plain stretch, a few bytes:
 about one pass), rather than each row's whole window (at batch 1 on a CPU, the cost of some
 twenty plain passes). So that what is missing stays short, a call whose draft adapts runs every
@@ -18,8 +18,9 @@ head wherever it runs a whole window (the prompt, a slide): a small part of that
 
 from __future__ import annotations
 
+from typing import Callable
 
-from bytemtp.decoding.drafting import TREE_RANKS, AcceptanceProfile, PassCosts
+from bytemtp.decoding.drafting import TREE_RANKS, AcceptanceProfile, DraftTree, PassCosts, accepted_run
 from bytemtp.decoding.generation import Output, SpeculativeStats
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.model.kvcache import KVCache
@@ -46,6 +47,23 @@ class Row:
         # a sampled row's key, drawn now from its sampling's generator: its byte at output position i
         # is a function of the key and i (`sampling.pick`), whatever the passes draft
         self.key = 0 if self.sampling.greedy else self.sampling.draw_key()
+
+    @classmethod
+    def for_prompts(cls, prompts: list[bytes], vocab, sampling: Sampling, *, max_bytes: int,
+                    stop: tuple[bytes, ...], depths: int, lookup: bool,
+                    on_bytes: Callable[[int, bytes], None] | None = None) -> list[Row]:
+        """A call's rows: each prompt (encoded, for a BPE baseline's `vocab`) with its output, counting
+        drafts to `depths`, streaming to `on_bytes(row, piece)`; a call of max_bytes 0 is finished."""
+        rows = [cls(p if vocab.is_bytes else vocab.encode(p),
+                    Output(SpeculativeStats(drafted=[0] * depths, accepted=[0] * depths),
+                           max_bytes=max_bytes, stop=stop, pieces=vocab.pieces,
+                           on_bytes=None if on_bytes is None else (lambda piece, r=r: on_bytes(r, piece))),
+                    sampling, lookup=lookup)
+                for r, p in enumerate(prompts)]
+        if max_bytes == 0:
+            for row in rows:
+                row.out.stats.stopped_by = "max_bytes"
+        return rows
 
     @property
     def stats(self) -> SpeculativeStats:
@@ -139,6 +157,26 @@ class Batch:
     def profile(self, row: Row) -> AcceptanceProfile | None:
         """The acceptance profile that a row's passes teach."""
         return None if self.profiles is None else self.profiles[row.sampling.greedy]
+
+    def learn(self, row: Row, path: list[int], nxt: int, tree: DraftTree, *, offered: int, lookup, heads: int,
+              lookups) -> int | None:
+        """What a pass teaches and counts, for one of its rows: the lookup profile learns from the
+        row's prompt-lookup draft (`lookup`, a `lookup.Match`; the run of its bytes the path accepted
+        is returned), else the heads' profile from what the heads got right (the accepted bytes,
+        then head 1's `nxt`); the row counts the pass's heads and draft shape."""
+        run = None
+        if lookup is not None:  # lookup bytes were drafted: the lookup profile learns, not the heads'
+            run = accepted_run(path, tree, len(lookup.draft))
+            lookups.record(lookup, offered=min(offered, len(lookup.draft)), accepted=run)
+            row.stats.lookup_passes += 1
+        elif (profile := self.profile(row)) is not None:  # what the heads got right: the accepted bytes, then head 1's
+            truth = [row.cand[tree.depths[n] - 1][tree.ranks[n]] for n in path[1:]] + [nxt]
+            profile.record_pass(row.cand, truth, offered=offered, greedy=row.sampling.greedy)
+        stats = row.stats
+        stats.heads_used[heads] = stats.heads_used.get(heads, 0) + 1
+        shape = tree.truncated(offered).describe()
+        stats.shapes[shape] = stats.shapes.get(shape, 0) + 1
+        return run
 
     def add(self, rows: list[Row], *, warm: int) -> list[int]:
         """Append rows (their cache rows empty, at the end, complete for heads 1..`warm` once

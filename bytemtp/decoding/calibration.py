@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from bytemtp.decoding.batch import Batch, Row
-from bytemtp.decoding.compiled import cached_costs, record_costs
+from bytemtp.decoding.compiled import NODE_BUCKETS, cached_costs, record_costs
 from bytemtp.decoding.drafting import (MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice, DraftTree, PassCosts,
                                       best_tree)
 from bytemtp.decoding.generation import Output, SpeculativeStats
@@ -60,10 +62,11 @@ def cost_table(times: dict[tuple[int, int], list[float]], n_future: int, *, step
 class CalibratedCosts:
     """One decoder's pass costs by (batch size, compiled step). Given costs (tests) are used as
     they are and never calibrated; otherwise the costs this process measured, or for the
-    compiled step those an earlier process recorded in the compile cache."""
+    compiled step those an earlier process recorded in the compile cache (keyed by what the
+    passes run after the trunk, `pass_heads`)."""
 
-    def __init__(self, model, *, stacked: bool, given: PassCosts | None = None):
-        self.model, self.stacked, self.given = model, stacked, given
+    def __init__(self, pass_heads, *, given: PassCosts | None = None):
+        self.pass_heads, self.given = pass_heads, given
         self.known: dict[tuple[int, bool], PassCosts] = {}  # by (batch size, compiled)
 
     def lookup(self, batch_size: int, *, static: bool) -> PassCosts | None:
@@ -72,7 +75,7 @@ class CalibratedCosts:
             return self.given
         key = (batch_size, static)
         if key not in self.known and static:  # measured by an earlier process that compiled the step
-            table = cached_costs(self.model, stacked=self.stacked, batch_size=batch_size)
+            table = cached_costs(self.pass_heads, batch_size=batch_size)
             if table is not None:
                 self.known[key] = PassCosts.from_dict(table, stepwise=True)
         return self.known.get(key)
@@ -81,7 +84,16 @@ class CalibratedCosts:
         """Keep costs just measured (on the compiled step, also for later processes)."""
         self.known[batch_size, static] = costs
         if static:
-            record_costs(self.model, stacked=self.stacked, batch_size=batch_size, costs_ms=costs.to_dict())
+            record_costs(self.pass_heads, batch_size=batch_size, costs_ms=costs.to_dict())
+        return costs
+
+    def costs(self, decoder, batch_size: int, *, static: bool) -> PassCosts:
+        """The decoder's pass costs at this batch size on the eager or the compiled step (`lookup`),
+        measured on its own step (`measure_pass_costs`) the first time they are asked."""
+        costs = self.lookup(batch_size, static=static)
+        if costs is None:
+            with torch.inference_mode():
+                costs = self.add(batch_size, measure_pass_costs(decoder, batch_size, static=static), static=static)
         return costs
 
     def for_run(self, batch_size: int, *, static: bool) -> PassCosts | None:
@@ -121,3 +133,19 @@ def measure_pass_costs(decoder, batch_size: int, *, repeats: int = 5,
             if rep:  # the first round warms up
                 times[k, T].append(time.perf_counter() - t0)
     return cost_table(times, n, stepwise=static) if repeats else None
+
+
+def compile_shapes(decoder, batch_size: int) -> None:
+    """Compile now every shape of the decoder's static step that it may choose at this batch size
+    (a benchmark's warm-up: no compiling inside timed runs); nothing without the step. Besides the
+    timing grid's shapes, one head over a chain in every node bucket: the passes that verify
+    prompt-lookup drafts, longer than any the heads draft alone."""
+    static = decoder.policy.static
+    if static is not None:
+        with torch.inference_mode():
+            measure_pass_costs(decoder, batch_size, repeats=0, static=True)
+            model = decoder.model
+            cache = KVCache.for_model(model, batch_size=batch_size, max_len=model.config.seq_len + MAX_NODES)
+            for T in NODE_BUCKETS:
+                cache.lengths = [0] * batch_size
+                static(torch.zeros(batch_size, T, dtype=torch.long, device=cache.k.device), cache, heads=1)

@@ -49,10 +49,10 @@ import torch
 
 from bytemtp.decoding.drafting import TREE_RANKS
 from bytemtp.decoding.picks import greedy_picks
-from bytemtp.model.draft import emitted_ids
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
 from bytemtp.runtime.devices import to_device
+from bytemtp.vocab import emitted
 
 NODE_BUCKETS = (1, 2, 4, 8, 16)  # nodes a pass is padded to (the last is drafting.MAX_NODES)
 
@@ -98,33 +98,26 @@ def head_bucket(k: int, n_future: int) -> int:
 
 class StaticStep:
     """One decoding pass of a model with static shapes, compiled per (batch, heads, nodes) shape
-    (see the module docstring). `stacked` is the model's `StackedHeads`; None runs the heads one by
-    one (causal heads). Counts what compiling cost: `graphs` compiled and `compile_s`, the
+    (see the module docstring). `pass_heads` is what the pass runs after the trunk (`ByteMTP.decode_heads`,
+    a `PassHeads`): the graph runs its `in_pass`, and `drafts_at` its `after_picks`. Counts what compiling cost: `graphs` compiled and `compile_s`, the
     seconds of the calls that compiled them."""
 
-    def __init__(self, model, stacked, *, compiled: bool = True):
-        self.model, self.stacked, self.compiled = model, stacked, compiled
+    def __init__(self, model, pass_heads, *, compiled: bool = True):
+        self.model, self.pass_heads, self.compiled = model, pass_heads, compiled
         self.n_future = model.config.n_future
-        # draft heads (`model.draft.DraftPass`): every pass runs head 1 alone and returns its states,
-        # from which the decoder drafts at the nodes it keeps (`drafts`, compiled per batch size)
-        self.two_phase = getattr(stacked, "two_phase", False)
-        self.states: torch.Tensor | None = None  # head 1's states of the last pass (B, T, D), two-phase
-        self.drafts = stacked.drafts if self.two_phase else None
+        self.states: torch.Tensor | None = None  # the states of the last pass that `after_picks` reads
         self.device = model.embed.weight.device
-        self._fn = self._pass
-        if compiled:
-            cuda = self.device.type == "cuda"
-            self._fn = torch.compile(self._pass, dynamic=False, fullgraph=True,
-                                     mode="reduce-overhead" if cuda else None)
-            if self.two_phase:
-                self.drafts = torch.compile(stacked.drafts, dynamic=False, fullgraph=True,
-                                            mode="reduce-overhead" if cuda else None)
+        self._fn, self._after = self._pass, pass_heads.after_picks
+        if compiled:  # torch.compile compiles a function the first time it runs (never: no graph)
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self._fn = torch.compile(self._pass, dynamic=False, fullgraph=True, mode=mode)
+            self._after = torch.compile(pass_heads.after_picks, dynamic=False, fullgraph=True, mode=mode)
         self._shapes: set[tuple] = set()  # (B, K, T) run so far, and ("drafts", B, K)
         self._plans: dict[tuple, tuple] = {}  # a call's shape and tree -> what its pass passes besides ids and starts
         self._index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.compile_s, self.graphs = 0.0, 0
         self.last_was_new = False  # whether the last call ran a shape for the first time (compiling it)
-        self.allowed = emitted_ids(model.config.table_rows, device=self.device)  # the ids greedy picks may be
+        self.allowed = torch.tensor(emitted(model.config.table_rows), device=self.device)  # the ids greedy picks may be
         if compiled and self.device.type == "cuda":  # CUDA graphs read it where it is, not a copy a pass
             torch._dynamo.mark_static_address(self.allowed)
         self.picks: torch.Tensor | None = None  # the greedy picks of the last pass (`picks.greedy_picks`)
@@ -133,23 +126,16 @@ class StaticStep:
     def _pass(self, ids_BT: torch.Tensor, starts_B: torch.Tensor, depths_T: torch.Tensor, see_TT: torch.Tensor,
               cache_k: torch.Tensor, cache_v: torch.Tensor, allowed_V: torch.Tensor,
               layers_N11: torch.Tensor, rows_B1: torch.Tensor, nodes_T: torch.Tensor,
-              heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, heads, V), the greedy picks at every node (`picks.greedy_picks`) and
-        (draft heads) head 1's states (B, T, D), else None; the keys and values of the layers that
+              heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the heads run in a pass (`PassHeads.in_pass`: the logits (B, T, j, V) of its first
+        j = graph_heads(heads) heads and the states that `after_picks` reads), with the greedy picks
+        at every node (`picks.greedy_picks`) between them; the keys and values of the layers that
         ran are written into the cache's slots after each row's start (`_indices`: their layers,
         the rows and the nodes' offsets), in the graph, after every read of the cache."""
         model = self.model
         cache = _Buffers(cache_k, cache_v)
         layout = build_layout(model, ids_BT, cache, depths=depths_T, ancestors=see_TT, starts_B=starts_B)
-        z_BTD = model(ids_BT, cache, layout=layout)
-        states = None
-        if self.two_phase:  # draft heads: head 1 here, its states out for the drafts at the kept nodes
-            logits, states = self.stacked.head1(z_BTD, layout, cache)
-        elif self.stacked is not None:
-            logits = self.stacked(z_BTD, layout, cache, k=heads)
-        else:
-            logits = torch.stack([model.head_logits(k, h_BTD)
-                                  for k, h_BTD in model.head_states(z_BTD, cache, layout=layout, heads=heads)], dim=2)
+        logits, states = self.pass_heads.in_pass(model(ids_BT, cache, layout=layout), layout, cache, k=heads)
         ks = [k if k.dim() == 5 else k[None] for k, _ in layout.written]  # stacked heads: (K, B, H, T, E)
         vs = [v if v.dim() == 5 else v[None] for _, v in layout.written]
         slots = starts_B[:, None] + nodes_T  # (layers, B, L, H, E) views index them as (N, B, T)
@@ -159,12 +145,10 @@ class StaticStep:
 
     def _indices(self, B: int, heads: int, padded: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where a pass's returned keys and values go, made once per shape: their cache layers
-        (N, 1, 1) in the order they come (`ByteMTP.cache_layers`: the trunk's, then head layer
-        i of every head in turn for stacked heads, or every layer of head 0, then head 1, ... one
-        by one), the rows (B, 1) and the nodes' offsets from each row's start (padded,)."""
+        (N, 1, 1) in the order they come (`PassHeads.cache_layers`), the rows (B, 1) and the nodes' offsets from each row's start (padded,)."""
         key = (B, heads, padded)
         if key not in self._index:
-            order = self.stacked.cache_layers(heads) if self.stacked is not None else self.model.cache_layers(heads)
+            order = self.pass_heads.cache_layers(heads)
             self._index[key] = (torch.tensor(order, device=self.device)[:, None, None],
                                 torch.arange(B, device=self.device)[:, None],
                                 torch.arange(padded, device=self.device))
@@ -190,7 +174,7 @@ class StaticStep:
         key = (B, T, heads, depths, None if ancestors is None else id(ancestors))
         plan = self._plans.get(key)
         if plan is None:  # what a pass of this shape and tree passes besides its ids and starts, made once
-            K = 1 if self.two_phase else head_bucket(heads, self.n_future)
+            K = head_bucket(self.pass_heads.graph_heads(heads), self.n_future)
             padded = node_bucket(max(T, K))  # k heads over fewer nodes run as k nodes: no graph of their own
             plan = self._plans[key] = (K, padded, (B, K, padded), self._tree(T, padded, depths, ancestors),
                                        (self.allowed, *self._indices(B, K, padded), K),
@@ -222,29 +206,29 @@ class StaticStep:
         self.last_was_new = first
         cache.advance(T)
         if padded > T:
-            logits, picks = logits[:, :T], picks[:, :T]
-            states = None if states is None else states[:, :T]
+            logits, picks, states = logits[:, :T], picks[:, :T], states[:, :T]
         self.states, self.picks = states, picks if picks.shape[-1] == width else picks[..., :width]
         return logits if heads == logits.shape[2] else logits[:, :, :heads]
 
     def drafts_at(self, h_BD: torch.Tensor, first_B: torch.Tensor, heads: int) -> torch.Tensor:
-        """The draft heads' logits (N, heads - 1, V) at N nodes (a pass's, every row's:
-        `DraftPass.drafts`), compiled once per node count and head bucket (the depths of the bucket
-        run; the first heads - 1 are returned); a call that compiles marks the step's time as not a
-        cost."""
+        """The logits (N, heads - graph_heads(heads), V) of the heads after the graph's at N nodes
+        (a pass's, every row's: `PassHeads.after_picks`), compiled once per node count and head
+        bucket (the heads of the bucket run; those up to `heads` are returned); a call that
+        compiles marks the step's time as not a cost."""
         K = head_bucket(heads, self.n_future)
-        shape = ("drafts", h_BD.shape[0], K)
+        keep = heads - self.pass_heads.graph_heads(heads)
+        shape = ("after", h_BD.shape[0], K)
         if shape not in self._shapes:
             self._shapes.add(shape)
             self.last_was_new = True
             with torch._dynamo.config.patch(recompile_limit=1024, accumulated_recompile_limit=1 << 16):
-                return self.drafts(h_BD, first_B, K - 1)[:, :heads - 1]
-        return self.drafts(h_BD, first_B, K - 1)[:, :heads - 1]
+                return self._after(h_BD, first_B, K)[:, :keep]
+        return self._after(h_BD, first_B, K)[:, :keep]
 
     def ready(self, batch_size: int) -> bool:
         """Whether this batch size has run here, or its step is recorded in the disk cache."""
         return (any(shape[0] == batch_size for shape in self._shapes)
-                or cached_costs(self.model, stacked=self.stacked is not None, batch_size=batch_size) is not None)
+                or cached_costs(self.pass_heads, batch_size=batch_size) is not None)
 
     def stats(self) -> dict:
         """What compiling cost in this process: graphs, seconds, and the disk cache's hits and misses."""
@@ -258,7 +242,7 @@ class StaticStep:
 _RECORD_MAX_BYTES = 1 << 16  # a record is about 1 KB; anything far bigger is not one
 
 
-def cached_costs(model, *, stacked: bool, batch_size: int) -> dict[str, float] | None:
+def cached_costs(pass_heads, *, batch_size: int) -> dict[str, float] | None:
     """The pass costs (ms by "KxT", `PassCosts.to_dict`) that an earlier process measured on this
     model's compiled step at this batch size, on this machine, when it compiled the step into
     inductor's disk cache; None when it never did, or when its record is not one this process can
@@ -266,7 +250,7 @@ def cached_costs(model, *, stacked: bool, batch_size: int) -> dict[str, float] |
     for 1..n_future heads over 1..16 nodes), or foreign (another model shape, torch version,
     device or CPU). The graphs depend on the model's shape (config, dtype, device), not on its
     weights, which are their inputs."""
-    path = record_path(model, stacked=stacked, batch_size=batch_size)
+    model, path = pass_heads.model, record_path(pass_heads, batch_size=batch_size)
     try:
         if not path.is_file():  # absent, or a directory or a pipe in its place
             return None
@@ -276,7 +260,7 @@ def cached_costs(model, *, stacked: bool, batch_size: int) -> dict[str, float] |
     except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON (truncated), nested too deep
         return None
     weight = model.embed.weight
-    if (not isinstance(record, dict) or record.get("key") != _key(model, stacked=stacked, batch_size=batch_size)
+    if (not isinstance(record, dict) or record.get("key") != _key(pass_heads, batch_size=batch_size)
             or record.get("machine") != _machine(weight.device)):
         return None
     costs = record.get("costs_ms")
@@ -302,14 +286,14 @@ def _valid_costs(costs, *, n_future: int) -> bool:
             and (Ts[0], Ts[-1]) == (1, NODE_BUCKETS[-1]))
 
 
-def record_costs(model, *, stacked: bool, batch_size: int, costs_ms: dict[str, float]) -> None:
+def record_costs(pass_heads, *, batch_size: int, costs_ms: dict[str, float]) -> None:
     """Record in the disk cache that this model's step at this batch size is compiled there, with
     the pass costs measured on it, this machine's name and the key it is found by (a read-only
     cache is left as it is). Written to a temporary file of its own and renamed over the record,
     so a reader, or a process writing the same record at once, never sees it half written."""
-    path = record_path(model, stacked=stacked, batch_size=batch_size)
-    record = json.dumps({"key": _key(model, stacked=stacked, batch_size=batch_size),
-                         "machine": _machine(model.embed.weight.device), "costs_ms": costs_ms})
+    path = record_path(pass_heads, batch_size=batch_size)
+    record = json.dumps({"key": _key(pass_heads, batch_size=batch_size),
+                         "machine": _machine(pass_heads.model.embed.weight.device), "costs_ms": costs_ms})
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -322,25 +306,24 @@ def record_costs(model, *, stacked: bool, batch_size: int, costs_ms: dict[str, f
             pathlib.Path(tmp).unlink(missing_ok=True)
 
 
-def record_path(model, *, stacked: bool, batch_size: int) -> pathlib.Path:
+def record_path(pass_heads, *, batch_size: int) -> pathlib.Path:
     """Where the record of this model's compiled step at this batch size lives: beside inductor's
     disk cache (`TORCHINDUCTOR_CACHE_DIR`), named by a hash of the key it holds."""
-    key = json.dumps(_key(model, stacked=stacked, batch_size=batch_size), sort_keys=True)
+    key = json.dumps(_key(pass_heads, batch_size=batch_size), sort_keys=True)
     return _cache_dir() / "bytemtp" / f"static-step-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 # the step's own version: pass costs recorded by a step that ran other code are not this one's
-STEP_FORMAT = 2  # 2: the cache written and the greedy picks made inside the graph
+STEP_FORMAT = 3  # 2: the cache written and the greedy picks made inside the graph; 3: keyed by the heads' kind
 
 
-def _key(model, *, stacked: bool, batch_size: int) -> list:
-    """What the compiled step's graphs depend on, as JSON reads it back (the draft heads' shapes too,
-    where the model has them: their design is more than their name)."""
+def _key(pass_heads, *, batch_size: int) -> list:
+    """What the compiled step's graphs depend on, as JSON reads it back: the model's config, dtype
+    and device, torch, the batch size and what the heads say of themselves (`PassHeads.record_key`)."""
+    model = pass_heads.model
     weight = model.embed.weight
-    drafter = getattr(model, "drafter", None)
-    drafts = [] if drafter is None else [[name, list(p.shape)] for name, p in drafter.named_parameters()]
     return json.loads(json.dumps([dataclasses.asdict(model.config), str(weight.dtype), weight.device.type,
-                                  torch.__version__, batch_size, stacked, STEP_FORMAT, *([drafts] if drafts else [])]))
+                                  torch.__version__, batch_size, pass_heads.record_key(), STEP_FORMAT]))
 
 
 @functools.cache
@@ -386,8 +369,8 @@ class CompilePolicy:
     once for a job of many calls under auto, and the step itself, made the first time a call
     compiles (`static`; prefills and slides always run eagerly)."""
 
-    def __init__(self, model, stacked, mode: Compile | str | bool = Compile.AUTO):
-        self.model, self.stacked = model, stacked
+    def __init__(self, model, pass_heads, mode: Compile | str | bool = Compile.AUTO):
+        self.model, self.pass_heads = model, pass_heads
         self.mode = Compile.parse(mode)
         self.static: StaticStep | None = None
 
@@ -396,7 +379,7 @@ class CompilePolicy:
         if self.mode is not Compile.AUTO:  # settled: no need to look for a compiled step (an inductor import)
             return self.mode is Compile.ON
         ready = (self.static.ready(batch_size) if self.static is not None else
-                 cached_costs(self.model, stacked=self.stacked is not None, batch_size=batch_size) is not None)
+                 cached_costs(self.pass_heads, batch_size=batch_size) is not None)
         return worth_compiling(self.mode, device=self.model.embed.weight.device, work_bytes=work_bytes, ready=ready)
 
     def settle(self, *, batch_size: int, work_bytes: int) -> bool:
@@ -418,5 +401,5 @@ class CompilePolicy:
         if not self.worth(batch_size, batch_size * max_bytes):
             return False
         if self.static is None:
-            self.static = StaticStep(self.model, self.stacked)
+            self.static = StaticStep(self.model, self.pass_heads)
         return True

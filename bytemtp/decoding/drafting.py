@@ -133,6 +133,16 @@ class DraftTree:
         return f"tree of {self.T - 1} ({'-'.join(map(str, width))})"
 
 
+def accepted_run(path: list[int], tree: DraftTree, length: int) -> int:
+    """Lookup bytes an accepted path used: its leading top-rank nodes, up to the draft's length."""
+    n = 0
+    for node in path[1:]:
+        if tree.ranks[node] != 0 or n >= length:
+            break
+        n += 1
+    return n
+
+
 class AcceptanceProfile:
     """Running estimate of p(depth, rank): how often head depth+1's rank-th candidate is the
     byte head 1 settles on at that depth, once the path before it has been accepted.

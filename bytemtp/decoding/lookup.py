@@ -193,16 +193,6 @@ def substitute(cand: list[list[int]], draft: bytes | tuple[int, ...] | None, dep
     return out
 
 
-def accepted_run(path: list[int], tree: DraftTree, length: int) -> int:
-    """Lookup bytes an accepted path used: its leading top-rank nodes, up to the draft's length."""
-    n = 0
-    for node in path[1:]:
-        if tree.ranks[node] != 0 or n >= length:
-            break
-        n += 1
-    return n
-
-
 def lookup_pass(state: Batch, batch: list[Row], tree: DraftTree, limits: list[int], *, heads: int,
                 lookups: LookupProfile, costs: Callable[[], PassCosts]) -> tuple[DraftTree, list[int], list[Match | None]]:
     """A pass of `Decoder.step` where rows may draft lookup bytes (`Row.lookup`): the tree the

@@ -2,9 +2,10 @@
 
 A pass is: plan the draft at the batch's size (`Decoder.plan`: its heads and tree, from the
 acceptance profile and the pass costs measured at that size, on the step that runs), re-warm the
-caches of heads the plan needs that the batch lacks (`rewarm`, from `Batch.stale`), draft,
+caches of heads the plan needs that the batch lacks (`Decoder.rewarm`, from `Batch.stale`), draft,
 forward (eager or on the compiled static step), verify and accept (`Decoder.step`), mark which
-heads' caches the pass left stale, then emit each row's next byte, sliding full windows (`emit`).
+heads' caches the pass left stale (`PassHeads.whole_after`), then emit each row's next byte,
+sliding full windows (`emit`). The loop orchestrates; the model work is the decoder's steps.
 `Decoder.generate` (a call's prompts, decoded together until every row finishes) and the server's
 engine (`bytemtp.serving.engine`: requests `admit`ted and `remove_finished` between passes) both
 run this loop, so a change to how a pass is chosen or run is made once.
@@ -23,17 +24,14 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-import torch
 
 from bytemtp.decoding.batch import Batch, Row
 from bytemtp.decoding.calibration import CalibratedCosts
-from bytemtp.decoding.drafting import MAX_NODES, TREE_RANKS, AcceptanceProfile, Choice
+from bytemtp.decoding.drafting import MAX_NODES, AcceptanceProfile, Choice
 from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import KVCache
-from bytemtp.model.layout import build_layout
-from bytemtp.model.model import ByteMTP, StackedHeads
-from bytemtp.runtime.devices import to_device
-from bytemtp.vocab import EOS
+from bytemtp.model.model import ByteMTP
+from bytemtp.model.pass_heads import PassHeads
 
 PLAN_EVERY = 16  # passes between re-plans of an adapting draft
 
@@ -45,26 +43,25 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 
 class Steps(Protocol):
-    """What the loop asks of the decoder (`decode.Decoder`): its model and heads, what passes
-    teach (`profiles`, `calibration`), the plan, and the steps of a pass."""
+    """What the loop asks of the decoder (`decode.Decoder`): its model and what its passes run after
+    the trunk (`pass_heads`), what passes teach (`profiles`, `calibration`), the plan, and the steps of a
+    pass."""
 
     model: ByteMTP
-    stacked: StackedHeads | None
+    pass_heads: PassHeads
     profiles: dict[bool, AcceptanceProfile]
     calibration: CalibratedCosts
     last_choice: Choice | None
-    keeps_warm: bool
 
     def plan(self, draft: Draft, *, batch_size: int, static: bool, greedy: bool) -> Choice: ...
 
     def prefill(self, rows: list[Row], cache: KVCache, heads: int) -> None: ...
 
-    def propose_all(self, rows: list[Row], logits_B1KV: torch.Tensor, *, nxts: list[int] | None = None,
-                    ats: list[int] | None = None) -> None: ...
+    def rewarm(self, state: Batch, heads: int) -> None: ...
 
     def step(self, state: Batch, choice: Choice) -> None: ...
 
-    def emit_next(self, state: Batch) -> tuple[bool, list[int]]: ...
+    def emit_next(self, state: Batch, *, heads: int) -> tuple[bool, list[int]]: ...
 
 
 class Window:
@@ -150,17 +147,14 @@ class Loop:
         later plan that wants more re-warms the window then, so a call that has settled on few heads
         (or on plain decoding) does not pay for all of them at every slide (at batch 8 on the
         compiled step, slides of all 8 transformer heads made the automatic draft 0.77x plain while
-        it ran plain passes). Draft heads need no cache, so their slides run every head the draft
-        may use (at the window's last position alone)."""
-        state, keeps_warm = self.state, self.decoder.keeps_warm
-        warm = state.warm
-        if keeps_warm:
-            state.warm = max(warm, self.full)  # what emit_next runs a slide with
-        going, slid = self.decoder.emit_next(state)
-        if not keeps_warm:
-            for r in slid:
-                state.stale.slid(r, heads=state.warm)
-        state.warm = warm
+        it ran plain passes). Heads whose caches stay whole whatever a pass runs (draft heads, which
+        keep none: `PassHeads.whole_after`) slide with every head the draft may use."""
+        state = self.state
+        # the warm heads, and those up to `full` whose caches stay whole anyway (`PassHeads.whole_after`)
+        heads = max(state.warm, min(self.full, self.decoder.pass_heads.whole_after(state.warm)))
+        going, slid = self.decoder.emit_next(state, heads=heads)
+        for r in slid:
+            state.stale.slid(r, heads=heads)
         return going
 
     def advance(self) -> None:
@@ -171,13 +165,13 @@ class Loop:
         choice = self.plan()
         if choice.heads > state.warm:  # more heads than have complete caches: complete them
             t0 = time.perf_counter()
-            self.rewarm(choice.heads)
+            self.decoder.rewarm(state, choice.heads)
             state.carried_s = time.perf_counter() - t0  # the pass that needed it pays for it
         starts = {r: state.cache.lengths[b] for b, r in enumerate(state.active)}
         self.decoder.step(state, choice)
-        if not self.decoder.keeps_warm:  # draft heads keep no cache: nothing goes stale
-            for r, start in starts.items():
-                state.stale.passed(r, heads=state.warm, start=start)
+        whole = self.decoder.pass_heads.whole_after(state.warm)  # heads past these lack the pass's keys
+        for r, start in starts.items():
+            state.stale.passed(r, heads=whole, start=start)
 
     def plan(self) -> Choice:
         """The draft of the next pass: re-planned every PLAN_EVERY passes when the draft adapts,
@@ -200,38 +194,3 @@ class Loop:
         self.window.passes += 1
         self._since_plan += 1
         return self.choice
-
-    def rewarm(self, heads: int) -> None:
-        """Run again, in one pass over the batch, the positions that heads 1..`heads` lack in the
-        live rows' caches (`Batch.stale`), and take the heads' candidates after each row's next
-        byte (already out, so it stays) anew, so that passes of `heads` heads can run."""
-        decoder, state = self.decoder, self.state
-        model, cache, stale = decoder.model, state.cache, state.stale
-        lengths = list(cache.lengths)
-        live = [(b, r) for b, r in enumerate(state.active) if r not in state.finished]
-        missing = [lengths[b] - p for b, r in live if (p := stale.missing_from(r, heads)) is not None]
-        n = max(lengths) if model.config.doc_mask else max([1, *missing])  # document masks: run all
-        starts = [max(0, length - n) for length in lengths]
-        windows = [[EOS] * n for _ in lengths]
-        for b, r in live:
-            window = state.rows[r].tokens()[state.rows[r].start:-1]  # the cache's tokens (the next byte is out)
-            assert len(window) == lengths[b], (len(window), lengths[b])
-            windows[b][:lengths[b] - starts[b]] = window[starts[b]:]
-        ids = to_device(windows, model.embed.weight.device)
-        cache.lengths = starts
-        t0 = time.perf_counter()
-        logits = model.logits(ids, cache, heads=heads, stacked=decoder.stacked, layout=build_layout(model, ids, cache),
-                              last=[max(0, length - start - 1) for length, start in zip(lengths, starts)])
-        seconds = time.perf_counter() - t0
-        cache.lengths = lengths
-        for r in set(state.active) & state.finished:  # fed, never accepted: any drafts do, none drawn
-            state.rows[r].cand += [[EOS] * TREE_RANKS] * (heads - 1 - len(state.rows[r].cand))
-        rows = [state.rows[r] for _, r in live]
-        if rows:  # the next byte is out: head 1's pick there is known, the heads' drafts follow it
-            decoder.propose_all(rows, logits[[b for b, _ in live]], nxts=[row.nxt for row in rows],
-                                ats=[len(row.out.data) - 1 for row in rows])
-        for b, r in live:
-            state.rows[r].stats.forward_passes += 1
-            state.rows[r].stats.step_s += seconds  # the model's own time, as a pass's step
-            stale.warmed(r, heads)
-        state.warm = heads

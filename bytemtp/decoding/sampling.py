@@ -1,6 +1,6 @@
 """Choosing bytes from the next-byte head: greedy picks, sampling (temperature, top-k, top-p), and
 the speculative sampling rule. The ids generation may emit (the bytes, EOS and a BPE baseline's
-merged tokens) are named once, in `bytemtp.model.draft.emitted_ids`, and masked here; the
+merged tokens) are named once, in `bytemtp.vocab.emitted`, and masked here; the
 likelihood's greedy flag asks `greedy_ids` too, so it says what greedy decoding would write.
 
 Sampling draws by position, so that a seed repeats a sample whatever drafts the passes made. A
@@ -29,18 +29,18 @@ from typing import ClassVar
 
 import torch
 
-from bytemtp.model.draft import emitted_ids
+from bytemtp.vocab import emitted
 
 _MASKS: dict[tuple[int, torch.device], torch.Tensor] = {}
 _COUNTS: dict[tuple[int, torch.device], int] = {}  # how many ids each mask allows
 
 
 def allowed_mask(logits: torch.Tensor) -> torch.Tensor:
-    """The mask of ids generation may emit (`emitted_ids`) for logits of this width, on their device."""
+    """The mask of ids generation may emit (`vocab.emitted`) for logits of this width, on their device."""
     key = (logits.shape[-1], logits.device)
     mask = _MASKS.get(key)
     if mask is None:
-        mask = _MASKS[key] = emitted_ids(logits.shape[-1], device=logits.device)
+        mask = _MASKS[key] = torch.tensor(emitted(logits.shape[-1]), device=logits.device)
         _COUNTS[key] = int(mask.sum())  # read once, not at every top-k
     return mask
 

@@ -19,6 +19,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from bytemtp.decoding.calibration import compile_shapes
 from bytemtp.decoding.decode import Decoder
 from bytemtp.decoding.generation import Generation, SpeculativeStats, as_bytes
 from bytemtp.decoding.repetition import Repetition, measure_repetition
@@ -61,7 +62,7 @@ def interleaved_decodes(modes: dict[str, tuple[Decoder, dict]], batches: list[li
         for decoder, args in modes.values():
             decoder.generate(batches[0], max_bytes=min(max_bytes, 64), **common, **args)
         for decoder in {id(d): d for d, _ in modes.values()}.values():
-            decoder.compile_shapes(len(batches[0]))
+            compile_shapes(decoder, len(batches[0]))
     took = {m: [[0.0] * len(batches) for _ in range(rounds)] for m in modes}
     outs: dict[str, list] = {m: [None] * len(batches) for m in modes}
     for rnd in range(rounds):

@@ -170,7 +170,7 @@ def tokenizer_config(model: ModelConfig) -> dict:
 def model_card(model: ModelConfig, *, params: int, dtype: str, source: dict) -> str:
     """README.md of the export."""
     heads = ", ".join(f"heads.{k}" for k in range(model.n_future))
-    drafts = ("" if model.draft == "none" else
+    drafts = ("" if not model.drafts.heads else
               f"\n- The weights also hold {model.n_future - 1} {model.draft} draft heads (`drafter.*`, cheap heads trained "
               "for acceptance), which bytemtp's decoder drafts with; transformers leaves them unloaded.")
     unembed = ("unembed.0 (shared by every head)" if model.unembed == "shared"

@@ -22,8 +22,8 @@ runs the trunk and head 1 as a plain pass does, then a few small matrix products
 Both start as copies of head 1 (`init_from`: the blocks' way out O at zero, each depth's norm
 and unembedding head 1's), and `bytemtp tune-heads --draft` trains them with the trunk and head 1
 frozen, on the model's own greedy text and from head 1 as teacher (KL or total variation), so
-greedy output never changes. The decoder drafts with them when a model has them: `DraftPass`
-runs head 1 and the drafts in the place of `StackedHeads`, with the same call.
+greedy output never changes. The decoder drafts with them when a model has them: `DraftPass` is
+what its passes run after the trunk (a `pass_heads.PassHeads`, as `StackedHeads` is).
 
 Legend: B batch, T time, K draft depths (n_future - 1), D width, V vocabulary.
 """
@@ -37,19 +37,8 @@ from torch import nn
 from bytemtp.config import ModelConfig
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import Layout
-from bytemtp.vocab import EOS, N_BYTES, VOCAB_SIZE
-
-
-def emitted_ids(rows: int = VOCAB_SIZE, *, device: torch.device | str | None = None) -> torch.Tensor:
-    """The ids generation may emit, as a mask over a table of `rows` ids: the bytes, EOS and a BPE
-    baseline's merged tokens (from 264 on); never BOS, PAD or the byte table's padding. A draft
-    reads only these as the id drafted before it; decoding ranks only these. On `device` (None: the
-    device a module is being built on)."""
-    mask = torch.zeros(rows, dtype=torch.bool, device=device)
-    mask[:N_BYTES] = True
-    mask[EOS] = True
-    mask[VOCAB_SIZE:] = True
-    return mask
+from bytemtp.model.pass_heads import PassHeads
+from bytemtp.vocab import emitted
 
 
 class DraftHeads(nn.Module):
@@ -60,21 +49,22 @@ class DraftHeads(nn.Module):
     `forced_BTK` the bytes depths 1..k read instead of the drafts (training: the text's own), and
     `tables` the byte tables a hydra block reads at decoding (`HydraDrafts.byte_tables`)."""
 
-    name: str
-    reads_bytes: bool  # whether depth d reads the byte drafted at depth d - 1
+    name: str  # the design's (`bytemtp.config.DRAFT_DESIGNS`), which says what else it is
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         K, D = cfg.n_future - 1, cfg.d_model
         H = 4 * D
         self.depths, self.eps = K, cfg.norm_eps
+        self.reads_bytes = cfg.drafts.reads_bytes  # whether depth d reads the byte drafted at depth d - 1
         self.w_in = nn.Parameter(torch.zeros(K, D, H))  # the block's map of the (normed) state, x @ w_in
         self.b = nn.Parameter(torch.zeros(K, 1, H))
         self.w_out = nn.Parameter(torch.zeros(K, H, D))  # back into the state
         self.norm_in = nn.Parameter(torch.ones(K, 1, D))
         self.norm = nn.Parameter(torch.ones(K, 1, D))  # each depth's final RMSNorm weight
         self.unembed = nn.Parameter(torch.zeros(K, D, cfg.table_rows))  # x @ unembed
-        self.register_buffer("allowed", emitted_ids(cfg.table_rows), persistent=False)
+        # the ids a draft reads as the one drafted before it (`vocab.emitted`), on the device built on
+        self.register_buffer("allowed", torch.tensor(emitted(cfg.table_rows), device=None), persistent=False)
 
     @torch.no_grad()
     def init_from(self, head1_norm: torch.Tensor, head1_unembed: torch.Tensor) -> None:
@@ -95,7 +85,7 @@ class DraftHeads(nn.Module):
 class MedusaDrafts(DraftHeads):
     """Parallel residual blocks on head 1's state (module docstring)."""
 
-    name, reads_bytes = "medusa", False
+    name = "medusa"
 
     def forward(self, h_BTD, first_BT=None, *, embed, forced_BTK=None, k=None, tables=None):
         k = self.depths if k is None else k
@@ -109,7 +99,7 @@ class MedusaDrafts(DraftHeads):
 class HydraDrafts(DraftHeads):
     """Sequential blocks that read the byte drafted before (module docstring)."""
 
-    name, reads_bytes = "hydra", True
+    name = "hydra"
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
@@ -143,8 +133,8 @@ DRAFTERS: dict[str, type[DraftHeads]] = {cls.name: cls for cls in (MedusaDrafts,
 
 
 def build_drafts(cfg: ModelConfig) -> DraftHeads | None:
-    """The draft heads `cfg.draft` names, or None."""
-    return None if cfg.draft == "none" else DRAFTERS[cfg.draft](cfg)
+    """The draft heads of the config's design (`ModelConfig.drafts`), or None where it has none."""
+    return DRAFTERS[cfg.draft](cfg) if cfg.drafts.heads else None
 
 
 def forced_logits(model, ids_BW: torch.Tensor, T: int, *, layout: Layout,
@@ -162,23 +152,21 @@ def forced_logits(model, ids_BW: torch.Tensor, T: int, *, layout: Layout,
     return first, model.drafter(h_BTD, embed=model.embed, forced_BTK=forced)
 
 
-class DraftPass:
-    """A decoding pass's heads when the model has draft heads: head 1 on the trunk state (its one
-    layer writing its cache as in a plain pass), then the draft depths on head 1's state. Called as
-    `StackedHeads` is (`ByteMTP.logits(stacked=)`), which runs the drafts at every position asked
-    for (a prefill's last ones); a decoding pass runs in two phases instead: `head1` over the
-    pass's nodes, then, once verification has said which node each row keeps, `drafts` at that
-    node alone, reading the byte chosen there (so a sampled row's drafts read its sampled byte).
-    Every pass writes the cache layers of a plain one, and none goes stale (`keeps_warm`)."""
+class DraftPass(PassHeads):
+    """What a decoding pass of a model with draft heads runs after the trunk (`pass_heads.PassHeads`):
+    head 1 on the trunk state (its one layer writing its cache as in a plain pass), then the draft
+    depths on head 1's state. Called at every position asked for (a prefill's last ones), it drafts
+    from head 1's greedy choice there; a decoding pass runs in two phases instead: head 1 alone over
+    the pass's nodes (`in_pass`), then, once the pass's picks are made, the drafts at every node
+    from head 1's pick there (`after_picks`: a sampled row's drafts read its sampled byte), so the
+    drafts after the node a row keeps come back with the pass's picks. Every pass writes the cache
+    layers of a plain one, and no head's cache goes stale (`whole_after`)."""
 
-    keeps_warm = True
+    name = "draft"
 
     def __init__(self, model):
         assert model.drafter is not None, "the model has no draft heads"
-        self.model = model
-        # the drafts run after verification, at the kept node alone: on two CPU cores a compiled
-        # pass with medusa's depths at all 8 nodes of a chain cost 2.04x a plain pass, two phases 1.75x
-        self.two_phase = True
+        super().__init__(model)
         # a snapshot for inference, as StackedHeads is: what each byte adds to each hydra block
         drafter = model.drafter
         self.tables = drafter.byte_tables(model.embed) if drafter.reads_bytes else None
@@ -192,14 +180,7 @@ class DraftPass:
             h_BTD = h_BTD[torch.arange(len(last), device=h_BTD.device), last][:, None]  # (B, 1, D)
         return model.head_logits(0, h_BTD)[:, :, None], h_BTD
 
-    def drafts(self, h_BD: torch.Tensor, first_B: torch.Tensor, k: int) -> torch.Tensor:
-        """Logits (B, k, V) of the first k draft depths from head 1's state at one node a row and the
-        byte chosen there."""
-        model = self.model
-        return model.drafter(h_BD[:, None], first_B[:, None], embed=model.embed, k=k, tables=self.tables)[:, 0]
-
-    def __call__(self, z_BTD: torch.Tensor, layout: Layout, cache: KVCache | None, *, k: int,
-                 last: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, z_BTD, layout, cache, *, k, last=None):
         logits, h_BTD = self.head1(z_BTD, layout, cache, last)
         if k <= 1:
             return logits
@@ -207,9 +188,30 @@ class DraftPass:
         drafts = self.model.drafter(h_BTD, first, embed=self.model.embed, k=k - 1, tables=self.tables)
         return torch.cat([logits, drafts.to(logits.dtype)], dim=2)
 
+    def graph_heads(self, k: int) -> int:
+        return 1
+
+    def in_pass(self, z_BTD, layout, cache, *, k):
+        return self.head1(z_BTD, layout, cache)
+
+    def after_picks(self, states_ND: torch.Tensor, first_N: torch.Tensor, k: int) -> torch.Tensor:
+        """The first k - 1 draft depths' logits (N, k - 1, V) from head 1's state at N nodes and
+        the byte chosen at each."""
+        model = self.model
+        return model.drafter(states_ND[:, None], first_N[:, None], embed=model.embed, k=k - 1,
+                             tables=self.tables)[:, 0]
+
     def cache_layers(self, heads: int) -> tuple[int, ...]:
-        """The cache layers a pass writes, whatever its heads: the trunk's and head 1's."""
+        """The trunk's and head 1's, whatever the heads: draft heads attend to nothing."""
         return self.model.cache_layers(1)
 
     def layers_written(self, heads: int) -> int:
         return self.model.layers_written(1)
+
+    def whole_after(self, heads: int) -> int:
+        """Every head's: draft heads keep no cache, so none goes stale."""
+        return self.model.config.n_future
+
+    def record_key(self) -> list:
+        """The draft heads' design is more than their name: their parameters' shapes too."""
+        return [self.name, [[name, list(p.shape)] for name, p in self.model.drafter.named_parameters()]]

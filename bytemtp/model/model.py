@@ -17,14 +17,14 @@ The model is a pre-norm decoder: RMSNorm, rotary positions, SwiGLU (or GELU) fee
 attention through `scaled_dot_product_attention`. Every pass is handed its layout
 (`bytemtp.model.layout.build_layout`): where each new position goes in the cache, its rotary
 position and what it may attend to, built once a pass by the caller and passed to the trunk and
-to every head. `forward`, `head_state`, `head_states`, `logits` and `StackedHeads` take it as a
+to every head. `forward`, `head_state`, `head_states`, `logits` and every `PassHeads` take it as a
 required argument and never build one, so a pass whose layout differs from the plain causal one
 (a tree of drafts, say) cannot reach one layer without reaching them all.
 
-`StackedHeads` is the decoding fast path: the weights of the independent heads stacked once, so
-that the first k run as one batched layer (one matmul per projection instead of k), reading
-and writing the same cache as the heads one by one. `logits(..., stacked=)` uses it; the
-per-head modules stay the reference it is tested against.
+What a decoding pass runs after the trunk is `decode_heads()`, one interface
+(`bytemtp.model.pass_heads.PassHeads`) over its kinds: the heads stacked into one batched layer
+(`StackedHeads`), the heads one by one (`HeadsInTurn`, the reference that `logits` runs), or head 1
+and the draft heads (`bytemtp.model.draft.DraftPass`).
 
 Legend: B batch, T time, K heads, V vocabulary, D width, H attention heads, E head size.
 """
@@ -39,8 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from bytemtp.config import ModelConfig
-from bytemtp.vocab import BYTES, Vocabulary
-from bytemtp.model.draft import DraftHeads, DraftPass, build_drafts, emitted_ids
+from bytemtp.vocab import BYTES, Vocabulary, emitted
+from bytemtp.model.draft import DraftHeads, DraftPass, build_drafts
+from bytemtp.model.pass_heads import HeadsInTurn, PassHeads, StackedHeads
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import Layout, attend
 
@@ -189,7 +190,7 @@ class ByteMTP(nn.Module):
         cfg, device = self.config, self.embed.weight.device
         self.rope_cos, self.rope_sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta, device=device)
         if self.drafter is not None:
-            self.drafter.allowed = emitted_ids(cfg.table_rows, device=device)
+            self.drafter.allowed = torch.tensor(emitted(cfg.table_rows), device=device)
 
     def forward(self, ids_BT: torch.Tensor, cache: KVCache | None = None, *, layout: Layout) -> torch.Tensor:
         """Trunk state (B, T, D) for ids (B, T), placed as the pass's `layout` says (after the
@@ -227,48 +228,35 @@ class ByteMTP(nn.Module):
         unembed = self.unembed[k if len(self.unembed) > 1 else 0]
         return unembed(self.heads[k].norm(h_BTD))
 
-    def logits(self, ids_BT: torch.Tensor, cache: KVCache | None = None, heads: int | None = None,
-               stacked: StackedHeads | None = None, *, layout: Layout,
-               last: list[int] | None = None) -> torch.Tensor:
-        """Logits (B, T, K, V) of the first `heads` output heads (all by default); advances the cache.
+    def logits(self, ids_BT: torch.Tensor, cache: KVCache | None = None, heads: int | None = None, *,
+               layout: Layout, last: list[int] | None = None) -> torch.Tensor:
+        """Logits (B, T, K, V) of the first `heads` output heads (all by default), the heads run one
+        by one (`HeadsInTurn`, the reference); advances the cache.
 
         Heads past the first `heads` do not run, so with a cache their keys and values for these
-        positions are not written: a cache used with heads=1 serves next-byte decoding only. `stacked`
-        (from `stack_heads()`) runs the heads as one batched layer. `layout` (from `build_layout`)
-        places the ids for the trunk and every head: a chain after the cache, or a tree of drafts.
-        With `last` (one position per row) only those positions are unembedded: (B, 1, K, V), what
-        a prefill needs.
+        positions are not written: a cache used with heads=1 serves next-byte decoding only. `layout`
+        (from `build_layout`) places the ids for the trunk and every head: a chain after the cache,
+        or a tree of drafts. With `last` (one position per row) only those positions are unembedded:
+        (B, 1, K, V), what a prefill needs. Decoding runs `decode_heads()` instead (`PassHeads.logits`).
         """
-        T = ids_BT.shape[1]
-        z_BTD = self(ids_BT, cache, layout=layout)  # through __call__, so wrappers' hooks run
-        K = self.config.n_future if heads is None else heads
-        pick = None if last is None else torch.tensor(last, device=ids_BT.device)
-        if stacked is not None:
-            out = stacked(z_BTD, layout, cache, k=K, last=pick)
-        else:
-            rows = None if pick is None else torch.arange(len(pick), device=ids_BT.device)
-            out = torch.stack([self.head_logits(k, h_BTD if pick is None else h_BTD[rows, pick][:, None])
-                               for k, h_BTD in self.head_states(z_BTD, cache, layout=layout, heads=K)], dim=2)
-        if cache is not None:
-            cache.advance(T)
-        return out
+        return HeadsInTurn(self).logits(ids_BT, cache, heads=self.config.n_future if heads is None else heads,
+                                        layout=layout, last=last)
 
-    def decode_heads(self) -> StackedHeads | DraftPass | None:
-        """What a decoding pass runs after the trunk: head 1 and the draft heads where the model has
-        them (`model.draft`), else the training heads stacked (`stack_heads`)."""
-        return DraftPass(self) if self.drafter is not None else self.stack_heads()
-
-    def stack_heads(self) -> StackedHeads | None:
-        """All heads stacked for decoding (any first k of them run as one batched layer), or
-        None where they cannot run side by side (causal heads: each needs the previous one's state)."""
-        if not self.config.head.stackable:
-            return None
-        return StackedHeads(self)
+    def decode_heads(self, *, stacked: bool = True) -> PassHeads:
+        """What a decoding pass runs after the trunk (`pass_heads.PassHeads`): head 1 and the draft
+        heads where the model has them (`model.draft`), else the training heads, stacked where they
+        can run side by side (`StackedHeads`; not causal heads, nor with stacked=False: the
+        reference), else one by one (`HeadsInTurn`)."""
+        if self.drafter is not None:
+            return DraftPass(self)
+        if stacked and self.config.head.stackable:
+            return StackedHeads(self)
+        return HeadsInTurn(self)
 
     def cache_layers(self, heads: int, *, stacked: bool = False) -> tuple[int, ...]:
         """The cache layers that a pass of the first `heads` heads writes, in the order it writes
         them (`layout.written`): the trunk's, then each head's layers one by one, or with `stacked`
-        (the pass runs `stack_heads()`) layer i of every head in turn."""
+        (the pass runs `StackedHeads`) layer i of every head in turn."""
         cfg = self.config
         return cfg.head.cache_layers(trunk_layers=cfg.trunk_layers, head_layers=cfg.head_layers,
                                      heads=heads, stacked=stacked)
@@ -294,97 +282,3 @@ class ByteMTP(nn.Module):
                    "unembed": self.unembed, "drafter": self.drafter or nn.Module()}
         params = self.parameters() if part == "all" else modules[part].parameters()
         return sum(p.numel() for p in params)
-
-
-def _rms_norm(x: torch.Tensor, weight_K1D: torch.Tensor, eps: float) -> torch.Tensor:
-    return F.rms_norm(x, (x.shape[-1],), eps=eps) * weight_K1D
-
-
-class StackedHeads:
-    """The independent heads with their weights stacked along a new leading dim: the first k
-    run on the trunk state as one batched layer (views of the stack, no copy), into the same
-    cache slots as `Head` by `Head`.
-
-    A snapshot for inference, made once per loaded model: built from the model's weights when
-    made, not kept in step with later training.
-    """
-
-    def __init__(self, model: ByteMTP):
-        cfg = model.config
-        assert cfg.head.stackable, cfg.head_type
-        self.cfg, self.model = cfg, model
-        heads = list(model.heads)
-        stack = lambda get: torch.stack([get(h) for h in heads]).detach()  # noqa: E731
-        self.final_norm = stack(lambda h: h.norm.weight)[:, None, None, :]  # (K, 1, 1, D)
-        self.keeps_warm = False  # a pass of k heads leaves heads past k without this pass's keys
-        if not cfg.head.layered:
-            self.proj = stack(lambda h: h.proj.weight).transpose(1, 2)  # (K, D, D) as x @ W
-            self.layers = []
-        else:
-            self.layers = [{
-                "attn_norm": stack(lambda h: h.layers[i].attn_norm.weight)[:, None, None, :],
-                "qkv": stack(lambda h: h.layers[i].attn.qkv.weight).transpose(1, 2),
-                "out": stack(lambda h: h.layers[i].attn.out.weight).transpose(1, 2),
-                "mlp_norm": stack(lambda h: h.layers[i].mlp_norm.weight)[:, None, None, :],
-                "up": stack(lambda h: h.layers[i].mlp.up.weight).transpose(1, 2),
-                "down": stack(lambda h: h.layers[i].mlp.out.weight).transpose(1, 2),
-            } for i in range(cfg.head_layers)]
-        if len(model.unembed) > 1:
-            self.unembed = torch.stack([u.weight for u in model.unembed]).detach().transpose(1, 2)
-        else:
-            self.unembed = model.unembed[0].weight.detach().t()  # (D, V), shared
-
-    def cache_layers(self, heads: int) -> tuple[int, ...]:
-        """The cache layers a pass of the first `heads` heads writes (`ByteMTP.cache_layers`, stacked)."""
-        return self.model.cache_layers(heads, stacked=True)
-
-    def layers_written(self, heads: int) -> int:
-        return self.model.layers_written(heads)
-
-    def _mm(self, x_KBTD: torch.Tensor, w_KDF: torch.Tensor) -> torch.Tensor:
-        K, B, T, D = x_KBTD.shape
-        return torch.bmm(x_KBTD.reshape(K, B * T, D), w_KDF).view(K, B, T, -1)
-
-    def _attention(self, x_KBTD, layer: dict, i: int, layout: Layout, cache: KVCache | None) -> torch.Tensor:
-        cfg = self.cfg
-        K, B, T, D = x_KBTD.shape
-        H, E = cfg.n_attn_heads, cfg.head_dim
-        qkv = self._mm(x_KBTD, layer["qkv"][:K]).view(K, B, T, 3, H, E).permute(3, 0, 1, 4, 2, 5)
-        q, k, v = layout.rotate(qkv[0]), layout.rotate(qkv[1]), qkv[2]  # (K, B, H, T, E)
-        ck = cv = None
-        if cache is not None:  # head j's layer i sits at trunk + j * layers_per_head + i
-            first, step = cfg.trunk_layers + i, cfg.layers_per_head
-            ck = cache.k[first:first + K * step:step]
-            cv = cache.v[first:first + K * step:step]
-        y = attend(q, k, v, layout, ck, cv)
-        return self._mm(y.transpose(2, 3).reshape(K, B, T, D), layer["out"][:K])
-
-    def _mlp(self, x_KBTD, layer: dict) -> torch.Tensor:
-        K = x_KBTD.shape[0]
-        h = self._mm(x_KBTD, layer["up"][:K])
-        if self.cfg.mlp == "swiglu":
-            gate, h = h.chunk(2, dim=-1)
-            h = F.silu(gate) * h
-        else:
-            h = F.gelu(h)
-        return self._mm(h, layer["down"][:K])
-
-    def __call__(self, z_BTD: torch.Tensor, layout: Layout, cache: KVCache | None, *, k: int,
-                 last: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, T, k, V) of the first k heads on trunk state z (B, T, D); with `last`
-        (a (B,) tensor of positions) only there: (B, 1, k, V)."""
-        eps = self.cfg.norm_eps
-        x = z_BTD.expand(k, *z_BTD.shape)
-        if not self.layers:
-            x = self._mm(x, self.proj[:k])
-        for i, layer in enumerate(self.layers):
-            x = x + self._attention(_rms_norm(x, layer["attn_norm"][:k], eps), layer, i, layout, cache)
-            x = x + self._mlp(_rms_norm(x, layer["mlp_norm"][:k], eps), layer)
-        if last is not None:
-            x = x[:, torch.arange(len(last), device=x.device), last][:, :, None]  # (k, B, 1, D)
-        x = _rms_norm(x, self.final_norm[:k], eps)
-        if self.unembed.dim() == 3:
-            logits = self._mm(x, self.unembed[:k])
-        else:
-            logits = x @ self.unembed
-        return logits.permute(1, 2, 0, 3)

@@ -45,6 +45,7 @@ from typing import Callable
 import torch
 
 from bytemtp.decoding.batch import Row
+from bytemtp.decoding.calibration import compile_shapes
 from bytemtp.decoding.decode import Decoder
 from bytemtp.decoding.generation import Generation, Output, SpeculativeStats
 from bytemtp.decoding.loop import Loop, batch_buckets
@@ -180,7 +181,7 @@ class Engine:
         for size in buckets:
             if self.static and policy.use(size, 0):
                 say(f"compiling the decode step at batch {size} (cached on disk for later starts)")
-                self.decoder.compile_shapes(size)
+                compile_shapes(self.decoder, size)
             if self.draft.adapts(True) or self.draft.lookup:
                 say(f"measuring pass costs at batch {size}")
                 self.decoder.pass_costs(size, static=self.static)
