@@ -288,9 +288,6 @@ class PassCosts:
     def to_dict(self) -> dict:
         return {f"{k}x{T}": round(s * 1e3, 4) for (k, T), s in sorted(self.table.items())}
 
-    def seen_dict(self) -> dict:
-        return {f"{k}x{T}": round(s * 1e3, 4) for (k, T), s in sorted(self.seen.items())}
-
 
 class Retries:
     """When speculation that lost to plain decoding (by what it really delivered) runs again: after
