@@ -45,11 +45,14 @@ def table_rows(vocab_size: int) -> int:
     return -(-vocab_size // 8) * 8
 
 
-def emitted(rows: int = VOCAB_SIZE) -> list[bool]:
-    """Which ids of a table of `rows` ids generation may emit: the bytes, EOS and a BPE baseline's
-    merged tokens (from 264 on); never BOS, PAD or the byte table's padding. Decoding ranks only
-    these, and a draft head reads only these as the id drafted before it."""
-    return [i < N_BYTES or i == EOS or i >= VOCAB_SIZE for i in range(rows)]
+def emitted(vocab_size: int = PAD + 1) -> list[bool]:
+    """Which ids of the table of a vocabulary of `vocab_size` ids (`ModelConfig.vocab_size`; the
+    table has `table_rows(vocab_size)` rows) generation may emit: the bytes, EOS and a BPE
+    baseline's merged tokens (264 up to vocab_size); never BOS, PAD or the table's padding (259..263,
+    and a BPE table's rows from vocab_size on, 300..303 for 300 ids). The size, not the table's
+    rows, says where the padding starts. Decoding ranks only these, and a draft head reads only
+    these as the id drafted before it."""
+    return [i < N_BYTES or i == EOS or VOCAB_SIZE <= i < vocab_size for i in range(table_rows(vocab_size))]
 
 
 class TextStream:

@@ -4,6 +4,7 @@ benchmark itself on a tiny corpus."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -18,12 +19,13 @@ from bytemtp.data.corpus import corpus_files, iter_documents
 from bytemtp.data.loader import ByteLoader
 from bytemtp.data.stream import DocumentStream
 from bytemtp.decoding.decode import Decoder, generate
+from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.generation import Output, DecodeStats
 from bytemtp.evaluation.evaluate import evaluate
 from bytemtp.evaluation.likelihood import score_texts
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import CheckpointError, load_model
-from bytemtp.vocab import BYTES, EOS, FIRST_MERGE, TokenizerError, load_vocabulary, train_bpe
+from bytemtp.vocab import BYTES, EOS, FIRST_MERGE, TokenizerError, emitted, load_vocabulary, train_bpe
 from bytemtp_cli.main import main
 
 
@@ -128,6 +130,44 @@ def test_evaluate_divides_a_token_models_nats_by_the_bytes_of_its_targets(corpus
     n_bytes = int(torch.tensor(bpe.lengths)[targets].sum())
     assert res.bytes == n_bytes
     assert res.bpb[0] == pytest.approx(targets.numel() * math.log2(320) / n_bytes, rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def bpe300(corpus_dir, tmp_path_factory):
+    """A BPE of 300 ids: its table has 304 rows, so ids 300..303 are padding."""
+    return train_bpe(train_docs(corpus_dir), vocab_size=300, path=tmp_path_factory.mktemp("bpe300") / "tokenizer.json")
+
+
+def test_generation_never_emits_a_token_table_s_padding(bpe300):
+    """The ids generation may emit follow the model's vocabulary size, not its table's rows: a
+    model whose padding ids (300..303) outrank every real id still writes only real ones, greedy
+    and sampled, plain and drafted, with the draft heads' mask alike."""
+    assert bpe300.size == 300
+    allowed = emitted(300)
+    assert len(allowed) == 304 and allowed[264:300] == [True] * 36 and not any(allowed[300:])
+    assert emitted(259) == emitted(264) and len(emitted()) == 264 and not any(emitted()[258:])
+    cfg = ModelConfig(n_layers=4, d_model=16, n_attn_heads=2, n_future=3, seq_len=32, vocab_size=300)
+    model = uniform(cfg)
+    model.vocab = bpe300
+    with torch.no_grad():  # one padding row of each pair outranks everything, whatever the state's sign
+        for u in model.unembed:
+            u.weight[300:302] = torch.tensor([1e3, -1e3])[:, None]
+            u.weight[302:304, 0] = torch.tensor([1e3, -1e3])
+    hydra = ByteMTP(dataclasses.replace(cfg, draft="hydra"))  # a drafter reads only these as the id before
+    assert hydra.drafter.allowed.tolist() == allowed
+    hydra.reset_rope()
+    assert hydra.drafter.allowed.tolist() == allowed
+    decoder = Decoder(model, compile="off")
+    for seed in range(3):
+        sampling = Sampling(temperature=1.0, generator=torch.Generator().manual_seed(seed))
+        plain = generate(model, b"the \xff\x00", max_bytes=40, sampling=sampling)
+        assert len(plain.output) >= 40 or plain.stats.stopped_by == "eos"
+        for draft in ("plain", "chain-all"):
+            sampling = Sampling(temperature=1.0, generator=torch.Generator().manual_seed(seed))
+            got = decoder.generate([b"the \xff\x00"], max_bytes=40, sampling=sampling, draft=draft)[0]
+            assert len(got.output) >= 40 or got.stats.stopped_by == "eos"
+    greedy = generate(model, b"the", max_bytes=20)
+    assert decoder.generate([b"the"], max_bytes=20, draft="chain-all")[0].output == greedy.output
 
 
 def test_output_of_tokens_counts_and_stops_in_bytes(bpe):

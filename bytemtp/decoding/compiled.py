@@ -117,7 +117,7 @@ class StaticStep:
         self._index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.compile_s, self.graphs = 0.0, 0
         self.last_was_new = False  # whether the last call ran a shape for the first time (compiling it)
-        self.allowed = torch.tensor(emitted(model.config.table_rows), device=self.device)  # the ids greedy picks may be
+        self.allowed = torch.tensor(emitted(model.config.vocab_size), device=self.device)  # the ids greedy picks may be
         if compiled and self.device.type == "cuda":  # CUDA graphs read it where it is, not a copy a pass
             torch._dynamo.mark_static_address(self.allowed)
         self.picks: torch.Tensor | None = None  # the greedy picks of the last pass (`picks.greedy_picks`)

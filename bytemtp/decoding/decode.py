@@ -85,7 +85,8 @@ def generate(model: ByteMTP, prompt: bytes | str, *, max_bytes: int, sampling: S
     logits = model.logits(ids, cache, heads=1, layout=build_layout(model, ids, cache))[0, -1, 0]
     out.stats.forward_passes = 1
     key = None if sampling.greedy else sampling.draw_key()  # a sampled byte is a function of it and its position
-    while not out.emit(byte := next_byte(logits, sampling, key=key, at=len(out.data))):
+    vocab_size = model.config.vocab_size
+    while not out.emit(byte := next_byte(logits, sampling, key=key, at=len(out.data), vocab_size=vocab_size)):
         tokens.append(byte)
         moved = window_start(len(tokens), start, seq_len)
         if moved != start:  # slide: run the newest part of the context again
@@ -283,8 +284,9 @@ class Decoder:
         """What the logits say at every node (`picks.pass_picks`: each row by its own sampling; the
         `greedy` picks the compiled step made in its graph, where it ran), brought to the host in
         one transfer counted in the `live` rows' statistics."""
-        table = pass_picks(logits_BTKV, rows, ats, allowed_mask(logits_BTKV), confidence=self.confidence,
-                           greedy_BTW=greedy)
+        vocab_size = self.model.config.vocab_size
+        table = pass_picks(logits_BTKV, rows, ats, allowed_mask(logits_BTKV, vocab_size), confidence=self.confidence,
+                           greedy_BTW=greedy, vocab_size=vocab_size)
         return Picks.read(table, live, heads=heads, confident=self.confidence > 0)
 
     def propose(self, row: Row, picks: Picks, b: int, node: int, nxt: int | None = None) -> None:
@@ -340,7 +342,9 @@ class Decoder:
         runs), the byte the row emits if it keeps that node; so the pass's picks, the drafts after
         the kept node among them, come back in its one transfer."""
         B, T = logits_BTJV.shape[:2]
-        first = pass_picks(logits_BTJV, rows, ats, allowed_mask(logits_BTJV), greedy_BTW=greedy)[..., 0]
+        vocab_size = self.model.config.vocab_size
+        first = pass_picks(logits_BTJV, rows, ats, allowed_mask(logits_BTJV, vocab_size), greedy_BTW=greedy,
+                           vocab_size=vocab_size)[..., 0]
         h_ND, first_N = states.reshape(B * T, -1), first.reshape(B * T).clamp(min=0)  # -1: a NaN, refused later
         after = (self.policy.static.drafts_at(h_ND, first_N, heads) if static
                  else self.pass_heads.after_picks(h_ND, first_N, heads))

@@ -24,6 +24,7 @@ import torch
 from bytemtp.decoding.drafting import TREE_RANKS
 from bytemtp.decoding.sampling import allowed_count, allowed_mask, gumbel_at, scaled_probs
 from bytemtp.runtime.devices import to_device
+from bytemtp.vocab import BYTES
 
 
 def greedy_picks(logits_BTKV: torch.Tensor, allowed_V: torch.Tensor) -> torch.Tensor:
@@ -48,15 +49,16 @@ def confident_depths(logits_BTKV: torch.Tensor, allowed_V: torch.Tensor, confide
     return (top.cumsum(-1).exp() >= confidence).sum(-1, keepdim=True)
 
 
-def sampled_picks(logits_BTKV: torch.Tensor, sampling, *, keys: list[int], ats: list[int]) -> torch.Tensor:
+def sampled_picks(logits_BTKV: torch.Tensor, sampling, *, keys: list[int], ats: list[int],
+                  vocab_size: int = BYTES.size) -> torch.Tensor:
     """(B, T, 1 + (K - 1) R) ids of rows that sample alike (one `Sampling`): the Gumbel-max picks of
     each head at each node by output position (row b, node t, head k: position ats[b] + t + k - 1,
     drawn with keys[b]), each draft repeated over the ranks; -1 where the distribution holds a NaN.
     The rows run together, value for value as `sampling.pick` draws each alone."""
     B, T, K, V = logits_BTKV.shape
     device = logits_BTKV.device
-    top_k = min(sampling.top_k, allowed_count(logits_BTKV)) if sampling.top_k else 0
-    probs = scaled_probs(logits_BTKV, allowed_mask(logits_BTKV), sampling.temperature, top_k=top_k,
+    top_k = min(sampling.top_k, allowed_count(logits_BTKV, vocab_size)) if sampling.top_k else 0
+    probs = scaled_probs(logits_BTKV, allowed_mask(logits_BTKV, vocab_size), sampling.temperature, top_k=top_k,
                          top_p=sampling.top_p if sampling.top_p < 1.0 else None)  # (B, T, K, V)
     positions = (to_device(ats, device)[:, None, None] + torch.arange(T, device=device)[:, None]
                  + torch.arange(K, device=device))  # (B, T, K)
@@ -100,10 +102,12 @@ class Picks:
 
 
 def pass_picks(logits_BTKV: torch.Tensor, rows, ats: list[int], allowed_V: torch.Tensor, *,
-               confidence: float = 0.0, greedy_BTW: torch.Tensor | None = None) -> torch.Tensor:
+               confidence: float = 0.0, greedy_BTW: torch.Tensor | None = None,
+               vocab_size: int = BYTES.size) -> torch.Tensor:
     """The picks of a pass (B, T, W) on the device: the greedy ones (`greedy_BTW` where the
     compiled step made them), the sampled rows' in their place (each at its output position
-    `ats[b]`, the position of head 1's pick at node 0), and the confident depths if asked."""
+    `ats[b]`, the position of head 1's pick at node 0), and the confident depths if asked.
+    `allowed_V` is `sampling.allowed_mask` for the model's `vocab_size`."""
     picks = greedy_picks(logits_BTKV, allowed_V) if greedy_BTW is None else greedy_BTW
     groups: dict[tuple, list[int]] = {}  # rows that sample alike run together
     for b, row in enumerate(rows):
@@ -116,7 +120,7 @@ def pass_picks(logits_BTKV: torch.Tensor, rows, ats: list[int], allowed_V: torch
         index = to_device(bs, picks.device)
         logits = logits_BTKV[index] if logits_BTKV.device.type != "mps" else logits_BTKV[index].cpu()  # no float64 there
         picks[index] = sampled_picks(logits, rows[bs[0]].sampling, keys=[rows[b].key for b in bs],
-                                     ats=[ats[b] for b in bs]).to(picks.device)
+                                     ats=[ats[b] for b in bs], vocab_size=vocab_size).to(picks.device)
     if confidence:
         picks = torch.cat([picks, confident_depths(logits_BTKV, allowed_V, confidence)], dim=-1)
     return picks

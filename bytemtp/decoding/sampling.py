@@ -1,7 +1,9 @@
 """Choosing bytes from the next-byte head: greedy picks, sampling (temperature, top-k, top-p), and
 the speculative sampling rule. The ids generation may emit (the bytes, EOS and a BPE baseline's
 merged tokens) are named once, in `bytemtp.vocab.emitted`, and masked here; the
-likelihood's greedy flag asks `greedy_ids` too, so it says what greedy decoding would write.
+likelihood's greedy flag asks `greedy_ids` too, so it says what greedy decoding would write. The
+mask follows the model's vocabulary size (`vocab_size`, bytes by default), not the logits' width:
+a BPE's table has padding rows past its ids.
 
 Sampling draws by position, so that a seed repeats a sample whatever drafts the passes made. A
 sampled row takes one key from its `Sampling.generator` when it starts (`Sampling.draw_key`), and
@@ -29,19 +31,21 @@ from typing import ClassVar
 
 import torch
 
-from bytemtp.vocab import emitted
+from bytemtp.vocab import BYTES, emitted
 
 _MASKS: dict[tuple[int, torch.device], torch.Tensor] = {}
 _COUNTS: dict[tuple[int, torch.device], int] = {}  # how many ids each mask allows
 
 
-def allowed_mask(logits: torch.Tensor) -> torch.Tensor:
-    """The mask of ids generation may emit (`vocab.emitted`) for logits of this width, on their device."""
-    key = (logits.shape[-1], logits.device)
+def allowed_mask(logits: torch.Tensor, vocab_size: int = BYTES.size) -> torch.Tensor:
+    """The mask of ids generation may emit (`vocab.emitted`) for a model of `vocab_size` ids
+    (`ModelConfig.vocab_size`), on the logits' device."""
+    key = (vocab_size, logits.device)
     mask = _MASKS.get(key)
     if mask is None:
-        mask = _MASKS[key] = torch.tensor(emitted(logits.shape[-1]), device=logits.device)
+        mask = _MASKS[key] = torch.tensor(emitted(vocab_size), device=logits.device)
         _COUNTS[key] = int(mask.sum())  # read once, not at every top-k
+    assert mask.shape[-1] == logits.shape[-1], f"logits of {logits.shape[-1]} ids for a vocabulary of {vocab_size}"
     return mask
 
 
@@ -87,16 +91,17 @@ class Sampling:
         return int(torch.randint(0, 1 << 62, (), generator=self.generator, device=device))
 
 
-def allowed_count(logits: torch.Tensor) -> int:
-    """How many ids `allowed_mask` allows for logits of this width (counted once, when the mask is made)."""
-    allowed_mask(logits)
-    return _COUNTS[logits.shape[-1], logits.device]
+def allowed_count(logits: torch.Tensor, vocab_size: int = BYTES.size) -> int:
+    """How many ids `allowed_mask` allows for a vocabulary of `vocab_size` ids (counted once, when
+    the mask is made)."""
+    allowed_mask(logits, vocab_size)
+    return _COUNTS[vocab_size, logits.device]
 
 
-def distribution(logits_V: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+def distribution(logits_V: torch.Tensor, sampling: Sampling, *, vocab_size: int = BYTES.size) -> torch.Tensor:
     """Probabilities over the vocabulary after masking, temperature, top-k and top-p."""
-    allowed = allowed_mask(logits_V)
-    top_k = min(sampling.top_k, allowed_count(logits_V)) if sampling.top_k else 0
+    allowed = allowed_mask(logits_V, vocab_size)
+    top_k = min(sampling.top_k, allowed_count(logits_V, vocab_size)) if sampling.top_k else 0
     return scaled_probs(logits_V, allowed, sampling.temperature, top_k=top_k,
                         top_p=sampling.top_p if sampling.top_p < 1.0 else None)
 
@@ -120,10 +125,10 @@ def scaled_probs(logits: torch.Tensor, allowed: torch.Tensor, temperature: float
     return probs
 
 
-def masked_logits(logits: torch.Tensor) -> torch.Tensor:
+def masked_logits(logits: torch.Tensor, *, vocab_size: int = BYTES.size) -> torch.Tensor:
     """The logits (..., V) in float32 with every id generation never emits (BOS, PAD, the padding
     ids) at -inf: what greedy choices and draft candidates rank."""
-    return logits.float().masked_fill(~allowed_mask(logits), float("-inf"))
+    return logits.float().masked_fill(~allowed_mask(logits, vocab_size), float("-inf"))
 
 
 # splitmix64 (Steele, Lea and Flood 2014) in wrapping int64 arithmetic: its increment and multipliers
@@ -174,19 +179,21 @@ def pick(probs_NV: torch.Tensor, key: int, positions: list[int]) -> list[int]:
     return picks.tolist()
 
 
-def greedy_ids(logits_NV: torch.Tensor) -> torch.Tensor:
+def greedy_ids(logits_NV: torch.Tensor, *, vocab_size: int = BYTES.size) -> torch.Tensor:
     """The greedy choice in each row of logits (..., V): the argmax over the ids that generation
     may emit (the bytes and EOS; never BOS, PAD or the padding ids), as (...,) ids."""
-    return masked_logits(logits_NV).argmax(dim=-1)
+    return masked_logits(logits_NV, vocab_size=vocab_size).argmax(dim=-1)
 
 
-def next_byte(logits_V: torch.Tensor, sampling: Sampling, *, key: int | None = None, at: int = 0) -> int:
-    """One id from the next-byte head's logits (V,): greedy, or sampled as the byte at output
-    position `at` of the row whose key is `key` (`pick`; without a key, one drawn now)."""
+def next_byte(logits_V: torch.Tensor, sampling: Sampling, *, key: int | None = None, at: int = 0,
+              vocab_size: int = BYTES.size) -> int:
+    """One id from the next-byte head's logits (V,) of a model of `vocab_size` ids: greedy, or
+    sampled as the byte at output position `at` of the row whose key is `key` (`pick`; without a
+    key, one drawn now)."""
     if sampling.greedy:
-        return int(greedy_ids(logits_V))
+        return int(greedy_ids(logits_V, vocab_size=vocab_size))
     key = sampling.draw_key() if key is None else key
-    return pick(distribution(logits_V, sampling)[None], key, [at])[0]
+    return pick(distribution(logits_V, sampling, vocab_size=vocab_size)[None], key, [at])[0]
 
 
 def verify_sampled(p_TV: torch.Tensor, drafts: list[int], *, key: int, at: int) -> tuple[int, int]:

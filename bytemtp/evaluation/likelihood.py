@@ -108,7 +108,7 @@ def score_windows(model: ByteMTP, wins: list[Window], n_requests: int, *, batch_
         w = wins[i]
         targets = torch.tensor(w.targets, device=logp_TV.device)
         logprob[w.request] += float(logp_TV[torch.arange(len(targets), device=targets.device), targets].double().sum())
-        greedy[w.request] &= bool((greedy_ids(logits_TV) == targets).all())
+        greedy[w.request] &= bool((greedy_ids(logits_TV, vocab_size=model.config.vocab_size) == targets).all())
     return list(zip(logprob, greedy))
 
 
@@ -133,7 +133,8 @@ def byte_logprobs(model: ByteMTP, texts: list[bytes], *, top: int = 0, batch_siz
         values = logp_TV[torch.arange(len(targets), device=targets.device), targets].tolist()
         best: list[list[tuple[int, float]]] = [[] for _ in values]
         if top:
-            lp, ids = masked_logits(logp_TV).topk(min(top, logp_TV.shape[-1]), dim=-1)
+            masked = masked_logits(logp_TV, vocab_size=model.config.vocab_size)
+            lp, ids = masked.topk(min(top, logp_TV.shape[-1]), dim=-1)
             best = [list(zip(i, v)) for i, v in zip(ids.tolist(), lp.tolist())]
         scored[i] = (values, best)
     out = [ByteLogprobs([], []) for _ in texts]

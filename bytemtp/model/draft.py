@@ -64,7 +64,7 @@ class DraftHeads(nn.Module):
         self.norm = nn.Parameter(torch.ones(K, 1, D))  # each depth's final RMSNorm weight
         self.unembed = nn.Parameter(torch.zeros(K, D, cfg.table_rows))  # x @ unembed
         # the ids a draft reads as the one drafted before it (`vocab.emitted`), on the device built on
-        self.register_buffer("allowed", torch.tensor(emitted(cfg.table_rows), device=None), persistent=False)
+        self.register_buffer("allowed", torch.tensor(emitted(cfg.vocab_size), device=None), persistent=False)
 
     @torch.no_grad()
     def init_from(self, head1_norm: torch.Tensor, head1_unembed: torch.Tensor) -> None:

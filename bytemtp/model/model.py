@@ -190,7 +190,7 @@ class ByteMTP(nn.Module):
         cfg, device = self.config, self.embed.weight.device
         self.rope_cos, self.rope_sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta, device=device)
         if self.drafter is not None:
-            self.drafter.allowed = torch.tensor(emitted(cfg.table_rows), device=device)
+            self.drafter.allowed = torch.tensor(emitted(cfg.vocab_size), device=device)
 
     def forward(self, ids_BT: torch.Tensor, cache: KVCache | None = None, *, layout: Layout) -> torch.Tensor:
         """Trunk state (B, T, D) for ids (B, T), placed as the pass's `layout` says (after the

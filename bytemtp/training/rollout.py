@@ -46,7 +46,7 @@ def greedy_rollout(model: ByteMTP, ids_BW: torch.Tensor, n_bytes: int) -> torch.
     logits = model.logits(prefix_BT, cache, heads=1, layout=build_layout(model, prefix_BT, cache),
                           last=[start - 1] * B)
     for j in range(start, T + 1):
-        ids[:, j] = greedy_ids(logits[:, -1, 0])
+        ids[:, j] = greedy_ids(logits[:, -1, 0], vocab_size=model.config.vocab_size)
         if j < T:
             byte_B1 = ids[:, j:j + 1]
             logits = model.logits(byte_B1, cache, heads=1, layout=build_layout(model, byte_B1, cache))
