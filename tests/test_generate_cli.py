@@ -145,6 +145,7 @@ def test_sampling_without_a_seed_draws_one_and_prints_it(ckpt):
     (("--prompt", "x", "--draft", "chain-9"), "--draft chain-9: 9 is more than the model's 8 heads; choose 1 to 8"),
     (("--prompt", "x", "--draft", "chain-0"), "'chain-0' is not a draft"),
     (("--prompt", "x", "--temperature", "0.5", "--seed", str(2 ** 64)), "a seed is an integer from -2**63 to 2**64-1"),
+    (("--prompt", "x", "--temperature", "0.5", "--seed", str(-2 ** 63 - 1)), "--seed: -9223372036854775809 is not a seed"),
     (("--prompt", "x", "--draft", "tree", "--temperature", "0.5"), "sampling drafts chains"),
 ])
 def test_user_errors_are_one_line(ckpt, args, words):
@@ -169,11 +170,12 @@ def test_prompt_lookup_keeps_the_output(ckpt):
     assert on.stdout == off.stdout and "prompt lookup drafted in" in on.stderr and "lookup" not in off.stderr
 
 
-def test_a_temperature_below_the_greedy_threshold_decodes_greedily(ckpt):
+@pytest.mark.parametrize("temperature", ["1e-9", "1e-40", "1e-45"])  # the last two below float32's normal range
+def test_a_temperature_below_the_greedy_threshold_decodes_greedily(ckpt, temperature):
     """generate --temperature 1e-9 writes what --temperature 0 writes (Sampling's rule, at the
     CLI's boundary too): no seed is drawn for it, and the logits are never divided by it."""
     args = ("generate", "--ckpt", ckpt, "--prompt", "x = ", "--max-bytes", 24, "--raw")
-    greedy, tiny = run(*args, "--temperature", 0), run(*args, "--temperature", "1e-9")
+    greedy, tiny = run(*args, "--temperature", 0), run(*args, "--temperature", temperature)
     assert greedy.exit_code == tiny.exit_code == 0, greedy.output + tiny.output
     assert tiny.stdout_bytes == greedy.stdout_bytes and "seed" not in tiny.stderr
     assert run(*args, "--temperature", "1e-9", "--compare").exit_code == 0  # greedy, so --compare is allowed
