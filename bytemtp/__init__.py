@@ -3,9 +3,10 @@
 The library is importable without side effects. Its floors, lowest first; a module imports only
 from its own floor's package or from lower floors (tests/test_layering.py keeps it so):
 
-    0  config, config_docs, vocab
+    0  config, config_docs, vocab, spread, tables
                          frozen configuration, head types and presets, their docs; byte ids and UTF-8
-                         output, and the BPE baseline's vocabulary (no torch)
+                         output, and the BPE baseline's vocabulary; a figure's spread over its runs and
+                         the text tables results render (no torch)
     1  config_io         configurations in and out: dicts, JSON, files, overrides (no torch)
        data/             corpus files, prepared shards, prep, the streaming loader
     2  model/            the byte transformer and its heads, KV cache and layout, loss, flops

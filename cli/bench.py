@@ -11,11 +11,10 @@ import click
 from bytemtp.decoding.strategy import DECODE_MODES
 from bytemtp.experiments.quality import ARMS, DEFAULT_ARMS
 
-from . import report
 from .options import (OneLineErrors, check_output_dir, compile_option, decoding_options, device_option, dtype_option,
-                      empty_split_error, json_option, parse_batch_sizes, parse_duration, preset_option, prompt_options,
-                      sampling_options)
-from .report import echo, table, write_json
+                      empty_split_error, fresh_option, json_option, parse_batch_sizes, parse_duration, preset_option,
+                      prompt_options, sampling_options)
+from .report import echo, write_json
 
 
 @click.group(cls=OneLineErrors)
@@ -57,7 +56,7 @@ def bench_train_step(preset: str, batch_size: int, steps: int, warmup: int, min_
 
         res = train_step(preset, batch_size=batch_size, steps=steps, warmup=warmup, min_sample_s=min_sample_s,
                          device=str(resolve_device(device)), compile=compile_mode, peak=peak_flops, progress=progress)
-    echo(report.train_step_table(res))
+    echo(res.table())
     write_json(json_path, res)
 
 
@@ -77,24 +76,12 @@ def bench_loader(path: str, seq_len: int, batch_size: int, repeats: int, vs: str
     """Loader throughput on one shard beside `zstd -dc` of the same file (and the loader on --vs)."""
     from tqdm import tqdm
 
-    from bytemtp.experiments.bench import loader_throughput
+    from bytemtp.experiments.loader_bench import loader_throughput
 
     with tqdm(total=repeats, desc="loader", unit="pass") as bar:
         res = loader_throughput(path, seq_len=seq_len, batch_size=batch_size, repeats=repeats, vs=vs,
                                 progress=bar.update)
-    echo(f"shard {res.shard}: {res.decompressed_bytes:,} bytes decompressed, "
-         f"{res.batches:,} batches of {batch_size} x {seq_len}")
-    rows = [("bytemtp loader (one process)", f"{res.loader_mb_s:.1f}"),
-            ("zstd -dc > /dev/null", f"{res.zstd_mb_s:.1f}")]
-    if res.vs is not None:
-        rows.append((f"bytemtp loader on {vs}", f"{res.vs.mb_s:.1f}"))
-    echo(table(rows, ("reader", "MB/s")))
-    spread = res.pair_ratios
-    echo(f"ratio {res.ratio:.3f} (best against best; run by run {spread[0]:.2f} to {spread[-1]:.2f})")
-    if res.vs is not None:
-        spread = res.vs.pair_ratios
-        echo(f"{vs} / shard {res.vs.ratio:.3f} (document bytes a second, best against best; run by run "
-             f"{spread[0]:.2f} to {spread[-1]:.2f})")
+    echo(res.table())
     write_json(json_path, res)
 
 
@@ -148,19 +135,7 @@ def bench_decode(ckpt: str, prompts_path: str | None, n_prompts: int, prompt_byt
             if prompts_path is None and "does not exist" in str(e):
                 e = ValueError(f"the run's corpus, where the default prompts come from, is not here: {e}, or {hint}")
             raise empty_split_error(e, hint) from None
-    if res.val_note:
-        echo(f"note: held-out bits/byte not measured: {res.val_note}; the decoding figures do not need the corpus")
-    bpb = report.held_out_bpb(res.val_bpb, nbytes=res.val_bytes, split=res.val_split, note=res.val_note)
-    echo(f"{res.prompts} held-out prompts of up to {res.prompt_bytes} bytes, {res.max_bytes} output "
-         f"bytes each, {report.decode_sampling(res)}, {res.rounds} interleaved rounds, {res.device} {res.dtype}, "
-         f"compiled step {res.compile}{bpb}")
-    echo(report.decode_cases_table(res))
-    echo(report.real_continuation_line(res))
-    if res.sampled:
-        echo("sampled: every mode draws each byte by its position from the same seed, so its bytes are plain "
-             "decoding's; they are compared but not judged")
-    if res.compile_stats:
-        echo(report.compile_line(res.compile_stats))
+    echo(res.table())
     write_json(json_path, res)
     if res.all_identical is False:
         raise click.ClickException("speculative output differs from plain greedy output")
@@ -208,34 +183,8 @@ def bench_serve(ckpt: str, clients: str, prompts_path: str | None, n_prompts: in
                           progress=lambda line: click.echo(line, err=True))
     except ValueError as e:
         raise empty_split_error(e, "the checkpoint's corpus needs a val split") from None
-    bpb = report.held_out_bpb(res.val_bpb, nbytes=res.val_bytes)
-    echo(f"{res.prompts} held-out prompts, {res.max_bytes} bytes each, {res.rounds} interleaved rounds, "
-         f"draft {res.draft}{' against plain' if vs_plain else ''}, max batch {res.max_batch}, {res.device}, "
-         f"{res.step} step (--compile {res.compile}){bpb}")
-    plain_head = ("plain bytes/s", "draft/plain (spread)") if vs_plain else ()
-    checks_head = ("mismatches draft / plain", "errors draft / plain") if vs_plain else ("mismatches", "errors")
-    head = ("clients", "bytes/s", f"over {counts[0]}", *plain_head, "first byte p50 / p95 ms", *checks_head)
-    rows = []
-    for n, c in res.cases.items():
-        plain = (f"{c.plain_bytes_per_s:.0f}", f"{c.over_plain:.2f} ({c.over_plain_min:.2f}-{c.over_plain_max:.2f})",
-                 ) if vs_plain else ()
-        checks = ((f"{c.mismatches} / {c.plain_mismatches}", f"{c.errors} / {c.plain_errors}") if vs_plain
-                  else (c.mismatches, c.errors))
-        rows.append((n, f"{c.bytes_per_s:.0f}", f"{c.ratio:.2f} ({c.ratio_min:.2f}-{c.ratio_max:.2f})", *plain,
-                     f"{c.ttfb_p50_s * 1e3:.0f} / {c.ttfb_p95_s * 1e3:.0f}", *checks))
-    echo(table(rows, head))
+    echo(res.table())
     ld = res.load
-    if ld is not None:
-        echo(f"load: {ld.clients} clients for {ld.wall_s:.0f} s: {ld.completions} completions, "
-             f"{ld.bytes_out} bytes ({ld.bytes_per_s:.0f}/s), {ld.mismatches} mismatches, {ld.errors} errors; "
-             f"memory {ld.rss_mb_before:.0f} -> {ld.rss_mb_after:.0f} MB (after the first quarter "
-             f"{ld.rss_mb_settled_min_max[0]:.0f}-{ld.rss_mb_settled_min_max[1]:.0f} MB; at the end of the first "
-             f"quarter {ld.rss_mb_first_quarter:.0f} MB, at the end {ld.rss_mb_after:.0f} MB)")
-        if ld.malformed:
-            echo(f"malformed: {ld.malformed_sent} of the requests ({ld.malformed:.0%} asked), answered by kind "
-                 f"(status and error type); server errors (5xx): {ld.server_errors}")
-            echo(table([(kind, sum(answers.values()), ", ".join(f"{n} x {a}" for a, n in answers.items()))
-                        for kind, answers in ld.malformed_by_kind.items()], ("kind", "sent", "answers")))
     write_json(json_path, res)
     bad = sum(c.mismatches + c.errors + (c.plain_mismatches or 0) + (c.plain_errors or 0) for c in res.cases.values())
     bad += ld.mismatches + ld.errors if ld is not None else 0
@@ -266,9 +215,7 @@ def bench_all(ckpt: str, data: str, preset: str, device: str, json_path: str) ->
         raise click.ClickException(f"no checkpoint in {ckpt}: run `make demo` first, or give --ckpt RUN")
     res = all_benchmarks(ckpt=ckpt, data=data, preset_name=preset, device=str(resolve_device(device)),
                          progress=lambda name: click.echo(f"--- {name}", err=True))
-    rows = [(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-            for key, value in res.summary.items()]
-    echo(table(rows, ("figure", "value")))
+    echo(res.table())
     write_json(json_path, res)
 
 
@@ -307,10 +254,11 @@ def _interrupted_in_one_line():
 @prompt_options(n_default=8, prompt_bytes=None, from_file=False)
 @click.option("--out", required=True, type=click.Path(file_okay=False), callback=check_output_dir,
               help="Each arm and seed trains into OUT/ARM-sSEED; one measured before is read back.")
+@fresh_option()
 @device_option()
 @json_option()
 def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, arms: str, extra: tuple[str, ...],
-                  overrides: tuple[str, ...], tune_time: str, eval_bytes: int, n_prompts: int, out: str,
+                  overrides: tuple[str, ...], tune_time: str, eval_bytes: int, n_prompts: int, out: str, fresh: bool,
                   device: str, json_path: str | None) -> None:
     """Head-1 val bits/byte of multi-token recipes against next-byte training at equal wall time
     (or equal steps), with the spread over seeds, and what their tuned draft heads give decoding."""
@@ -324,8 +272,8 @@ def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, a
                               extra=[quality.parse_arm(a) for a in extra],
                               sets=[*overrides, f"train.device={resolve_device(device)}"], seeds=seeds,
                               budget_s=parse_duration(budget), steps=steps, eval_bytes=eval_bytes,
-                              tune_s=parse_duration(tune_time), prompts=n_prompts, out=out)
-    echo(quality.table(res))
+                              tune_s=parse_duration(tune_time), prompts=n_prompts, out=out, fresh=fresh)
+    echo(res.table())
     write_json(json_path, res)
 
 
@@ -363,6 +311,7 @@ def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, a
 @compile_option()
 @click.option("--out", required=True, type=click.Path(file_okay=False), callback=check_output_dir,
               help="The tokenizer and each arm's run (OUT/bytes-sN, OUT/tokens-sN); one measured before is read back.")
+@fresh_option()
 @device_option()
 @dtype_option()
 @json_option()
@@ -370,7 +319,7 @@ def bench_tokens(preset: str, data: str, budget: str, steps: int, seeds: int, vo
                  held_out_bytes: int, token_heads: int, token_seq_len: int, overrides: tuple[str, ...],
                  token_overrides: tuple[str, ...], prompts_path: str | None, n_prompts: int, prompt_bytes: int,
                  max_bytes: int, batch_sizes: str, draft: tuple, rounds: int, temperature: float, top_k: int,
-                 top_p: float, seed: int, compile_mode: str, out: str, device: str, dtype: str,
+                 top_p: float, seed: int, compile_mode: str, out: str, fresh: bool, device: str, dtype: str,
                  json_path: str | None) -> None:
     """Bytes against tokens: train a byte-level BPE on the corpus, the same model family on its
     tokens and on bytes for the same budget, and compare bits per byte on the same bytes (val and
@@ -391,8 +340,8 @@ def bench_tokens(preset: str, data: str, budget: str, steps: int, seeds: int, vo
                                   batch_sizes=sizes, rounds=rounds, drafts=draft or token_bench.DRAFTS,
                                   compile=compile_mode,
                                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, device=str(dev),
-                                  dtype=dtype)
-    echo(token_bench.table(res))
+                                  dtype=dtype, fresh=fresh)
+    echo(res.table())
     write_json(json_path, res)
     if res.all_identical is False:
         raise click.ClickException("speculative output differs from its arm's plain greedy output")
@@ -412,9 +361,10 @@ def bench_tokens(preset: str, data: str, budget: str, steps: int, seeds: int, vo
 @click.option("--only", default=None, help="Comma-separated candidates to run (default: all, in the grid's order).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="A setting every candidate shares, after the grid's (e.g. train.log_to=jsonl,tensorboard).")
+@fresh_option()
 @json_option()
 def bench_sweep(grid: str, out: str, budget: str, tune_time: str, eval_bytes: int, n_prompts: int, only: str | None,
-                overrides: tuple[str, ...], json_path: str | None) -> None:
+                overrides: tuple[str, ...], fresh: bool, json_path: str | None) -> None:
     """Train every candidate of a grid (a TOML file; see examples/sweep-small.toml) for the same wall
     time and compare head-1 val bits/byte, and with --tune-time what the tuned draft heads give."""
     from bytemtp.experiments import sweep
@@ -425,9 +375,10 @@ def bench_sweep(grid: str, out: str, budget: str, tune_time: str, eval_bytes: in
     names = [n.strip() for n in only.split(",") if n.strip()] if only else None
     with _interrupted_in_one_line():
         results = sweep.run_sweep(sweep.read_grid(grid, shared=list(overrides)), out, budget_s=budget_s,
-                                  eval_bytes=eval_bytes, tune_s=tune_s, prompts=n_prompts, only=names)
-    echo(sweep.table(results))
-    write_json(json_path, results)
+                                  eval_bytes=eval_bytes, tune_s=tune_s, prompts=n_prompts, only=names, fresh=fresh)
+    res = sweep.SweepResult(results)
+    echo(res.table())
+    write_json(json_path, res)
 
 
 @bench.command("prep")
@@ -464,18 +415,5 @@ def bench_prep(sources: tuple[str, ...], workers_text: str | None, rounds: int, 
 
         res = prep_speed(list(sources), scratch=tmp, workers=workers, rounds=rounds, parts=parts,
                          vs=list(vs) or None, field=field, progress=progress)
-    echo(f"{res.input_files} input file(s), {res.input_bytes:,} bytes on disk; each prep writes "
-         f"{res.written_bytes:,} document bytes")
-    rows = []
-    for name, arm in res.arms.items():
-        speedup = arm.speedup
-        rows.append((name, arm.workers, f"{arm.mb_s.median:.1f}", f"{arm.mb_s.min:.1f}-{arm.mb_s.max:.1f}",
-                     f"{speedup.median:.2f} ({speedup.min:.2f}-{speedup.max:.2f})" if speedup else "1",
-                     "yes" if arm.same_corpus else "no"))
-    echo(table(rows, ("prep", "workers", "MB/s", "range", "x first", "same corpus")))
-    if res.parts is not None:
-        p = res.parts
-        echo(f"{p.parts} parts ({p.workers} workers each): {sum(p.part_seconds):.1f} s in all, merge "
-             f"{p.merge_seconds:.1f} s ({p.merge_mb_s:.0f} MB/s); the same documents, split and set digests "
-             f"as one prep: {'yes' if p.same_documents else 'NO'}")
+    echo(res.table())
     write_json(json_path, res)

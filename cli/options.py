@@ -138,6 +138,15 @@ def json_option(default: str | None = None):
                         help="Also write the results here as JSON ('-': stdout, and the table goes to stderr).")
 
 
+def fresh_option():
+    """`--fresh` of the commands that train runs into --out as the sweep does (`bench sweep`, `bench
+    quality`, `bench tokens`): a run found there that was trained with other settings is trained
+    anew instead of refused (`sweep.run_sweep`'s `fresh`)."""
+    return click.option("--fresh", is_flag=True,
+                        help="Train anew each run in --out that was trained with other settings than asked for now "
+                             "(its folder and tune removed first), instead of refusing it.")
+
+
 def empty_split_error(e: ValueError, instead: str) -> ValueError:
     """An empty-split error (bytemtp.data.corpus) told for a command without --split: the split and the
     corpus as the library names them, then what this command can do instead; other errors as they are."""

@@ -1,7 +1,9 @@
 """What the commands print: tables, short text reports and their JSON.
 
 A command's report goes to stdout, or to stderr when stdout carries its JSON (`--json -`);
-`generate` keeps stdout for the generated text and reports on stderr.
+`generate` keeps stdout for the generated text and reports on stderr. The benchmarks' results
+render their own tables (`table()`), which the commands only print; the aligned-column `table` is
+the library's (`bytemtp.tables`), as is the line on what compiling cost (`speed.compile_line`).
 """
 
 from __future__ import annotations
@@ -12,14 +14,7 @@ import os
 
 import click
 
-
-
-def table(rows: list[tuple], header: tuple) -> str:
-    cells = [tuple(str(c) for c in header)] + [tuple(str(c) for c in r) for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+from bytemtp.tables import table
 
 
 def echo(text: str) -> None:
@@ -202,7 +197,8 @@ def comparison(res, mode: str) -> str:
         lines.append(f"plain greedy, eager:          {res.eager_plain_bytes_s:8,.0f} bytes/s, 1.00 bytes/pass")
     lines += [f"plain greedy, {step + ':':15s} {fig.plain_bytes_s:8,.0f} bytes/s, 1.00 bytes/pass",
               f"speculative, {mode:16s} {fig.spec_bytes_s:8,.0f} bytes/s, {fig.bytes_per_forward:.2f} bytes/pass",
-              f"speedup {fig.speedup:.2f}x over {step} plain (runs: {', '.join(f'{r:.2f}' for r in fig.speedup_runs)}); "
+              f"speedup {fig.speedup.mid:.2f}x over {step} plain "
+              f"(runs: {', '.join(f'{r:.2f}' for r in fig.speedup.runs)}); "
               f"outputs identical: {'yes' if res.identical else 'NO'}",
               repetition_line(dataclasses.asdict(fig.repetition))]
     if res.compiled:
@@ -216,13 +212,12 @@ def comparison(res, mode: str) -> str:
     return "\n".join(lines)
 
 
-def compile_line(st: dict) -> str:
-    """What compiling the static step cost, and whether inductor's disk cache served it."""
-    if not st["graphs"]:
-        return "compiled step: no graph compiled in this run (compiled earlier in this process)"
-    served = "the disk cache served" if st["cache_hits"] and not st["cache_misses"] else (
-        f"disk cache: {st['cache_hits']} hits, {st['cache_misses']} misses")
-    return f"compiled step: {st['graphs']} graphs in {st['compile_s']:.1f} s ({served})"
+def compile_line(stats: dict) -> str:
+    """`bytemtp.decoding.speed.compile_line`, imported when a command reports (the CLI starts
+    without torch)."""
+    from bytemtp.decoding.speed import compile_line as line
+
+    return line(stats)
 
 
 def eval_table(res) -> str:
@@ -286,108 +281,6 @@ def checkpoint_report(info: dict) -> str:
     return "\n".join(lines)
 
 
-def train_step_table(res) -> str:
-    """`bench train-step` (a `bench.TrainStepResult`): each variant's median step, its bytes a
-    second and peak memory (and MFU where known), then the ratios and their spread."""
-    rows = []
-    for name, label in (("ntp", "next-byte (n=1)"), ("mtp", "multi-token n=8, memory-efficient"),
-                        ("mtp_plain", "multi-token n=8, plain")):
-        v = res.variants[name]
-        row = [label, f"{v.step_s:.3f}", f"{v.bytes_s:,.0f}", f"{v.peak_mb:,.0f}"]
-        if v.mfu is not None:
-            row.append(f"{100 * v.mfu:.1f}%")
-        rows.append(tuple(row))
-    header = ("variant", "step s", "bytes/s", "peak MiB") + (("MFU",) if len(rows[0]) > 4 else ())
-    spread = res.time_ratio_rounds
-    lines = [f"preset {res.preset}, batch {res.batch_size} x {res.seq_len} bytes, {res.device}, "
-             f"{'compiled' if res.compiled else 'eager'}; "
-             f"{res.steps} interleaved rounds after {res.warmup} warm-up, "
-             f"{res.steps_per_sample} step(s) a sample; median step",
-             table(rows, header),
-             f"time_ratio {res.time_ratio:.3f} (round by round: min {spread.min:.3f}, "
-             f"median {spread.median:.3f}, max {spread.max:.3f})  "
-             f"memory_ratio {res.memory_ratio:.3f}  plain_memory_ratio {res.plain_memory_ratio:.3f}"]
-    if spread.noisy:
-        lines.append(f"note: {spread.note}")
-    return "\n".join(lines)
-
-
-def decode_sampling(res) -> str:
-    """How a `bench.DecodeSpeed` decoded: greedy, or sampled at its temperature, top-p (and top-k)."""
-    if not res.sampled:
-        return "greedy"
-    top_k = f", top-k {res.top_k}" if res.top_k else ""
-    return f"sampled at temperature {res.temperature:g}, top-p {res.top_p:g}{top_k} (seed {res.seed})"
-
-
-def held_out_bpb(bpb: float | None, *, nbytes: int | None, split: str | None = "val", note: str | None = None) -> str:
-    """The header's clause on the model's held-out bits/byte (`bench decode`, `bench serve`): head
-    1's figure with the bytes it is of (`bytemtp eval`'s by default), "not measured (corpus absent)"
-    where the run's corpus is not here (`note`), or nothing where it was not asked for."""
-    if bpb is None:
-        return "; model val bits/byte not measured (corpus absent)" if note else ""
-    if nbytes is None:  # JSON written before the bytes were recorded
-        return f"; model val bits/byte {bpb:.3f}"
-    of = "every file" if split == "all" else f"the {split} split"
-    return f"; model held-out bits/byte {bpb:.3f} (head 1 on {nbytes:,} bytes of {of}, as `bytemtp eval`)"
-
-
-def _zstd_cell(rep) -> str:
-    """A `repetition.Repetition`'s zstd ratio, and over the real continuation's where there is one."""
-    if rep.decoded.zstd_ratio is None:
-        return "-"
-    over = "" if rep.zstd_ratio_over_real is None else f" ({rep.zstd_ratio_over_real:.2f})"
-    return f"{rep.decoded.zstd_ratio:.2f}x{over}"
-
-
-def decode_cases_table(res) -> str:
-    """`bench decode` (a `bench.DecodeSpeed`): one row a batch size and mode, with how repetitive
-    that mode's decoded text is (distinct 8-grams; zstd ratio, over the real continuation's)."""
-    def identical(f) -> str:
-        return "n/a (sampled)" if res.sampled else "yes" if f.identical else "NO"
-
-    def distinct(f) -> str:
-        share = f.repetition.decoded.distinct_8grams
-        return "-" if share is None else f"{share:.2f}"
-
-    rows = [(c.batch_size, f.mode, f"{f.plain_bytes_s:,.0f}", f"{f.spec_bytes_s:,.0f}",
-             f"{f.speedup:.2f} ({f.speedup_min:.2f}-{f.speedup_max:.2f})",
-             f"{f.bytes_per_forward:.2f}", f"{f.pass_cost:.2f}", identical(f),
-             ", ".join(f"{k}:{n}" for k, n in sorted(f.heads_used.items())), distinct(f), _zstd_cell(f.repetition),
-             _host_cells(f))
-            for c in res.cases for f in [c.figures]]
-    return table(rows, ("batch", "mode", "plain B/s", "spec B/s", "speedup (spread)", "bytes/pass",
-                        "pass cost", "identical", "heads:passes", "distinct 8-grams", "zstd x (over real)",
-                        "D2H/pass, outside step"))
-
-
-def _host_cells(f) -> str:
-    """A mode's device-to-host transfers a pass and the share of its time outside the step."""
-    if f.host_transfers_per_pass is None:
-        return "-"
-    return f"{f.host_transfers_per_pass:.2f}, {f.outside_step_share:.0%}"
-
-
-def real_continuation_line(res) -> str:
-    """Under `decode_cases_table`: the real continuation's own repetition, once (each row's is cut
-    to that row's decoded lengths, the same in every row unless rows stopped early apart), or
-    that the prompts had none."""
-    reals = [c.figures.repetition.real for c in res.cases]
-    if any(r is None for r in reals):
-        return "no real continuation (prompts from a file): the zstd ratios are of the decoded text alone"
-    distinct = sorted({r.distinct_8grams for r in reals if r.distinct_8grams is not None})
-    ratios = sorted({r.zstd_ratio for r in reals if r.zstd_ratio is not None})
-    sizes = sorted({r.bytes for r in reals})
-
-    def span(values: list, form: str) -> str:
-        if not values:
-            return "-"
-        low, high = format(values[0], form), format(values[-1], form)
-        return low if low == high else f"{low} to {high}"
-    return (f"real continuation ({span(sizes, ',')} bytes, cut to the decoded lengths): distinct 8-grams "
-            f"{span(distinct, '.2f')}, zstd ratio {span(ratios, '.2f')}x")
-
-
 class StageBars:
     """One tqdm bar per stage of a `progress(stage, done, total)` callback, each opened when its
     stage starts and the previous one closed (decode over problems, then execute over programs)."""
@@ -432,8 +325,8 @@ def humaneval_report(res, *, source: str, ckpt: str, device: str, dtype: str) ->
                  f"{s.heads}; drafts accepted/drafted by depth: {rates or 'none drafted'}")
     if res.comparison is not None:
         c = res.comparison
-        lines.append(f"speedup over plain greedy decoding: {c.speedup:.2f}x ({c.speedup_min:.2f}-"
-                     f"{c.speedup_max:.2f} over {c.batches} batches, interleaved); outputs identical: "
+        lines.append(f"speedup over plain greedy decoding: {c.speedup.mid:.2f}x ({c.speedup.low:.2f}-"
+                     f"{c.speedup.high:.2f} over {c.batches} batches, interleaved); outputs identical: "
                      f"{'yes' if c.identical else 'NO'}" + (f"\nnote: {c.note}" if c.note else ""))
     else:
         lines.append("speedup over plain decoding: not measured (--compare decodes plainly too); bytes/pass "

@@ -7,17 +7,37 @@ import json
 
 import pytest
 
+from bytemtp.spread import Spread
+
 
 def test_train_step_time_ratio_spread_says_when_it_is_noise():
-    from bytemtp.experiments.step_bench import NOISY_SPREAD, ratio_spread
+    from bytemtp.experiments.step_bench import NOISY_SPREAD, noise_note
 
-    quiet = ratio_spread([1.02, 0.98, 1.0, 1.05, 1.01])
-    assert (quiet.min, quiet.median, quiet.max) == (0.98, 1.01, 1.05)
-    assert quiet.runs == [0.98, 1.0, 1.01, 1.02, 1.05]
-    assert quiet.spread == pytest.approx(0.07 / 1.01) and not quiet.noisy and quiet.note is None
-    busy = ratio_spread([0.12, 1.0, 1.57])  # two runs on a busy machine gave these as the whole result
-    assert busy.noisy and busy.spread > NOISY_SPREAD and "0.120 to 1.570" in busy.note
-    assert ratio_spread([1.0, 1.01]).noisy  # too few rounds to judge
+    quiet = Spread.of(sorted([1.02, 0.98, 1.0, 1.05, 1.01]), keep_runs=True)
+    assert (quiet.low, quiet.mid, quiet.high) == (0.98, 1.01, 1.05)
+    assert quiet.runs == (0.98, 1.0, 1.01, 1.02, 1.05)
+    assert quiet.width == pytest.approx(0.07 / 1.01) and noise_note(quiet) is None
+    busy = Spread.of([0.12, 1.0, 1.57], keep_runs=True)  # two runs on a busy machine gave these as the whole result
+    assert busy.width > NOISY_SPREAD and "0.120 to 1.570" in noise_note(busy)
+    assert "2 timed round(s)" in noise_note(Spread.of([1.0, 1.01], keep_runs=True))  # too few rounds to judge
+
+
+def test_one_spread_type_makes_writes_and_reads_every_form():
+    """A spread's centre is its constructor's (median, mean, or a figure of its own); its JSON form
+    is the one the result names, nested or flat, and reads back."""
+    rounds = Spread.of([3.0, 1.0, 2.0, 10.0], keep_runs=True)
+    assert (rounds.mid, rounds.low, rounds.high, rounds.runs) == (2.5, 1.0, 10.0, (3.0, 1.0, 2.0, 10.0))
+    assert Spread.of([3.0, 1.0]).runs == ()  # not kept unless asked
+    assert Spread.mean_of([1.0, 2.0, 6.0]) == Spread(3.0, 1.0, 6.0)
+    assert Spread.around(1.5, [2.0, 1.0]) == Spread(1.5, 1.0, 2.0)
+    assert Spread.ratios([2.0, 6.0, 3.0], [1.0, 2.0, 2.0]) == Spread(2.0, 1.5, 3.0)
+    assert Spread(1.52, 0.86, 2.11).format(unit="x") == "1.52x (0.86-2.11)"
+    assert Spread(0.12, 0.11, 0.13).format("{:.2f}M") == "0.12M (0.11M-0.13M)"
+    assert list(rounds.flat("speedup", runs=True)) == ["speedup", "speedup_min", "speedup_max", "speedup_runs"]
+    assert Spread.from_flat(json.loads(json.dumps(rounds.flat("r", runs=True))), "r", runs=True) == rounds
+    assert Spread.from_flat(rounds.flat("r"), "r") == Spread(2.5, 1.0, 10.0)
+    assert rounds.to_dict("mean", runs="each") == {"mean": 2.5, "min": 1.0, "max": 10.0, "each": [3.0, 1.0, 2.0, 10.0]}
+    assert Spread.from_dict(rounds.to_dict()) == Spread(2.5, 1.0, 10.0)
 
 
 # --- the results' JSON: the form the commands have always written, read back --------------------
@@ -42,7 +62,7 @@ TRAIN_STEP = {"preset": "tiny", "device": "cpu", "batch_size": 2, "seq_len": 64,
               "mtp_bytes_s": 1163.6, "mtp_params": 120, "mtp_plain_step_s": 0.2, "mtp_plain_bytes_s": 640.0,
               "mtp_plain_params": 120, "ntp_peak_mb": 10.0, "mtp_peak_mb": 12.0, "mtp_plain_peak_mb": 30.0,
               "time_ratio": 0.11 / 0.1, "time_ratio_min": 1.0, "time_ratio_median": 1.1, "time_ratio_max": 1.2,
-              "time_ratio_runs": [1.0, 1.1, 1.2], "time_ratio_spread": 0.2 / 1.1, "time_ratio_noisy": False,
+              "time_ratio_runs": [1.0, 1.1, 1.2], "time_ratio_spread": (1.2 - 1.0) / 1.1, "time_ratio_noisy": False,
               "time_ratio_note": None, "memory_ratio": 12.0 / 10.0, "plain_memory_ratio": 30.0 / 10.0,
               "compiled": True}
 LOADER = {"shard": "c/train/shard-00000.zst", "decompressed_bytes": 1000, "compressed_bytes": 400, "seq_len": 64,
@@ -134,32 +154,31 @@ def test_a_sampled_decode_speed_round_trips_and_does_not_judge_identity(data):
 
 def test_decode_table_shows_each_rows_repetition_and_no_identity_verdict_when_sampled():
     from bytemtp.experiments.bench import DecodeSpeed
-    from bytemtp_cli.report import decode_cases_table, decode_sampling, real_continuation_line
 
     greedy = DecodeSpeed.from_json(DECODE)
-    lines = decode_cases_table(greedy).splitlines()
+    lines = greedy.cases_table().splitlines()
     assert "distinct 8-grams" in lines[0] and "zstd x (over real)" in lines[0]
     rows = lines[2:]
     assert "D2H/pass, outside step" in lines[0]
     assert len(rows) == 3 and all(row.split()[-5:] == ["0.50", "2.50x", "(1.67)", "1.00,", "12%"] for row in rows), rows
     assert [" yes " in r or " NO " in r for r in rows] == [True] * 3 and " NO " in rows[1]
-    assert real_continuation_line(greedy) == ("real continuation (300 bytes, cut to the decoded lengths): "
+    assert greedy.real_continuation_line() == ("real continuation (300 bytes, cut to the decoded lengths): "
                                               "distinct 8-grams 0.90, zstd ratio 1.50x")
-    assert decode_sampling(greedy) == "greedy"
+    assert greedy.sampling_text == "greedy"
     sampled = DecodeSpeed.from_json(_sampling(DECODE, 0.8, 0.95))
-    table = decode_cases_table(sampled)
+    table = sampled.cases_table()
     assert table.count("n/a (sampled)") == 3 and " NO " not in table and " yes " not in table
-    assert decode_sampling(sampled) == "sampled at temperature 0.8, top-p 0.95 (seed 0)"
+    assert sampled.sampling_text == "sampled at temperature 0.8, top-p 0.95 (seed 0)"
     # rows that stopped apart (sampled: EOS in one mode, not another) cut the real text apart too
     other = {**REPETITION, "real": {"distinct_8grams": 0.8, "zstd_ratio": 1.75, "bytes": 250}}
     apart = DecodeSpeed.from_json({**DECODE, "cases": [DECODE["cases"][0], {**CASE, "repetition": other}]})
-    assert real_continuation_line(apart).endswith("(250 to 300 bytes, cut to the decoded lengths): "
+    assert apart.real_continuation_line().endswith("(250 to 300 bytes, cut to the decoded lengths): "
                                                   "distinct 8-grams 0.80 to 0.90, zstd ratio 1.50 to 1.75x")
     # prompts from a file: no real continuation, the decoded ratio alone
     alone = {"decoded": REPETITION["decoded"], "real": None, "zstd_ratio_over_real": None}
     from_file = DecodeSpeed.from_json({**DECODE, "cases": [{**CASE, "repetition": alone}]})
-    assert decode_cases_table(from_file).splitlines()[2].split()[-4:] == ["0.50", "2.50x", "1.00,", "12%"]
-    assert real_continuation_line(from_file).startswith("no real continuation")
+    assert from_file.cases_table().splitlines()[2].split()[-4:] == ["0.50", "2.50x", "1.00,", "12%"]
+    assert from_file.real_continuation_line().startswith("no real continuation")
 
 
 @pytest.mark.parametrize("data", [TRAIN_STEP, {**TRAIN_STEP, "time_ratio_noisy": True, "time_ratio_note": "noise"}])
@@ -168,7 +187,7 @@ def test_train_step_reads_back_from_the_flat_json_bench_train_step_wrote(data):
 
     res = TrainStepResult.from_json(data)
     assert list(res.variants) == ["ntp", "mtp", "mtp_plain"] and res.variants["mtp"].peak_mb == 12.0
-    assert res.time_ratio == data["time_ratio"] and res.time_ratio_rounds.noisy is data["time_ratio_noisy"]
+    assert res.time_ratio == data["time_ratio"] and res.time_ratio_noisy is data["time_ratio_noisy"]
     assert list(_written(res).items()) == list(data.items()) and TrainStepResult.from_json(_written(res)) == res
     gpu = dict(data)
     for name in ("ntp", "mtp", "mtp_plain"):  # on a GPU each variant's MFU follows its parameters
@@ -180,7 +199,7 @@ def test_train_step_reads_back_from_the_flat_json_bench_train_step_wrote(data):
 
 @pytest.mark.parametrize("data", [LOADER, {**LOADER, "vs": VS}])
 def test_loader_throughput_reads_back_from_the_json_bench_loader_wrote(data):
-    from bytemtp.experiments.bench import LoaderThroughput
+    from bytemtp.experiments.loader_bench import LoaderThroughput
 
     res = LoaderThroughput.from_json(data)
     assert (res.vs is None) == ("vs" not in data)
@@ -197,12 +216,12 @@ def test_serve_speed_reads_back_from_the_json_bench_serve_wrote(data):
     assert list(_written(res).items()) == list(data.items()) and ServeSpeed.from_json(_written(res)) == res
     case = res.cases[1]
     if data is SERVE_VS_PLAIN:
-        assert case.plain_runs[0].bytes_per_s == 170.0 and case.over_plain == 2.01 and case.plain_mismatches == 0
+        assert case.plain_runs[0].bytes_per_s == 170.0 and case.over_plain == Spread(2.01, 2.01, 2.01)
+        assert case.plain_mismatches == 0
         assert (res.compile, res.step) == ("off", "eager")
     else:  # written before the plain arm: its figures, and the step, are None
         assert all(getattr(case, k) is None for k in ("plain_runs", "plain_bytes_per_s", "over_plain",
-                                                      "over_plain_min", "over_plain_max", "plain_mismatches",
-                                                      "plain_errors"))
+                                                      "plain_mismatches", "plain_errors"))
         assert res.compile is None and res.step is None
 
 
@@ -230,7 +249,7 @@ def test_prep_speed_reads_back_from_the_json_bench_prep_wrote():
     from bytemtp.experiments.prep_bench import PrepSpeed
 
     res = PrepSpeed.from_json(PREP)
-    assert res.arms["workers 1"].speedup is None and res.arms["workers 2"].speedup.median == 1.82
+    assert res.arms["workers 1"].speedup is None and res.arms["workers 2"].speedup == Spread(1.82, 1.81, 1.83)
     assert list(_written(res).items()) == list(PREP.items()) and PrepSpeed.from_json(_written(res)) == res
     alone = {k: v for k, v in PREP.items() if k != "parts"}
     assert PrepSpeed.from_json(alone).parts is None and _written(PrepSpeed.from_json(alone)) == alone

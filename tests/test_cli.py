@@ -171,14 +171,14 @@ def test_corrupt_shard_is_one_line(tmp_path):
 
 @pytest.mark.skipif(shutil.which("zstd") is None, reason="the loader benchmark compares against the zstd command")
 def test_bench_loader(tmp_path, monkeypatch):
-    import bytemtp.experiments.bench
+    import bytemtp.experiments.loader_bench
 
     src = _source_tree(tmp_path)
     out = tmp_path / "corpus"
     assert run("prep", str(src), "--out", str(out), "--val-fraction", "0").exit_code == 0
     # the timed runs take the seconds given here, in turn: zstd 0.5 s, then the loader's epoch 2 s
     reads = iter([0.0, 0.5, 0.5, 2.5])
-    monkeypatch.setattr(bytemtp.experiments.bench, "time", types.SimpleNamespace(perf_counter=lambda: next(reads)))
+    monkeypatch.setattr(bytemtp.experiments.loader_bench, "time", types.SimpleNamespace(perf_counter=lambda: next(reads)))
     path = tmp_path / "loader.json"
     res = run("bench", "loader", "--data", str(out), "--seq-len", "64", "--repeats", "1", "--json", str(path))
     assert res.exit_code == 0, res.output
@@ -197,7 +197,7 @@ def test_bench_loader(tmp_path, monkeypatch):
 @pytest.mark.skipif(shutil.which("zstd") is None, reason="the loader benchmark compares against the zstd command")
 def test_bench_loader_vs_a_parquet_file_of_the_same_documents(tmp_path, monkeypatch):
     pytest.importorskip("pyarrow")
-    import bytemtp.experiments.bench
+    import bytemtp.experiments.loader_bench
     from bytemtp.data.readers import reader_for
     from corpora import write_table
 
@@ -208,7 +208,7 @@ def test_bench_loader_vs_a_parquet_file_of_the_same_documents(tmp_path, monkeypa
     write_table(tmp_path / "same.parquet", docs, groups=[2, len(docs) - 2], column_type="binary")
     # zstd 0.5 s, the loader on the shard 2 s, on the Parquet file 2.5 s: 0.8 of the shard's rate
     reads = iter([0.0, 0.5, 0.5, 2.5, 2.5, 5.0])
-    monkeypatch.setattr(bytemtp.experiments.bench, "time", types.SimpleNamespace(perf_counter=lambda: next(reads)))
+    monkeypatch.setattr(bytemtp.experiments.loader_bench, "time", types.SimpleNamespace(perf_counter=lambda: next(reads)))
     path = tmp_path / "loader.json"
     res = run("bench", "loader", "--data", str(out), "--seq-len", "64", "--repeats", "1",
               "--vs", str(tmp_path / "same.parquet"), "--json", str(path))
@@ -228,7 +228,7 @@ ANY = "every command"
 # The library functions (and constants) whose messages name options, and the commands that show
 # them; a new one fails the test until it is listed here.
 LIBRARY_MESSAGES = {
-    "bytemtp.experiments.step_bench.ratio_spread": ("bench train-step", "bench all"),
+    "bytemtp.experiments.step_bench.noise_note": ("bench train-step", "bench all"),
     "bytemtp.experiments.step_bench.train_step": ("bench train-step",),  # bench all steps eager
     "bytemtp.config.Config.__post_init__": ("tune-heads",),  # model.draft outside a tune
     "bytemtp.data.compression._zstd_error": ANY,
@@ -251,6 +251,7 @@ LIBRARY_MESSAGES = {
     "bytemtp.experiments.quality.parse_arm": ("bench quality",),
     "bytemtp.experiments.token_bench.compare": ("bench tokens",),
     "bytemtp.experiments.sweep.run_sweep": ("bench sweep", "bench quality", "bench tokens"),
+    "bytemtp.experiments.serve_bench.ServeSpeed.table": ("bench serve",),  # the compile policy, as --compile
     "bytemtp.training.runs.plan_config": ("train", "tune-heads"),
     "bytemtp.training.runs.plan_run": ("train",),  # tune-heads passes no preset: its --preset message is train's
     "bytemtp.training.runs.plan_tune": ("tune-heads",),

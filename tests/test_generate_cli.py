@@ -437,11 +437,11 @@ def test_bench_serve_weighs_the_draft_against_the_same_server_decoding_plainly(c
         assert len(case.plain_runs) == 2 and case.plain_mismatches == 0 and case.plain_errors == 0
         assert all(r.completions == 2 and r.bytes_out == 2 * 24 for r in case.plain_runs)
         over = sorted(a.bytes_per_s / b.bytes_per_s for a, b in zip(case.runs, case.plain_runs))
-        assert (case.over_plain_min, case.over_plain_max) == pytest.approx((over[0], over[-1]))
-        assert case.over_plain == pytest.approx(sum(over) / 2)  # the median of two rounds
+        assert (case.over_plain.low, case.over_plain.high) == pytest.approx((over[0], over[-1]))
+        assert case.over_plain.mid == pytest.approx(sum(over) / 2)  # the median of two rounds
         assert case.plain_bytes_per_s == pytest.approx(sum(r.bytes_per_s for r in case.plain_runs) / 2)
         row = rows[n]
-        assert f"{case.over_plain:.2f} ({case.over_plain_min:.2f}-{case.over_plain_max:.2f})" in row
+        assert f"{case.over_plain.mid:.2f} ({case.over_plain.low:.2f}-{case.over_plain.high:.2f})" in row
         assert re.split(r"\s{2,}", row.strip())[-2:] == ["0 / 0", "0 / 0"]  # mismatches, errors: draft / plain
 
 

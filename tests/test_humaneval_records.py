@@ -7,6 +7,7 @@ from bytemtp.decoding.generation import Generation, SpeculativeStats
 from bytemtp.evaluation.execution import Outcome
 from bytemtp.evaluation.humaneval_records import (Checked, CheckResult, Completion, DecodingSummary, Execution,
                                                   HumanEvalRun, Settings, SpeedComparison, TaskResult)
+from bytemtp.spread import Spread
 
 SAMPLED = Completion(completion="1", stopped_by="stop", slid=False, bytes=3, forward_passes=2)
 
@@ -41,8 +42,8 @@ def test_a_run_writes_the_form_it_always_had():
     settings = Settings(samples=1, temperature=0.0, top_p=1.0, top_k=0, seed=0, batch_size=16, max_bytes=512,
                         heads="auto", seq_len=64, n_future=8, stop=["\ndef"], compile="off")
     decoding = DecodingSummary(bytes=3, forward_passes=2, drafted=[], accepted=[], heads_used={}, slides=0, wall_s=0.1)
-    comparison = SpeedComparison(plain_s=0.2, speculative_s=0.1, speedup=2.0, speedup_min=2.0, speedup_max=2.0,
-                                 batches=1, identical=True, note="")
+    comparison = SpeedComparison(plain_s=0.2, speculative_s=0.1, speedup=Spread(2.0, 1.5, 2.5), batches=1,
+                                 identical=True, note="")
     run = HumanEvalRun(settings=settings, check=check, decoding=decoding, comparison=comparison, slid=0,
                        compile_stats=None)
     got = json.loads(json.dumps(run.to_json()))
@@ -53,5 +54,7 @@ def test_a_run_writes_the_form_it_always_had():
     assert got["execution"] == {"sandbox": "guard", "timeout": 3.0, "memory_mb": 1024, "wall_s": 0.1}
     assert list(got["comparison"]) == ["plain_s", "speculative_s", "speedup", "speedup_min", "speedup_max",
                                        "batches", "identical", "note"]
+    assert (got["comparison"]["speedup"], got["comparison"]["speedup_min"], got["comparison"]["speedup_max"]) == (
+        2.0, 1.5, 2.5)
     assert "comparison" not in HumanEvalRun(settings=settings, check=check, decoding=decoding, comparison=None,
                                             slid=0, compile_stats=None).to_json()

@@ -14,7 +14,7 @@ PACKAGE = pathlib.Path(bytemtp.__file__).parent
 ROOT = PACKAGE.parent
 
 FLOOR = {
-    "config": 0, "config_docs": 0, "vocab": 0,
+    "config": 0, "config_docs": 0, "vocab": 0, "spread": 0, "tables": 0,
     "data": 1, "config_io": 1,
     "model": 2,
     "runtime": 3,
@@ -27,7 +27,8 @@ FLOOR = {
 }
 # run or shipped on their own: they import nothing from bytemtp
 STANDALONE = {"evaluation.guard", "interop.remote_code"}
-NO_TORCH = {"config", "config_docs", "config_io", "vocab", "evaluation.execution", "evaluation.guard"}
+NO_TORCH = {"config", "config_docs", "config_io", "vocab", "spread", "tables", "evaluation.execution",
+            "evaluation.guard"}
 
 
 def _imports(path: pathlib.Path, package: pathlib.Path = PACKAGE) -> set[str]:

@@ -25,14 +25,14 @@ def _run(r: float, name: str = "a-s0", tuned_chain_bytes_per_pass: float | None 
 def test_an_arm_is_better_or_worse_only_beyond_every_seed():
     base = [_run(2.0), _run(2.2)]
     better = quality.summary([_run(1.9), _run(2.1)], base, label="x", sets=[])
-    assert better.ratio.each == pytest.approx([0.95, 2.1 / 2.2]) and better.verdict == "better"
-    assert better.bpb.mean == pytest.approx(2.0) and better.ms_per_step.mean == pytest.approx(200)
+    assert list(better.ratio.runs) == pytest.approx([0.95, 2.1 / 2.2]) and better.verdict == "better"
+    assert better.bpb.mid == pytest.approx(2.0) and better.ms_per_step.mid == pytest.approx(200)
     mixed = quality.summary([_run(1.9), _run(2.3)], base, label="x", sets=[])
     assert mixed.verdict == "within the seeds' spread"
     assert quality.summary([_run(2.1), _run(2.3)], base, label="x", sets=[]).verdict == "worse"
     tuned = quality.summary([_run(1.9, tuned_chain_bytes_per_pass=4.0), _run(2.0, tuned_chain_bytes_per_pass=5.0)],
                             base, label="x", sets=[])
-    assert tuned.tuned_chain_bytes_per_pass.mean == 4.5 and tuned.head_bpb == pytest.approx([1.95, 2.95])
+    assert tuned.tuned_chain_bytes_per_pass.mid == 4.5 and tuned.head_bpb == pytest.approx([1.95, 2.95])
 
 
 def test_the_comparison_reads_back_from_the_json_bench_quality_wrote():
@@ -43,11 +43,11 @@ def test_the_comparison_reads_back_from_the_json_bench_quality_wrote():
             "out": "q", "arms": {"ntp": arm, "mtp": {**arm, "verdict": "better", "head_bpb": [2.0, 3.0],
                                                      "tuned_chain_bytes_per_pass": spread}}}
     res = quality.QualityResult.from_json(data)
-    assert res.arms["ntp"].head_bpb is None and res.arms["mtp"].tuned_chain_bytes_per_pass.mean == 2.0
+    assert res.arms["ntp"].head_bpb is None and res.arms["mtp"].tuned_chain_bytes_per_pass.mid == 2.0
     written = json.loads(json.dumps(res.to_json()))
     assert list(written.items()) == list(data.items()) and quality.QualityResult.from_json(written) == res
     assert [list(s) for s in written["arms"].values()] == [list(s) for s in data["arms"].values()]
-    assert quality.table(res).splitlines()[3] == "| ntp | x | 0.00M | 10 | 2 | 2.0000 (1.9000-2.1000) | 2.0000 (1.9000-2.1000) | - | - |"
+    assert res.table().splitlines()[3] == "| ntp | x | 0.00M | 10 | 2 | 2.0000 (1.9000-2.1000) | 2.0000 (1.9000-2.1000) | - | - |"
 
 
 def test_the_grid_runs_every_arm_at_every_seed_seed_major_baseline_first():

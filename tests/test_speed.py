@@ -4,6 +4,7 @@ of a comparison, the repetition of the text they were measured on, and their JSO
 
 import dataclasses
 import itertools
+import json
 import types
 
 import pytest
@@ -36,9 +37,9 @@ def test_compare_decoding_measures_plain_against_speculative(monkeypatch):
     plain = decode.generate(model, b"def ", max_bytes=24)
     spec = generate_batch(model, [b"def "], max_bytes=24, draft=draft)[0]
     assert res.identical and res.output == plain.output == spec.output and not res.compiled
-    assert res.figures.speedup == pytest.approx(0.8 / 0.65)
-    assert res.figures.speedup_runs == pytest.approx([0.8, 1.5])
-    assert (res.figures.speedup_min, res.figures.speedup_max) == pytest.approx((0.8, 1.5))
+    assert res.figures.speedup.mid == pytest.approx(0.8 / 0.65)
+    assert list(res.figures.speedup.runs) == pytest.approx([0.8, 1.5])
+    assert (res.figures.speedup.low, res.figures.speedup.high) == pytest.approx((0.8, 1.5))
     n = len(plain.output)
     assert (res.figures.plain_bytes_s, res.figures.spec_bytes_s) == pytest.approx((2 * n / 0.8, 2 * n / 0.65))
     assert res.figures.bytes_per_forward == pytest.approx(n / spec.stats.forward_passes)
@@ -55,7 +56,7 @@ def test_speed_figures_and_their_json_form():
     took = {"plain": [[0.4], [0.6]], "spec": [[0.25], [0.25]]}
     real = b"def f(x):\n    return x + 1\n"  # the real continuation: cut to the 16 bytes decoded
     got = speed_figures(took, {"plain": plain, "spec": spec}, "spec", real=[real])
-    assert isinstance(got, SpeedFigures) and got.identical and got.speedup == 1.0 / 0.5
+    assert isinstance(got, SpeedFigures) and got.identical and got.speedup.mid == 1.0 / 0.5
     assert got.repetition == measure_repetition([out], [real])
     decoded, cut = repetition_figures([out]), repetition_figures([real[:16]])
     assert decoded.distinct_8grams == 4 / 9 and cut.distinct_8grams == 1.0 and cut.bytes == 16
@@ -67,6 +68,7 @@ def test_speed_figures_and_their_json_form():
         ("repetition", {"decoded": dataclasses.asdict(decoded), "real": dataclasses.asdict(cut),
                         "zstd_ratio_over_real": decoded.zstd_ratio / cut.zstd_ratio}),
         ("host_transfers_per_pass", 1.0), ("outside_step_share", 0.2)]  # the last round: 0.2 of its 0.25 s in the step
+    assert SpeedFigures.from_json(json.loads(json.dumps(got.to_json()))) == got
     # prompts without a real continuation (a prompts file): the decoded figures alone
     alone = speed_figures(took, {"plain": plain, "spec": spec}, "spec").to_json()["repetition"]
     assert alone == {"decoded": dataclasses.asdict(decoded), "real": None, "zstd_ratio_over_real": None}
@@ -88,4 +90,4 @@ def test_a_speedup_above_bytes_per_pass_is_refused_where_both_did_the_same_work_
     with pytest.raises(RuntimeError, match="contradicts itself"):
         speed_figures(took, same, "auto")
     other = {"plain": [[gen(b"x" * 100, 100)]], "auto": [[gen(b"y" * 100, 80)]]}
-    assert speed_figures(took, other, "auto").speedup == pytest.approx(2.0)
+    assert speed_figures(took, other, "auto").speedup.mid == pytest.approx(2.0)

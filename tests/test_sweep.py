@@ -63,7 +63,7 @@ def test_every_candidate_gets_the_budget_and_the_same_held_out_bytes(tmp_path, c
         assert r.steps > 0 and r.stopped_by in ("time", "schedule")
         assert r.val_bytes == results[0].val_bytes > 0 and len(r.val_bpb) == 8
         assert json.loads((tmp_path / "out" / r.name / sweep.RESULT).read_text()) == r.to_json()
-    table = sweep.table(results).splitlines()
+    table = sweep.SweepResult(results).table().splitlines()
     assert len(table) == 4 and table[0].startswith("| candidate |")
     best = min(results, key=lambda r: r.val_bpb[0])
     assert table[2].startswith(f"| {best.name} |") and f"{best.val_bpb[0]:.3f}" in table[2]
@@ -148,7 +148,7 @@ def test_a_sweep_json_of_an_earlier_version_is_read_back_not_trained_again(tmp_p
     assert got.train_s is None and got.head_agreement == {2: 0.25} and got.tuned.decode.figures.heads_used == {8: 12}
     assert list(json.loads(json.dumps(got.to_json())).items()) == list(old.items())
     assert json.loads((tmp_path / "out" / "adamw" / sweep.RESULT).read_text()) == old  # written back the same
-    assert sweep.table([got]).splitlines()[2] == ("| adamw | train.lr=3e-3 | 0.12M | 7 | 0.01 MB | 3.100 | 0.250 | "
+    assert sweep.SweepResult([got]).table().splitlines()[2] == ("| adamw | train.lr=3e-3 | 0.12M | 7 | 0.01 MB | 3.100 | 0.250 | "
                                                   "2.00 | 1.40x | - |")
     untuned = {k: v for k, v in old.items() if k in list(old)[:10]} | {"train_s": 2.5}
     assert sweep.CandidateResult.from_json(untuned).tuned is None
@@ -259,7 +259,8 @@ def test_a_run_trained_with_other_settings_is_refused_naming_them_or_trained_ane
     _trained_with(out / "muon", grid.config("muon", budget_s=1.0), train__max_time=5.0)
     (out / "muon-tuned").mkdir()
     with pytest.raises(ValueError, match=r"muon was trained with other settings than asked for now "
-                                         r"\(train.max_time: 5.0 -> 1.0\); use another --out, or delete it"):
+                                         r"\(train.max_time: 5.0 -> 1.0\); train it anew with --fresh, "
+                                         r"or use another --out"):
         sweep.run_sweep(grid, out, budget_s=1.0)
     seen = []
     monkeypatch.setattr(sweep, "run_candidate", lambda grid, name, out, **kw: seen.append(
@@ -274,4 +275,43 @@ def test_bench_sweep_refuses_a_run_of_another_budget_in_one_line(tmp_path, corpu
     res = CliRunner().invoke(main, ["bench", "sweep", str(path), "--out", str(tmp_path / "out"), "--time", "1s"])
     assert res.exit_code == 1 and "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
     assert "muon was trained with other settings than asked for now (train.max_time: 5.0 -> 1.0)" in res.output
+    assert "--fresh" in res.output  # the refusal names the flag that trains it anew
     assert not (tmp_path / "out" / "adamw").exists()  # refused before anything trained
+
+
+def test_bench_sweep_fresh_trains_a_run_of_other_settings_anew(tmp_path, corpus_dir, monkeypatch):
+    path = _grid(tmp_path, corpus_dir, TWO)
+    out = tmp_path / "out"
+    _trained_with(out / "muon", sweep.read_grid(path).config("muon", budget_s=1.0), train__max_time=5.0)
+    (out / "muon-tuned").mkdir()
+    seen = []
+
+    def run_candidate(grid, name, out, **kw):  # stands for the training: records what it found
+        seen.append((name, (out / name).exists(), (out / f"{name}-tuned").exists()))
+        return sweep.CandidateResult.from_json({**MEASURED, "name": name})
+
+    monkeypatch.setattr(sweep, "run_candidate", run_candidate)
+    res = CliRunner().invoke(main, ["bench", "sweep", str(path), "--out", str(out), "--time", "1s", "--fresh"])
+    assert res.exit_code == 0, res.output
+    assert seen == [("adamw", False, False), ("muon", False, False)]  # the stale run and its tune went first
+    assert res.output.splitlines()[0].startswith("| candidate |") and "| muon |" in res.output
+
+
+@pytest.mark.parametrize("command,module", [("quality", "bytemtp.experiments.quality"),
+                                            ("tokens", "bytemtp.experiments.token_bench")])
+def test_bench_quality_and_tokens_pass_fresh_to_the_sweep(tmp_path, monkeypatch, command, module):
+    """bench quality and bench tokens train through run_sweep too: --fresh reaches it, and its
+    refusal names the flag."""
+    import importlib
+
+    asked = []
+
+    def compare(*args, **kwargs):
+        asked.append(kwargs["fresh"])
+        raise ValueError("refused: train it anew with --fresh")
+
+    monkeypatch.setattr(importlib.import_module(module), "compare", compare)
+    for flags in ((), ("--fresh",)):
+        res = CliRunner().invoke(main, ["bench", command, "--out", str(tmp_path / "out"), "--device", "cpu", *flags])
+        assert res.exit_code == 1 and "Traceback" not in res.output and "--fresh" in res.output
+    assert asked == [False, True]

@@ -8,7 +8,8 @@ busy moment of a noisy machine hits them alike; each mode runs once first (its p
 measured, its graphs compiled, the acceptance profile learnt, the allocator warm). A mode is a
 decoder (eager or compiled) and the arguments of its `generate` call (a draft, sampling options).
 The figures are frozen dataclasses: `SpeedFigures` (its `to_json` is a case of `bench decode
---json`) and `Comparison` (`generate --compare`). Beside the speed, each says how repetitive the
+--json`; its speedup a `Spread` over the batches and rounds) and `Comparison` (`generate
+--compare`); `compile_line` says what compiling the static step cost. Beside the speed, each says how repetitive the
 text it was measured on is (`repetition`, against the real continuation where the prompts have
 one): a speedup on a run of spaces is a speedup on nothing.
 """
@@ -25,6 +26,7 @@ from bytemtp.decoding.generation import Generation, SpeculativeStats, as_bytes
 from bytemtp.decoding.repetition import Repetition, measure_repetition
 from bytemtp.decoding.strategy import Draft
 from bytemtp.runtime.devices import synchronize
+from bytemtp.spread import Spread
 
 
 def timed_generate(decoder: Decoder, prompts: list[bytes | str], **kwargs) -> tuple[list[Generation], float]:
@@ -79,10 +81,8 @@ def interleaved_decodes(modes: dict[str, tuple[Decoder, dict]], batches: list[li
 class SpeedFigures:
     """One mode against plain decoding (`speed_figures`); its JSON form is `to_json`."""
     mode: str
-    speedup: float  # plain time over the mode's time, all batches and rounds
-    speedup_min: float
-    speedup_max: float
-    speedup_runs: list[float]  # each batch and round's ratio, sorted
+    # mid: plain time over the mode's time, all batches and rounds; runs: each batch and round's ratio, sorted
+    speedup: Spread
     bytes_per_forward: float
     pass_cost: float  # the mode's time per pass over plain's
     plain_bytes_s: float
@@ -97,16 +97,22 @@ class SpeedFigures:
     outside_step_share: float | None = None
 
     def to_json(self) -> dict:
-        """The figures; the host's, only where they were measured (a file that predates them is
-        written back as it was)."""
-        out = dataclasses.asdict(self)
-        return {k: v for k, v in out.items() if v is not None or k not in _HOST_FIGURES}
+        """The figures, the speedup flat (`speedup`, `speedup_min`, `speedup_max`, `speedup_runs`);
+        the host's, only where they were measured (a file that predates them is written back as it was)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "speedup":
+                out.update(value.flat("speedup", runs=True))
+            elif value is not None or f.name not in _HOST_FIGURES:
+                out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> SpeedFigures:
         """`to_json` read back (other keys ignored; JSON's string keys of `heads_used` as ints)."""
-        fields = {f.name: data.get(f.name, f.default) for f in dataclasses.fields(cls)}
-        return cls(**{**fields, "speedup_runs": list(data["speedup_runs"]),
+        fields = {f.name: data.get(f.name, f.default) for f in dataclasses.fields(cls) if f.name != "speedup"}
+        return cls(**{**fields, "speedup": Spread.from_flat(data, "speedup", runs=True),
                       "heads_used": {int(k): n for k, n in data["heads_used"].items()},
                       "shapes": dict(data["shapes"]), "repetition": Repetition.from_json(data["repetition"])})
 
@@ -134,8 +140,8 @@ def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", sam
     plain_passes = sum(max(g.stats.forward_passes for g in got) for got in outs[base])
     rounds = len(took[mode])
     figures = SpeedFigures(
-        mode=mode, speedup=(sum(mode_bytes) / mode_time) / (sum(base_bytes) / plain_time), speedup_min=ratios[0],
-        speedup_max=ratios[-1], speedup_runs=ratios, bytes_per_forward=total.bytes_per_forward,
+        mode=mode, speedup=Spread.around((sum(mode_bytes) / mode_time) / (sum(base_bytes) / plain_time), ratios,
+                                         keep_runs=True), bytes_per_forward=total.bytes_per_forward,
         pass_cost=(mode_time / passes) / (plain_time / plain_passes),
         plain_bytes_s=sum(base_bytes) * rounds / plain_time, spec_bytes_s=sum(mode_bytes) * rounds / mode_time,
         identical=[[g.output for g in got] for got in outs[mode]] == [[g.output for g in got] for got in outs[base]],
@@ -144,8 +150,8 @@ def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", sam
         **host_cost(outs[mode], took[mode][-1]))
     # judged where both did the same work (the same outputs: greedy, or sampled from one seed)
     if (same_step and figures.identical and plain_time > JUDGED_S
-            and speedup_is_impossible(figures.speedup, figures.bytes_per_forward)):
-        raise RuntimeError(f"decode benchmark contradicts itself ({mode}): speedup {figures.speedup:.2f} at "
+            and speedup_is_impossible(figures.speedup.mid, figures.bytes_per_forward)):
+        raise RuntimeError(f"decode benchmark contradicts itself ({mode}): speedup {figures.speedup.mid:.2f} at "
                            f"{figures.bytes_per_forward:.2f} bytes per pass, but a pass never costs less than "
                            "a plain one; rerun on a quieter machine")
     return figures
@@ -204,7 +210,18 @@ def compare_decoding(decoder: Decoder, prompt: bytes | str, *, max_bytes: int, d
     if compiled:
         eager = speed_figures(took, outs, "plain", base="eager plain", same_step=False)
         spec = speed_figures(took, outs, "speculative", base="eager plain", same_step=False)
-        res = dataclasses.replace(res, eager_plain_bytes_s=eager.plain_bytes_s, compiled_plain_speedup=eager.speedup,
-                                  eager_speedup=spec.speedup, identical=res.identical and eager.identical,
+        res = dataclasses.replace(res, eager_plain_bytes_s=eager.plain_bytes_s,
+                                  compiled_plain_speedup=eager.speedup.mid,
+                                  eager_speedup=spec.speedup.mid, identical=res.identical and eager.identical,
                                   compile_stats=decoder.policy.static.stats() if decoder.policy.static is not None else None)
     return res
+
+
+def compile_line(stats: dict) -> str:
+    """What compiling the static step cost (`StaticStep.stats`), and whether inductor's disk cache
+    served it: the line `bench decode` and `generate` print under their figures."""
+    if not stats["graphs"]:
+        return "compiled step: no graph compiled in this run (compiled earlier in this process)"
+    served = "the disk cache served" if stats["cache_hits"] and not stats["cache_misses"] else (
+        f"disk cache: {stats['cache_hits']} hits, {stats['cache_misses']} misses")
+    return f"compiled step: {stats['graphs']} graphs in {stats['compile_s']:.1f} s ({served})"

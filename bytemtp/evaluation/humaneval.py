@@ -274,12 +274,11 @@ def _comparison(took: dict, outs: dict) -> SpeedComparison:
     note = ""
     if plain_s < JUDGED_S:
         note = f"plain decoding took {plain_s:.2f} s: too short to judge a speedup"
-    elif speedup_is_impossible(figures.speedup, figures.bytes_per_forward):
+    elif speedup_is_impossible(figures.speedup.mid, figures.bytes_per_forward):
         note = (f"a speedup above {figures.bytes_per_forward:.2f} bytes per pass is impossible (a pass never costs "
                 "less than a plain one): the machine was busy; rerun")
     return SpeedComparison(plain_s=plain_s, speculative_s=seconds, speedup=figures.speedup,
-                           speedup_min=figures.speedup_min, speedup_max=figures.speedup_max,
-                           batches=len(figures.speedup_runs), identical=figures.identical, note=note)
+                           batches=len(figures.speedup.runs), identical=figures.identical, note=note)
 
 
 # --- scoring -----------------------------------------------------------------------------------

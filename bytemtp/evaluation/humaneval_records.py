@@ -15,6 +15,7 @@ from typing import Sequence
 from bytemtp.decoding.generation import Generation, SpeculativeStats
 from bytemtp.evaluation.execution import Outcome
 from bytemtp.evaluation.guard import PASSED
+from bytemtp.spread import Spread
 
 
 @dataclass(frozen=True)
@@ -75,15 +76,15 @@ class SpeedComparison:
     `bytemtp.decoding.speed`; `note` says why the speedup means nothing, or is empty."""
     plain_s: float
     speculative_s: float
-    speedup: float  # plain time over speculative time
-    speedup_min: float  # over batches
-    speedup_max: float
+    speedup: Spread  # mid: plain time over speculative time; low and high: over the batches
     batches: int
     identical: bool
     note: str
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """The figures, the speedup flat (`speedup`, `speedup_min`, `speedup_max`)."""
+        return {"plain_s": self.plain_s, "speculative_s": self.speculative_s, **self.speedup.flat("speedup"),
+                "batches": self.batches, "identical": self.identical, "note": self.note}
 
 
 @dataclass(frozen=True)

@@ -1,82 +1,34 @@
-"""Benchmarks, measured as ratios within one run (shared machines are noisy): the loader against
-`zstd -dc` on the same shard (`loader_throughput`), decoding modes against plain decoding on
-held-out prompts, greedy or sampled (`decode_speed`, timing its arms with `time_arms`, which `bench
-tokens` times with too), and all of them with the training step
-(`step_bench.train_step`) and evaluation in one run (`all_benchmarks`); the server's benchmark is
-`serve_bench`.
+"""Benchmarks, measured as ratios within one run (shared machines are noisy): decoding modes against
+plain decoding on held-out prompts, greedy or sampled (`decode_speed`, timing its arms with
+`time_arms`, which `bench tokens` times with too), and the loader (`loader_bench`), decoding, the
+training step (`step_bench.train_step`) and evaluation in one run (`all_benchmarks`); the server's
+benchmark is `serve_bench`.
 
-Each benchmark returns a frozen dataclass (`LoaderThroughput`, `DecodeSpeed`, `AllBenchmarks`)
-whose JSON form (`to_json`, read back by `from_json`) is what its command's `--json` writes, key for
-key and in order.
+Each benchmark returns a frozen dataclass (`DecodeSpeed`, `AllBenchmarks`) whose JSON form
+(`to_json`, read back by `from_json`) is what its command's `--json` writes, key for key and in
+order, and whose `table` is what the command prints.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import subprocess
-import time
 
 import torch
 
-from bytemtp.config import DataConfig, ModelConfig
-from bytemtp.data.compression import decompressed_size
 from bytemtp.data.corpus import corpus_files
-from bytemtp.data.loader import ByteLoader
 from bytemtp.data.shards import CorpusError
 from bytemtp.data.splits import held_out_split, val_continuations
 from bytemtp.decoding import decode
 from bytemtp.decoding.generation import load_prompts
+from bytemtp.decoding.repetition import Repetition
 from bytemtp.decoding.sampling import Sampling
-from bytemtp.decoding.speed import SpeedFigures, interleaved_decodes, speed_figures
+from bytemtp.decoding.speed import SpeedFigures, compile_line, interleaved_decodes, speed_figures
 from bytemtp.decoding.strategy import DECODE_MODES, Draft
 from bytemtp.evaluation.evaluate import EvalResult, evaluate
+from bytemtp.experiments.loader_bench import LoaderThroughput, loader_throughput
 from bytemtp.experiments.step_bench import TrainStepResult, train_step
 from bytemtp.runtime.checkpoint import load_model
-
-
-@dataclasses.dataclass(frozen=True)
-class VsThroughput:
-    """The loader's epochs of another corpus with the same documents, beside it on the shard."""
-    path: str
-    files: int
-    document_bytes: int  # an epoch's document bytes, as the loader counts them
-    s: float  # the fastest epoch's seconds
-    mb_s: float  # document MB a second in that epoch
-    ratio: float  # mb_s over the loader's on the shard, best against best
-    pair_ratios: list[float]  # run by run (its time as if it had the shard's bytes), sorted
-
-
-@dataclasses.dataclass(frozen=True)
-class LoaderThroughput:
-    """The loader on one prepared shard beside `zstd -dc` of it (`loader_throughput`)."""
-    shard: str
-    decompressed_bytes: int
-    compressed_bytes: int
-    seq_len: int
-    batch_size: int
-    batches: int  # batches of the last epoch timed (the vs corpus's, where there is one)
-    repeats: int
-    loader_s: float  # the fastest epoch
-    zstd_s: float  # the fastest `zstd -dc`
-    loader_mb_s: float  # decompressed MB a second
-    zstd_mb_s: float
-    ratio: float  # loader_mb_s / zstd_mb_s
-    pair_ratios: list[float]  # zstd's time over the loader's, run by run, sorted
-    vs: VsThroughput | None = None
-
-    def to_json(self) -> dict:
-        out = dataclasses.asdict(self)
-        if self.vs is None:
-            del out["vs"]
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict) -> LoaderThroughput:
-        vs = data.get("vs")
-        return cls(**{**data, "pair_ratios": list(data["pair_ratios"]),
-                      "vs": None if vs is None else VsThroughput(**{**vs, "pair_ratios": list(vs["pair_ratios"])})})
+from bytemtp.tables import table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +109,70 @@ class DecodeSpeed:
                 "compile_stats": self.compile_stats, "pass_costs_ms": self.pass_costs_ms,
                 "all_identical": self.all_identical, "cases": [c.to_json() for c in self.cases]}
 
+    @property
+    def sampling_text(self) -> str:
+        """How it decoded: greedy, or sampled at its temperature, top-p (and top-k)."""
+        if not self.sampled:
+            return "greedy"
+        top_k = f", top-k {self.top_k}" if self.top_k else ""
+        return f"sampled at temperature {self.temperature:g}, top-p {self.top_p:g}{top_k} (seed {self.seed})"
+
+    def table(self) -> str:
+        """What `bench decode` prints: why the bits/byte is missing (where it is), the setting, the
+        cases' table, the real continuation's repetition, and what sampling and compiling mean here."""
+        lines = []
+        if self.val_note:
+            lines.append(f"note: held-out bits/byte not measured: {self.val_note}; the decoding figures do not "
+                         "need the corpus")
+        bpb = held_out_clause(self.val_bpb, nbytes=self.val_bytes, split=self.val_split, note=self.val_note)
+        lines += [f"{self.prompts} held-out prompts of up to {self.prompt_bytes} bytes, {self.max_bytes} output "
+                  f"bytes each, {self.sampling_text}, {self.rounds} interleaved rounds, {self.device} {self.dtype}, "
+                  f"compiled step {self.compile}{bpb}", self.cases_table(), self.real_continuation_line()]
+        if self.sampled:
+            lines.append("sampled: every mode draws each byte by its position from the same seed, so its bytes are "
+                         "plain decoding's; they are compared but not judged")
+        if self.compile_stats:
+            lines.append(compile_line(self.compile_stats))
+        return "\n".join(lines)
+
+    def cases_table(self) -> str:
+        """One row a batch size and mode, with how repetitive that mode's decoded text is (distinct
+        8-grams; zstd ratio, over the real continuation's) and what its passes cost the host."""
+        def identical(f: SpeedFigures) -> str:
+            return "n/a (sampled)" if self.sampled else "yes" if f.identical else "NO"
+
+        def distinct(f: SpeedFigures) -> str:
+            share = f.repetition.decoded.distinct_8grams
+            return "-" if share is None else f"{share:.2f}"
+
+        rows = [(c.batch_size, f.mode, f"{f.plain_bytes_s:,.0f}", f"{f.spec_bytes_s:,.0f}", f.speedup.format(),
+                 f"{f.bytes_per_forward:.2f}", f"{f.pass_cost:.2f}", identical(f),
+                 ", ".join(f"{k}:{n}" for k, n in sorted(f.heads_used.items())), distinct(f),
+                 _zstd_cell(f.repetition), _host_cells(f))
+                for c in self.cases for f in [c.figures]]
+        return table(rows, ("batch", "mode", "plain B/s", "spec B/s", "speedup (spread)", "bytes/pass",
+                            "pass cost", "identical", "heads:passes", "distinct 8-grams", "zstd x (over real)",
+                            "D2H/pass, outside step"))
+
+    def real_continuation_line(self) -> str:
+        """Under the cases' table: the real continuation's own repetition, once (each row's is cut
+        to that row's decoded lengths, the same in every row unless rows stopped early apart), or
+        that the prompts had none."""
+        reals = [c.figures.repetition.real for c in self.cases]
+        if any(r is None for r in reals):
+            return "no real continuation (prompts from a file): the zstd ratios are of the decoded text alone"
+        distinct = sorted({r.distinct_8grams for r in reals if r.distinct_8grams is not None})
+        ratios = sorted({r.zstd_ratio for r in reals if r.zstd_ratio is not None})
+        sizes = sorted({r.bytes for r in reals})
+
+        def span(values: list, form: str) -> str:
+            if not values:
+                return "-"
+            low, high = format(values[0], form), format(values[-1], form)
+            return low if low == high else f"{low} to {high}"
+        return (f"real continuation ({span(sizes, ',')} bytes, cut to the decoded lengths): distinct 8-grams "
+                f"{span(distinct, '.2f')}, zstd ratio {span(ratios, '.2f')}x")
+
     @classmethod
     def from_json(cls, data: dict) -> DecodeSpeed:
         """A `bench decode --json` file read back (the top case's figures come from its case); one
@@ -174,65 +190,19 @@ _DECODE_HEAD = ("ckpt", "device", "dtype", "prompts", "prompt_bytes", "max_bytes
 _DECODE_WHERE_SET = ("top_k", "confidence", "val_split", "val_bytes", "val_note")
 
 
-def loader_throughput(path: str, *, seq_len: int = 2048, n_future: int = 8, batch_size: int = 8,
-                      repeats: int = 3, vs: str | None = None, progress=None) -> LoaderThroughput:
-    """Decompressed MB/s that one process delivers as packed batches from one prepared shard,
-    beside `zstd -dc` of the same file to /dev/null in the same run. Both divide the shard's
-    decompressed size by their time, the best of `repeats` runs each, interleaved: the loader's for
-    one whole epoch of the shard (read, decode, place EOS, pack, shuffle, batch) after a first
-    epoch that warms it up (threads started, buffers allocated), zstd's for decompressing it.
+def _zstd_cell(rep: Repetition) -> str:
+    """A mode's zstd ratio, and over the real continuation's where there is one."""
+    if rep.decoded.zstd_ratio is None:
+        return "-"
+    over = "" if rep.zstd_ratio_over_real is None else f" ({rep.zstd_ratio_over_real:.2f})"
+    return f"{rep.decoded.zstd_ratio:.2f}x{over}"
 
-    With `vs` (any corpus spec: a Parquet file with the same documents, say), the loader also runs
-    whole epochs of it, interleaved with the others, and `vs` reports its document bytes a second
-    (counted by the loader) and its ratio to the loader on the shard, best against best and run by
-    run (the spread)."""
-    files = [f for f in corpus_files(path, split="train") if str(f).endswith(".zst")]
-    if not files:
-        raise CorpusError(f"{path} holds no .zst shard; prepare one with `bytemtp prep`")
-    shard = max(files, key=lambda f: f.stat().st_size)
-    size = decompressed_size(shard)
-    zstd = shutil.which("zstd")
-    if zstd is None:
-        raise CorpusError("the zstd command is not installed (apt-get install zstd); "
-                          "the benchmark compares the loader against it")
-    model = ModelConfig(seq_len=seq_len, n_future=n_future)  # the windows of such a model
-    loaders = {"loader": ByteLoader(DataConfig(path=str(shard), batch_size=batch_size), model)}
-    if vs is not None:
-        loaders["vs"] = ByteLoader(DataConfig(path=vs, batch_size=batch_size), model)
-    for loader in loaders.values():
-        while loader.epoch == 0:  # the warm-up epoch
-            next(loader)
-    zstd_s, took, nbytes = [], {name: [] for name in loaders}, {}
-    for _ in range(repeats):  # interleaved, so that a busy moment hits all of them
-        with open(os.devnull, "wb") as sink:
-            t0 = time.perf_counter()
-            subprocess.run([zstd, "-dcq", str(shard)], stdout=sink, check=True)
-            zstd_s.append(time.perf_counter() - t0)
-        for name, loader in loaders.items():
-            epoch, batches, before, t0 = loader.epoch, 0, loader.stats()["bytes"], time.perf_counter()
-            while loader.epoch == epoch:
-                next(loader)
-                batches += 1
-            took[name].append(time.perf_counter() - t0)
-            # the document bytes of the epoch (the last batch may hold a few of the next one's)
-            nbytes[name] = loader.stats()["bytes"] - before
-        if progress is not None:
-            progress()
-    loader_s = took["loader"]
-    loader_mb_s, zstd_mb_s = size / min(loader_s) / 1e6, size / min(zstd_s) / 1e6
-    vs_figures = None
-    if vs is not None:
-        per_byte = size / nbytes["vs"]  # a vs run's time as if it had the shard's bytes
-        vs_mb_s = nbytes["vs"] / min(took["vs"]) / 1e6
-        vs_figures = VsThroughput(path=vs, files=len(corpus_files(vs, split="train")), document_bytes=nbytes["vs"],
-                                  s=min(took["vs"]), mb_s=vs_mb_s, ratio=vs_mb_s / loader_mb_s,
-                                  pair_ratios=sorted(t / (v * per_byte) for t, v in zip(loader_s, took["vs"])))
-    return LoaderThroughput(shard=str(shard), decompressed_bytes=size, compressed_bytes=shard.stat().st_size,
-                            seq_len=seq_len, batch_size=batch_size, batches=batches, repeats=repeats,
-                            loader_s=min(loader_s), zstd_s=min(zstd_s), loader_mb_s=loader_mb_s, zstd_mb_s=zstd_mb_s,
-                            ratio=loader_mb_s / zstd_mb_s,
-                            pair_ratios=sorted(z / t for z, t in zip(zstd_s, loader_s)),  # run by run: the spread
-                            vs=vs_figures)
+
+def _host_cells(f: SpeedFigures) -> str:
+    """A mode's device-to-host transfers a pass and the share of its time outside the step."""
+    if f.host_transfers_per_pass is None:
+        return "-"
+    return f"{f.host_transfers_per_pass:.2f}, {f.outside_step_share:.0%}"
 
 
 EVAL_BATCHES = 50  # `bytemtp eval --batches`'s default: the bytes of every held-out bits/byte beside speed figures
@@ -246,6 +216,19 @@ class HeldOutBpb:
     split: str | None = None  # the split scored: "val", or "all" for a corpus without splits
     bytes: int | None = None  # the bytes scored (head 1's targets)
     note: str | None = None  # why it was not measured where it was asked for
+
+
+def held_out_clause(bpb: float | None, *, nbytes: int | None, split: str | None = "val",
+                    note: str | None = None) -> str:
+    """The header's clause on the model's held-out bits/byte (`bench decode`, `bench serve`): head
+    1's figure with the bytes it is of (`bytemtp eval`'s by default), "not measured (corpus absent)"
+    where the run's corpus is not here (`note`), or nothing where it was not asked for."""
+    if bpb is None:
+        return "; model val bits/byte not measured (corpus absent)" if note else ""
+    if nbytes is None:  # JSON written before the bytes were recorded
+        return f"; model val bits/byte {bpb:.3f}"
+    of = "every file" if split == "all" else f"the {split} split"
+    return f"; model held-out bits/byte {bpb:.3f} (head 1 on {nbytes:,} bytes of {of}, as `bytemtp eval`)"
 
 
 def held_out_bpb(model, data, *, batches: int = EVAL_BATCHES, device: torch.device) -> HeldOutBpb:
@@ -372,8 +355,8 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
                 plain = timed.figures("plain", base="eager plain", same_step=False)
                 case = DecodeCase(batch_size=timed.batch_size,
                                   figures=dataclasses.replace(figures, identical=figures.identical and plain.identical),
-                                  eager_plain_bytes_s=eager.plain_bytes_s, eager_speedup=eager.speedup,
-                                  compiled_plain_speedup=plain.speedup)
+                                  eager_plain_bytes_s=eager.plain_bytes_s, eager_speedup=eager.speedup.mid,
+                                  compiled_plain_speedup=plain.speedup.mid)
             cases.append(case)
     costs = decoder.pass_costs(batch_sizes[0], static=compiled)
     static = decoder.policy.static
@@ -400,18 +383,24 @@ class AllBenchmarks:
         step, loader, dec, ev = self.train_step, self.loader, self.decode, self.eval
         top, k = dec.top.figures, len(ev.bpb)  # k: the model's heads
         return {
-            "train_step.time_ratio": step.time_ratio, "train_step.time_ratio_min": step.time_ratio_rounds.min,
-            "train_step.time_ratio_max": step.time_ratio_rounds.max,
-            "train_step.time_ratio_noisy": step.time_ratio_rounds.noisy, "train_step.memory_ratio": step.memory_ratio,
-            "loader.ratio": loader.ratio, "loader.loader_mb_s": loader.loader_mb_s,
-            "decode.speedup": top.speedup, "decode.bytes_per_forward": top.bytes_per_forward,
-            "decode.speedup_min": top.speedup_min, "decode.pass_cost": top.pass_cost,
+            "train_step.time_ratio": step.time_ratio, "train_step.time_ratio_min": step.time_ratio_rounds.low,
+            "train_step.time_ratio_max": step.time_ratio_rounds.high,
+            "train_step.time_ratio_noisy": step.time_ratio_noisy, "train_step.memory_ratio": step.memory_ratio,
+            "loader.ratio": loader.ratio.mid, "loader.loader_mb_s": loader.loader_mb_s,
+            "decode.speedup": top.speedup.mid, "decode.bytes_per_forward": top.bytes_per_forward,
+            "decode.speedup_min": top.speedup.low, "decode.pass_cost": top.pass_cost,
             "decode.identical": dec.all_identical,
             "decode.distinct_8grams": top.repetition.decoded.distinct_8grams,
             "decode.zstd_ratio": top.repetition.decoded.zstd_ratio,
             "decode.zstd_ratio_over_real": top.repetition.zstd_ratio_over_real,
             "eval.bpb_head1": ev.bpb[0], f"eval.bytes_per_forward_{k}": ev.bytes_per_forward[k],
         }
+
+    def table(self) -> str:
+        """What `bench all` prints: the tracked figures, one a row."""
+        rows = [(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+                for key, value in self.summary.items()]
+        return table(rows, ("figure", "value"))
 
     def to_json(self) -> dict:
         return {"summary": self.summary, "train_step": self.train_step.to_json(), "loader": self.loader.to_json(),

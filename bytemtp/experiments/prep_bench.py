@@ -7,14 +7,14 @@ time, the variants taking turns round by round so a busy moment hits each; ratio
 round, for the spread. Each number of workers runs as `prep --workers N` does (`intake.plan`): one
 worker reads and compresses in one thread, one core, the baseline. Outputs go to `scratch` and are removed
 once measured. The result is a `PrepSpeed`, whose JSON form (`to_json`, read back by `from_json`) is what
-`bench prep --json` writes.
+`bench prep --json` writes, and whose `table` is what the command prints; a figure taken round by round
+is a `Spread` (median and range; nested in the JSON, `{"median": ..., "min": ..., "max": ...}`).
 """
 from __future__ import annotations
 
 import dataclasses
 import pathlib
 import shutil
-import statistics
 import time
 from collections.abc import Callable
 
@@ -23,6 +23,8 @@ from bytemtp.data.intake import Part, plan
 from bytemtp.data.merge import merge
 from bytemtp.data.prep import prepare
 from bytemtp.data.shards import CorpusError
+from bytemtp.spread import Spread
+from bytemtp.tables import table
 
 KEYS = ("documents", "bytes", "sha256", "set_sha256", "shard_files")  # what equal corpora share, split by split
 
@@ -37,45 +39,26 @@ def _same(a: dict, b: dict, keys=KEYS) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class RoundSpread:
-    """A figure taken round by round: its median and range."""
-    median: float
-    min: float
-    max: float
-
-    @classmethod
-    def of(cls, values: list[float]) -> RoundSpread:
-        return cls(median=statistics.median(values), min=min(values), max=max(values))
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> RoundSpread:
-        return cls(**data)
-
-
-@dataclasses.dataclass(frozen=True)
 class PrepArm:
     """One variant of prep: a number of workers on the inputs, or on the `vs` inputs."""
     workers: int
     seconds: list[float]  # each round's wall time
-    mb_s: RoundSpread  # document bytes written a second, MB
+    mb_s: Spread  # document bytes written a second, MB, round by round: median and range
     same_corpus: bool  # writes what the first arm writes, split by split
-    speedup: RoundSpread | None = None  # the first arm's time over this one's, round by round (None: the first)
+    speedup: Spread | None = None  # the first arm's time over this one's, round by round (None: the first)
 
     def to_json(self) -> dict:
-        out = {"workers": self.workers, "seconds": list(self.seconds), "mb_s": self.mb_s.to_json(),
+        out = {"workers": self.workers, "seconds": list(self.seconds), "mb_s": self.mb_s.to_dict(),
                "same_corpus": self.same_corpus}
         if self.speedup is not None:
-            out["speedup"] = self.speedup.to_json()
+            out["speedup"] = self.speedup.to_dict()
         return out
 
     @classmethod
     def from_json(cls, data: dict) -> PrepArm:
-        return cls(workers=data["workers"], seconds=list(data["seconds"]), mb_s=RoundSpread.from_json(data["mb_s"]),
+        return cls(workers=data["workers"], seconds=list(data["seconds"]), mb_s=Spread.from_dict(data["mb_s"]),
                    same_corpus=data["same_corpus"],
-                   speedup=RoundSpread.from_json(data["speedup"]) if "speedup" in data else None)
+                   speedup=Spread.from_dict(data["speedup"]) if "speedup" in data else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +96,22 @@ class PrepSpeed:
         if self.parts is not None:
             out["parts"] = self.parts.to_json()
         return out
+
+    def table(self) -> str:
+        """What `bench prep` prints: the inputs, each arm's MB/s (median and range) and speedup over
+        the first, whether it wrote the same corpus, then the part jobs and their merge."""
+        lines = [f"{self.input_files} input file(s), {self.input_bytes:,} bytes on disk; each prep writes "
+                 f"{self.written_bytes:,} document bytes"]
+        rows = [(name, arm.workers, f"{arm.mb_s.mid:.1f}", f"{arm.mb_s.low:.1f}-{arm.mb_s.high:.1f}",
+                 arm.speedup.format() if arm.speedup else "1", "yes" if arm.same_corpus else "no")
+                for name, arm in self.arms.items()]
+        lines.append(table(rows, ("prep", "workers", "MB/s", "range", "x first", "same corpus")))
+        if self.parts is not None:
+            p = self.parts
+            lines.append(f"{p.parts} parts ({p.workers} workers each): {sum(p.part_seconds):.1f} s in all, merge "
+                         f"{p.merge_seconds:.1f} s ({p.merge_mb_s:.0f} MB/s); the same documents, split and set "
+                         f"digests as one prep: {'yes' if p.same_documents else 'NO'}")
+        return "\n".join(lines)
 
     @classmethod
     def from_json(cls, data: dict) -> PrepSpeed:
@@ -158,8 +157,8 @@ def prep_speed(sources: list, *, scratch, workers=(1, 2), rounds: int = 2, parts
     for i, (name, _, n) in enumerate(arms):
         mb_s = [_written(manifests[name]) / t / 1e6 for t in times[name]]
         result[name] = PrepArm(
-            workers=n, seconds=times[name], mb_s=RoundSpread.of(mb_s), same_corpus=_same(manifests[name], base),
-            speedup=RoundSpread.of([a / b for a, b in zip(times[first], times[name])]) if i else None)
+            workers=n, seconds=times[name], mb_s=Spread.of(mb_s), same_corpus=_same(manifests[name], base),
+            speedup=Spread.ratios(times[first], times[name]) if i else None)
     return PrepSpeed(input_files=len(files), input_bytes=input_bytes, written_bytes=_written(base), rounds=rounds,
                      arms=result, parts=_parts(sources, scratch, parts, workers[-1], field, base, progress) if parts
                      else None)

@@ -18,8 +18,10 @@ lists them in its help); the sweep, and torch with it, is imported when a compar
 trade-off: equal wall time on one machine is what a user with a budget faces, but its figures hold
 for that machine only; equal steps (`steps`) compare the same bytes.
 
-The comparison is a `QualityResult` of one `ArmSummary` per arm; its JSON form (`to_json`, read back
-by `from_json`) is what `bench quality --json` writes.
+The comparison is a `QualityResult` of one `ArmSummary` per arm, each figure over the seeds a
+`Spread` (the mean and range, with each seed's; `{"mean", "min", "max", "each"}` in the JSON); its
+JSON form (`to_json`, read back by `from_json`) is what `bench quality --json` writes, and its
+`table` what the command prints.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import dataclasses
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from bytemtp.spread import Spread
 
 if TYPE_CHECKING:  # the sweep imports torch: only when a comparison runs
     from bytemtp.experiments.sweep import CandidateResult
@@ -115,50 +119,42 @@ def compare(preset: str = "small", *, data: str, arms: list[str] | None = None,
 
 
 @dataclasses.dataclass(frozen=True)
-class SeedSpread:
-    """A figure over an arm's seeds."""
-    mean: float
-    min: float
-    max: float
-    each: list[float]  # seed by seed
-
-    @classmethod
-    def of(cls, values: list[float]) -> SeedSpread:
-        return cls(mean=statistics.fmean(values), min=min(values), max=max(values), each=values)
-
-    @classmethod
-    def from_json(cls, data: dict) -> SeedSpread:
-        return cls(**{**data, "each": list(data["each"])})
-
-
-@dataclasses.dataclass(frozen=True)
 class ArmSummary:
     """One arm over its seeds (`summary`)."""
     label: str  # what the arm is
     sets: list[str]  # its settings on top of the preset and the shared ones
     params: int
-    bpb: SeedSpread  # head-1 val bits per byte
-    ratio: SeedSpread  # head-1 bits per byte over the baseline's of the same seed
-    steps: SeedSpread
-    ms_per_step: SeedSpread
+    # each figure over the seeds: the mean, the range and each seed's (runs)
+    bpb: Spread  # head-1 val bits per byte
+    ratio: Spread  # head-1 bits per byte over the baseline's of the same seed
+    steps: Spread
+    ms_per_step: Spread
     verdict: str  # "better", "worse" or "within the seeds' spread"
     head_bpb: list[float] | None = None  # each head's bits per byte, the mean over the seeds (None: one head)
-    tuned_chain_bytes_per_pass: SeedSpread | None = None  # over the seeds whose draft heads were tuned
+    tuned_chain_bytes_per_pass: Spread | None = None  # over the seeds whose draft heads were tuned
 
     def to_json(self) -> dict:
-        out = dataclasses.asdict(self)
-        for key in ("head_bpb", "tuned_chain_bytes_per_pass"):
-            if out[key] is None:
-                del out[key]
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Spread):
+                out[f.name] = value.to_dict("mean", runs="each")
+            elif value is not None or f.name not in ("head_bpb", "tuned_chain_bytes_per_pass"):
+                out[f.name] = value
         return out
 
     @classmethod
     def from_json(cls, data: dict) -> ArmSummary:
         chain = data.get("tuned_chain_bytes_per_pass")
         return cls(label=data["label"], sets=list(data["sets"]), params=data["params"],
-                   **{k: SeedSpread.from_json(data[k]) for k in ("bpb", "ratio", "steps", "ms_per_step")},
+                   **{k: _seeds(data[k]) for k in ("bpb", "ratio", "steps", "ms_per_step")},
                    verdict=data["verdict"], head_bpb=data.get("head_bpb"),
-                   tuned_chain_bytes_per_pass=None if chain is None else SeedSpread.from_json(chain))
+                   tuned_chain_bytes_per_pass=None if chain is None else _seeds(chain))
+
+
+def _seeds(data: dict) -> Spread:
+    """A figure over the seeds read back from its JSON form."""
+    return Spread.from_dict(data, "mean", runs="each")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +174,23 @@ class QualityResult:
         return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)[:8]},
                 "arms": {arm: s.to_json() for arm, s in self.arms.items()}}
 
+    def table(self) -> str:
+        """The comparison as a Markdown table, the baseline first, then by head-1 bits per byte."""
+        arms = self.arms
+        order = [BASELINE] + sorted((a for a in arms if a != BASELINE), key=lambda a: arms[a].bpb.mid)
+        limit = f"{self.steps} steps" if self.steps else f"{self.budget_s:g} s"
+        lines = [f"{self.preset} on {self.data}, {limit} each, {self.seeds} seed(s); head 1 on the first "
+                 f"{self.eval_bytes:,} val bytes; draft heads tuned {self.tune_s:g} s",
+                 "| arm | what | params | steps | ms/step | head-1 val bpb (seeds' range) | ratio to ntp (range) | "
+                 "verdict | tuned chain-8 bytes/pass |", "|---|---|---|---|---|---|---|---|---|"]
+        for a in order:
+            s = arms[a]
+            chain = s.tuned_chain_bytes_per_pass
+            lines.append(f"| {a} | {s.label} | {s.params / 1e6:.2f}M | {s.steps.mid:.0f} | "
+                         f"{s.ms_per_step.mid:.0f} | {s.bpb.format('{:.4f}')} | {s.ratio.format('{:.4f}')} | "
+                         f"{'-' if a == BASELINE else s.verdict} | {'-' if chain is None else '%.2f' % chain.mid} |")
+        return "\n".join(lines)
+
     @classmethod
     def from_json(cls, data: dict) -> QualityResult:
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)[:8]},
@@ -192,30 +205,13 @@ def summary(runs: list[CandidateResult], baseline: list[CandidateResult], *, lab
     ratios = [r.val_bpb[0] / b.val_bpb[0] for r, b in zip(runs, baseline)]
     heads = len(runs[0].val_bpb)
     chains = [r.tuned.tuned_chain_bytes_per_pass for r in runs if r.tuned is not None]
+    def seeds(values: list[float]) -> Spread:
+        return Spread.mean_of(values, keep_runs=True)
+
     return ArmSummary(
-        label=label, sets=sets, params=runs[0].params, bpb=SeedSpread.of([r.val_bpb[0] for r in runs]),
-        ratio=SeedSpread.of(ratios), steps=SeedSpread.of([r.steps for r in runs]),
-        ms_per_step=SeedSpread.of([1000 * r.train_s / r.steps for r in runs]),
+        label=label, sets=sets, params=runs[0].params, bpb=seeds([r.val_bpb[0] for r in runs]),
+        ratio=seeds(ratios), steps=seeds([r.steps for r in runs]),
+        ms_per_step=seeds([1000 * r.train_s / r.steps for r in runs]),
         verdict="better" if max(ratios) < 1 else "worse" if min(ratios) > 1 else "within the seeds' spread",
         head_bpb=[statistics.fmean(r.val_bpb[k] for r in runs) for k in range(heads)] if heads > 1 else None,
-        tuned_chain_bytes_per_pass=SeedSpread.of(chains) if chains else None)
-
-
-def table(res: QualityResult) -> str:
-    """The comparison as a Markdown table, the baseline first, then by head-1 bits per byte."""
-    arms = res.arms
-    order = [BASELINE] + sorted((a for a in arms if a != BASELINE), key=lambda a: arms[a].bpb.mean)
-    limit = f"{res.steps} steps" if res.steps else f"{res.budget_s:g} s"
-    lines = [f"{res.preset} on {res.data}, {limit} each, {res.seeds} seed(s); head 1 on the first "
-             f"{res.eval_bytes:,} val bytes; draft heads tuned {res.tune_s:g} s",
-             "| arm | what | params | steps | ms/step | head-1 val bpb (seeds' range) | ratio to ntp (range) | "
-             "verdict | tuned chain-8 bytes/pass |", "|---|---|---|---|---|---|---|---|---|"]
-    for a in order:
-        s = arms[a]
-        chain = s.tuned_chain_bytes_per_pass
-        lines.append(f"| {a} | {s.label} | {s.params / 1e6:.2f}M | {s.steps.mean:.0f} | "
-                     f"{s.ms_per_step.mean:.0f} | {s.bpb.mean:.4f} ({s.bpb.min:.4f}-"
-                     f"{s.bpb.max:.4f}) | {s.ratio.mean:.4f} ({s.ratio.min:.4f}-"
-                     f"{s.ratio.max:.4f}) | {'-' if a == BASELINE else s.verdict} | "
-                     f"{'-' if chain is None else '%.2f' % chain.mean} |")
-    return "\n".join(lines)
+        tuned_chain_bytes_per_pass=seeds(chains) if chains else None)

@@ -2,7 +2,9 @@
 in this process, each completion checked against its prompt decoded alone, and (`vs_plain`) the
 same loads against a second server on the same model that decodes plainly, on the same step, so
 that the draft's worth is a ratio within one run; `ServeSpeed` (a frozen dataclass) is what `bench
-serve --json` writes, key for key and in order (`to_json`, `from_json`).
+serve --json` writes, key for key and in order (`to_json`, `from_json`), and its `table` what the
+command prints. A ratio over the rounds is a `Spread` (median and range), flat in the JSON (`ratio`,
+`ratio_min`, `ratio_max`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from bytemtp.decoding.compiled import Compile
 from bytemtp.decoding.generation import load_prompts
 from bytemtp.decoding.strategy import Draft
 from bytemtp.data.splits import val_continuations
-from bytemtp.experiments.bench import EVAL_BATCHES, held_out_bpb
+from bytemtp.experiments.bench import EVAL_BATCHES, held_out_bpb, held_out_clause
 from bytemtp.runtime.checkpoint import load_model
+from bytemtp.spread import Spread
+from bytemtp.tables import table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +47,7 @@ class ServeCase:
     """One count of clients over the rounds (`serve_speed`)."""
     runs: list[LoadFigures]  # one a round
     bytes_per_s: float  # median over the rounds
-    ratio: float  # bytes a second over the first count's in the same round: median, min, max
-    ratio_min: float
-    ratio_max: float
+    ratio: Spread  # bytes a second over the first count's in the same round: median and range
     ttfb_p50_s: float  # medians over the rounds
     ttfb_p95_s: float
     mismatches: int  # summed over the rounds
@@ -53,31 +55,45 @@ class ServeCase:
     # the plain server's loads of the same rounds (None: no plain arm, or JSON written before it)
     plain_runs: list[LoadFigures] | None = None
     plain_bytes_per_s: float | None = None  # median over the rounds
-    over_plain: float | None = None  # bytes a second, draft over plain in the same round: median, min, max
-    over_plain_min: float | None = None
-    over_plain_max: float | None = None
+    over_plain: Spread | None = None  # bytes a second, draft over plain in the same round: median and range
     plain_mismatches: int | None = None  # summed over the rounds
     plain_errors: int | None = None
+
+    def to_json(self) -> dict:
+        """The case, its ratios flat (`ratio`, `ratio_min`, `ratio_max`, and `over_plain`'s); the
+        plain server's figures only where it ran (the keys of before)."""
+        out = {"runs": [dataclasses.asdict(r) for r in self.runs], "bytes_per_s": self.bytes_per_s,
+               **self.ratio.flat("ratio"), "ttfb_p50_s": self.ttfb_p50_s, "ttfb_p95_s": self.ttfb_p95_s,
+               "mismatches": self.mismatches, "errors": self.errors}
+        if self.plain_runs is not None:
+            out.update(plain_runs=[dataclasses.asdict(r) for r in self.plain_runs],
+                       plain_bytes_per_s=self.plain_bytes_per_s, **self.over_plain.flat("over_plain"),
+                       plain_mismatches=self.plain_mismatches, plain_errors=self.plain_errors)
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> ServeCase:
         plain = data.get("plain_runs")
-        return cls(**{**data, "runs": [LoadFigures(**r) for r in data["runs"]],
-                      "plain_runs": None if plain is None else [LoadFigures(**r) for r in plain]})
+        given = {k: v for k, v in data.items() if not k.startswith(("ratio", "over_plain"))}
+        return cls(**{**given, "runs": [LoadFigures(**r) for r in data["runs"]],
+                      "ratio": Spread.from_flat(data, "ratio"),
+                      "plain_runs": None if plain is None else [LoadFigures(**r) for r in plain],
+                      "over_plain": Spread.from_flat(data, "over_plain") if "over_plain" in data else None})
 
     @classmethod
     def of(cls, runs: list[LoadFigures], base: list[LoadFigures], plain: list[LoadFigures] | None) -> ServeCase:
         """The case of these rounds' loads, `base` the first count's (the ratio's), `plain` the plain
         server's of the same rounds (or None)."""
-        ratios = [a.bytes_per_s / b.bytes_per_s for a, b in zip(runs, base)]
+        def speeds(loads: list[LoadFigures]) -> list[float]:
+            return [x.bytes_per_s for x in loads]
+
         figures = {}
         if plain is not None:
-            over = [a.bytes_per_s / b.bytes_per_s for a, b in zip(runs, plain)]
-            figures = dict(plain_runs=plain, plain_bytes_per_s=statistics.median(x.bytes_per_s for x in plain),
-                           over_plain=statistics.median(over), over_plain_min=min(over), over_plain_max=max(over),
+            figures = dict(plain_runs=plain, plain_bytes_per_s=statistics.median(speeds(plain)),
+                           over_plain=Spread.ratios(speeds(runs), speeds(plain)),
                            plain_mismatches=sum(x.mismatches for x in plain), plain_errors=sum(x.errors for x in plain))
-        return cls(runs=runs, bytes_per_s=statistics.median(x.bytes_per_s for x in runs),
-                   ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
+        return cls(runs=runs, bytes_per_s=statistics.median(speeds(runs)),
+                   ratio=Spread.ratios(speeds(runs), speeds(base)),
                    ttfb_p50_s=statistics.median(x.ttfb_p50_s for x in runs),
                    ttfb_p95_s=statistics.median(x.ttfb_p95_s for x in runs),
                    mismatches=sum(x.mismatches for x in runs), errors=sum(x.errors for x in runs), **figures)
@@ -98,6 +114,20 @@ class ServeLoad(LoadFigures):
     server_errors: int = 0  # 5xx answers (and error events of code 5xx), good and malformed requests alike
     malformed_by_kind: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # kind -> answer -> count
     rss_mb_first_quarter: float | None = None  # at the end of the first quarter of the load, against rss_mb_after
+
+    def lines(self) -> list[str]:
+        """The load, its memory, and a mixed load's answers by kind, as `bench serve` prints them."""
+        lines = [f"load: {self.clients} clients for {self.wall_s:.0f} s: {self.completions} completions, "
+                 f"{self.bytes_out} bytes ({self.bytes_per_s:.0f}/s), {self.mismatches} mismatches, {self.errors} "
+                 f"errors; memory {self.rss_mb_before:.0f} -> {self.rss_mb_after:.0f} MB (after the first quarter "
+                 f"{self.rss_mb_settled_min_max[0]:.0f}-{self.rss_mb_settled_min_max[1]:.0f} MB; at the end of the "
+                 f"first quarter {self.rss_mb_first_quarter:.0f} MB, at the end {self.rss_mb_after:.0f} MB)"]
+        if self.malformed:
+            lines.append(f"malformed: {self.malformed_sent} of the requests ({self.malformed:.0%} asked), answered "
+                         f"by kind (status and error type); server errors (5xx): {self.server_errors}")
+            lines.append(table([(kind, sum(answers.values()), ", ".join(f"{n} x {a}" for a, n in answers.items()))
+                                for kind, answers in self.malformed_by_kind.items()], ("kind", "sent", "answers")))
+        return lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +152,7 @@ class ServeSpeed:
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
+        out["cases"] = {n: case.to_json() for n, case in self.cases.items()}
         if self.load is None:
             del out["load"]
         else:  # a load of good requests only, or JSON written before the mixed load: the keys of before
@@ -134,10 +165,31 @@ class ServeSpeed:
         for key in ("compile", "step", "val_bytes", "dtype"):
             if out[key] is None:
                 del out[key]
-        for case in out["cases"].values():  # no plain arm: the keys of before
-            for key in [k for k in case if k.startswith(("plain_", "over_plain")) and case[k] is None]:
-                del case[key]
         return out
+
+    def table(self) -> str:
+        """What `bench serve` prints: the setting, one row a count of clients (against the plain
+        server too where it ran), then the timed load and its memory, and a mixed load's answers."""
+        vs_plain = any(c.plain_runs is not None for c in self.cases.values())
+        lines = [f"{self.prompts} held-out prompts, {self.max_bytes} bytes each, {self.rounds} interleaved rounds, "
+                 f"draft {self.draft}{' against plain' if vs_plain else ''}, max batch {self.max_batch}, "
+                 f"{self.device}, {self.step} step (--compile {self.compile})"
+                 f"{held_out_clause(self.val_bpb, nbytes=self.val_bytes)}"]
+        plain_head = ("plain bytes/s", "draft/plain (spread)") if vs_plain else ()
+        checks_head = ("mismatches draft / plain", "errors draft / plain") if vs_plain else ("mismatches", "errors")
+        head = ("clients", "bytes/s", f"over {next(iter(self.cases))}", *plain_head, "first byte p50 / p95 ms",
+                *checks_head)
+        rows = []
+        for n, c in self.cases.items():
+            plain = (f"{c.plain_bytes_per_s:.0f}", c.over_plain.format()) if vs_plain else ()
+            checks = ((f"{c.mismatches} / {c.plain_mismatches}", f"{c.errors} / {c.plain_errors}") if vs_plain
+                      else (c.mismatches, c.errors))
+            rows.append((n, f"{c.bytes_per_s:.0f}", c.ratio.format(), *plain,
+                         f"{c.ttfb_p50_s * 1e3:.0f} / {c.ttfb_p95_s * 1e3:.0f}", *checks))
+        lines.append(table(rows, head))
+        if self.load is not None:
+            lines += self.load.lines()
+        return "\n".join(lines)
 
     @classmethod
     def from_json(cls, data: dict) -> ServeSpeed:

@@ -12,9 +12,10 @@ sample of a variant repeats its step until the sample lasts `min_sample_s` (judg
 so that a fast preset is not timed below the machine's scheduling jitter. Each variant reports its
 median step; `time_ratio` is the memory-efficient multi-token median over the next-byte one. Its
 spread is the pair ratios, one a round (multi-token over next-byte time in the same round): their
-min, median and max. A result whose pair ratios spread over more than `NOISY_SPREAD` of their
-median, or that has fewer than `MIN_ROUNDS` of them, is flagged as too noisy to mean anything
-(`time_ratio_noisy` and a note): the targets in BENCHMARKS.md need the ratio to about 10%.
+`Spread` (min, median, max). A result whose pair ratios spread over more than `NOISY_SPREAD` of
+their median, or that has fewer than `MIN_ROUNDS` of them, is flagged as too noisy to mean anything
+(`time_ratio_noisy` and a note, `noise_note`): the targets in BENCHMARKS.md need the ratio to about
+10%.
 
 On CUDA the step runs as `bytemtp train` takes it there: bf16 autocast (train.precision=auto),
 fused AdamW skipping a non-finite step on the device, TF32 for what stays in float32, compiled
@@ -27,7 +28,7 @@ peak resident set (VmHWM) minus the resident set before the model was built, on 
 `torch.cuda.max_memory_allocated`. Both count weights, gradients, optimizer state and activations.
 
 `TrainStepResult` is a frozen dataclass whose JSON form (`to_json`, read back by `from_json`) is
-what `bench train-step --json` writes, key for key and in order.
+what `bench train-step --json` writes, key for key and in order; `table` is what the command prints.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from bytemtp.config_io import preset
 from bytemtp.model.flops import peak_flops, step_flops, utilisation
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.devices import autocast, fast_fp32_matmuls, synchronize
+from bytemtp.spread import Spread
+from bytemtp.tables import table
 from bytemtp.training.step import compile_blocks, compiler_missing, forward_backward, plain_forward_backward
 from bytemtp.training.optimizer import build_optimizer, skips_on_device, step_unless
 from bytemtp.vocab import EOS
@@ -59,25 +62,6 @@ TRAIN_STEP_VARIANTS = {  # name: (n_future, memory-efficient step)
 }
 NOISY_SPREAD = 0.2  # (max - min) / median of the pair ratios above this: the time ratio is noise
 MIN_ROUNDS = 3  # fewer pair ratios than this say nothing about their spread
-
-
-@dataclasses.dataclass(frozen=True)
-class RatioSpread:
-    """Pair ratios, one a round (`ratio_spread`): their range, and whether they mean anything."""
-    min: float
-    median: float
-    max: float
-    runs: list[float]  # the ratios in order
-    spread: float  # (max - min) / median
-    noisy: bool  # too few rounds to judge, or a spread over NOISY_SPREAD
-    note: str | None  # why it is noisy; None when it is not
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> RatioSpread:
-        return cls(**{**data, "runs": list(data["runs"])})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +78,8 @@ class VariantStep:
 class TrainStepResult:
     """The variants' steps and their ratios (`train_step`). Its JSON form is flat, as `bench
     train-step --json` has always written it: the settings, `{variant}_{figure}` keys, then the
-    ratios and `time_ratio_{min,median,max,runs,spread,noisy,note}`."""
+    ratios and `time_ratio_{min,median,max,runs,spread,noisy,note}` (the spread of the pair ratios,
+    its width, and whether it is noise)."""
     preset: str
     device: str
     batch_size: int
@@ -103,8 +88,16 @@ class TrainStepResult:
     warmup: int  # untimed rounds
     steps_per_sample: int  # steps a timed sample repeats
     variants: dict[str, VariantStep]  # by TRAIN_STEP_VARIANTS name, in its order
-    time_ratio_rounds: RatioSpread  # the memory-efficient 8-head step over the next-byte one, round by round
+    # the memory-efficient 8-head step over the next-byte one, round by round: the median, the range,
+    # the ratios sorted
+    time_ratio_rounds: Spread
     compiled: bool = False  # whether the steps ran compiled (train.compile)
+    time_ratio_note: str | None = None  # why the pair ratios say nothing (`noise_note`); None when they do
+
+    @property
+    def time_ratio_noisy(self) -> bool:
+        """Too few rounds to judge the time ratio, or a spread over NOISY_SPREAD."""
+        return self.time_ratio_note is not None
 
     @property
     def time_ratio(self) -> float:
@@ -127,8 +120,10 @@ class TrainStepResult:
             if v.mfu is not None:
                 out[f"{name}_mfu"] = v.mfu
         out.update({f"{name}_peak_mb": v.peak_mb for name, v in self.variants.items()})
-        out["time_ratio"] = self.time_ratio
-        out.update({f"time_ratio_{key}": value for key, value in self.time_ratio_rounds.to_json().items()})
+        rounds = self.time_ratio_rounds
+        out.update(time_ratio=self.time_ratio, time_ratio_min=rounds.low, time_ratio_median=rounds.mid,
+                   time_ratio_max=rounds.high, time_ratio_runs=list(rounds.runs), time_ratio_spread=rounds.width,
+                   time_ratio_noisy=self.time_ratio_noisy, time_ratio_note=self.time_ratio_note)
         out.update(memory_ratio=self.memory_ratio, plain_memory_ratio=self.plain_memory_ratio, compiled=self.compiled)
         return out
 
@@ -137,9 +132,36 @@ class TrainStepResult:
         names = [key.removesuffix("_step_s") for key in data if key.endswith("_step_s")]
         variants = {n: VariantStep(step_s=data[f"{n}_step_s"], bytes_s=data[f"{n}_bytes_s"], params=data[f"{n}_params"],
                                    peak_mb=data[f"{n}_peak_mb"], mfu=data.get(f"{n}_mfu")) for n in names}
-        rounds = {f.name: data[f"time_ratio_{f.name}"] for f in dataclasses.fields(RatioSpread)}
+        rounds = Spread(mid=data["time_ratio_median"], low=data["time_ratio_min"], high=data["time_ratio_max"],
+                        runs=tuple(data["time_ratio_runs"]))
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)[:7]}, variants=variants,
-                   time_ratio_rounds=RatioSpread.from_json(rounds), compiled=data.get("compiled", False))
+                   time_ratio_rounds=rounds, compiled=data.get("compiled", False),
+                   time_ratio_note=data["time_ratio_note"])
+
+    def table(self) -> str:
+        """What `bench train-step` prints: each variant's median step, its bytes a second and peak
+        memory (and MFU where known), then the ratios and their spread, and the note where it is noise."""
+        rows = []
+        for name, label in (("ntp", "next-byte (n=1)"), ("mtp", "multi-token n=8, memory-efficient"),
+                            ("mtp_plain", "multi-token n=8, plain")):
+            v = self.variants[name]
+            row = [label, f"{v.step_s:.3f}", f"{v.bytes_s:,.0f}", f"{v.peak_mb:,.0f}"]
+            if v.mfu is not None:
+                row.append(f"{100 * v.mfu:.1f}%")
+            rows.append(tuple(row))
+        header = ("variant", "step s", "bytes/s", "peak MiB") + (("MFU",) if len(rows[0]) > 4 else ())
+        rounds = self.time_ratio_rounds
+        lines = [f"preset {self.preset}, batch {self.batch_size} x {self.seq_len} bytes, {self.device}, "
+                 f"{'compiled' if self.compiled else 'eager'}; "
+                 f"{self.steps} interleaved rounds after {self.warmup} warm-up, "
+                 f"{self.steps_per_sample} step(s) a sample; median step",
+                 table(rows, header),
+                 f"time_ratio {self.time_ratio:.3f} (round by round: min {rounds.low:.3f}, "
+                 f"median {rounds.mid:.3f}, max {rounds.high:.3f})  "
+                 f"memory_ratio {self.memory_ratio:.3f}  plain_memory_ratio {self.plain_memory_ratio:.3f}"]
+        if self.time_ratio_noisy:
+            lines.append(f"note: {self.time_ratio_note}")
+        return "\n".join(lines)
 
 
 def _memory_kib(field: str) -> int:
@@ -243,22 +265,17 @@ def _time_steps(v: _Variant, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def ratio_spread(ratios: list[float]) -> RatioSpread:
-    """The spread of pair ratios (one a round): min, median, max, the ratios in order, (max - min)
-    / median, and whether the result is too noisy to mean anything, with a note that says why."""
-    ratios = sorted(ratios)
-    median = statistics.median(ratios)
-    spread = (ratios[-1] - ratios[0]) / median
-    note = None
-    if len(ratios) < MIN_ROUNDS:
-        note = (f"{len(ratios)} timed round(s) cannot show how noisy the time ratio is; "
+def noise_note(rounds: Spread) -> str | None:
+    """Why the pair ratios (one a round, `rounds.runs`) say nothing about the time ratio: too few
+    rounds to judge, or a spread over `NOISY_SPREAD` of their median; None when they say something."""
+    if len(rounds.runs) < MIN_ROUNDS:
+        return (f"{len(rounds.runs)} timed round(s) cannot show how noisy the time ratio is; "
                 f"take {MIN_ROUNDS} or more (`bytemtp bench train-step --steps`)")
-    elif spread > NOISY_SPREAD:
-        note = (f"the time ratio is noise: its pair ratios run from {ratios[0]:.3f} to {ratios[-1]:.3f}, "
-                f"{100 * spread:.0f}% of their median (more than {100 * NOISY_SPREAD:.0f}%); rerun on a "
+    if rounds.width > NOISY_SPREAD:
+        return (f"the time ratio is noise: its pair ratios run from {rounds.low:.3f} to {rounds.high:.3f}, "
+                f"{100 * rounds.width:.0f}% of their median (more than {100 * NOISY_SPREAD:.0f}%); rerun on a "
                 "quieter machine or with more rounds (`bytemtp bench train-step --steps`)")
-    return RatioSpread(min=ratios[0], median=median, max=ratios[-1], runs=ratios, spread=spread,
-                       noisy=note is not None, note=note)
+    return None
 
 
 def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 6, warmup: int = 2,
@@ -294,10 +311,10 @@ def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 
                                      peak_mb=_peak_memory_in_subprocess(args))
         if progress is not None:
             progress(f"memory {name}")
+    rounds = Spread.of(sorted(m / n for m, n in zip(times["mtp"], times["ntp"])), keep_runs=True)
     return TrainStepResult(preset=preset_name, device=device, batch_size=batch_size, seq_len=seq_len, steps=steps,
-                           warmup=warmup, steps_per_sample=repeats, variants=steps_of,
-                           time_ratio_rounds=ratio_spread([m / n for m, n in zip(times["mtp"], times["ntp"])]),
-                           compiled=compiled)
+                           warmup=warmup, steps_per_sample=repeats, variants=steps_of, time_ratio_rounds=rounds,
+                           compiled=compiled, time_ratio_note=noise_note(rounds))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ sitting (run two halves at the same time, one thread each, for twice the candida
 
 A candidate's figures are a `CandidateResult`; OUT/NAME/sweep.json is its JSON form (`to_json`),
 unchanged since the sweep began, and `from_json` reads back every file a sweep has written (the
-first ones had no `train_s`).
+first ones had no `train_s`). The candidates of a sweep are a `SweepResult`, whose `table` is what
+`bench sweep` prints and whose JSON form is the list of theirs.
 """
 
 from __future__ import annotations
@@ -246,7 +247,7 @@ def _tuned(run_dir: Path, *, name: str, budget_s: float, prompts: int, device: t
     top = speed.top.figures
     return TunedFigures(tuned_chain_bytes_per_pass=report.decoded_bytes_per_forward["chain-all"],
                         tuned_tree_bytes_per_pass=report.decoded_bytes_per_forward["tree-all"],
-                        eager_speedup=top.speedup, plain_bytes_s=top.plain_bytes_s, repetition=top.repetition,
+                        eager_speedup=top.speedup.mid, plain_bytes_s=top.plain_bytes_s, repetition=top.repetition,
                         decode=speed.cases[0])
 
 
@@ -275,7 +276,7 @@ def run_sweep(grid: Grid, out: str | Path, *, budget_s: float, eval_bytes: int =
         differ = differing_settings(out / name, cfg)
         if differ and not fresh:
             raise ValueError(f"{out / name} was trained with other settings than asked for now ({'; '.join(differ)}); "
-                             "use another --out, or delete it")
+                             "train it anew with --fresh, or use another --out")
         stale += [name] if differ else []
     for name in stale:  # fresh: a run of other settings and its tune go, and the candidate trains anew
         shutil.rmtree(out / name)
@@ -330,17 +331,25 @@ def _terminate_interrupts():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def table(results: list[CandidateResult]) -> str:
-    """The sweep as a Markdown table, lowest head-1 bits per byte first."""
-    rows = ["| candidate | settings | params | steps | bytes seen | head-1 val bpb | head-2 agrees | "
-            "tuned chain bytes/pass | eager speedup | decoded zstd ratio / real |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(results, key=lambda r: r.val_bpb[0]):
-        tuned = r.tuned
-        chain, speed = (tuned.tuned_chain_bytes_per_pass, tuned.eager_speedup) if tuned else (None, None)
-        over = tuned.repetition.zstd_ratio_over_real if tuned and tuned.repetition else None
-        rows.append(f"| {r.name} | {' '.join(r.sets)} | {r.params / 1e6:.2f}M | {r.steps} | "
-                    f"{r.bytes_seen / 1e6:.2f} MB | {r.val_bpb[0]:.3f} | {r.head_agreement.get(2, 0):.3f} | "
-                    f"{'-' if chain is None else f'{chain:.2f}'} | {'-' if speed is None else f'{speed:.2f}x'} | "
-                    f"{'-' if over is None else f'{over:.2f}'} |")
-    return "\n".join(rows)
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    """The candidates a sweep measured (`run_sweep`'s), in its order; its JSON form is theirs, a list."""
+    candidates: list[CandidateResult]
+
+    def to_json(self) -> list[dict]:
+        return [c.to_json() for c in self.candidates]
+
+    def table(self) -> str:
+        """The sweep as a Markdown table, lowest head-1 bits per byte first."""
+        rows = ["| candidate | settings | params | steps | bytes seen | head-1 val bpb | head-2 agrees | "
+                "tuned chain bytes/pass | eager speedup | decoded zstd ratio / real |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(self.candidates, key=lambda r: r.val_bpb[0]):
+            tuned = r.tuned
+            chain, speed = (tuned.tuned_chain_bytes_per_pass, tuned.eager_speedup) if tuned else (None, None)
+            over = tuned.repetition.zstd_ratio_over_real if tuned and tuned.repetition else None
+            rows.append(f"| {r.name} | {' '.join(r.sets)} | {r.params / 1e6:.2f}M | {r.steps} | "
+                        f"{r.bytes_seen / 1e6:.2f} MB | {r.val_bpb[0]:.3f} | {r.head_agreement.get(2, 0):.3f} | "
+                        f"{'-' if chain is None else f'{chain:.2f}'} | {'-' if speed is None else f'{speed:.2f}x'} | "
+                        f"{'-' if over is None else f'{over:.2f}'} |")
+        return "\n".join(rows)

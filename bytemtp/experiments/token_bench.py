@@ -34,14 +34,14 @@ byte arm's preset was sized for bytes by a sweep and the token arm takes it as i
 context of the same number of bytes is a shorter one in positions for tokens.
 
 The result is a `TokenBench` of one `ArmFigures` per arm (and seed) and one `TokenDecoding` per
-batch size; its JSON form (`to_json`) is what `bench tokens --json` writes.
+batch size; its JSON form (`to_json`) is what `bench tokens --json` writes, and its `table` what the
+command prints (a figure over the seeds as a `Spread`: the mean and range).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 from pathlib import Path
 
 import torch
@@ -59,6 +59,7 @@ from bytemtp.evaluation.likelihood import score_texts
 from bytemtp.experiments.sweep import Grid, run_sweep
 from bytemtp.runtime.checkpoint import load_model
 from bytemtp.runtime.devices import resolve_device
+from bytemtp.spread import Spread
 from bytemtp.vocab import BPE, load_vocabulary, train_bpe
 
 TOKENIZER = "tokenizer.json"
@@ -144,20 +145,21 @@ class TokenBench:
     def of(self, arm: str) -> list[ArmFigures]:
         return [a for a in self.arms if a.arm == arm]
 
-    def ratio(self, field: str) -> tuple[float, float, float] | None:
-        """The byte arm's figure over the token arm's, seed by seed: (mean, min, max)."""
+    def ratio(self, field: str) -> Spread | None:
+        """The byte arm's figure over the token arm's, seed by seed: their mean and range."""
         pairs = [(b, t) for b, t in zip(self.of("bytes"), self.of("tokens"))
                  if getattr(b, field) is not None and getattr(t, field) is not None]
         if not pairs:
             return None
-        ratios = [getattr(b, field) / getattr(t, field) for b, t in pairs]
-        return statistics.mean(ratios), min(ratios), max(ratios)
+        return Spread.mean_of(getattr(b, field) / getattr(t, field) for b, t in pairs)
 
     def to_json(self) -> dict:
+        """The comparison, and the ratios of the arms' figures as [mean, min, max] (`ratio`)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["arms"] = [a.to_json() for a in self.arms]
         out["decoding"] = [d.to_json() for d in self.decoding]
-        out["ratios"] = {f: self.ratio(f) for f in ("val_bpb", "held_out_bpb", "bytes_seen")}
+        ratios = {f: self.ratio(f) for f in ("val_bpb", "held_out_bpb", "bytes_seen")}
+        out["ratios"] = {f: None if r is None else [r.mid, r.low, r.high] for f, r in ratios.items()}
         return out
 
     @property
@@ -173,6 +175,70 @@ class TokenBench:
         given = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
         return cls(**{**given, "arms": [ArmFigures.from_json(a) for a in data["arms"]],
                       "decoding": [TokenDecoding.from_json(d) for d in data["decoding"]]})
+
+    def table(self) -> str:
+        """The comparison as Markdown: the arms side by side, the ratios, then decoding by batch size."""
+        b, t = self.of("bytes"), self.of("tokens")
+
+        def row(label: str, get, form: str = "{:.3f}") -> str:
+            return f"| {label} | {_seeds([get(a) for a in b], form)} | {_seeds([get(a) for a in t], form)} |"
+
+        limit = f"{self.steps} steps" if self.steps else f"{self.budget_s / 60:g} min"
+        seeds = f"{self.seeds} seed{'s' if self.seeds > 1 else ''}"
+        lines = [f"{self.preset} on {self.data}, {limit} each, {seeds} (mean and range); tokens: byte-level BPE of "
+                 f"{self.vocab_size} ids, {self.train_bytes_per_token:.2f} bytes a token on train, "
+                 f"{self.val_bytes_per_token:.2f} on val", "",
+                 "| | bytes | tokens |", "|---|---|---|",
+                 row("parameters", lambda a: a.params / 1e6, "{:.2f}M"),
+                 row("steps", lambda a: a.steps, "{:,.0f}"),
+                 row("tokens seen (ids)", lambda a: a.tokens_seen / 1e6, "{:.2f}M"),
+                 row("bytes seen", lambda a: a.bytes_seen / 1e6, "{:.2f} MB"),
+                 row("context (ids)", lambda a: a.context_ids, "{:.0f}"),
+                 row("context (bytes)", lambda a: a.context_bytes, "{:.0f}"),
+                 row(f"bits/byte, whole val ({b[0].val_bytes:,} bytes)", lambda a: a.val_bpb)]
+        if b[0].held_out_bpb is not None:
+            lines.append(row(f"bits/byte, held-out ({b[0].held_out_bytes:,} bytes)", lambda a: a.held_out_bpb))
+        lines.append("")
+        for field, label in (("val_bpb", "val bits/byte"), ("held_out_bpb", "held-out bits/byte"),
+                             ("bytes_seen", "bytes seen")):
+            r = self.ratio(field)
+            if r is not None:
+                lines.append(f"bytes/tokens, {label}: {r.format('{:.3f}', unit='x')}")
+        return "\n".join(lines + self._decoding_lines())
+
+    def _decoding_lines(self) -> list[str]:
+        """The table's decoding part: every mode of both arms by batch size, then the byte arm's
+        default over the token arm's best mode."""
+        sampled = (f"sampled at temperature {self.temperature:g}, top-p {self.top_p:g}"
+                   + (f", top-k {self.top_k}" if self.top_k else "") + f" (seed {self.seed})" if self.temperature
+                   else "greedy")
+        lines = ["", f"decoding, {sampled}, {self.prompts} held-out prompts x {self.max_bytes} bytes, "
+                 f"{'compiled' if self.compiled else 'eager'} step (seed 0's models):", "",
+                 "| batch | mode | bytes/s | over its arm's plain | bytes/pass | distinct 8-grams | zstd ratio / real |",
+                 "|---|---|---|---|---|---|---|"]
+        for dec in self.decoding:
+            for name, f in dec.modes.items():
+                rep = f.repetition
+                star = " (best)" if name in dec.best.values() else ""
+                over = rep.zstd_ratio_over_real
+                lines.append(f"| {dec.batch_size} | {name}{star} | {dec.bytes_s(name):,.0f} | "
+                             f"{'-' if name.endswith(' plain') else f'{f.speedup.mid:.2f}x'} | "
+                             f"{f.bytes_per_forward:.2f} | "
+                             f"{'-' if rep.decoded.distinct_8grams is None else f'{rep.decoded.distinct_8grams:.2f}'} | "
+                             f"{'-' if over is None else f'{over:.2f}'} |")
+        lines.append("")
+        for dec in self.decoding:
+            lines.append(f"batch {dec.batch_size}: bytes {DEFAULT_MODE} over the token arm's best "
+                         f"({dec.best['tokens']}): {dec.default_over_best_tokens.speedup.format(unit='x')}")
+        return lines
+
+
+def _seeds(values: list[float], form: str) -> str:
+    """A figure over the seeds as the table writes it: the mean and range (each number by `form`),
+    or the one seed's figure alone."""
+    if len(values) == 1:
+        return form.format(values[0])
+    return Spread.mean_of(values).format(form)
 
 
 def held_out_texts(path: str, limit: int = 0) -> list[bytes]:
@@ -326,60 +392,3 @@ def _decode(out: Path, data: str, *, prompts_path: str | None, n_prompts: int, p
         vs = timed.figures(default, base=best["tokens"], same_step=False)
         results.append(TokenDecoding(batch_size=B, modes=figures, best=best, default_over_best_tokens=vs))
     return results, compiled, len(texts)
-
-
-def _spread(values: list[float], fmt: str = "{:.3f}") -> str:
-    if len(values) == 1:
-        return fmt.format(values[0])
-    return f"{fmt.format(statistics.mean(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
-
-
-def table(res: TokenBench) -> str:
-    """The comparison as Markdown: the arms side by side, the ratios, then decoding by batch size."""
-    b, t = res.of("bytes"), res.of("tokens")
-
-    def row(label: str, get, fmt: str = "{:.3f}") -> str:
-        return (f"| {label} | {_spread([get(a) for a in b], fmt)} | {_spread([get(a) for a in t], fmt)} |")
-
-    limit = f"{res.steps} steps" if res.steps else f"{res.budget_s / 60:g} min"
-    seeds = f"{res.seeds} seed{'s' if res.seeds > 1 else ''}"
-    lines = [f"{res.preset} on {res.data}, {limit} each, {seeds} (mean and range); tokens: byte-level BPE of "
-             f"{res.vocab_size} ids, {res.train_bytes_per_token:.2f} bytes a token on train, "
-             f"{res.val_bytes_per_token:.2f} on val", "",
-             "| | bytes | tokens |", "|---|---|---|",
-             row("parameters", lambda a: a.params / 1e6, "{:.2f}M"),
-             row("steps", lambda a: a.steps, "{:,.0f}"),
-             row("tokens seen (ids)", lambda a: a.tokens_seen / 1e6, "{:.2f}M"),
-             row("bytes seen", lambda a: a.bytes_seen / 1e6, "{:.2f} MB"),
-             row("context (ids)", lambda a: a.context_ids, "{:.0f}"),
-             row("context (bytes)", lambda a: a.context_bytes, "{:.0f}"),
-             row(f"bits/byte, whole val ({b[0].val_bytes:,} bytes)", lambda a: a.val_bpb)]
-    if b[0].held_out_bpb is not None:
-        lines.append(row(f"bits/byte, held-out ({b[0].held_out_bytes:,} bytes)", lambda a: a.held_out_bpb))
-    lines.append("")
-    for field, label in (("val_bpb", "val bits/byte"), ("held_out_bpb", "held-out bits/byte"),
-                         ("bytes_seen", "bytes seen")):
-        r = res.ratio(field)
-        if r is not None:
-            lines.append(f"bytes/tokens, {label}: {r[0]:.3f}x ({r[1]:.3f}-{r[2]:.3f})")
-    sampled = (f"sampled at temperature {res.temperature:g}, top-p {res.top_p:g}"
-               + (f", top-k {res.top_k}" if res.top_k else "") + f" (seed {res.seed})" if res.temperature else "greedy")
-    lines += ["", f"decoding, {sampled}, {res.prompts} held-out prompts x {res.max_bytes} bytes, "
-              f"{'compiled' if res.compiled else 'eager'} step (seed 0's models):", "",
-              "| batch | mode | bytes/s | over its arm's plain | bytes/pass | distinct 8-grams | zstd ratio / real |",
-              "|---|---|---|---|---|---|---|"]
-    for dec in res.decoding:
-        for name, f in dec.modes.items():
-            rep = f.repetition
-            star = " (best)" if name in dec.best.values() else ""
-            over = rep.zstd_ratio_over_real
-            lines.append(f"| {dec.batch_size} | {name}{star} | {dec.bytes_s(name):,.0f} | "
-                         f"{'-' if name.endswith(' plain') else f'{f.speedup:.2f}x'} | {f.bytes_per_forward:.2f} | "
-                         f"{'-' if rep.decoded.distinct_8grams is None else f'{rep.decoded.distinct_8grams:.2f}'} | "
-                         f"{'-' if over is None else f'{over:.2f}'} |")
-    lines.append("")
-    for dec in res.decoding:
-        vs = dec.default_over_best_tokens
-        lines.append(f"batch {dec.batch_size}: bytes {DEFAULT_MODE} over the token arm's best ({dec.best['tokens']}): "
-                     f"{vs.speedup:.2f}x ({vs.speedup_min:.2f}-{vs.speedup_max:.2f})")
-    return "\n".join(lines)
