@@ -171,7 +171,9 @@ def _finish(proc: subprocess.Popen, tmp_path: Path, timeout: float) -> tuple[str
 
 def test_sigterm_to_one_rank_stops_all_at_one_step(corpus, tmp_path):
     run = tmp_path / "run"
-    proc, workers = _launch([*TORCHRUN, "-m", "bytemtp_cli", *_train_args(corpus, run, "--steps", "100000")],
+    # compile off: each rank would compile a run of 100,000 steps (auto) before its third step
+    proc, workers = _launch([*TORCHRUN, "-m", "bytemtp_cli", *_train_args(corpus, run, "--steps", "100000",
+                                                                          "--set", "train.compile=off")],
                             tmp_path, lambda: _logged_steps(run) >= 3)
     os.kill(workers[-1], signal.SIGTERM)
     out, err = _finish(proc, tmp_path, 120)

@@ -172,7 +172,8 @@ def test_two_trainings_into_one_run_the_second_stops_and_changes_nothing(run, co
     # a first training that runs a while without writing into the run after it starts
     with open(log, "w") as f:
         first = subprocess.Popen([*cmd, "--resume", str(run), "--steps", "1000000", "--time", "10m",
-                                  "--set", "train.log_every=1000000", "--set", "train.ckpt_every=1000000"],
+                                  "--set", "train.log_every=1000000", "--set", "train.ckpt_every=1000000",
+                                  "--set", "train.compile=off"],  # 10 minutes would compile (auto) first
                                  stdout=f, stderr=subprocess.STDOUT)
     try:
         _wait_for_text(first, log, r"\d(step/s|s/step)\]")  # its loop is running: the bar shows a step's rate

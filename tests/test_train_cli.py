@@ -176,7 +176,8 @@ def test_resume_after_sigkill_equals_uninterrupted_run_bit_for_bit(tmp_path, cor
 def test_sigterm_saves_the_step_and_exits_0_then_resumes(tmp_path, corpus_dir):
     run = tmp_path / "run"
     log = tmp_path / "run.log"
-    proc = start_cli(new_run_args(corpus_dir, run, 100000, "train.ckpt_every=100000"), log)
+    # compile off: a run of 100,000 steps would compile (auto), minutes on busy cores before step 5
+    proc = start_cli(new_run_args(corpus_dir, run, 100000, "train.ckpt_every=100000", "train.compile=off"), log)
     signal_at_step(proc, run, 5, log, signal.SIGTERM)
     out = log.read_text()
     assert proc.returncode == 0, out[-3000:]
