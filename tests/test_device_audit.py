@@ -204,6 +204,9 @@ class MixedDevices(TorchFunctionMode):
 
 
 MIXED: list[str] = []  # what MixedDevices saw during the test running now
+# the runtime layer's tests run whole commands with every torch call watched: seconds each, so make
+# test-quick leaves them to make test
+RUNTIME = pytest.mark.slow
 
 
 @pytest.fixture
@@ -251,6 +254,7 @@ def _invoke(*args) -> str:
     return res.output
 
 
+@RUNTIME
 def test_train_and_eval(meta_default, corpus_dir, tmp_path):
     _invoke("train", "--preset", "tiny", "--data", corpus_dir, "--out", tmp_path / "run", "--steps", 2,
             "--device", "cpu", "--set", "data.batch_size=2", "--set", "train.compile=off",
@@ -259,12 +263,14 @@ def test_train_and_eval(meta_default, corpus_dir, tmp_path):
             "--device", "cpu")
 
 
+@RUNTIME
 def test_generate(meta_default, ckpt, tmp_path):
     _invoke("generate", "--ckpt", ckpt, "--prompt", "the", "--max-bytes", 6, "--compile", "off", "--device", "cpu")
     _invoke("generate", "--ckpt", ckpt, "--prompt", "a", "--max-bytes", 4, "--temperature", 0.8, "--seed", 1,
             "--compile", "off", "--device", "cpu")
 
 
+@RUNTIME
 def test_bench_decode(meta_default, ckpt, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def f(x):", "import os")))
@@ -273,11 +279,13 @@ def test_bench_decode(meta_default, ckpt, tmp_path):
             "--device", "cpu")
 
 
+@RUNTIME
 def test_tune_heads(meta_default, ckpt, tmp_path):
     _invoke("tune-heads", "--ckpt", ckpt, "--out", tmp_path / "tuned", "--steps", 1, "--report-prompts", 1,
             "--drafter", "medusa", "--device", "cpu", "--set", "data.batch_size=2", "--set", "train.eval_batches=1")
 
 
+@RUNTIME
 def test_eval_tasks_and_export(meta_default, ckpt, tmp_path):
     _invoke("eval-task", "poly", "--ckpt", ckpt, "--per-count", 1, "--counts", "1", "--device", "cpu")
     problems = tmp_path / "toy.jsonl"
@@ -289,6 +297,7 @@ def test_eval_tasks_and_export(meta_default, ckpt, tmp_path):
     _invoke("export", "--ckpt", ckpt, "--out", tmp_path / "hf")
 
 
+@RUNTIME
 def test_lm_eval(meta_default, ckpt, tmp_path):
     pytest.importorskip("lm_eval")
     docs = [{"q": f"{a} + {b} =", "choices": [str(a + b), str(a + b + 1)], "gold": 0} for a in range(2) for b in (1,)]
@@ -297,6 +306,7 @@ def test_lm_eval(meta_default, ckpt, tmp_path):
             "--include_path", tasks, "--tasks", "tiny_mc,tiny_gen")
 
 
+@RUNTIME
 def test_serve(meta_default, ckpt, monkeypatch):
     """`bytemtp serve` as the command builds it (model, engine, server), answering a plain and a
     sampled request with log-probabilities; where the command would wait for a signal, a stand-in
@@ -320,6 +330,7 @@ def test_serve(meta_default, ckpt, monkeypatch):
     assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
 
 
+@RUNTIME
 def test_bench_train_step_and_serve(meta_default, ckpt, monkeypatch):
     from bytemtp.experiments import step_bench
 
@@ -332,6 +343,7 @@ def test_bench_train_step_and_serve(meta_default, ckpt, monkeypatch):
             "--max-bytes", 4, "--rounds", 1, "--compile", "off", "--no-vs-plain", "--device", "cpu")
 
 
+@RUNTIME
 def test_bench_sweep_and_quality(meta_default, corpus_dir, tmp_path):
     grid = tmp_path / "grid.toml"
     grid.write_text(f'preset = "tiny"\nsets = ["data.path={corpus_dir}", "data.batch_size=2", "train.device=cpu", '
@@ -342,6 +354,7 @@ def test_bench_sweep_and_quality(meta_default, corpus_dir, tmp_path):
             "--eval-bytes", 128, "--n-prompts", 1, "--tune-time", "1s", "--out", tmp_path / "q", "--device", "cpu")
 
 
+@RUNTIME
 def test_bench_tokens(meta_default, corpus_dir, tmp_path):
     _invoke("bench", "tokens", "--preset", "tiny", "--data", corpus_dir, "--steps", 1, "--vocab", 270,
             "--held-out", corpus_dir.parent / "src", "--held-out-bytes", 128, "--n-prompts", 1, "--max-bytes", 4,
