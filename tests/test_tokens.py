@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -211,6 +212,36 @@ def test_a_token_checkpoint_decodes_exactly_and_evaluates(token_run, corpus_dir,
     assert res.output.encode() == generate(model, b"the quick", max_bytes=30).output
     res = CliRunner().invoke(main, ["eval", "--ckpt", str(token_run), "--data", str(corpus_dir), "--batches", "2",
                                     "--device", "cpu", "--json", "-"])
+    assert res.exit_code == 0, res.output
+
+
+def test_a_run_whose_tokenizer_was_replaced_by_another_of_its_size_is_refused_in_one_line(corpus_dir, bpe, tmp_path):
+    """Resuming a token run (or starting one from its weights) after its tokenizer.json was replaced
+    by another BPE of the same size stops before any work, naming the file: the checkpoint's copy
+    says which tokenizer the run was trained with."""
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_bytes(Path(bpe.path).read_bytes())
+    run = tmp_path / "run"
+    train_lib.train(tiny_cfg(corpus_dir, "train.steps=2", "model.n_future=2", "model.seq_len=16",
+                             f"model.vocab_size={bpe.size}", f"data.tokenizer={tokenizer}"),
+                    run, show_progress=False, say=lambda m: None)
+    other = train_bpe([d[::-1] for d in train_docs(corpus_dir)], vocab_size=bpe.size, path=tmp_path / "other.json")
+    assert other.size == bpe.size and other.pieces != bpe.pieces
+    tokenizer.write_bytes(Path(other.path).read_bytes())
+    before = (run / "metrics.jsonl").read_bytes()
+    res = CliRunner().invoke(main, ["train", "--resume", str(run), "--steps", "4"])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert res.output.strip().splitlines() == [
+        f"Error: {tokenizer} is not the tokenizer that {run / 'checkpoints' / 'step-00000002'} was trained with (its "
+        f"tokenizer.json differs); put the run's tokenizer back there (a copy is "
+        f"{run / 'checkpoints' / 'step-00000002' / 'tokenizer.json'}), or start a new run"]
+    assert (run / "metrics.jsonl").read_bytes() == before  # nothing written
+    with pytest.raises(CheckpointError, match="is not the tokenizer that"):
+        train_lib.train(tiny_cfg(corpus_dir, "train.steps=1", "model.n_future=2", "model.seq_len=16",
+                                 f"model.vocab_size={bpe.size}", f"data.tokenizer={tokenizer}", f"train.init={run}"),
+                        tmp_path / "from-it", show_progress=False, say=lambda m: None)
+    tokenizer.write_bytes(Path(bpe.path).read_bytes())  # the right one back: it resumes
+    res = CliRunner().invoke(main, ["train", "--resume", str(run), "--steps", "3"])
     assert res.exit_code == 0, res.output
 
 

@@ -7,7 +7,8 @@ Layout under a run directory:
         config.json         {"format_version": 1, "bytemtp_version": ..., "config": {...}}
         train_state.json    the caller's loop state (bytes seen, loader, RNG, metrics) plus "step"
         optimizer.pt        optimizer.state_dict(), tensors only; absent in inference-only exports
-        tokenizer.json      only for a model over BPE tokens (the baseline of `bench tokens`): its vocabulary
+        tokenizer.json      only for a model over BPE tokens (the baseline of `bench tokens`): its vocabulary,
+                            against which a resume checks the run's data.tokenizer (`check_tokenizer`)
 
 Inference (`load_model`) reads only config.json and model.safetensors (and tokenizer.json), so no pickle is ever
 executed to generate or evaluate; `load_train_state` reads optimizer.pt with `weights_only=True`.
@@ -305,6 +306,20 @@ def checkpoint_vocabulary(ckpt: Path, cfg: Config) -> Vocabulary:
     except TokenizerError as e:
         raise CheckpointError(str(e)) from None
     return vocab
+
+
+def check_tokenizer(ckpt: Path, tokenizer: str) -> None:
+    """The tokenizer file a run reads (data.tokenizer) must be the one its checkpoint was trained
+    with, the copy in the checkpoint's tokenizer.json, byte for byte: a BPE of the same size with
+    other merges reads the corpus as other ids, which the model and the loader's saved position do
+    not mean. CheckpointError naming the file otherwise; nothing to compare for bytes, or where
+    either file is missing (the vocabulary's own checks say so)."""
+    copy = ckpt / TOKENIZER_FILE
+    if not tokenizer or not copy.is_file() or not Path(tokenizer).is_file():
+        return
+    if Path(tokenizer).read_bytes() != copy.read_bytes():
+        raise CheckpointError(f"{tokenizer} is not the tokenizer that {ckpt} was trained with (its {TOKENIZER_FILE} "
+                              f"differs); put the run's tokenizer back there (a copy is {copy}), or start a new run")
 
 
 def load_train_state(ckpt_dir: str | os.PathLike, *, model: ByteMTP,

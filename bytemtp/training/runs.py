@@ -6,8 +6,9 @@ trackers of train.log_to write (`tensorboard/`, `wandb/`, `wandb-run.json`; `tra
 turns what a user names (a new run directory, or a run to resume: its directory, its checkpoints/
 folder or its newest checkpoint) and their settings into a `RunPlan`, refusing what cannot work
 before any model is built: a run that another training holds, a tracker whose package is missing, a
-preset with a resume, a change to anything but train.* on resume, no stop condition, a corpus that
-does not exist or is a run directory, a run directory that is taken. `plan_config` does the same for
+preset with a resume, a change to anything but train.* on resume, a tokenizer file (data.tokenizer)
+that is not the one the checkpoint was trained with, no stop condition, a corpus that does not exist
+or is a run directory, a run directory that is taken. `plan_config` does the same for
 a resolved Config, `plan_tune` for a tune of a run's draft heads. A run's corpus path is stored
 absolute, and on resume the same corpus may be named another way, so a run works from any directory.
 
@@ -39,8 +40,8 @@ from bytemtp.config import Config, TrainConfig
 from bytemtp.config_io import to_dict, to_json
 from bytemtp.data import corpus, shards
 from bytemtp.runtime import distributed as dist_lib
-from bytemtp.runtime.checkpoint import (is_checkpoint_dir, latest_checkpoint, load_config, read_train_state,
-                                        resolve_checkpoint)
+from bytemtp.runtime.checkpoint import (check_tokenizer, is_checkpoint_dir, latest_checkpoint, load_config,
+                                        read_train_state, resolve_checkpoint)
 from bytemtp.training import tracking
 
 RUN_CONFIG = "run-config.json"
@@ -308,9 +309,12 @@ def plan_config(cfg: Config, run_dir: str | os.PathLike, *, resume: bool = False
             raise ValueError(f"no checkpoint to resume in {run_dir} (expected "
                              f"{run_dir / 'checkpoints' / 'step-*'}/); start a new run there instead")
         cfg = config_for_resume(load_config(ckpt), cfg)
+        check_tokenizer(ckpt, cfg.data.tokenizer)
     else:
         check_not_a_run(cfg.data.path)
         check_new_run_dir(run_dir)
+    if cfg.train.init and not resume:  # the weights a new run starts from were trained on its tokenizer's ids too
+        check_tokenizer(resolve_checkpoint(cfg.train.init), cfg.data.tokenizer)
     cfg = absolute_corpus(cfg)
     corpus.corpus_files(cfg.data.path)  # a missing corpus fails here, before any work
     tracking.require(cfg.train.log_targets)  # and a missing tracker package
