@@ -488,7 +488,7 @@ class Config:
 
     def __post_init__(self) -> None:
         _check(not self.model.drafts.heads or self.train.trainable == "draft-heads", "model.draft", self.model.draft,
-               "draft heads train with everything else frozen (train.trainable=draft-heads, as tune-heads sets)")
+               "draft heads train with the rest frozen (train.trainable=draft-heads, as tune-heads --drafter sets)")
         if self.loss.rollout_bytes:
             _check(self.train.trainable == "draft-heads", "loss.rollout_bytes", self.loss.rollout_bytes,
                    "self-generated targets need the trunk and head 1 frozen (train.trainable=draft-heads, "

@@ -95,7 +95,8 @@ def test_bench_decode_with_prompts_of_its_own_needs_no_corpus(run_dir, tmp_path,
     assert data["val_bpb"] is None and "val_bytes" not in data and str(corpus) in data["val_note"]
     every = [(b, m) for b in (1, 2) for m in ("auto", "chain-2")]
     assert [(c["batch_size"], c["mode"]) for c in data["cases"]] == every
-    assert all(c["plain_bytes_s"] > 0 and c["bytes_per_forward"] >= 1 for c in data["cases"])
+    # an untrained model's drafts never pay: auto tries them (a re-warm, a pass that emits nothing) and keeps plain
+    assert all(c["plain_bytes_s"] > 0 and c["bytes_per_forward"] >= 0.9 for c in data["cases"])
     notes = [line for line in res.stdout.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and str(corpus) in notes[0] and "not measured" in notes[0]
     assert "model val bits/byte not measured (corpus absent)" in res.stdout and "Traceback" not in res.output

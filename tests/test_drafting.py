@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bytemtp.decoding import decode
-from bytemtp.decoding.drafting import AcceptanceProfile, Choice, DraftTree, PassCosts, best_tree, choose
+from bytemtp.decoding.drafting import (EXPLORE_PASSES, AcceptanceProfile, Arbiter, Choice, DraftTree, PassCosts,
+                                      best_tree, choose)
 from bytemtp.decoding.strategy import Draft
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -135,66 +136,72 @@ def test_trees_accept_more_bytes_per_pass_than_chains_on_a_fitted_model():
     assert any(shape.startswith("tree") for g in tree for shape in g.stats.shapes)
 
 
-# --- exploring: a shape that lost to plain decoding is tried again ---------------------------------
+# --- the arbiter: plain decoding against speculation, on what each delivered ---------------------
 
-def _replans(costs, profile, n, rate_of):
-    """Re-plan n times; after each, run the chosen shape's passes (16), whose true rate is
-    `rate_of(k)` bytes a second; the re-plans that chose speculation."""
-    spec = []
-    for i in range(n):
-        got = choose(profile, costs, max_heads=8, tree=False)
-        seconds = costs.predicted(got.heads, got.tree.T)
-        for _ in range(16):
-            costs.observe(got.heads, got.tree.T, seconds, bytes_per_row=rate_of(got.heads) * seconds)
-        if got.heads > 1:
-            spec.append(i)
-    return spec
-
-
-def _lost_once():
-    costs = PassCosts(dict(CPU_LIKE.table))
-    profile = AcceptanceProfile(8, prior=[0.9] * 7)
-    got = choose(profile, costs, max_heads=8, tree=False)
-    assert got.heads > 1
-    costs.realized[1, 1], costs.realized[got.heads, got.tree.T] = 1.0, 0.5  # it ran slowly once
-    return costs, profile
+def _windows(arbiter, n, rate_of, *, plain_s=1.0, rewarm_s=0.0):
+    """n windows, each running what the arbiter says; a window of p passes lasts p * plain_s
+    seconds and delivers `rate_of(speculative)` bytes a row a second (a switch to speculation
+    costs `rewarm_s` more); the arms each window ran."""
+    arms, speculating = [], False
+    for _ in range(n):
+        spec, passes = arbiter.arm()
+        seconds = passes * plain_s
+        arbiter.record(speculative=spec, rate=rate_of(spec), seconds=seconds,
+                       rewarm_s=rewarm_s if spec and not speculating else 0.0)
+        arms.append(spec)
+        speculating = spec
+    return arms
 
 
-def test_the_chooser_retries_a_lost_shape_less_often_as_losses_accumulate():
-    costs, profile = _lost_once()
-    spec = _replans(costs, profile, 100, lambda k: 1.0 if k == 1 else 0.8)  # it keeps losing
-    gaps = [b - a for a, b in zip(spec, spec[1:])]
-    assert spec[0] <= 3 and len(spec) >= 4  # retried soon, and again
-    assert gaps == sorted(gaps) and gaps[-1] >= 4 * gaps[0]  # ever less often
-    assert len(spec) <= 8  # a shape that keeps losing costs few passes
+def test_plain_decoding_is_measured_first_and_speculation_that_wins_runs_on():
+    arbiter = Arbiter()
+    arms = _windows(arbiter, 20, lambda spec: 2.0 if spec else 1.0, rewarm_s=3.0)
+    assert arms[0] is False and all(arms[1:])  # plain measured, speculation tried, then kept
+    assert arbiter.winning and arbiter.balance_s > 0
 
 
-def test_the_chooser_settles_on_a_shape_that_has_become_better():
-    costs, profile = _lost_once()
-    spec = _replans(costs, profile, 40, lambda k: 1.0 if k == 1 else 2.0)  # now it wins
-    assert spec[0] <= 3 and spec == list(range(spec[0], 40))  # retried, then kept
-    assert not costs.retries.losses
+def test_speculation_that_never_pays_costs_at_most_the_budget():
+    """Tried again as the budget allows (so heads that start to pay are found), never costing plain
+    decoding more than the budget and one try."""
+    arbiter = Arbiter(budget=0.02)
+    arms = _windows(arbiter, 400, lambda spec: 0.5 if spec else 1.0, rewarm_s=2.0)
+    tries = sum(arms)
+    assert tries >= 3  # tried again, not given up for ever
+    worst_try = EXPLORE_PASSES * 0.5 + 2.0  # a try's seconds lost against plain decoding
+    assert -arbiter.balance_s <= 0.02 * arbiter.total_s + worst_try
+    gaps = [b - a for a, b in zip([i for i, a in enumerate(arms) if a], [i for i, a in enumerate(arms) if a][1:])]
+    assert min(gaps) > 1  # a loss is not tried again at once
 
 
-def test_after_a_loss_a_shape_with_no_figure_of_its_own_waits_for_the_retry_too():
-    """One back-off for all speculation: when the shape that ran lost, the next shape the chooser
-    prefers (which has never run) does not run at once, but at the retry."""
-    costs, _ = _lost_once()
-    lost = next(key for key in costs.realized if key != (1, 1))
-    other = AcceptanceProfile(8, prior=[0.9, 0.9] + [0.01] * 5)  # now a short chain is best
-    shapes = []
-    for _ in range(4):
-        got = choose(other, costs, max_heads=8, tree=False)
-        shapes.append(got.heads)
-    assert shapes[0] == 1  # waits, though its own shape never lost
-    spec = [k for k in shapes if k > 1]
-    assert spec and costs._key(spec[0], spec[0]) != lost  # the retry runs the shape preferred now
+def test_heads_that_start_to_pay_are_found_again():
+    arbiter, late = Arbiter(budget=0.02), {"pays": False}
+    _windows(arbiter, 100, lambda spec: 0.5 if spec else 1.0)
+    late["pays"] = True
+    arms = _windows(arbiter, 200, lambda spec: (2.0 if late["pays"] else 0.5) if spec else 1.0)
+    first = arms.index(True)
+    assert first < 60 and all(arms[first:])  # found at a try, then kept
+
+
+def test_choose_speculates_as_the_arbiter_says_with_the_best_shape_that_drafts():
+    good = AcceptanceProfile(8, prior=[0.9] * 7)
+    arbiter = Arbiter()
+    first = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter)
+    assert first.heads == 1 and first.passes == EXPLORE_PASSES  # plain decoding is measured first
+    arbiter.record(speculative=False, rate=1.0, seconds=4.0)
+    tried = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter)
+    assert tried.heads > 1 and tried.tree.T > 1 and tried.passes == EXPLORE_PASSES
+    bad = AcceptanceProfile(8, prior=[0.01] * 7)  # heads that seem never right: a try would cost
+    assert choose(bad, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter).heads == 1
+    arbiter.record(speculative=True, rate=0.5, seconds=4.0, rewarm_s=1.0)  # the try lost
+    assert choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter).heads == 1  # one budget for every shape
+    arbiter.record(speculative=False, rate=1.0, seconds=400.0)  # ... until the budget allows a try again
+    assert choose(bad, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter).heads >= 2
 
 
 def test_a_window_records_what_its_plan_delivered_over_the_loop_s_whole_time():
     """`loop.Window`: bytes the rows emitted, per row live when it opened, over the wall time
-    between two re-plans, into the costs' realized rate of the plan's shape; nothing for a window
-    that compiled a shape or ran fewer than 4 passes."""
+    between two re-plans (its re-warms apart), into the costs' arbiter; nothing for a window that
+    compiled a shape or ran fewer than 4 passes."""
     import time
 
     from bytemtp.decoding.batch import Batch, Row
@@ -211,19 +218,20 @@ def test_a_window_records_what_its_plan_delivered_over_the_loop_s_whole_time():
 
     chain = Choice(4, DraftTree.chain(3), 2.0, 1.5)
     state, costs = batch()
+    costs.arbiter.record(speculative=False, rate=1.0, seconds=1.0)
     window = Window(state, chain)
     t0 = time.perf_counter()
     for row in state.rows:
         row.out.data += b"abcdef"
-    window.passes = 4
+    window.passes, window.rewarm_s = 4, 0.02
     time.sleep(0.05)
     window.close(state)
-    seconds = time.perf_counter() - t0
-    assert costs.realized[costs._key(4, 4)] == pytest.approx(6 / seconds, rel=0.2)
-    assert costs.runs[costs._key(4, 4)] == 1
+    seconds = time.perf_counter() - t0 - 0.02
+    assert costs.arbiter.spec == pytest.approx(6 / seconds, rel=0.2)  # its re-warm apart
+    assert costs.arbiter.total_s == pytest.approx(1.0 + seconds + 0.02, rel=0.2)
     for compiled, passes in ((True, 4), (False, 3)):
         state, costs = batch()
         window = Window(state, chain)
         state.compiled, window.passes = compiled, passes
         window.close(state)
-        assert not costs.realized
+        assert costs.arbiter.total_s == 0 and costs.arbiter.spec is None

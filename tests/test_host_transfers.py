@@ -12,8 +12,7 @@ from doubles import FITTED, FLAT, SONGS, fitted_model
 from bytemtp.decoding import decode
 from bytemtp.decoding.compiled import StaticStep
 from bytemtp.decoding.sampling import Sampling
-from bytemtp.model.draft import DraftPass
-from bytemtp.model.model import ByteMTP
+from bytemtp.model.pass_heads import PassHeads
 from bytemtp.runtime.host import HostReads
 
 DRAFTS = ["plain", "chain-4", "tree-4", "auto", "auto+lookup"]
@@ -32,7 +31,7 @@ def _count(decoder, prompts, *, draft, temperature, monkeypatch):
     sampling = (Sampling(temperature=temperature, generator=torch.Generator(device="cpu").manual_seed(3))
                 if temperature else None)
     passes = []
-    for cls, name in ((ByteMTP, "logits"), (StaticStep, "__call__"), (DraftPass, "head1")):
+    for cls, name in ((PassHeads, "logits"), (PassHeads, "run_pass"), (StaticStep, "__call__")):
         monkeypatch.setattr(cls, name, _counting(getattr(cls, name), passes))
     with HostReads() as reads:
         got = decoder.generate(prompts, max_bytes=60, draft=draft, sampling=sampling)

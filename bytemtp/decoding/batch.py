@@ -146,7 +146,6 @@ class Batch:
         self.active = list(range(len(rows)))
         self.finished: set[int] = set()
         self.stale = StaleHeads(len(rows), n_future, warm=warm)
-        self.carried_s = 0.0  # seconds spent for the next pass before it (a re-warm): its cost includes them
         self.compiled = False  # a pass compiled a new shape since the loop last looked (its time is no rate)
 
     @property

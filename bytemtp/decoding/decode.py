@@ -136,12 +136,16 @@ class Decoder:
         return self.calibration.costs(self, batch_size, static=static)
 
     def plan(self, draft: Draft, *, batch_size: int, static: bool, greedy: bool) -> Choice:
-        """The heads and tree of the next passes: the draft's fixed chain, or (one that adapts) the best
-        by the newest profile and the costs of the batch as it started (rows that finish leave)."""
+        """The heads and tree of the next passes, and how many run before the next plan: the
+        draft's fixed chain, or (one that adapts) the best by the newest profile and the costs of
+        the batch as it started (rows that finish leave), speculating or not as the costs' arbiter
+        says where the passes calibrate them (`drafting.Arbiter`: on what each arm delivered)."""
         if not draft.adapts(greedy):
             return Choice(draft.heads, DraftTree.chain(draft.heads - 1), 0.0, 0.0)
-        return choose(self.profiles[greedy], self.pass_costs(batch_size, static=static),
-                      max_heads=self.model.config.n_future, tree=draft.trees(greedy), heads=draft.heads)
+        costs = self.pass_costs(batch_size, static=static)
+        arbiter = costs.arbiter if self.calibration.for_run(batch_size, static=static) is not None else None
+        return choose(self.profiles[greedy], costs, max_heads=self.model.config.n_future, tree=draft.trees(greedy),
+                      heads=draft.heads, arbiter=arbiter)
 
     # --- a call ----------------------------------------------------------------------------------
 
@@ -179,10 +183,9 @@ class Decoder:
 
     def step(self, state: Batch, choice: Choice) -> None:
         """One speculative pass over the batch: draft, forward, verify, then accept (or propose
-        anew) row by row; its time calibrates the pass costs (under automatic choice), with what
-        was spent for it before it (`Batch.carried_s`: a re-warm of the heads it runs), so that a
-        switch to more heads is charged what the switch costs."""
-        t0, state.carried_s = time.perf_counter() - state.carried_s, 0.0
+        anew) row by row; its time calibrates the pass costs (under automatic choice; a re-warm
+        before it is the loop's window's, `loop.Window`)."""
+        t0 = time.perf_counter()
         cache = state.cache
         k = min(choice.heads, state.warm)  # heads whose caches are complete can run
         batch = [state.rows[r] for r in state.active]

@@ -18,20 +18,16 @@ so a pass that accepts along that chain leaves its cache slots in place. A chain
 with one candidate per depth; sampling always drafts a chain (one draft per position, each
 drawn with the noise of its position: `sampling.verify_sampled`).
 
-Where a shape has run and really delivered fewer bytes per second than plain decoding
-(`PassCosts.realized`), the chooser falls back to plain; but a figure that is never refreshed
-would keep the shape out for ever, whatever the load or the text do later. So speculation that
-lost is tried again (`Retries`): after its m-th loss in a row it waits `base * 2**(m - 1)`
-re-plans, then the shape the chooser prefers runs for one re-plan's passes, which refresh its
-figure; a retry that wins (the shape delivered at least what plain decoding did) clears the
-losses. The back-off is one for every speculative shape (`SPECULATION`): a shape that has not run
-yet waits while every shape that ran lost, so that trying the next shape and the next after a loss,
-each with no figure of its own, does not make the losses add up (at batch 8 on the compiled step,
-with heads right too rarely to pay, that exploration cost 10-20% against plain decoding). The trade-off: a deterministic
-exponential back-off rather than an optimistic bonus or random exploration, so that tests
-replay exactly and a shape that keeps losing costs a share of passes that halves with every
-loss (after m losses, about one re-plan in base * 2**m), while one that has become better is
-found again after a wait that is bounded by the losses it had.
+Plain decoding is always one of the arms, and the choice between it and speculation is made on
+what each really delivered here (`Arbiter`): bytes a row a second over the loop's whole time
+(passes, emitting, slides; `loop.Window`), plain decoding measured first. Speculation that
+delivers more than plain decoding (by `margin`) runs on; speculation that has not won runs only
+while what it has cost against plain decoding, re-warms included, stays within `budget` of the
+time decoded (2%), in short windows (`EXPLORE_PASSES`), so that heads that never pay cost at most
+that share, and heads that start to pay are found again at the next try the budget allows. The
+trade-off: a deterministic budget rather than random exploration, so that tests replay exactly
+and auto is never more than the budget (and one short window) slower than plain decoding, at the
+price of finding heads that have become good only as often as the budget allows.
 """
 
 from __future__ import annotations
@@ -43,7 +39,6 @@ from dataclasses import dataclass
 import torch
 
 TREE_RANKS = 8  # candidates per head that a tree may use (its top 8 bytes)
-SPECULATION = "speculation"  # the key of the one back-off (`Retries`) that every speculative shape shares
 MAX_NODES = 16  # fed nodes in one pass at most (root included)
 
 
@@ -217,9 +212,7 @@ class PassCosts:
         self.calibrate, self.stepwise = calibrate, stepwise
         self.seen: dict[tuple[int, int], float] = {}  # running mean of observed seconds
         self.scale = 1.0  # running mean of observed over predicted: the loop and the load now
-        self.realized: dict[tuple[int, int], float] = {}  # bytes a row per second, by (k, T) as kept
-        self.runs: dict[tuple[int, int], int] = {}  # passes observed, by (k, T) as kept
-        self.retries = Retries()  # when a shape that delivered less than plain decoding runs again
+        self.arbiter = Arbiter()  # plain decoding against speculation, on what each delivered
 
     def _between(self, grid: list[int], x: int) -> tuple[int, int, float]:
         if x <= grid[0]:
@@ -250,31 +243,14 @@ class PassCosts:
             return self.seen[k, T]
         return self.predicted(k, T) * self.scale
 
-    def observe(self, k: int, T: int, seconds: float, *, bytes_per_row: float | None = None,
-                weight: float = 0.1) -> None:
-        """A pass of k heads over T nodes took `seconds` (its whole step, from draft to accept)
-        and gave each row `bytes_per_row` bytes on average."""
+    def observe(self, k: int, T: int, seconds: float, *, weight: float = 0.1) -> None:
+        """A pass of k heads over T nodes took `seconds` (its whole step, from draft to accept)."""
         if not self.calibrate:
             return
         k, T = self._key(k, T)
-        if bytes_per_row is not None:
-            rate, old_rate = bytes_per_row / seconds, self.realized.get((k, T))
-            self.realized[k, T] = rate if old_rate is None else (1 - weight) * old_rate + weight * rate
-            self.runs[k, T] = self.runs.get((k, T), 0) + 1
         old = self.seen.get((k, T))
         self.seen[k, T] = seconds if old is None else (1 - weight) * old + weight * seconds
         self.scale = (1 - weight) * self.scale + weight * seconds / self.predicted(k, T)
-
-    def realize(self, k: int, T: int, rate: float, *, weight: float = 0.3) -> None:
-        """What a stretch of passes of k heads over T nodes really delivered, `rate` bytes a row a
-        second over the loop's whole time (the passes, emitting, sliding, re-warming: `loop.Window`),
-        into `realized`, which weighs a plan against plain decoding."""
-        if not self.calibrate:
-            return
-        k, T = self._key(k, T)
-        old = self.realized.get((k, T))
-        self.realized[k, T] = rate if old is None else (1 - weight) * old + weight * rate
-        self.runs[k, T] = self.runs.get((k, T), 0) + 1
 
     def ratio(self, k: int, T: int) -> float:
         """What the pass costs over a plain one (one head, one node)."""
@@ -289,53 +265,62 @@ class PassCosts:
         return {f"{k}x{T}": round(s * 1e3, 4) for (k, T), s in sorted(self.table.items())}
 
 
-class Retries:
-    """When speculation that lost to plain decoding (by what it really delivered) runs again: after
-    its m-th loss in a row, once `base * 2**(m - 1)` re-plans that prefer it have gone by (module
-    docstring). Kept with the costs, under one key (`SPECULATION`), so that one decoder's calls
-    share it."""
+EXPLORE_PASSES = 4  # passes of a window that tries speculation (or first measures plain decoding)
+PLAN_PASSES = 16  # passes of any other window: between two re-plans of an adapting draft
 
-    def __init__(self, base: int = 2):
-        self.base = base
-        self.losses: dict[tuple[int, int], int] = {}  # losses in a row
-        self.waited: dict[tuple[int, int], int] = {}  # re-plans since the last loss
-        self.trying: dict[tuple[int, int], int] = {}  # retries granted: the shape's passes seen then
 
-    def due(self, key: tuple[int, int], *, lost: bool, runs: int) -> bool:
-        """At a re-plan that prefers `key` by expectation: whether it runs, where it `lost` by its
-        figure after `runs` passes of it. One that did not lose runs, and its losses are cleared (a
-        retry that wins resets them); one whose retry has passed and lost again waits twice as
-        long; a retry that has not run yet (its call ended) stays due."""
-        if not lost:
-            for kept in (self.losses, self.waited, self.trying):
-                kept.pop(key, None)
-            return True
-        if key in self.trying:
-            if self.trying[key] == runs:
-                return True
-            del self.trying[key]
-            self.losses[key] += 1
-            self.waited[key] = 0
-            return False
-        if key not in self.losses:
-            self.losses[key], self.waited[key] = 1, 0
-            return False
-        self.waited[key] += 1
-        if self.waited[key] >= self.base * 2 ** (self.losses[key] - 1):
-            self.trying[key] = runs
-            return True
-        return False
+class Arbiter:
+    """Plain decoding against speculation, on what each really delivered at one batch size and step
+    (module docstring): `record` takes each window's outcome, `arm` says what the next runs."""
+
+    def __init__(self, *, budget: float = 0.02, margin: float = 0.03):
+        self.budget, self.margin = budget, margin
+        self.plain: float | None = None  # bytes a row a second that plain windows delivered (running mean)
+        self.spec: float | None = None  # what the last speculative window delivered
+        self.winning = False  # whether speculation delivered more than plain decoding at its last window
+        self.balance_s = 0.0  # seconds speculation gained over plain decoding (below 0: what it cost)
+        self.total_s = 0.0  # seconds of every window recorded
+        self.rewarm_s = 0.0  # what the last switch to speculation cost (re-warming the heads' caches)
+
+    def record(self, *, speculative: bool, rate: float, seconds: float, rewarm_s: float = 0.0) -> None:
+        """A window delivered `rate` bytes a row a second over `seconds` (its re-warms' `rewarm_s` apart)."""
+        self.total_s += seconds + rewarm_s
+        if rewarm_s:
+            self.rewarm_s = rewarm_s
+        if not speculative:
+            self.plain = rate if self.plain is None else 0.7 * self.plain + 0.3 * rate
+            return
+        self.spec = rate
+        if self.plain is None:  # nothing to weigh it against yet: plain decoding runs next
+            return
+        gain = rate * seconds / self.plain - (seconds + rewarm_s)  # against plain decoding of its bytes
+        self.balance_s += gain
+        self.winning = rate > self.plain * (1 + self.margin)
+
+    def arm(self, try_s: float = 0.0) -> tuple[bool, int]:
+        """Whether the next window speculates, and its passes: plain decoding until it is measured;
+        speculation while it wins; a try of it where what it may cost (`try_s`, by the expected
+        bytes and pass costs, and a re-warm like the last) keeps speculation's cost within the
+        budget; else plain decoding."""
+        if self.plain is None:
+            return False, EXPLORE_PASSES
+        if self.winning:
+            return True, PLAN_PASSES
+        if self.balance_s - try_s - self.rewarm_s >= -self.budget * self.total_s:
+            return True, EXPLORE_PASSES
+        return False, PLAN_PASSES
 
 
 @dataclass(frozen=True)
 class Choice:
     """Heads to run in a pass and the tree it verifies, with the expected bytes per pass and
-    the expected rate relative to plain decoding."""
+    the expected rate relative to plain decoding, for `passes` passes (then the next plan)."""
 
     heads: int
     tree: DraftTree
     bytes_per_pass: float
     speedup: float
+    passes: int = PLAN_PASSES
 
 
 def best_tree(profile: AcceptanceProfile, max_depth: int, max_nodes: int, *,
@@ -361,37 +346,34 @@ def best_tree(profile: AcceptanceProfile, max_depth: int, max_nodes: int, *,
 
 
 def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree: bool,
-           max_nodes: int = MAX_NODES, heads: int | None = None, margin: float = 0.1) -> Choice:
-    """The (heads, tree) that maximises expected bytes per second, assuming the next passes
-    draft alike; `heads` fixes the number of heads (a forced --heads), `tree` False drafts
-    chains only. Speculation must promise `margin` more than plain decoding to be chosen over
-    it, so that estimates off by a few percent do not make decoding slower, and where both have
-    run, the chosen pass must have really delivered more bytes per second than plain decoding (a
-    pass shape that fixed drafts ran slowly says nothing against another one), unless its retry
-    is due (`costs.retries`, which every call here advances: call it once per re-plan)."""
+           max_nodes: int = MAX_NODES, heads: int | None = None, margin: float = 0.1,
+           arbiter: Arbiter | None = None) -> Choice:
+    """The (heads, tree) of the next window and its passes. The shape is the one that maximises
+    expected bytes per second, assuming the next passes draft alike; `heads` fixes the number of
+    heads (a forced --heads), `tree` False drafts chains only. With an `arbiter` (costs that passes
+    calibrate), whether it speculates is the arbiter's (`Arbiter.arm`: on what plain decoding and
+    speculation really delivered), and it speculates with the best shape that drafts; without one
+    (given costs), speculation must promise `margin` more than plain decoding to be chosen."""
     ranks = profile.ranks if tree else 1
-    best = None
-    for k in ([heads] if heads else range(1, max_heads + 1)):
+    best, plain = None, (1.0 / costs(1, 1), 1, [], 1.0)
+    for k in ([heads] if heads else range(2, max_heads + 1)):
         nodes = best_tree(profile, k - 1, max_nodes, ranks=ranks)
         expected = 1.0
-        options = [(expected, 0)]
         for n, (_, prob) in enumerate(nodes, 1):
             expected += prob
-            options.append((expected, n))
-        for expected, n in options:
             rate = expected / costs(k, n + 1)
             if best is None or rate > best[0] * 1.0001:
                 best = (rate, k, [p for p, _ in nodes[:n]], expected)
+    if best is None or heads == 1:
+        best = plain
+    passes = PLAN_PASSES
+    if heads is None:
+        if arbiter is not None:  # a try's cost: its passes' seconds beyond plain decoding of the bytes expected
+            try_s = EXPLORE_PASSES * max(0.0, costs(best[1], len(best[2]) + 1) - best[3] * costs(1, 1))
+            speculate, passes = arbiter.arm(try_s)
+        else:
+            speculate = best[0] >= (1 + margin) * plain[0]
+        best = best if speculate else plain
     rate, k, paths, expected = best
-    plain_key = costs._key(1, 1)
-    plain_rate = costs.realized.get(plain_key, 1 / costs(1, 1))
-    key = costs._key(k, len(paths) + 1)
-    spec_rate = costs.realized.get(key)  # what this pass delivered, where it ran
-    # one back-off for all speculation: a shape that has not run yet waits while every one that ran lost
-    ran = [r for shape, r in costs.realized.items() if shape != plain_key]
-    lost = spec_rate < plain_rate if spec_rate is not None else bool(ran) and max(ran) < plain_rate
-    if heads is None and k > 1 and (rate < (1 + margin) * plain_rate or not costs.retries.due(
-            SPECULATION, lost=lost, runs=sum(n for shape, n in costs.runs.items() if shape != plain_key))):
-        rate, k, paths, expected = plain_rate, 1, [], 1.0
     return Choice(heads=k, tree=DraftTree.from_paths(paths) if paths else DraftTree.chain(0),
-                  bytes_per_pass=expected, speedup=rate * costs(1, 1))
+                  bytes_per_pass=expected, speedup=rate * costs(1, 1), passes=passes)

@@ -10,7 +10,8 @@ sliding full windows (`emit`). The loop orchestrates; the model work is the deco
 engine (`bytemtp.serving.engine`: requests `admit`ted and `remove_finished` between passes) both
 run this loop, so a change to how a pass is chosen or run is made once.
 
-The plan is re-made every `PLAN_EVERY` passes from the newest profile (when the draft adapts) and
+The plan is re-made after each window's passes (`Window.length`: 16, or 4 where it measures plain
+decoding or tries speculation, as `drafting.Arbiter` says) from the newest profile (when the draft adapts) and
 whenever what it was made for changes: the batch size it is planned at, whether the rows are all
 greedy (only then may passes draft trees), the step. A call plans at its starting size and
 greediness (rows that finish leave, the plan stays); a server plans at the batch bucket
@@ -33,7 +34,6 @@ from bytemtp.model.kvcache import KVCache
 from bytemtp.model.model import ByteMTP
 from bytemtp.model.pass_heads import PassHeads
 
-PLAN_EVERY = 16  # passes between re-plans of an adapting draft
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -66,25 +66,26 @@ class Steps(Protocol):
 
 class Window:
     """The passes of one plan, timed as a whole: the bytes the rows emitted over them, per row live
-    when it opened, over the wall time between two re-plans. What a plan really delivers, with
-    everything a pass does not time itself (emitting, slides, re-warms, the loop), so that plain
-    decoding is a measured arm that a losing plan falls back to (`drafting.choose`)."""
+    when it opened, over the wall time between two re-plans, its re-warms apart. What a plan really
+    delivers, with everything a pass does not time itself (emitting, slides, the loop), so that
+    plain decoding is a measured arm (`drafting.Arbiter`); the plan's `passes` run before the next."""
 
     def __init__(self, state: Batch, choice: Choice):
-        self.choice, self.t0 = choice, time.perf_counter()
+        self.choice, self.length, self.t0 = choice, choice.passes, time.perf_counter()
         live = [state.rows[r] for r in state.active if r not in state.finished and not state.rows[r].pad]
         self.rows, self.bytes0 = len(live), sum(len(row.out.data) for row in state.rows)
-        self.passes = 0
+        self.passes, self.rewarm_s = 0, 0.0
         state.compiled = False
 
     def close(self, state: Batch) -> None:
-        """Record the window's rate in the batch's costs: not where a pass compiled, nor for a
-        window of fewer than 4 passes (a call's last few)."""
+        """Record what the window delivered in the batch's costs' arbiter: not where a pass compiled,
+        nor for a window of fewer than 4 passes (a call's last few)."""
         if state.costs is None or state.compiled or self.passes < 4 or not self.rows:
             return
-        seconds = time.perf_counter() - self.t0
+        seconds = time.perf_counter() - self.t0 - self.rewarm_s
         emitted = sum(len(row.out.data) for row in state.rows) - self.bytes0
-        state.costs.realize(self.choice.heads, self.choice.tree.T, emitted / self.rows / seconds)
+        state.costs.arbiter.record(speculative=self.choice.heads > 1, rate=emitted / self.rows / seconds,
+                                   seconds=seconds, rewarm_s=self.rewarm_s)
 
 
 class Loop:
@@ -106,7 +107,6 @@ class Loop:
         self.size = len(rows)  # the size a call plans at
         self.choice: Choice | None = None
         self._planned: tuple | None = None  # (size, greedy) the choice was made for
-        self._since_plan = 0
         self.window: Window | None = None  # the passes of the current plan, timed as a whole
         if rows:
             decoder.prefill(rows, cache, self.full)
@@ -166,7 +166,7 @@ class Loop:
         if choice.heads > state.warm:  # more heads than have complete caches: complete them
             t0 = time.perf_counter()
             self.decoder.rewarm(state, choice.heads)
-            state.carried_s = time.perf_counter() - t0  # the pass that needed it pays for it
+            self.window.rewarm_s += time.perf_counter() - t0  # what switching to speculation cost
         starts = {r: state.cache.lengths[b] for b, r in enumerate(state.active)}
         self.decoder.step(state, choice)
         whole = self.decoder.pass_heads.whole_after(state.warm)  # heads past these lack the pass's keys
@@ -174,7 +174,7 @@ class Loop:
             state.stale.passed(r, heads=whole, start=start)
 
     def plan(self) -> Choice:
-        """The draft of the next pass: re-planned every PLAN_EVERY passes when the draft adapts,
+        """The draft of the next pass: re-planned after each window's passes when the draft adapts,
         and whenever the size or greediness it is planned at changes (then the batch's passes
         calibrate the costs of that size)."""
         state, decoder = self.state, self.decoder
@@ -182,15 +182,14 @@ class Loop:
         greedy = self.greedy if self.greedy is not None else state.greedy
         key = (size, greedy)
         if (self.choice is None or key != self._planned
-                or self._since_plan % PLAN_EVERY == 0 and self.draft.adapts(greedy)):
+                or self.window.passes >= self.window.length and self.draft.adapts(greedy)):
             if self.window is not None and key == self._planned:
                 self.window.close(state)
-            self.choice = decoder.last_choice = decoder.plan(self.draft, batch_size=size, static=state.static,
-                                                             greedy=greedy)
             if key != self._planned:
                 state.costs = decoder.calibration.for_run(size, static=state.static)
-                self._planned, self._since_plan = key, 0
+                self._planned = key
+            self.choice = decoder.last_choice = decoder.plan(self.draft, batch_size=size, static=state.static,
+                                                             greedy=greedy)
             self.window = Window(state, self.choice)
         self.window.passes += 1
-        self._since_plan += 1
         return self.choice

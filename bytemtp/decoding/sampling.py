@@ -43,8 +43,9 @@ def allowed_mask(logits: torch.Tensor, vocab_size: int = BYTES.size) -> torch.Te
     key = (vocab_size, logits.device)
     mask = _MASKS.get(key)
     if mask is None:
-        mask = _MASKS[key] = torch.tensor(emitted(vocab_size), device=logits.device)
-        _COUNTS[key] = int(mask.sum())  # read once, not at every top-k
+        ids = emitted(vocab_size)
+        mask = _MASKS[key] = torch.tensor(ids, device=logits.device)
+        _COUNTS[key] = sum(ids)  # counted on the host: no read of the device, at every top-k or once
     assert mask.shape[-1] == logits.shape[-1], f"logits of {logits.shape[-1]} ids for a vocabulary of {vocab_size}"
     return mask
 

@@ -11,7 +11,7 @@ whatever runs beside it, because every row of a pass is computed from its own ca
 
 What a pass costs is measured once per batch bucket (1, 2, 4, ... up to `max_batch`) when the
 engine starts, so that no request waits on a calibration; the loop plans from the bucket at or
-above the batch's size, every `loop.PLAN_EVERY` passes and whenever the bucket changes. Passes run
+above the batch's size, after each window of passes (`loop.Window`) and whenever the bucket changes. Passes run
 eagerly or on the compiled static step, as the decoder's compile policy says (`serve --compile`):
 on the compiled step every bucket's shapes are compiled when the engine starts, and the batch is
 kept at a bucket's size with placeholder rows.
