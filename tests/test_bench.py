@@ -266,3 +266,15 @@ def test_bench_decode_and_bench_tokens_time_their_arms_with_one_function():
     for module in (bench, token_bench):
         body = inspect.getsource(module).replace(inspect.getsource(bench.time_arms), "")
         assert "interleaved_decodes(" not in body and "manual_seed(" not in body, module.__name__
+
+
+def test_a_noisy_decode_figure_is_printed_with_its_note_and_read_back():
+    """A speedup that its bytes per pass make impossible is kept and marked, never thrown away."""
+    from bytemtp.experiments.bench import DecodeSpeed
+
+    data = {**DECODE, "cases": [{**DECODE["cases"][0], "noise": "auto's speedup 1.71 at 1.00 bytes per pass is "
+                                                                "impossible: the machine was busy"}, *DECODE["cases"][1:]]}
+    res = DecodeSpeed.from_json(data)
+    assert res.cases[0].figures.noise and DecodeSpeed.from_json(_written(res)) == res
+    assert "NOISY, batch 1: auto's speedup 1.71" in res.table()
+    assert "NOISY" not in DecodeSpeed.from_json(DECODE).table()

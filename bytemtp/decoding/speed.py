@@ -95,6 +95,8 @@ class SpeedFigures:
     # the decoding time spent outside the step itself (None: read from a file that predates them)
     host_transfers_per_pass: float | None = None
     outside_step_share: float | None = None
+    # why the speedup cannot be trusted (a speedup its bytes per pass make impossible: a busy machine), else None
+    noise: str | None = None
 
     def to_json(self) -> dict:
         """The figures, the speedup flat (`speedup`, `speedup_min`, `speedup_max`, `speedup_runs`);
@@ -126,8 +128,9 @@ def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", sam
     plain's), both speeds, whether the outputs are identical, the heads run, the commonest draft
     shapes, and how repetitive the mode's outputs are (`repetition.measure_repetition`; `real`:
     the real continuation of each prompt, in the order of the batches' rows). A speedup above bytes per pass is impossible (a pass never costs less than a plain
-    one) and is refused as a bad measurement, on runs long enough to judge (a second of plain
-    decoding), where both run on the same step (`same_step`)."""
+    one): on runs long enough to judge (a second of plain decoding), where both run on the same step
+    (`same_step`), such a figure is kept with a `noise` note that says so, for the table to print
+    beside it (a long benchmark is never thrown away for it)."""
     total = SpeculativeStats.total(g.stats for got in outs[mode] for g in got)
     plain_time, mode_time = sum(map(sum, took[base])), sum(map(sum, took[mode]))
     # bytes a second, not time: sampled outputs differ between the modes (and may end at EOS
@@ -151,13 +154,13 @@ def speed_figures(took: dict, outs: dict, mode: str, *, base: str = "plain", sam
     # judged where both did the same work (the same outputs: greedy, or sampled from one seed)
     if (same_step and figures.identical and plain_time > JUDGED_S
             and speedup_is_impossible(figures.speedup.mid, figures.bytes_per_forward)):
-        raise RuntimeError(f"decode benchmark contradicts itself ({mode}): speedup {figures.speedup.mid:.2f} at "
-                           f"{figures.bytes_per_forward:.2f} bytes per pass, but a pass never costs less than "
-                           "a plain one; rerun on a quieter machine")
+        figures = dataclasses.replace(figures, noise=(
+            f"{mode}'s speedup {figures.speedup.mid:.2f} at {figures.bytes_per_forward:.2f} bytes per pass is "
+            "impossible (a pass never costs less than a plain one): the machine was busy; rerun on a quieter one"))
     return figures
 
 
-_HOST_FIGURES = ("host_transfers_per_pass", "outside_step_share")
+_HOST_FIGURES = ("host_transfers_per_pass", "outside_step_share", "noise")  # written where set
 
 
 def host_cost(batches: list[list[Generation]], seconds: list[float]) -> dict[str, float]:

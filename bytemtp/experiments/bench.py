@@ -128,6 +128,7 @@ class DecodeSpeed:
         lines += [f"{self.prompts} held-out prompts of up to {self.prompt_bytes} bytes, {self.max_bytes} output "
                   f"bytes each, {self.sampling_text}, {self.rounds} interleaved rounds, {self.device} {self.dtype}, "
                   f"compiled step {self.compile}{bpb}", self.cases_table(), self.real_continuation_line()]
+        lines += [f"NOISY, batch {c.batch_size}: {c.figures.noise}" for c in self.cases if c.figures.noise]
         if self.sampled:
             lines.append("sampled: every mode draws each byte by its position from the same seed, so its bytes are "
                          "plain decoding's; they are compared but not judged")

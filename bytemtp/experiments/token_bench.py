@@ -230,6 +230,8 @@ class TokenBench:
         for dec in self.decoding:
             lines.append(f"batch {dec.batch_size}: bytes {DEFAULT_MODE} over the token arm's best "
                          f"({dec.best['tokens']}): {dec.default_over_best_tokens.speedup.format(unit='x')}")
+        lines += [f"NOISY, batch {dec.batch_size}: {f.noise}" for dec in self.decoding
+                  for f in [*dec.modes.values(), dec.default_over_best_tokens] if f.noise]
         return lines
 
 
