@@ -27,9 +27,12 @@ Resume: a resumed run continues the same curves, each step once. The interrupted
 logged steps after the checkpoint it resumes from (metrics.jsonl drops them, `runs.start_run`).
 TensorBoard's writer opens with purge_step = the checkpoint's step + 1, which makes TensorBoard
 discard the earlier sessions' events from that step on, so the resumed session's rows replace
-them. W&B cannot take rows back: RUN/wandb-run.json keeps the W&B run's id and the last step logged
-to it; a resumed session continues that run (the same id, resume="allow") and leaves out the steps
-an earlier session already logged (with exact resume, the same losses; timings differ).
+them. W&B cannot take rows back: RUN/wandb-run.json keeps the W&B run's id; a resumed session
+continues that run (the same id, resume="allow") and leaves out the steps that the earlier
+sessions' logs hold (with exact resume, the same losses; timings differ). What a log holds is read
+from the log itself (`wandb_logged_step`), not from what was handed to W&B: its writer keeps the
+newest records in memory until a 32 KiB block fills, so a session killed by SIGKILL or a power cut
+loses the steps it was given last, and those the resumed session logs again.
 
 A tracker that fails (a full disk, the network) warns once, until it works again, and training goes
 on without it, as for metrics.jsonl; one that cannot start warns and the run trains without it
@@ -45,6 +48,8 @@ import netrc
 import os
 import secrets
 import string
+import struct
+import zlib
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -54,7 +59,8 @@ from bytemtp.config_io import to_dict, to_json
 
 TENSORBOARD_DIR = "tensorboard"  # RUN/tensorboard/: TensorBoard's event files
 WANDB_DIR = "wandb"  # RUN/wandb/: W&B's run folders (offline-run-*, run-*)
-WANDB_RUN = "wandb-run.json"  # the W&B run's id and the last step logged to it
+WANDB_RUN = "wandb-run.json"  # the W&B run's id
+WANDB_BLOCK = 32768  # the block of W&B's transaction log (run-ID.wandb), LevelDB's log format
 FILES = (TENSORBOARD_DIR, WANDB_DIR, WANDB_RUN)  # what the trackers leave in a run directory
 
 # the modules each tracker imports; the first is the package (and extra) a user installs
@@ -167,8 +173,9 @@ class WandbTracker:
         saved = json.loads(self.path.read_text()) if resumed and self.path.is_file() else {}
         alphabet = string.ascii_lowercase + string.digits
         self.id = saved.get("id") or "".join(secrets.choice(alphabet) for _ in range(8))
-        self.logged = self.before = saved.get("step", 0)  # steps up to `before` are an earlier session's
-        self._remember()
+        # steps up to `before` are in an earlier session's log (read before this session's starts)
+        self.before = wandb_logged_step(run_dir / WANDB_DIR, self.id) if saved else 0
+        self.path.write_text(json.dumps({"id": self.id}) + "\n")
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "bytemtp", name=run_dir.resolve().name,
                               id=self.id, resume="allow", dir=str(run_dir), config=to_dict(cfg), mode=wandb_mode(),
                               settings=wandb.Settings(console="off"))
@@ -177,19 +184,53 @@ class WandbTracker:
                 f"wandb sync {run_dir / WANDB_DIR}/offline-run-*")
 
     def log(self, record: dict) -> None:
-        step = record["step"]
-        if step <= self.before:
-            return
-        self.run.log(scalars(record), step=step)  # a second record at the same step joins its row
-        if step > self.logged:
-            self.logged = step
-            self._remember()
-
-    def _remember(self) -> None:
-        self.path.write_text(json.dumps({"id": self.id, "step": self.logged}) + "\n")
+        if record["step"] > self.before:
+            self.run.log(scalars(record), step=record["step"])  # a second record at the same step joins its row
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        wandb.teardown()  # its service too: a later session of the same run in this process gets a new one
+
+
+def wandb_logged_step(wandb_dir: Path, run_id: str) -> int:
+    """The last step that the logs of W&B run `run_id` under `wandb_dir` hold (each session's
+    `*-ID/run-ID.wandb`, offline or online; 0 when none holds one)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    step = 0
+    for path in wandb_dir.glob(f"*-{run_id}/run-{run_id}.wandb"):
+        for data in wandb_log_records(path.read_bytes()):
+            record = pb.Record()
+            record.ParseFromString(data)
+            if record.WhichOneof("record_type") == "history":
+                step = max(step, record.history.step.num)
+    return step
+
+
+def wandb_log_records(data: bytes):
+    """The records (serialised) of a W&B transaction log, in order: a 7-byte header (":W&B", a
+    magic number, a version), then blocks of WANDB_BLOCK bytes holding chunks, each a 7-byte header
+    (the CRC-32 of its type byte and data, its length, its type: 1 a whole record, 2 its first
+    chunk, 3 a middle one, 4 its last) and its data; a block's tail too short for a header is
+    zeros. The log ends where a chunk is cut short or fails its check (a killed writer's tail)."""
+    if data[:4] != b":W&B":
+        return
+    pos, record = 7, b""
+    while pos + 7 <= len(data):
+        room = WANDB_BLOCK - pos % WANDB_BLOCK
+        crc, length, kind = struct.unpack_from("<IHB", data, pos) if room >= 7 else (0, 0, 0)
+        if kind == 0:  # the block's padding
+            pos += room
+            continue
+        chunk = data[pos + 7:pos + 7 + length]
+        if kind > 4 or len(chunk) < length or zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
+            return
+        record = chunk if kind in (1, 2) else record + chunk
+        pos += 7 + length
+        if kind in (1, 4):
+            yield record
 
 
 class Trackers:
