@@ -4,7 +4,9 @@ step once, a missing package is one line before any work, and a failing tracker 
 training.
 
 Runs use the tiny preset on conftest's `corpus_dir` and train in this process. A run "crashes"
-by losing its newest checkpoint, so that its trackers hold steps past the one it resumes from.
+by losing its newest checkpoint, so that its trackers hold steps past the one it resumes from;
+W&B's log is also cut short as a killed writer leaves it, and one run is killed for real
+(SIGKILL, in a subprocess).
 """
 
 from __future__ import annotations
@@ -49,15 +51,16 @@ def _expected(records: list[dict]) -> dict[tuple[str, int], float]:
     return out
 
 
-def _crash_and_resume(cfg_sets: tuple[str, ...], corpus_dir, run):
-    """Train 8 steps (checkpoints 3, 6, 8), lose checkpoint 8, resume to step 10 from step 6;
-    return the records of metrics.jsonl before the resume and after it."""
+def _crash_and_resume(cfg_sets: tuple[str, ...], corpus_dir, run, crash=lambda: None):
+    """Train 8 steps (checkpoints 3, 6, 8), lose checkpoint 8 (and whatever `crash` does), resume to
+    step 10 from step 6; return the records of metrics.jsonl before the resume and after it."""
     say = lambda m: None  # noqa: E731
     train_lib.train(tiny_cfg(corpus_dir, "train.steps=8", *SETS, *cfg_sets), run, show_progress=False, say=say)
     first = read_metrics(run)
     assert {r["step"] for r in first} == set(range(1, 9))
     shutil.rmtree(latest_checkpoint(run))
     assert latest_checkpoint(run).name == "step-00000006"
+    crash()
     result = train_lib.train(tiny_cfg(corpus_dir, "train.steps=10", *SETS, *cfg_sets), run, resume=True,
                              show_progress=False, say=say)
     assert result.step == 10
@@ -123,9 +126,18 @@ def wandb_offline(tmp_path, monkeypatch):
         monkeypatch.setenv(name, str(tmp_path / name))
 
 
+def _new_wandb_service():
+    """Shut this process's W&B service down, as the end of a process does: only then are the logs
+    of the runs it served sure to be written out (`run.finish` may return before)."""
+    import wandb
+
+    wandb.teardown()
+
+
 def _wandb_records(path):
     """The records of a .wandb file: W&B's LevelDB-style log (a 7-byte header, then 32 KiB blocks
-    of chunks, each with a checksum, a length and a type: full, first, middle or last)."""
+    of chunks, each with a checksum, a length and a type: full, first, middle or last), up to a
+    chunk cut short."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     data = open(path, "rb").read()
@@ -139,6 +151,8 @@ def _wandb_records(path):
         if kind == 0:  # zeroed: the rest of the block is padding
             pos += block - pos % block
             continue
+        if pos + 7 + length > len(data):
+            break
         parts += data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # full, or the last chunk of a record
@@ -149,12 +163,13 @@ def _wandb_records(path):
 
 
 def _wandb_sessions(run) -> list[tuple[str, list[dict], dict]]:
-    """Each offline session of the run, in order: (its run id, its history rows, its config)."""
+    """Each offline session of the run, in order: (its run id, its history rows, its config); a
+    session killed before its log's first block was written has none."""
+    _new_wandb_service()  # the logs written out
     sessions = []
     for folder in sorted(glob.glob(str(run / "wandb" / "offline-run-*"))):  # offline-run-DATE_TIME-ID
-        (path,) = glob.glob(f"{folder}/run-*.wandb")
-        rows, config, run_id = [], {}, None
-        for record in _wandb_records(path):
+        rows, config, run_id = [], {}, folder.rsplit("-", 1)[1]
+        for record in (r for path in glob.glob(f"{folder}/run-*.wandb") for r in _wandb_records(path)):
             kind = record.WhichOneof("record_type")
             if kind == "history":
                 rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
@@ -172,7 +187,7 @@ def test_wandb_offline_holds_every_metric_and_a_resumed_run_continues_the_same_r
     first, after = _crash_and_resume(("train.log_to=wandb",), corpus_dir, run)
     sessions = _wandb_sessions(run)
     assert len(sessions) == 2 and sessions[0][0] == sessions[1][0]  # one W&B run, continued
-    assert json.loads((run / "wandb-run.json").read_text()) == {"id": sessions[0][0], "step": 10}
+    assert json.loads((run / "wandb-run.json").read_text()) == {"id": sessions[0][0]}
     assert sessions[1][2]["train"]["log_to"] == "wandb" and sessions[1][2]["model"]["d_model"] == 32
     rows = [row for _, session_rows, _ in sessions for row in session_rows]
     steps = [row["_step"] for row in rows]
@@ -181,6 +196,91 @@ def test_wandb_offline_holds_every_metric_and_a_resumed_run_continues_the_same_r
     records = [r for r in first] + [r for r in after if r["step"] > 8]
     got = {(name, row["_step"]): value for row in rows for name, value in row.items() if not name.startswith("_")}
     assert got == _expected(records)
+
+
+def _cut_the_wandb_log(run) -> int:
+    """Cut the run's W&B log in the middle of a record after step 4's, as a writer killed with
+    records in its buffer leaves it (whole blocks on disk, or a torn last one); return the last step
+    it still holds."""
+    (path,) = glob.glob(str(run / "wandb" / "offline-run-*" / "run-*.wandb"))
+    data = open(path, "rb").read()
+    low, high = 7, len(data)  # the shortest prefix that holds step 4 (what a prefix holds only grows)
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if _last_step(data[:mid]) >= 4 else (mid + 1, high)
+    cut = low + 3  # past step 4's record and into the next chunk
+    with open(path, "wb") as f:
+        f.write(data[:cut])
+    assert _last_step(data[:cut]) < 8
+    return _last_step(data[:cut])
+
+
+def _last_step(data: bytes) -> int:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    steps = [0]
+    for raw in tracking.wandb_log_records(data):
+        record = pb.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "history":
+            steps.append(record.history.step.num)
+    return max(steps)
+
+
+def test_a_resumed_wandb_run_logs_again_the_steps_a_killed_session_had_not_written(tmp_path, corpus_dir,
+                                                                                   wandb_offline):
+    """The steps an interrupted session handed to W&B but W&B had not written when it died are
+    logged by the resumed session: what counts is what the log holds, not what was handed over.
+    Those at or before the checkpoint it resumes from (step 6) come from metrics.jsonl, the rest
+    from its own training."""
+    run = tmp_path / "run"
+    held = []
+    first, after = _crash_and_resume(("train.log_to=wandb",), corpus_dir, run,
+                                     crash=lambda: (_new_wandb_service(), held.append(_cut_the_wandb_log(run))))
+    assert held == [4]  # the log ends before the checkpoint
+    sessions = _wandb_sessions(run)
+    assert [[row["_step"] for row in rows] for _, rows, _ in sessions] == [[1, 2, 3, 4], list(range(5, 11))]
+    got = {(name, row["_step"]): value for _, rows, _ in sessions for row in rows
+           for name, value in row.items() if not name.startswith("_")}
+    assert got == _expected(after)  # what metrics.jsonl holds, every step once
+
+
+@pytest.mark.slow
+def test_wandb_through_a_sigkill_and_a_resume_holds_every_step_once(tmp_path, corpus_dir, wandb_offline):
+    """`bytemtp train` killed with SIGKILL after a checkpoint and resumed: the W&B run's history
+    holds every step once, those the killed session had not yet written included."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    run, steps = tmp_path / "run", 40
+    cmd = [sys.executable, "-m", "bytemtp_cli", "train"]
+    args = ["--preset", "tiny", "--data", str(corpus_dir), "--out", str(run), "--steps", str(steps),
+            "--set", "train.log_every=1", "--set", "data.batch_size=4", "--set", "train.ckpt_every=10",
+            "--set", "train.eval_every=1000", "--set", "train.compile=off", "--set", "train.log_to=jsonl,wandb"]
+    log = tmp_path / "first.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([*cmd, *args], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            done = [r["step"] for r in read_metrics(run)] if (run / "metrics.jsonl").exists() else []
+            if latest_checkpoint(run) is not None and done and done[-1] >= 15:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    resumed = subprocess.run([*cmd, "--resume", str(run)], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    sessions = _wandb_sessions(run)
+    assert len(sessions) == 2 and sessions[0][0] == sessions[1][0]
+    assert [row["_step"] for _, rows, _ in sessions for row in rows] == list(range(1, steps + 1))
 
 
 # --- errors and failures --------------------------------------------------------------------------

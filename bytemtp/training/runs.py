@@ -183,6 +183,15 @@ def already_done(run_dir: Path, tc: TrainConfig) -> RunResult | None:
                      val_bpb=state.get("val_bpb"))
 
 
+def metrics_records(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl, in order (none where it does not exist; a torn line left out)."""
+    records = []
+    for line in path.read_text().splitlines() if path.exists() else ():
+        with contextlib.suppress(ValueError):
+            records.append(json.loads(line))
+    return records
+
+
 def keep_metrics_up_to(path: Path, step: int) -> None:
     """After a resume, drop the lines that the interrupted run logged past its checkpoint."""
     if not path.exists():

@@ -31,8 +31,10 @@ them. W&B cannot take rows back: RUN/wandb-run.json keeps the W&B run's id; a re
 continues that run (the same id, resume="allow") and leaves out the steps that the earlier
 sessions' logs hold (with exact resume, the same losses; timings differ). What a log holds is read
 from the log itself (`wandb_logged_step`), not from what was handed to W&B: its writer keeps the
-newest records in memory until a 32 KiB block fills, so a session killed by SIGKILL or a power cut
-loses the steps it was given last, and those the resumed session logs again.
+newest records in memory until a 32 KiB block fills, so a session killed by SIGKILL loses the
+steps it was given last, some of them at or before the checkpoint resumed from. The resumed
+session first logs those again from metrics.jsonl (which keeps every step up to the checkpoint),
+then goes on from the checkpoint: every step once.
 
 A tracker that fails (a full disk, the network) warns once, until it works again, and training goes
 on without it, as for metrics.jsonl; one that cannot start warns and the run trains without it
@@ -166,7 +168,9 @@ def wandb_mode() -> str | None:
 class WandbTracker:
     """A W&B run for the run directory, continued by every session of the run (`resumed`)."""
 
-    def __init__(self, run_dir: Path, cfg: Config, *, resumed: bool, say):
+    def __init__(self, run_dir: Path, cfg: Config, *, resumed: bool, say, logged: list[dict] = ()):
+        """`logged`: the records of the steps up to the checkpoint a resumed session starts from
+        (metrics.jsonl's), of which it logs those that the earlier sessions' W&B logs lack."""
         import wandb
 
         self.path = run_dir / WANDB_RUN
@@ -182,16 +186,15 @@ class WandbTracker:
         if self.run.settings.mode in ("offline", "dryrun"):  # dryrun: older W&B's name for it
             say(f"W&B run {self.id} is offline in {run_dir / WANDB_DIR}; upload it with: "
                 f"wandb sync {run_dir / WANDB_DIR}/offline-run-*")
+        for record in logged:
+            self.log(record)
 
     def log(self, record: dict) -> None:
         if record["step"] > self.before:
             self.run.log(scalars(record), step=record["step"])  # a second record at the same step joins its row
 
     def close(self) -> None:
-        import wandb
-
         self.run.finish()
-        wandb.teardown()  # its service too: a later session of the same run in this process gets a new one
 
 
 def wandb_logged_step(wandb_dir: Path, run_id: str) -> int:
@@ -259,16 +262,17 @@ class Trackers:
             self.failing.discard(name)
 
 
-def open_trackers(cfg: Config, run_dir: Path, *, step: int, resumed: bool, say) -> Trackers:
+def open_trackers(cfg: Config, run_dir: Path, *, step: int, resumed: bool, say, logged: list[dict] = ()) -> Trackers:
     """The trackers that cfg.train.log_to names besides jsonl, for a session that starts at `step`
-    (from a checkpoint when `resumed`); one that cannot start warns and is left out."""
+    (from a checkpoint when `resumed`, `logged` the records metrics.jsonl holds up to it); one that
+    cannot start warns and is left out."""
     opened = {}
     for name in cfg.train.log_targets:
         try:
             if name == "tensorboard":
                 opened[name] = TensorBoardTracker(run_dir, cfg, step=step)
             elif name == "wandb":
-                opened[name] = WandbTracker(run_dir, cfg, resumed=resumed, say=say)
+                opened[name] = WandbTracker(run_dir, cfg, resumed=resumed, say=say, logged=logged)
         except Exception as e:  # as in Trackers: a tracker never stops training
             say(f"warning: cannot start {name} (train.log_to): {e}; training goes on without it")
     return Trackers(opened, say=say)

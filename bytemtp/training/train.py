@@ -200,8 +200,9 @@ class _Run:
         self.limit = limit
         self.last_tick = 0.0  # when the time fit last observed a step
         self.metrics = open(run_dir / METRICS, "a") if d.is_main else None  # one writer: two would race
+        logged = runs.metrics_records(run_dir / METRICS) if d.is_main and checkpoint is not None else []
         self.trackers = (tracking.open_trackers(cfg, run_dir, step=self.state.step, resumed=checkpoint is not None,
-                                                say=say) if d.is_main else tracking.Trackers())
+                                                say=say, logged=logged) if d.is_main else tracking.Trackers())
         self.metrics_ok = True
 
     def restore(self, ckpt: Path) -> None:
