@@ -7,8 +7,6 @@ import sys
 
 import click
 
-from . import report
-
 
 @click.command("prep")
 @click.argument("sources", nargs=-1, required=True)
@@ -84,7 +82,7 @@ def prep_cmd(sources: tuple[str, ...], out: str, field: str, val_fraction: float
                                 say=lambda text: tqdm.write(text, file=sys.stderr))
     click.echo(f"wrote {out}" + (f", part {part.index}/{part.of}: join the {part.of} parts with `bytemtp prep "
                                  f"--merge PART... --out CORPUS`" if part else ""))
-    click.echo(report.corpus_table(manifest))
+    click.echo(corpus.corpus_table(manifest))
 
 
 def _merge(parts: tuple[str, ...], out: str) -> None:
@@ -92,6 +90,7 @@ def _merge(parts: tuple[str, ...], out: str) -> None:
     from tqdm import tqdm
 
     from bytemtp.data import merge
+    from bytemtp.data.corpus import corpus_table
 
     context = click.get_current_context()
     given = [param.opts[0] for param in context.command.params
@@ -106,7 +105,7 @@ def _merge(parts: tuple[str, ...], out: str) -> None:
         manifest = merge.merge([folder for folder, _ in parts], out, progress=bar.update,
                                say=lambda text: tqdm.write(text, file=sys.stderr))
     click.echo(f"wrote {out} from {len(parts)} parts")
-    click.echo(report.corpus_table(manifest))
+    click.echo(corpus_table(manifest))
 
 
 @click.command("verify")

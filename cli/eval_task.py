@@ -58,7 +58,7 @@ def synthetic_cmd(ckpt: str, per_count: int | None, counts: str | None, stories:
     per_count, stories = per_count or 2000, stories or 200
     test, until_eos = tasks.fixed_test_set(task, per_count=per_count, counts=parse_counts(counts or "1-10"),
                                            n_stories=stories)
-    header, settings = ("operations", {"per_count": per_count}) if task == "poly" else ("mention", {"stories": stories})
+    settings = {"per_count": per_count} if task == "poly" else {"stories": stories}
     model, _ = load_model(ckpt, device=resolve_device(device), dtype=dtype, bytes_only=f"eval-task {task}")
     longest, seq_len = task_context(test, until_eos=until_eos), model.config.seq_len
     if context_left(longest, 0, seq_len) < 0:
@@ -67,11 +67,10 @@ def synthetic_cmd(ckpt: str, per_count: int | None, counts: str | None, stories:
     sizes = {group: len(ps) for group, ps in test.items()}
     with tqdm(total=sum(sizes.values()), desc=task, unit="problem") as bar:
         accuracy = task_accuracy(model, test, batch_size=batch_size, until_eos=until_eos, progress=bar.update)
-    scores = task_answer_scores(model, test, until_eos=until_eos, batch_size=batch_size)
-    overall = sum(accuracy[g] * n for g, n in sizes.items() if n) / sum(sizes.values())
-    echo(report.task_table(header, sizes, accuracy, scores, overall))
-    write_json(json_path, {"task": task, "ckpt": str(ckpt), **settings, "problems": sizes,
-                           "accuracy": accuracy, "overall": overall, "answer_scores": scores})
+    answers = task_answer_scores(model, test, until_eos=until_eos, batch_size=batch_size)
+    scores = tasks.TaskScores(task=task, problems=sizes, accuracy=accuracy, answer_scores=answers)
+    echo(scores.table())
+    write_json(json_path, {"task": task, "ckpt": str(ckpt), **settings, **scores.to_json()})
 
 
 eval_task.add_command(synthetic_cmd, "poly")
@@ -156,8 +155,8 @@ def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperatur
             bars.close()
             click.echo(f"interrupted during {bars.stage or 'loading'}; nothing written", err=True)
             ctx.exit(130)
-    echo(report.humaneval_report(res, source=problems_path or "HumanEval", ckpt=str(ckpt), device=str(dev),
-                                 dtype=dtype) + "\n" + ISOLATION[res.check.execution.sandbox])
+    echo(res.table(source=problems_path or "HumanEval", ckpt=str(ckpt), device=str(dev), dtype=dtype)
+         + "\n" + ISOLATION[res.check.execution.sandbox])
     write_json(json_path, {"ckpt": str(ckpt), "problems_file": problems_path or he.humaneval_path(), "device": str(dev),
                            "dtype": dtype, **res.to_json()})
     if compare and not res.comparison.identical:

@@ -11,7 +11,6 @@ import click
 
 from bytemtp.decoding.strategy import Draft, Shape
 
-from . import report
 from .options import (check_draft, check_output_file, compile_option, decoding_options, device_option, dtype_option,
                       prompt_options, sampling_options)
 
@@ -128,7 +127,7 @@ def _generate_lines(decoder, prompts: list[bytes], *, batch_size: int, raw: bool
                 line = {"index": first + i, "output": result.output.decode("utf-8", "replace")}
                 if raw:
                     line["output_base64"] = base64.b64encode(result.output).decode("ascii")
-                entry = {**report.stats_dict(result.stats),
+                entry = {**result.stats.to_json(),
                          "repetition": dataclasses.asdict(measure_repetition([result.output]))}
                 if show_stats:
                     line["stats"] = entry
@@ -149,6 +148,7 @@ def _generate_stream(decoder, prompt: bytes, *, raw: bool, compare: bool, show_s
     import sys
 
     from bytemtp.decoding.repetition import measure_repetition
+    from bytemtp.decoding.speed import compare_decoding, compile_line, repetition_line
     from bytemtp.vocab import TextStream
 
     text = TextStream()
@@ -165,28 +165,27 @@ def _generate_stream(decoder, prompt: bytes, *, raw: bool, compare: bool, show_s
     out.flush()
     draft = kwargs["draft"]
     if compare and not interrupted.is_set():
-        from bytemtp.decoding.speed import compare_decoding
-
         try:
             res = compare_decoding(decoder, prompt, max_bytes=kwargs["max_bytes"], draft=draft, stop=kwargs["stop"])
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
-        click.echo(report.comparison(res, str(draft)), err=True)
+        click.echo(res.table(str(draft)), err=True)
         if not res.identical:
             raise click.ClickException("speculative output differs from plain greedy output")
-    repetition = dataclasses.asdict(measure_repetition([result.output]))
+    repetition = measure_repetition([result.output])
     if show_stats:
-        click.echo(report.stats_lines(result.stats), err=True)
-        click.echo(report.repetition_line(repetition), err=True)
+        click.echo(result.stats.line(), err=True)
+        click.echo(repetition_line(repetition), err=True)
         if decoder.policy.static is not None:
-            click.echo(report.compile_line(decoder.policy.static.stats()), err=True)
+            click.echo(compile_line(decoder.policy.static.stats()), err=True)
         if draft.heads != 1 or draft.lookup:
-            click.echo(report.draft_summary(result.stats, decoder), err=True)
+            click.echo(result.stats.draft_summary(decoder.last_choice), err=True)
         else:
             click.echo("no drafts: --draft plain runs the next-byte head alone, one byte a pass", err=True)
     if decoder.policy.static is not None:
         stats["compile_stats"] = decoder.policy.static.stats()
-    _write_stats(json_path, {**stats, "stats": report.stats_dict(result.stats), "repetition": repetition})
+    _write_stats(json_path, {**stats, "stats": result.stats.to_json(),
+                             "repetition": dataclasses.asdict(repetition)})
     return interrupted.is_set()
 
 

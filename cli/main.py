@@ -84,7 +84,7 @@ def corpus_info_cmd(path: str, field: str, json_path: str | None) -> None:
              f"format   {m.get('format_version')}" + ("" if m.get("format_version") == shards.FORMAT_VERSION
                                                      else " (JSONL shards: read, but `bytemtp prep` it again "
                                                           "for raw-byte shards and the faster loader)"))
-        echo(report.corpus_table(m))
+        echo(corpus.corpus_table(m))
         if not json_path:
             echo("manifest.json:\n" + json.dumps(m, indent=2))
     else:
@@ -275,7 +275,7 @@ def tune_heads_cmd(ckpt: str | None, out: str, steps: int | None, max_bytes: str
          f"checkpoint {result.checkpoint}")
     after = _draft_report(result.checkpoint, **report_args) if report_args else None
     if after is not None:
-        echo(report.tune_table(before, after))
+        echo(after.table(before))
     write_json(json_path, {"source": cfg.train.init, "tuned": str(result.checkpoint), "before": before,
                            "after": after})
 
@@ -369,11 +369,11 @@ def eval_cmd(ckpt: str, data_path: str | None, split: str | None, batches: int, 
     if res is not None:  # rank 0 reports
         out = {"ckpt": str(ckpt), "data": str(data), "split": split, **res.to_json()}
         echo(f"{res.bytes:,} bytes of {data} ({split})")
-        echo(report.eval_table(res))
+        echo(res.table())
         if decode_prompts:
             decoded = _decoded(ckpt, data, decode_prompts, device=device, dtype=dtype)
             out["decoded"] = decoded.to_json()
-            echo(report.decoded_line(decoded))
+            echo(decoded.line())
         write_json(json_path, out)
 
 

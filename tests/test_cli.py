@@ -245,6 +245,7 @@ LIBRARY_MESSAGES = {
     "bytemtp.data.prep.val_files": ("prep",),
     "bytemtp.evaluation.execution.OPT_IN": ("eval-task humaneval",),
     "bytemtp.evaluation.execution.Isolation.resolve": ("eval-task humaneval",),
+    "bytemtp.evaluation.humaneval_records.HumanEvalRun.table": ("eval-task humaneval",),  # --compare, unmeasured
     "bytemtp.interop.export.export_hf": ("export",),
     "bytemtp.interop.export.model_card": ("export",),
     "bytemtp.experiments.quality.compare": ("bench quality",),

@@ -34,3 +34,27 @@ def test_draft_report_json_has_prompts_only_when_it_decoded():
                                                     ("prompts", 4), ("max_bytes", 150)]
     assert list(HeldOutDecoding(prompts=4, max_bytes=150, bytes_per_forward={"tree-all": 1.3}).to_json().items()) \
         == [("prompts", 4), ("max_bytes", 150), ("bytes_per_forward", {"tree-all": 1.3})]
+
+
+def test_results_render_what_eval_and_tune_heads_print():
+    assert RESULT.table().splitlines() == [
+        "head  bits/byte  accuracy  2..k right  bytes/pass  2..k agree with h1  bytes/pass (agreed)",
+        "----  ---------  --------  ----------  ----------  ------------------  -------------------",
+        "h1    2.500      0.500     -           -           -                   -",
+        "h2    3.000      0.400     0.400       1.40        0.500               1.50",
+        "h3    3.500      0.300     0.200       1.60        0.250               1.75"]
+    assert (HeldOutDecoding(prompts=4, max_bytes=150, bytes_per_forward={"chain-all": 1.234, "tree-all": 1.5}).line()
+            == "decoded: 4 held-out prompts, 150 greedy bytes each; bytes per pass: chain-all 1.23, tree-all 1.50")
+    base = dict(split="val", bytes=1234, bpb=[1.0, 2.0], agreement={2: 0.5}, agreed_bytes_per_forward={2: 1.5})
+    after = DraftReport(**base, decoded_bytes_per_forward={"tree-all": 1.75, "chain-all": 1.5}, prompts=4,
+                        max_bytes=150)
+    before = DraftReport(**{**base, "agreement": {2: 0.25}}, decoded_bytes_per_forward={"tree-all": 1.25,
+                                                                                        "chain-all": 1.0})
+    # the tune's source is a row above where it is left; the decoded drafts' columns sorted by name
+    assert after.table(before).splitlines() == [
+        "1,234 bytes of the val split; decoded: 4 held-out prompts, 150 bytes each, greedy",
+        "heads   h1 bits/byte  2..2 agree  agreed bytes/pass (2)  chain-all bytes/pass  tree-all bytes/pass",
+        "------  ------------  ----------  ---------------------  --------------------  -------------------",
+        "before  1.0000        0.250       1.50                   1.00                  1.25",
+        "after   1.0000        0.500       1.50                   1.50                  1.75"]
+    assert after.table().splitlines()[3].startswith("after ")

@@ -16,12 +16,12 @@ from bytemtp.config_io import tiny
 from bytemtp.decoding import calibration, compiled, decode
 from bytemtp.decoding.compiled import record_costs, record_path
 from bytemtp.decoding.repetition import measure_repetition
+from bytemtp.decoding.speed import repetition_line
 from bytemtp.data.splits import val_continuations
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import load_model, save_checkpoint
 from bytemtp.decoding.strategy import Draft
 from bytemtp_cli.main import main
-from bytemtp_cli.report import repetition_line
 
 
 def run(*args):
@@ -72,7 +72,7 @@ def test_generate_streams_what_the_library_returns(fitted_ckpt):
     assert _bytes_per_pass(res.stderr) > 1.5, res.stderr
     assert "heads run:" in res.stderr and "last plan:" in res.stderr
     # how repetitive the output is, beside its bytes per pass
-    assert repetition_line(dataclasses.asdict(measure_repetition([want]))) + "\n" in res.stderr
+    assert repetition_line(measure_repetition([want])) + "\n" in res.stderr
     assert "decoded text (40 bytes): distinct 8-grams" in res.stderr
     res = run(*args, "--draft", "tree-4", "--raw", "--stats")
     assert res.exit_code == 0, res.output
@@ -88,7 +88,7 @@ def test_compare_reports_speedup_and_identity(ckpt):
     assert "speculative, chain-4+lookup" in res.stderr
     model, _ = load_model(ckpt)
     want = decode.generate(model, b"x = ", max_bytes=30).output
-    assert repetition_line(dataclasses.asdict(measure_repetition([want]))) in res.stderr
+    assert repetition_line(measure_repetition([want])) in res.stderr
     res = run("generate", "--ckpt", ckpt, "--prompt", "x", "--compare", "--temperature", "0.5")
     assert res.exit_code != 0 and "--compare is for greedy" in res.output
 

@@ -1,10 +1,14 @@
 """bytemtp.decoding.generation: what a generation call takes (prompts as bytes or str, and the
-errors for what is neither), and decode statistics summed in one place."""
+errors for what is neither), and decode statistics summed in one place and rendered as `generate`
+prints and writes them."""
+
+import dataclasses
 
 import pytest
 from doubles import generate_batch, generate_speculative, rare_eos_model
 
 from bytemtp.decoding import decode
+from bytemtp.decoding.drafting import Choice, DraftTree
 from bytemtp.decoding.generation import DecodeStats, SpeculativeStats
 from bytemtp.decoding.strategy import Draft
 
@@ -38,3 +42,26 @@ def test_total_adds_plain_and_speculative_statistics():
     assert list(got.shapes.items()) == [("chain-4", 3), ("tree-4", 1)]
     assert got.stopped_by == "" and got.bytes_per_forward == 14 / 8
     assert SpeculativeStats.total([]).bytes_per_forward == 0.0
+
+
+def test_statistics_render_what_generate_prints_and_writes():
+    plain = DecodeStats(bytes_out=30, forward_passes=30, wall_s=0.25, stopped_by="max_bytes")
+    assert plain.line() == "30 bytes in 30 forward passes (1.00 bytes/pass), 0.25 s, 120 bytes/s; stopped by max_bytes"
+    assert plain.to_json() == {"bytes": 30, "forward_passes": 30, "bytes_per_forward": 1.0, "wall_s": 0.25,
+                               "stopped_by": "max_bytes"}
+    spec = SpeculativeStats(bytes_out=300, forward_passes=100, drafted=[10, 8, 0], accepted=[7, 3, 0],
+                            heads_used={4: 60, 2: 40}, shapes={"chain 4": 60, "chain 2": 40}, slides=2,
+                            lookup_passes=5, lookup_accepted=30)
+    # acceptance and heads only where drafts were offered, prompt lookup only where it drafted
+    assert list(spec.to_json())[5:] == ["acceptance", "heads_used", "lookup_passes", "lookup_bytes"]
+    assert spec.to_json()["heads_used"] == {"2": 40, "4": 60}
+    assert list(SpeculativeStats(bytes_out=1, forward_passes=1).to_json()) == list(plain.to_json())
+    summary = spec.draft_summary(None).splitlines()
+    assert summary == ["heads run: 4 (60%), 2 (40%); drafts: chain 4 (60%), chain 2 (40%)",
+                       "draft acceptance by depth: d1 0.70 d2 0.38",
+                       "prompt lookup drafted in 5 passes (5%) and gave 30 bytes (10%)",
+                       "the window slid 2 times"]
+    plan = Choice(heads=4, tree=DraftTree.chain(3), bytes_per_pass=2.5, speedup=1.75)
+    assert spec.draft_summary(plan).splitlines()[2] == (f"last plan: 4 heads, {DraftTree.chain(3).describe()}, "
+                                                        "expected 2.50 bytes/pass and 1.75x plain")
+    assert "last plan" not in spec.draft_summary(dataclasses.replace(plan, speedup=0.0))  # no plan expected one

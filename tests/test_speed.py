@@ -92,3 +92,33 @@ def test_a_speedup_above_bytes_per_pass_is_refused_where_both_did_the_same_work_
     assert SpeedFigures.from_json(noisy.to_json()).noise == noisy.noise
     other = {"plain": [[gen(b"x" * 100, 100)]], "auto": [[gen(b"y" * 100, 80)]]}
     assert speed_figures(took, other, "auto").speedup.mid == pytest.approx(2.0)
+
+
+def test_a_comparison_renders_what_generate_compare_prints():
+    from bytemtp.decoding.repetition import Repetition, RepetitionFigures
+    from bytemtp.decoding.speed import Comparison, repetition_line
+    from bytemtp.spread import Spread
+
+    rep = Repetition(decoded=RepetitionFigures(0.4, 3.0, 40), real=RepetitionFigures(None, None, 40))
+    assert repetition_line(rep) == ("repetition, decoded text (40 bytes): distinct 8-grams 0.40, zstd ratio 3.00x; "
+                                    "real continuation: distinct 8-grams -, zstd ratio -")
+    figures = SpeedFigures(mode="chain-4", speedup=Spread.around(1.75, [1.5, 2.0], keep_runs=True),
+                           bytes_per_forward=2.5, pass_cost=1.2, plain_bytes_s=1000.0, spec_bytes_s=1750.0,
+                           identical=True, heads_used={4: 3}, shapes={}, repetition=rep)
+    eager = Comparison(figures=figures, output=b"xy", compiled=False, degenerate=False, identical=True)
+    assert eager.table("chain-4").splitlines()[:3] == [
+        "plain greedy, eager:             1,000 bytes/s, 1.00 bytes/pass",
+        "speculative, chain-4             1,750 bytes/s, 2.50 bytes/pass",
+        "speedup 1.75x over eager plain (runs: 1.50, 2.00); outputs identical: yes"]
+    # on the compiled step, eager plain decoding is the baseline above and the speedups over it below
+    compiled = dataclasses.replace(eager, output=b"aaa", compiled=True, degenerate=True, identical=False,
+                                   eager_plain_bytes_s=500.0, compiled_plain_speedup=2.0, eager_speedup=3.5,
+                                   compile_stats={"graphs": 2, "compile_s": 1.0, "cache_hits": 0, "cache_misses": 2})
+    lines = compiled.table("chain-4").splitlines()
+    assert lines[:2] == ["plain greedy, eager:               500 bytes/s, 1.00 bytes/pass",
+                         "plain greedy, compiled:          1,000 bytes/s, 1.00 bytes/pass"]
+    assert lines[3].startswith("speedup 1.75x over compiled plain") and lines[3].endswith("identical: NO")
+    assert lines[4] == repetition_line(rep)
+    assert lines[5:7] == ["over eager plain: compiled plain 2.00x, speculative 3.50x",
+                          "compiled step: 2 graphs in 1.0 s (disk cache: 0 hits, 2 misses)"]
+    assert lines[7].startswith("note: the output is one byte repeated (b'a')")

@@ -323,3 +323,19 @@ def test_write_corpus_is_the_task_corpus_command(tmp_path):
         T.write_corpus("induction", tmp_path / "ind", documents=10, operations=(1, 5))
     with pytest.raises(ValueError, match="task 'sums' does not exist"):
         T.write_corpus("sums", tmp_path / "sums")
+
+
+def test_task_scores_weigh_each_group_by_its_problems():
+    scores = T.TaskScores(task="poly", problems={1: 3, 2: 1, 11: 0}, accuracy={1: 1.0, 2: 0.0, 11: 0.0},
+                          answer_scores={g: {"byte_accuracy": 0.5, "bpb": 1.25} for g in (1, 2, 11)})
+    assert scores.overall == 0.75  # 3 of 4 problems; an empty group counts for nothing
+    assert list(scores.to_json()) == ["problems", "accuracy", "overall", "answer_scores"]
+    assert scores.table().splitlines() == [
+        "operations  problems  exact match  answer byte acc  answer bits/byte",
+        "----------  --------  -----------  ---------------  ----------------",
+        "1           3         1.000        0.500            1.250",
+        "2           1         0.000        0.500            1.250",
+        "11          0         0.000        0.500            1.250",
+        "all         4         0.750"]
+    induction = dataclasses.replace(scores, task="induction")
+    assert induction.table().startswith("mention ")

@@ -16,7 +16,8 @@ rather than reported as a missing corpus.
 
 Reading. `iter_documents` reads one file through its format's reader (`readers.reader_for`); bad
 JSONL lines and null table rows are skipped and counted by reason, never dropped silently.
-`describe` is what `bytemtp corpus-info` shows.
+`describe` is what `bytemtp corpus-info` shows; a prepared corpus's manifest renders as the table
+that it, `prep` and `prep --merge` print (`corpus_table`).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from collections.abc import Iterator
 
 from bytemtp.data.readers import SKIP_REASONS, reader_for
 from bytemtp.data.shards import MANIFEST, CorpusError, check_split, corpus_dir, read_manifest
+from bytemtp.tables import table
 
 # --- finding files --------------------------------------------------------------------------------
 
@@ -194,3 +196,37 @@ def describe(path, *, field: str = "text") -> dict:
     return {"path": ", ".join(os.fspath(i) for i in spec_items(path)), "prepared": False,
             "files": len(files), "documents": documents, "bytes": nbytes, "compressed_bytes": compressed,
             "ratio": ratio(nbytes, compressed), "skipped": {r: counts.get(r, 0) for r in SKIP_REASONS}}
+
+
+def split_line(manifest: dict) -> str:
+    """How a prepared corpus was split, from its manifest's record."""
+    split = manifest.get("split")
+    if split is None:
+        return "split: by document hash (not recorded: prepared before the manifest kept it)"
+    if split["method"] == "inputs":
+        return (f"split: val is {split.get('val_files', '?')} val input file(s) whole "
+                f"({', '.join(split['val_inputs'])}), train every other input")
+    if split["method"] == "tail":
+        return f"split: the last {split['val_tail']:g} of each document's bytes to val, the rest to train"
+    return f"split: by document hash, val fraction {split['val_fraction']:g}"
+
+
+def corpus_table(manifest: dict) -> str:
+    """A prepared corpus from its manifest: documents, bytes, compression and shards per split, how
+    it was split, the duplicates and bad records left out, and what its integrity record checks."""
+    rows = []
+    for name, split in manifest["splits"].items():
+        ratio = split["bytes"] / split["compressed_bytes"] if split["compressed_bytes"] else 0.0
+        rows.append((name, f"{split['documents']:,}", f"{split['bytes']:,}",
+                     f"{split['compressed_bytes']:,}", f"{ratio:.2f}", len(split["shards"])))
+    lines = [table(rows, ("split", "documents", "bytes", "compressed", "ratio", "shards")), split_line(manifest)]
+    skipped = {k: v for k, v in manifest.get("skipped", {}).items() if v}
+    lines.append(f"duplicates removed: {manifest.get('duplicates', 0):,}; skipped: "
+                 + (", ".join(f"{k} {v:,}" for k, v in sorted(skipped.items())) or "none"))
+    if all("shard_files" in split for split in manifest["splits"].values()):
+        lines.append("integrity: each shard's size and index sha256 recorded (checked whenever the corpus is "
+                     "opened); bytemtp verify checks every document")
+    else:
+        lines.append("integrity: no per-shard record (prepared before it was kept), so opening the corpus checks "
+                     "nothing; bytemtp verify checks its splits' documents, and prep again records it")
+    return "\n".join(lines)

@@ -1,7 +1,8 @@
 """What a generation call takes and gives: prompts as bytes (from str, or a JSONL file of text
 or base64), the bytes generated with the rules that end them (EOS, stop strings, max_bytes), and
 the statistics of the decoding (bytes, forward passes, drafts offered and accepted), summed over
-many decodes in one place (`SpeculativeStats.total`)."""
+many decodes in one place (`SpeculativeStats.total`). The statistics render what `generate` prints
+of them and writes as JSON (`line`, `draft_summary`, `to_json`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import base64
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from bytemtp.vocab import EOS
+
+if TYPE_CHECKING:
+    from bytemtp.decoding.drafting import Choice
 
 
 @dataclass
@@ -24,6 +28,18 @@ class DecodeStats:
     @property
     def bytes_per_forward(self) -> float:
         return self.bytes_out / max(1, self.forward_passes)
+
+    def line(self) -> str:
+        """Bytes, passes, bytes per pass, seconds, speed and why decoding stopped, in one line."""
+        return (f"{self.bytes_out} bytes in {self.forward_passes} forward passes ({self.bytes_per_forward:.2f} "
+                f"bytes/pass), {self.wall_s:.2f} s, {self.bytes_out / max(self.wall_s, 1e-9):,.0f} bytes/s; "
+                f"stopped by {self.stopped_by}")
+
+    def to_json(self) -> dict:
+        """What `generate` writes of a decode's statistics (rounded)."""
+        return {"bytes": self.bytes_out, "forward_passes": self.forward_passes,
+                "bytes_per_forward": round(self.bytes_per_forward, 3), "wall_s": round(self.wall_s, 4),
+                "stopped_by": self.stopped_by}
 
 
 @dataclass
@@ -72,6 +88,39 @@ class SpeculativeStats(DecodeStats):
             self.accepted.append(0)
         self.drafted[depth - 1] += 1
         self.accepted[depth - 1] += used
+
+    def to_json(self) -> dict:
+        """`DecodeStats.to_json`, and where drafts were offered the acceptance per depth and the
+        heads run, where prompt lookup drafted its passes and bytes."""
+        out = super().to_json()
+        if self.drafted:
+            out["acceptance"] = [round(r, 4) for r in self.acceptance]
+            out["heads_used"] = {str(k): n for k, n in sorted(self.heads_used.items())}
+        if self.lookup_passes:
+            out["lookup_passes"], out["lookup_bytes"] = self.lookup_passes, self.lookup_accepted
+        return out
+
+    def draft_summary(self, last_choice: Choice | None) -> str:
+        """What the decoder chose: heads per pass, the commonest draft shapes, acceptance per depth,
+        and its last plan (`last_choice`, the decoder's; where it expected a speedup), prompt
+        lookup's share and the window's slides where there were any."""
+        total = max(1, sum(self.heads_used.values()))
+        heads = ", ".join(f"{k} ({100 * n / total:.0f}%)" for k, n in
+                          sorted(self.heads_used.items(), key=lambda kv: -kv[1]))
+        shapes = ", ".join(f"{s} ({100 * n / total:.0f}%)" for s, n in
+                           sorted(self.shapes.items(), key=lambda kv: -kv[1])[:3])
+        rates = " ".join(f"d{j + 1} {r:.2f}" for j, r in enumerate(self.acceptance) if self.drafted[j])
+        lines = [f"heads run: {heads}; drafts: {shapes}", f"draft acceptance by depth: {rates or 'none drafted'}"]
+        if last_choice is not None and last_choice.speedup:
+            lines.append(f"last plan: {last_choice.heads} heads, {last_choice.tree.describe()}, expected "
+                         f"{last_choice.bytes_per_pass:.2f} bytes/pass and {last_choice.speedup:.2f}x plain")
+        if self.lookup_passes:
+            passes, accepted = self.lookup_passes, self.lookup_accepted
+            lines.append(f"prompt lookup drafted in {passes} passes ({100 * passes / total:.0f}%) "
+                         f"and gave {accepted} bytes ({100 * accepted / max(1, self.bytes_out):.0f}%)")
+        if self.slides:
+            lines.append(f"the window slid {self.slides} times")
+        return "\n".join(lines)
 
     @classmethod
     def total(cls, stats: Iterable[DecodeStats]) -> SpeculativeStats:

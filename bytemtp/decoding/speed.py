@@ -9,9 +9,10 @@ measured, its graphs compiled, the acceptance profile learnt, the allocator warm
 decoder (eager or compiled) and the arguments of its `generate` call (a draft, sampling options).
 The figures are frozen dataclasses: `SpeedFigures` (its `to_json` is a case of `bench decode
 --json`; its speedup a `Spread` over the batches and rounds) and `Comparison` (`generate
---compare`); `compile_line` says what compiling the static step cost. Beside the speed, each says how repetitive the
-text it was measured on is (`repetition`, against the real continuation where the prompts have
-one): a speedup on a run of spaces is a speedup on nothing.
+--compare`, which renders what that prints: `Comparison.table`); `compile_line` says what compiling
+the static step cost. Beside the speed, each says how repetitive the text it was measured on is
+(`repetition`, against the real continuation where the prompts have one; `repetition_line`): a
+speedup on a run of spaces is a speedup on nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from bytemtp.decoding.calibration import compile_shapes
 from bytemtp.decoding.decode import Decoder
 from bytemtp.decoding.generation import Generation, SpeculativeStats, as_bytes
-from bytemtp.decoding.repetition import Repetition, measure_repetition
+from bytemtp.decoding.repetition import Repetition, RepetitionFigures, measure_repetition
 from bytemtp.decoding.strategy import Draft
 from bytemtp.runtime.devices import synchronize
 from bytemtp.spread import Spread
@@ -189,6 +190,31 @@ class Comparison:
     eager_speedup: float | None = None  # speculative over eager plain
     compile_stats: dict | None = None
 
+    def table(self, mode: str) -> str:
+        """What `generate --compare` prints, `mode` naming the speculative draft: plain and
+        speculative speeds, the speedup and its runs, identity, how repetitive the output is; on
+        the compiled step also eager plain decoding, the speedups over it and what compiling cost."""
+        step = "compiled" if self.compiled else "eager"
+        fig = self.figures
+        lines = []
+        if self.compiled:
+            lines.append(f"plain greedy, eager:          {self.eager_plain_bytes_s:8,.0f} bytes/s, 1.00 bytes/pass")
+        lines += [f"plain greedy, {step + ':':15s} {fig.plain_bytes_s:8,.0f} bytes/s, 1.00 bytes/pass",
+                  f"speculative, {mode:16s} {fig.spec_bytes_s:8,.0f} bytes/s, {fig.bytes_per_forward:.2f} bytes/pass",
+                  f"speedup {fig.speedup.mid:.2f}x over {step} plain "
+                  f"(runs: {', '.join(f'{r:.2f}' for r in fig.speedup.runs)}); "
+                  f"outputs identical: {'yes' if self.identical else 'NO'}",
+                  repetition_line(fig.repetition)]
+        if self.compiled:
+            lines.append(f"over eager plain: compiled plain {self.compiled_plain_speedup:.2f}x, speculative "
+                         f"{self.eager_speedup:.2f}x")
+            if self.compile_stats:
+                lines.append(compile_line(self.compile_stats))
+        if self.degenerate:
+            lines.append(f"note: the output is one byte repeated ({self.output[:1]!r}): a degenerate "
+                         "continuation says little about speed; try another prompt")
+        return "\n".join(lines)
+
 
 def compare_decoding(decoder: Decoder, prompt: bytes | str, *, max_bytes: int, draft: Draft | str = Draft(),
                      stop: tuple = (), rounds: int = 3) -> Comparison:
@@ -228,3 +254,18 @@ def compile_line(stats: dict) -> str:
     served = "the disk cache served" if stats["cache_hits"] and not stats["cache_misses"] else (
         f"disk cache: {stats['cache_hits']} hits, {stats['cache_misses']} misses")
     return f"compiled step: {stats['graphs']} graphs in {stats['compile_s']:.1f} s ({served})"
+
+
+def repetition_line(rep: Repetition) -> str:
+    """How repetitive decoded text is, in one line: its distinct 8-grams and zstd ratio, beside
+    the real continuation's and the ratio of the zstd ratios where the prompts had one."""
+    def figures(f: RepetitionFigures) -> str:
+        distinct = "-" if f.distinct_8grams is None else f"{f.distinct_8grams:.2f}"
+        ratio = "-" if f.zstd_ratio is None else f"{f.zstd_ratio:.2f}x"
+        return f"distinct 8-grams {distinct}, zstd ratio {ratio}"
+    line = f"repetition, decoded text ({rep.decoded.bytes:,} bytes): {figures(rep.decoded)}"
+    if rep.real is not None:
+        line += f"; real continuation: {figures(rep.real)}"
+        if rep.zstd_ratio_over_real is not None:
+            line += f"; decoded zstd ratio {rep.zstd_ratio_over_real:.2f}x the real's"
+    return line

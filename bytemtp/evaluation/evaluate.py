@@ -21,7 +21,8 @@ Under torchrun every rank evaluates its own share of the corpus; the sums are ad
 ranks before anything is divided.
 
 Results are frozen dataclasses (`EvalResult`, `DraftReport`, `HeldOutDecoding`), each owning its
-JSON form (`to_json`: what `bytemtp eval --json`, `tune --json` and `bench` write).
+JSON form (`to_json`: what `bytemtp eval --json`, `tune --json` and `bench` write) and what the
+commands print of it (`table`, `line`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from bytemtp.model.model import ByteMTP
 from bytemtp.runtime import distributed as dist_lib
 from bytemtp.runtime.checkpoint import load_model
 from bytemtp.runtime.devices import resolve_device
+from bytemtp.tables import table
 from bytemtp.vocab import EOS
 
 
@@ -71,6 +73,19 @@ class EvalResult:
                    acceptance=by_k("acceptance"), bytes_per_forward=by_k("bytes_per_forward"),
                    agreement=by_k("agreement"), agreed_bytes_per_forward=by_k("agreed_bytes_per_forward"))
 
+    def table(self) -> str:
+        """What `bytemtp eval` prints, per head: bits/byte and accuracy; per k: heads 2..k right
+        about the text and in agreement with head 1, and the bytes per pass each predicts for a
+        chain of k heads."""
+        def by_k(key, k, spec):
+            return format(getattr(self, key).get(k + 1, 1.0), spec) if k else "-"
+        rows = [(f"h{k + 1}", f"{b:.3f}", f"{a:.3f}", by_k("acceptance", k, ".3f"),
+                 by_k("bytes_per_forward", k, ".2f"), by_k("agreement", k, ".3f"),
+                 by_k("agreed_bytes_per_forward", k, ".2f"))
+                for k, (b, a) in enumerate(zip(self.bpb, self.accuracy))]
+        return table(rows, ("head", "bits/byte", "accuracy", "2..k right", "bytes/pass", "2..k agree with h1",
+                            "bytes/pass (agreed)"))
+
 
 @dataclass(frozen=True)
 class HeldOutDecoding:
@@ -81,6 +96,12 @@ class HeldOutDecoding:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+    def line(self) -> str:
+        """The prompts, the bytes decoded from each and the bytes per pass of each draft, in one line."""
+        shapes = ", ".join(f"{name} {bpp:.2f}" for name, bpp in self.bytes_per_forward.items())
+        return (f"decoded: {self.prompts} held-out prompts, {self.max_bytes} greedy bytes each; "
+                f"bytes per pass: {shapes}")
 
 
 @dataclass(frozen=True)
@@ -101,6 +122,27 @@ class DraftReport:
         if self.prompts is None:
             del out["prompts"], out["max_bytes"]
         return out
+
+    def table(self, before: DraftReport | None = None) -> str:
+        """What `tune-heads` prints: this report (after a tune) under `before` (the tune's source;
+        None when it is gone): head 1's bits/byte (unchanged), how often heads 2..k all agree with
+        head 1 (k = 2, 4, n), the bytes per pass that predicts, and the bytes per pass decoded."""
+        n = len(self.bpb)
+        ks = sorted({2, min(4, n), n})
+        decoded = sorted(self.decoded_bytes_per_forward)
+        header = ("heads", "h1 bits/byte", *(f"2..{k} agree" for k in ks), f"agreed bytes/pass ({n})",
+                  *(f"{name} bytes/pass" for name in decoded))
+
+        def row(name, res):
+            return (name, f"{res.bpb[0]:.4f}", *(f"{res.agreement[k]:.3f}" for k in ks),
+                    f"{res.agreed_bytes_per_forward[n]:.2f}",
+                    *(f"{res.decoded_bytes_per_forward[d]:.2f}" for d in decoded))
+
+        rows = ([row("before", before)] if before else []) + [row("after", self)]
+        where = f"{self.bytes:,} bytes of the {self.split} split"
+        if decoded:
+            where += f"; decoded: {self.prompts} held-out prompts, {self.max_bytes} bytes each, greedy"
+        return where + "\n" + table(rows, header)
 
 
 def evaluate_checkpoint(ckpt, data: str, *, split: str | None = "val", batches: int = 50, batch_size: int = 8,

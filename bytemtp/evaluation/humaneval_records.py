@@ -1,9 +1,10 @@
 """HumanEval's records (bytemtp.evaluation.humaneval): a decoded completion, the decoding
 statistics and the speed comparison of a run, a completion checked against its tests, a task's
 and a whole check's results, and the run with its settings. Each is frozen and owns its JSON form
-(`to_json`), which is what `bytemtp eval-task humaneval --json` writes, key for key; the trade-off:
-the JSON shape is spelled out by hand where a field's form differs (sorted heads with str keys,
-the optional `prompt_fits` and `comparison`), so that the files keep the form they always had.
+(`to_json`), which is what `bytemtp eval-task humaneval --json` writes, key for key; the run also
+renders what the command prints (`HumanEvalRun.table`). The trade-off: the JSON shape is spelled
+out by hand where a field's form differs (sorted heads with str keys, the optional `prompt_fits`
+and `comparison`), so that the files keep the form they always had.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from bytemtp.decoding.generation import Generation, SpeculativeStats
 from bytemtp.evaluation.execution import Outcome
 from bytemtp.evaluation.guard import PASSED
 from bytemtp.spread import Spread
+from bytemtp.tables import table
 
 
 @dataclass(frozen=True)
@@ -203,3 +205,34 @@ class HumanEvalRun:
         extra = {"comparison": self.comparison.to_json()} if self.comparison is not None else {}
         return {"settings": self.settings.to_json(), **self.check.to_json(), "decoding": self.decoding.to_json(),
                 **extra, "slid": self.slid, "compile_stats": self.compile_stats}
+
+    def table(self, *, source: str, ckpt: str, device: str, dtype: str) -> str:
+        """What `eval-task humaneval` prints of the run: what was run (the problems' `source`, the
+        checkpoint, device and dtype), pass@k, the verdicts' shares, the decoding statistics, the
+        speedup where it was measured, and whether the prompts fit the context."""
+        s, dec, check = self.settings, self.decoding, self.check
+        n = check.problems
+        how = "greedy" if s.temperature == 0 else f"temperature {s.temperature:g}, top-p {s.top_p:g}, seed {s.seed}"
+        lines = [f"{n} problems of {source}, {s.samples} sample(s) each ({how}), "
+                 f"at most {s.max_bytes} bytes; {ckpt}, {device} {dtype}"]
+        rows = [(k, f"{v:.4f}") for k, v in check.pass_at_k.items()]
+        rows += [(verdict, f"{100 * share:.1f}% of {check.completions}") for verdict, share in check.shares.items()]
+        lines.append(table(rows, ("score", "value")))
+        rates = ", ".join(f"d{j + 1} {a:,}/{d:,}" for j, (a, d) in enumerate(zip(dec.accepted, dec.drafted)) if d)
+        lines.append(f"decoding: {dec.bytes:,} bytes in {dec.forward_passes:,} forward passes "
+                     f"({dec.bytes_per_forward:.2f} bytes/pass), {dec.bytes_per_s:,.0f} bytes/s; heads "
+                     f"{s.heads}; drafts accepted/drafted by depth: {rates or 'none drafted'}")
+        if self.comparison is not None:
+            c = self.comparison
+            lines.append(f"speedup over plain greedy decoding: {c.speedup.mid:.2f}x ({c.speedup.low:.2f}-"
+                         f"{c.speedup.high:.2f} over {c.batches} batches, interleaved); outputs identical: "
+                         f"{'yes' if c.identical else 'NO'}" + (f"\nnote: {c.note}" if c.note else ""))
+        else:
+            lines.append("speedup over plain decoding: not measured (--compare decodes plainly too); bytes/pass "
+                         "is its upper bound")
+        longer = sum(not t.prompt_fits for t in check.tasks)
+        lines.append(f"context: {longer} of {n} prompts are longer than the model's {s.seq_len} bytes "
+                     f"and {self.slid} of {check.completions} completions slid the window (the model saw "
+                     "only the newest bytes)" if longer or self.slid else
+                     f"context: every prompt fits the model's {s.seq_len} bytes")
+        return "\n".join(lines)

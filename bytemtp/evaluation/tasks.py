@@ -29,6 +29,9 @@ A problem is a later mention of a character: the story up to that mention's firs
 space; the answer is the second part (the bytes that follow are not scored). Groups: the
 mention's number (2, 3, 4+). Stories are at most STORY_MAX bytes, so a context of 512 holds any
 prompt of the test set.
+
+A model's scores on a test set, per group, are a `TaskScores`: its JSON form (`to_json`) and the
+table `eval-task poly|induction` prints (`table`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import tempfile
 from dataclasses import dataclass
 
 from bytemtp.data import prep
+from bytemtp.tables import table
 
 P, DEGREE = 7, 5  # coefficients modulo P; X^DEGREE = 0
 OPS = ("neg", "add", "mul", "comp")
@@ -286,3 +290,34 @@ def fixed_test_set(task: str, *, per_count: int = 2000, counts: range = range(1,
     if task == "poly":
         return test_set(per_count, counts), True
     return induction_test_set(n_stories), False
+
+
+GROUPS = {"poly": "operations", "induction": "mention"}  # what a group of each task's test set is
+
+
+@dataclass(frozen=True)
+class TaskScores:
+    """A model's scores on a task's fixed test set (`fixed_test_set`), per group: greedy exact
+    match (`evaluate.task_accuracy`) and the teacher-forced scores of the answers
+    (`evaluate.task_answer_scores`). Its JSON form is `to_json`."""
+    task: str  # poly or induction
+    problems: dict  # group: problems in it
+    accuracy: dict  # group: greedy exact match
+    answer_scores: dict  # group: {"byte_accuracy", "bpb"} of the next-byte head on the answers' bytes
+
+    @property
+    def overall(self) -> float:
+        """Exact match over every problem (each group weighed by its problems)."""
+        return sum(self.accuracy[g] * n for g, n in self.problems.items() if n) / sum(self.problems.values())
+
+    def to_json(self) -> dict:
+        return {"problems": self.problems, "accuracy": self.accuracy, "overall": self.overall,
+                "answer_scores": self.answer_scores}
+
+    def table(self) -> str:
+        """Per group and over all: problems, exact match, and the answers' byte accuracy and bits/byte."""
+        scores = self.answer_scores
+        rows = [(g, n, f"{self.accuracy[g]:.3f}", f"{scores[g]['byte_accuracy']:.3f}", f"{scores[g]['bpb']:.3f}")
+                for g, n in self.problems.items()]
+        rows.append(("all", sum(self.problems.values()), f"{self.overall:.3f}", "", ""))
+        return table(rows, (GROUPS[self.task], "problems", "exact match", "answer byte acc", "answer bits/byte"))
