@@ -88,3 +88,41 @@ def test_rollouts_need_a_frozen_trunk():
     with pytest.raises(ValueError, match="trainable=draft-heads"):
         config_io.apply_overrides(config_io.tiny(), ["loss.rollout_bytes=16"])
     config_io.apply_overrides(config_io.tiny(), ["loss.rollout_bytes=16", "train.trainable=draft-heads"])
+
+
+@pytest.mark.parametrize("doc_mask", [False, True])
+def test_a_rollout_through_compiled_blocks_compiles_a_few_graphs_not_one_a_layer(doc_mask):
+    """Compiled training's blocks (each compiled alone, `step.compile_blocks`) run the rollout's
+    cached passes with a few graphs for all ten layers, under dynamo's recompile limit, so no layer
+    falls back to eager with a warning; and they write what the eager blocks write. (Dynamo's
+    eager backend: which graphs it makes does not depend on the backend, and it takes no compile.)"""
+    import copy
+    import logging
+
+    from torch._dynamo.utils import counters
+
+    from bytemtp.model.model import Block
+
+    model = tiny_model(3, n_future=4, doc_mask=doc_mask).eval()
+    eager = copy.deepcopy(model)
+    for module in model.modules():
+        if isinstance(module, Block):
+            module.compile(backend="eager")
+    assert model.config.total_layers == 10 > torch._dynamo.config.recompile_limit
+    ids = torch.randint(0, 256, (3, model.config.window), generator=torch.Generator().manual_seed(4))
+    ids[:, 0] = EOS
+    torch._dynamo.reset()
+    counters.clear()
+    warned = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = warned.append
+    dynamo_log = logging.getLogger("torch._dynamo")  # it does not propagate: caplog would not see it
+    dynamo_log.addHandler(handler)
+    try:
+        for n in (20, 12):  # two prefixes: two shapes of the prefix's pass
+            assert torch.equal(greedy_rollout(model, ids, n), greedy_rollout(eager, ids, n)), n
+    finally:
+        dynamo_log.removeHandler(handler)
+        torch._dynamo.reset()
+    assert [r.getMessage() for r in warned] == []
+    assert 2 <= counters["stats"]["unique_graphs"] <= 5, dict(counters["stats"])

@@ -13,6 +13,14 @@ and it is deterministic, so a run that uses it resumes exactly. A document-maske
 stays inside each document, an EOS in the prefix or one the model writes starting a new one: the
 cache's passes get their document mask from `build_layout`, as every pass does.
 
+Compiled training (train.compile) compiles each transformer block, and the rollout runs those
+blocks too, with a cache. A block reads its layer's slice of the cache by its layer index, an
+integer attribute, which torch.compile takes as a constant by default: each layer would compile
+a graph of its own, and past dynamo's recompile limit (8) the layers after would run uncompiled
+with a warning. So the rollout's passes compile with the index as an input
+(`allow_unspec_int_on_nn_module`): a few graphs for the prefix's shape and the one-byte passes'
+(dynamo compiles an integer's first value apart before it makes it an input), not one a layer.
+
 Legend: B batch, W window (T + n_future ids), T inputs.
 """
 
@@ -43,12 +51,13 @@ def greedy_rollout(model: ByteMTP, ids_BW: torch.Tensor, n_bytes: int) -> torch.
     model.eval()
     cache = KVCache.for_model(model, B, max_len=T)
     prefix_BT = ids[:, :start]
-    logits = model.logits(prefix_BT, cache, heads=1, layout=build_layout(model, prefix_BT, cache),
-                          last=[start - 1] * B)
-    for j in range(start, T + 1):
-        ids[:, j] = greedy_ids(logits[:, -1, 0], vocab_size=model.config.vocab_size)
-        if j < T:
-            byte_B1 = ids[:, j:j + 1]
-            logits = model.logits(byte_B1, cache, heads=1, layout=build_layout(model, byte_B1, cache))
+    with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):  # one graph for every layer (above)
+        logits = model.logits(prefix_BT, cache, heads=1, layout=build_layout(model, prefix_BT, cache),
+                              last=[start - 1] * B)
+        for j in range(start, T + 1):
+            ids[:, j] = greedy_ids(logits[:, -1, 0], vocab_size=model.config.vocab_size)
+            if j < T:
+                byte_B1 = ids[:, j:j + 1]
+                logits = model.logits(byte_B1, cache, heads=1, layout=build_layout(model, byte_B1, cache))
     model.train(was_training)
     return ids
