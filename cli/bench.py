@@ -307,6 +307,9 @@ def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, a
 @decoding_options(default=None, several=True, default_text="auto,auto+lookup")
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1),
               help="Interleaved rounds of decoding (after a warm-up).")
+@click.option("--check-rounds", default=5, show_default=True, type=click.IntRange(0),
+              help="Rounds of the step check after training: a step of each arm timed turn about, to say how much "
+                   "of an equal machine each arm's slot gave it (0: no check).")
 @sampling_options()
 @compile_option()
 @click.option("--out", required=True, type=click.Path(file_okay=False), callback=check_output_dir,
@@ -318,12 +321,13 @@ def bench_quality(preset: str, data: str, budget: str, steps: int, seeds: int, a
 def bench_tokens(preset: str, data: str, budget: str, steps: int, seeds: int, vocab_size: int, held_out: str | None,
                  held_out_bytes: int, token_heads: int, token_seq_len: int, overrides: tuple[str, ...],
                  token_overrides: tuple[str, ...], prompts_path: str | None, n_prompts: int, prompt_bytes: int,
-                 max_bytes: int, batch_sizes: str, draft: tuple, rounds: int, temperature: float, top_k: int,
-                 top_p: float, seed: int, compile_mode: str, out: str, fresh: bool, device: str, dtype: str,
-                 json_path: str | None) -> None:
+                 max_bytes: int, batch_sizes: str, draft: tuple, rounds: int, check_rounds: int, temperature: float,
+                 top_k: int, top_p: float, seed: int, compile_mode: str, out: str, fresh: bool, device: str,
+                 dtype: str, json_path: str | None) -> None:
     """Bytes against tokens: train a byte-level BPE on the corpus, the same model family on its
     tokens and on bytes for the same budget, and compare bits per byte on the same bytes (val and
-    held-out) and decoding speed in bytes a second at each batch size."""
+    held-out) and decoding speed in bytes a second at each batch size; a step check after training
+    warns where the machine's load gave one arm more of its budget than the other."""
     from bytemtp.experiments import token_bench
     from bytemtp.runtime.devices import resolve_device
 
@@ -340,7 +344,7 @@ def bench_tokens(preset: str, data: str, budget: str, steps: int, seeds: int, vo
                                   batch_sizes=sizes, rounds=rounds, drafts=draft or token_bench.DRAFTS,
                                   compile=compile_mode,
                                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, device=str(dev),
-                                  dtype=dtype, fresh=fresh)
+                                  dtype=dtype, check_rounds=check_rounds, fresh=fresh)
     echo(res.table())
     write_json(json_path, res)
     if res.all_identical is False:

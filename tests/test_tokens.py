@@ -24,6 +24,8 @@ from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.generation import Output, DecodeStats
 from bytemtp.evaluation.evaluate import evaluate
 from bytemtp.evaluation.likelihood import score_texts
+from bytemtp.experiments.step_bench import StepCheck, check_steps
+from bytemtp.experiments.token_bench import ArmFigures, TokenBench
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import CheckpointError, load_model
 from bytemtp.vocab import BYTES, EOS, FIRST_MERGE, TokenizerError, emitted, load_vocabulary, train_bpe
@@ -263,8 +265,8 @@ def test_bench_tokens_trains_scores_and_decodes_both_arms(corpus_dir, tmp_path):
     out = tmp_path / "bench"
     args = ["bench", "tokens", "--preset", "tiny", "--data", str(corpus_dir), "--steps", "4", "--vocab", "300",
             "--held-out", str(corpus_dir.parent / "src"), "--held-out-bytes", "2000", "--n-prompts", "2",
-            "--max-bytes", "16", "--rounds", "1", "--compile", "off", "--out", str(out), "--device", "cpu",
-            "--json", str(tmp_path / "r.json")]
+            "--max-bytes", "16", "--rounds", "1", "--compile", "off", "--check-rounds", "2", "--out", str(out),
+            "--device", "cpu", "--json", str(tmp_path / "r.json")]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "r.json").read_text())
@@ -277,8 +279,35 @@ def test_bench_tokens_trains_scores_and_decodes_both_arms(corpus_dir, tmp_path):
     assert set(data["decoding"][0]["modes"]) == {"bytes plain", "bytes auto", "bytes auto+lookup",
                                                  "tokens plain", "tokens plain+lookup"}
     assert "bits/byte, whole val" in res.output and "over the token arm's best" in res.output
+    # the step check: both arms timed turn about, each arm's pace and share of it measured and written
+    check = data["check"]
+    assert check["rounds"] == 2 and [len(check["times"][arm]) for arm in ("bytes", "tokens")] == [2, 2]
+    assert check["compiled"] == {"bytes": False, "tokens": False}  # as the 4-step runs trained
+    for a in arms.values():
+        assert a["check_step_s"] > 0 and a["train_s"] > 0 and a["steps_per_s"] == pytest.approx(4 / a["train_s"])
+        assert a["expected_steps"] == pytest.approx(a["train_s"] / a["check_step_s"])
+        assert a["share_of_expected_steps"] == pytest.approx(4 / a["expected_steps"])
+    assert data["load_warnings"] == []  # --steps: equal work, whatever the load
+    assert "step check after training (2 rounds" in res.output
+    assert "share of the steps at the check's pace" in res.output
+    assert (out / "step-check.json").is_file()
     again = CliRunner().invoke(main, args)  # measured before: read back, nothing trains again
     assert again.exit_code == 0 and "training a byte-level BPE" not in again.output
+    assert "timing a training step" in res.output and "timing a training step" not in again.output
+    assert json.loads((tmp_path / "r.json").read_text())["check"] == check
+    other = CliRunner().invoke(main, [*args[:-6], "--check-rounds", "1", *args[-6:]])  # other rounds: taken anew
+    assert other.exit_code == 0 and "timing a training step" in other.output, other.output
+    assert len(json.loads((tmp_path / "r.json").read_text())["check"]["times"]["bytes"]) == 1
+    # the measured figures read back; as a time-limited comparison, each arm's wall time just what its
+    # steps take at the check's pace: no warning; the token arm's steps scaled down past the check's noise: one
+    bench = TokenBench.from_json(data)
+    at_pace = [dataclasses.replace(a, train_s=a.steps * a.check_step_s) for a in bench.arms]
+    timed = dataclasses.replace(bench, steps=0, budget_s=60.0, arms=at_pace)
+    assert [a.share for a in timed.arms] == [pytest.approx(1.0)] * 2 and timed.load_warnings() == []
+    noise = bench.check.ratio("bytes", "tokens").width + 0.05
+    cut = [dataclasses.replace(a, steps=a.steps / (2 + 2 * noise)) if a.arm == "tokens" else a for a in at_pace]
+    warned = dataclasses.replace(timed, arms=cut).load_warnings()
+    assert len(warned) == 1 and "the sitting favoured the bytes arm" in warned[0]
 
 
 @pytest.mark.slow
@@ -326,7 +355,85 @@ def test_bench_tokens_refuses_runs_trained_with_other_settings(corpus_dir, tmp_p
     from bytemtp.experiments.token_bench import compare
 
     common = dict(out=tmp_path / "b", preset="tiny", vocab_size=300, n_prompts=1, max_bytes=8, batch_sizes=(1,),
-                  rounds=1, compile="off", sets=["train.device=cpu"])
+                  rounds=1, compile="off", sets=["train.device=cpu"], check_rounds=0)
     compare(str(corpus_dir), steps=2, **common)
     with pytest.raises(ValueError, match="bytes-s0 was trained with other settings"):
         compare(str(corpus_dir), steps=3, **common)
+
+
+def _arm(arm: str, *, steps: int, train_s: float = 60.0, step_s: float | None, seed: int = 0) -> ArmFigures:
+    return ArmFigures(name=f"{arm}-s{seed}", arm=arm, seed=seed, sets=[], params=1000, steps=steps, train_s=train_s,
+                      tokens_seen=steps * 512, bytes_seen=steps * 512, context_ids=64, context_bytes=64.0, val_bpb=2.0,
+                      val_bytes=100, held_out_bpb=None, held_out_bytes=0, check_step_s=step_s)
+
+
+def _bench(arms: list[ArmFigures], check: StepCheck | None, *, steps: int = 0) -> TokenBench:
+    return TokenBench(data="corpus", preset="tiny", budget_s=0.0 if steps else 60.0, steps=steps, seeds=1,
+                      tokenizer="tokenizer.json", vocab_size=300, train_bytes_per_token=2.0, val_bytes_per_token=2.0,
+                      held_out=None, arms=arms, decoding=[], prompts=1, max_bytes=8, temperature=0.0, compiled=False,
+                      check=check)
+
+
+def test_the_step_check_warns_where_the_sitting_favoured_one_arm():
+    """Each arm's share of the steps its wall time buys at the step check's pace: a warning naming
+    the arm favoured where the shares lie further apart than the check's spread plus 5%, none
+    within it, none under --steps (equal work) and none without a check."""
+    steady = StepCheck(rounds=3, steps_per_sample=1, compiled={"bytes": False, "tokens": False},
+                       times={"bytes": [0.1, 0.1, 0.1], "tokens": [0.05, 0.05, 0.05]})
+    fair = [_arm("bytes", steps=600, step_s=0.1), _arm("tokens", steps=1200, step_s=0.05)]
+    assert [a.share for a in fair] == [pytest.approx(1.0)] * 2 and fair[0].steps_per_s == 10.0
+    assert _bench(fair, steady).load_warnings() == []
+    near = [fair[0], _arm("tokens", steps=1170, step_s=0.05)]  # 2.5% apart: inside the 5% floor
+    assert _bench(near, steady).load_warnings() == []
+    slowed = [fair[0], _arm("tokens", steps=960, step_s=0.05)]  # its slot gave it 80% of an equal machine
+    bench = _bench(slowed, steady)
+    warned = bench.load_warnings()
+    assert len(warned) == 1 and warned[0].startswith("WARNING, seed 0: the sitting favoured the bytes arm 1.25x")
+    assert "the tokens arm 80%" in warned[0] and "--steps 600" in warned[0]
+    table = bench.table()
+    assert warned[0] in table and "| share of the steps at the check's pace | 100% | 80% |" in table
+    assert "| wall time (s) | 60 | 60 |" in table and "| steps a second | 10.00 | 16.00 |" in table
+    assert "a bytes step over a tokens step 2.00x (2.00-2.00)" in table
+    noisy = dataclasses.replace(steady, times={"bytes": [0.1, 0.1, 0.1], "tokens": [0.05, 0.04, 0.06]})
+    assert _bench(slowed, noisy).load_warnings() == []  # rounds 42% apart: 25% is inside the noise
+    assert _bench(slowed, steady, steps=600).load_warnings() == []
+    unchecked = [dataclasses.replace(a, check_step_s=None) for a in slowed]
+    assert _bench(unchecked, None).load_warnings() == [] and "share of the steps" not in _bench(unchecked, None).table()
+
+
+def test_the_step_check_is_written_and_read_back_and_older_json_still_reads():
+    bench = _bench([_arm("bytes", steps=600, step_s=0.1), _arm("tokens", steps=960, step_s=0.05)],
+                   StepCheck(rounds=2, steps_per_sample=3, compiled={"bytes": True, "tokens": True},
+                             times={"bytes": [0.1, 0.1], "tokens": [0.05, 0.05]}))
+    data = json.loads(json.dumps(bench.to_json()))
+    assert TokenBench.from_json(data) == bench
+    assert data["check"]["times"]["tokens"] == [0.05, 0.05] and len(data["load_warnings"]) == 1
+    assert [(a["steps_per_s"], a["expected_steps"], a["share_of_expected_steps"]) for a in data["arms"]] == [
+        (10.0, pytest.approx(600.0), pytest.approx(1.0)), (16.0, pytest.approx(1200.0), pytest.approx(0.8))]
+    for key in ("check", "load_warnings"):  # JSON written before the check
+        del data[key]
+    for arm in data["arms"]:
+        for key in ("check_step_s", "steps_per_s", "expected_steps", "share_of_expected_steps"):
+            del arm[key]
+    old = TokenBench.from_json(data)
+    assert old.check is None and old.arms[0].check_step_s is None and old.arms[1].share is None
+    assert old.load_warnings() == [] and "| wall time (s) |" in old.table()
+
+
+def test_the_step_check_steps_each_arm_as_its_run_trained(corpus_dir, bpe):
+    """A configuration's step in the check: ids of its vocabulary (bytes and merges, a few EOS, no
+    other special id), its micro-batches, and compiled as train.compile compiled its run."""
+    from bytemtp.experiments.step_bench import _Variant
+
+    cfg = tiny_cfg(corpus_dir, "model.n_future=1", "model.seq_len=24", f"model.vocab_size={bpe.size}",
+                   f"data.tokenizer={bpe.path}", "train.grad_accum=2", "train.steps=3")
+    v = _Variant(cfg, device=torch.device("cpu"), compiled=None)
+    assert v.ids.shape == (cfg.data.batch_size, 25) and int(v.ids.max()) < bpe.size
+    assert (v.ids >= FIRST_MERGE).any() and (v.ids == EOS).any()
+    assert not ((v.ids >= 256) & (v.ids < FIRST_MERGE) & (v.ids != EOS)).any()
+    assert v.accum == 2 and v.compiled is False  # 3 steps of tiny: train.compile=auto trains them eager
+    v.step()
+    check = check_steps({"tokens": cfg, "bytes": tiny_cfg(corpus_dir, "train.steps=3")}, rounds=2, warmup=1,
+                        min_sample_s=0.0)
+    assert check.rounds == 2 and [len(t) for t in check.times.values()] == [2, 2] and check.steps_per_sample == 1
+    assert check.compiled == {"tokens": False, "bytes": False} and check.ratio("bytes", "tokens").low > 0

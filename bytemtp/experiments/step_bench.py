@@ -27,6 +27,12 @@ Memory: each variant builds and steps in a fresh subprocess, so its peak is its 
 peak resident set (VmHWM) minus the resident set before the model was built, on CUDA
 `torch.cuda.max_memory_allocated`. Both count weights, gradients, optimizer state and activations.
 
+The same timing serves experiments that train runs one after the other (`bench tokens`), where
+the machine's load during one run's slot changes how many steps it gets: `check_steps` times the
+step of each run's whole configuration (its model, batch, micro-batches, optimizer, precision and
+compile choice) turn about, after the runs, and gives a `StepCheck`: each one's step on an equal
+machine, and the spread of their ratio round by round.
+
 `TrainStepResult` is a frozen dataclass whose JSON form (`to_json`, read back by `from_json`) is
 what `bench train-step --json` writes, key for key and in order; `table` is what the command prints.
 """
@@ -45,15 +51,17 @@ import time
 
 import torch
 
+from bytemtp.config import Config
 from bytemtp.config_io import preset
 from bytemtp.model.flops import peak_flops, step_flops, utilisation
 from bytemtp.model.model import ByteMTP
-from bytemtp.runtime.devices import autocast, fast_fp32_matmuls, synchronize
+from bytemtp.runtime.devices import autocast, fast_fp32_matmuls, resolve_device, synchronize
 from bytemtp.spread import Spread
 from bytemtp.tables import table
-from bytemtp.training.step import compile_blocks, compiler_missing, forward_backward, plain_forward_backward
+from bytemtp.training.step import (compile_blocks, compile_choice, compiler_missing, draft_forward_backward,
+                                   forward_backward, plain_forward_backward)
 from bytemtp.training.optimizer import build_optimizer, skips_on_device, step_unless
-from bytemtp.vocab import EOS
+from bytemtp.vocab import EOS, FIRST_MERGE
 
 TRAIN_STEP_VARIANTS = {  # name: (n_future, memory-efficient step)
     "ntp": (1, True),
@@ -173,30 +181,54 @@ def _memory_kib(field: str) -> int:
 
 
 class _Variant:
-    """One parameter-matched variant of a preset, ready to step."""
+    """One configuration's training step, ready to take: its model (weights drawn from seed 0 on the
+    CPU, the same in every process), its optimizer, and one batch of ids of its vocabulary (the
+    bytes, or a BPE's bytes and merges) with a few document ends, as in packed data. `compiled`:
+    the blocks compiled or not; None compiles them where train.compile compiled the run."""
 
-    def __init__(self, preset_name: str, variant: str, *, batch_size: int, device: torch.device, compiled: bool):
-        n_future, efficient = TRAIN_STEP_VARIANTS[variant]
-        base = preset(preset_name)
-        self.cfg = cfg = dataclasses.replace(base.model, n_future=n_future)
-        self.loss_cfg, self.grad_clip = base.loss, base.train.grad_clip
+    def __init__(self, cfg: Config, *, device: torch.device, compiled: bool | None):
+        mc, tc = cfg.model, cfg.train
+        self.cfg = mc
+        self.loss_cfg, self.grad_clip, self.accum = cfg.loss, tc.grad_clip, tc.grad_accum
         gen = torch.Generator(device="cpu").manual_seed(0)  # weights and ids drawn on the CPU, then moved
-        self.model = ByteMTP.build(cfg, device, generator=gen)  # the same weights in every process
-        self.optimizer = build_optimizer(self.model, base.train, device)
-        ids = torch.randint(0, 256, (batch_size, cfg.seq_len + cfg.n_future), generator=gen, device="cpu")
+        self.model = ByteMTP.build(mc, device, generator=gen)  # the same weights in every process
+        self.optimizer = build_optimizer(self.model, tc, device)
+        merges = max(0, mc.vocab_size - FIRST_MERGE)
+        ids = torch.randint(0, 256 + merges, (cfg.data.batch_size, mc.seq_len + mc.n_future), generator=gen,
+                            device="cpu")
+        ids[ids >= 256] += FIRST_MERGE - 256  # merges start after the special ids
         ids[:, ::97] = EOS  # a few document ends, as in packed data
         self.ids = ids.to(device)
-        self.step_fn = functools.partial(forward_backward if efficient else plain_forward_backward, compiled=compiled)
+        self.bytes_per_step = cfg.data.batch_size * mc.seq_len * tc.grad_accum
+        if compiled is None:  # as train.compile chose for the run
+            flops = step_flops(self.model, self.bytes_per_step, mc.seq_len)
+            compiled, _ = compile_choice(tc, device, flops_per_step=flops, bytes_per_step=self.bytes_per_step)
+        self.compiled = compiled
+        step_fn = (draft_forward_backward if self.model.drafter is not None else  # as the training loop chooses
+                   forward_backward if tc.memory_efficient else plain_forward_backward)
+        self.step_fn = functools.partial(step_fn, compiled=compiled)
         if compiled:
             compile_blocks(self.model)
-        self.device, self.precision = device, base.train.precision
-        self.bytes_per_step = batch_size * cfg.seq_len
+        self.device, self.precision = device, tc.precision
+
+    @classmethod
+    def of_preset(cls, preset_name: str, variant: str, *, batch_size: int, device: torch.device,
+                  compiled: bool) -> _Variant:
+        """One of `TRAIN_STEP_VARIANTS` of a preset, at `batch_size` windows and one micro-batch a step."""
+        n_future, efficient = TRAIN_STEP_VARIANTS[variant]
+        base = preset(preset_name)
+        cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, n_future=n_future),
+                                  data=dataclasses.replace(base.data, batch_size=batch_size),
+                                  train=dataclasses.replace(base.train, memory_efficient=efficient, grad_accum=1))
+        return cls(cfg, device=device, compiled=compiled)
 
     def step(self) -> None:
-        """One training step, as the training loop takes it (one micro-batch): where the optimizer
-        can (fused AdamW on CUDA), a non-finite step is skipped on the device, with no host read."""
+        """One training step, as the training loop takes it (its micro-batches, each the same ids):
+        where the optimizer can (fused AdamW on CUDA), a non-finite step is skipped on the device,
+        with no host read."""
         with autocast(self.device, self.precision):
-            out = self.step_fn(self.model, self.ids, loss_cfg=self.loss_cfg)
+            for _ in range(self.accum):
+                out = self.step_fn(self.model, self.ids, loss_cfg=self.loss_cfg, scale=1 / self.accum)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or float("inf"))
         if skips_on_device(self.optimizer):
             step_unless(self.optimizer, ~(torch.isfinite(out.total) & torch.isfinite(norm)))
@@ -214,7 +246,7 @@ def peak_memory_mb(preset_name: str, variant: str, *, batch_size: int, device: s
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     base_kib = _memory_kib("VmRSS") if dev.type == "cpu" else 0
-    v = _Variant(preset_name, variant, batch_size=batch_size, device=dev, compiled=compiled)
+    v = _Variant.of_preset(preset_name, variant, batch_size=batch_size, device=dev, compiled=compiled)
     for _ in range(2):
         v.step()
     v.sync()
@@ -291,7 +323,7 @@ def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 
     if compile == "on" and missing:
         raise ValueError(f"--compile on cannot compile here: {missing}")
     compiled = compile == "on" or (compile == "auto" and missing is None)
-    variants = {name: _Variant(preset_name, name, batch_size=batch_size, device=dev, compiled=compiled)
+    variants = {name: _Variant.of_preset(preset_name, name, batch_size=batch_size, device=dev, compiled=compiled)
                 for name in TRAIN_STEP_VARIANTS}
     with fast_fp32_matmuls(dev, preset(preset_name).train.precision):  # as a training run on CUDA
         times, repeats = _timed_rounds(variants, rounds=steps, warmup=warmup, min_sample_s=min_sample_s,
@@ -315,6 +347,47 @@ def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 
     return TrainStepResult(preset=preset_name, device=device, batch_size=batch_size, seq_len=seq_len, steps=steps,
                            warmup=warmup, steps_per_sample=repeats, variants=steps_of, time_ratio_rounds=rounds,
                            compiled=compiled, time_ratio_note=noise_note(rounds))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCheck:
+    """Training steps of runs that trained one after the other, timed afterwards turn about in one
+    process (`check_steps`): what a step of each costs on an equal machine, to set beside the steps
+    each run got in its own slot of the sitting."""
+    rounds: int  # timed rounds, after the warm-up
+    steps_per_sample: int  # steps a timed sample repeats
+    compiled: dict[str, bool]  # by run: whether its step ran compiled (as train.compile compiled the run)
+    times: dict[str, list[float]]  # by run: seconds a step, round by round
+
+    def step_s(self, name: str) -> float:
+        """The run's median seconds a step."""
+        return statistics.median(self.times[name])
+
+    def ratio(self, top: str, bottom: str) -> Spread:
+        """`top`'s step over `bottom`'s, round by round (the same round's samples): median and range."""
+        return Spread.ratios(self.times[top], self.times[bottom], keep_runs=True)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> StepCheck:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+
+
+def check_steps(configs: dict[str, Config], *, rounds: int = 5, warmup: int = 2, min_sample_s: float = 0.2,
+                progress=None) -> StepCheck:
+    """Time one training step of each configuration (on its train.device, in its precision, its
+    micro-batches, compiled where train.compile compiled its run; random ids, so reading data is
+    not timed) in `rounds` interleaved rounds after `warmup`, the order alternating (`_timed_rounds`)."""
+    variants = {name: _Variant(cfg, device=resolve_device(cfg.train.device), compiled=None)
+                for name, cfg in configs.items()}
+    first = next(iter(configs.values())).train
+    with fast_fp32_matmuls(resolve_device(first.device), first.precision):  # as a training run on CUDA
+        times, repeats = _timed_rounds(variants, rounds=rounds, warmup=warmup, min_sample_s=min_sample_s,
+                                       progress=progress)
+    return StepCheck(rounds=rounds, steps_per_sample=repeats, times=times,
+                     compiled={name: v.compiled for name, v in variants.items()})
 
 
 if __name__ == "__main__":

@@ -16,6 +16,11 @@ same family over BPE tokens. The comparison here:
      text), as many windows a batch as make the byte arm's positions a step (a step then covers
      about 3 times the text; at 3 minutes on the default corpus this gave 1.799 bits/byte on val
      where the preset's 16 windows gave 1.816), and its settings (`token_sets`) on top;
+   then times a training step of each (seed 0's settings), the arms turn about in one process
+   (`step_bench.check_steps`, `check_rounds`; kept in OUT/step-check.json): each arm's steps
+   against those its wall time buys at that pace (its share), and a warning where the arms'
+   shares differ by more than the check's round-by-round spread plus SHARE_FLOOR, since the
+   machine's load during one arm's slot changes how many steps a time budget gives it;
 3. scores both on the whole val split and on `held_out` text with `likelihood.score_texts`: every
    document whole, each arm in windows of its own context, nats summed over the document and its
    closing EOS, divided by the same bytes for both arms;
@@ -56,6 +61,7 @@ from bytemtp.decoding.speed import SpeedFigures
 from bytemtp.decoding.strategy import Draft
 from bytemtp.experiments.bench import time_arms
 from bytemtp.evaluation.likelihood import score_texts
+from bytemtp.experiments.step_bench import StepCheck, check_steps
 from bytemtp.experiments.sweep import Grid, run_sweep
 from bytemtp.runtime.checkpoint import load_model
 from bytemtp.runtime.devices import resolve_device
@@ -66,6 +72,8 @@ TOKENIZER = "tokenizer.json"
 SCORES = "scores.json"  # OUT/ARM-sN/scores.json: the arm's bits per byte, once measured
 DRAFTS = ("auto", "auto+lookup")  # the drafts timed against plain decoding by default
 DEFAULT_MODE = "auto+lookup"  # what `generate` and the server decode with
+STEP_CHECK = "step-check.json"  # OUT/step-check.json: the step check, once measured, and the settings it timed
+SHARE_FLOOR = 0.05  # the arms' shares of an equal machine differ by more than this plus the check's spread: a warning
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,13 +94,30 @@ class ArmFigures:
     val_bytes: int
     held_out_bpb: float | None  # head 1, the held-out text (None without one)
     held_out_bytes: int
+    check_step_s: float | None = None  # its median step in the step check (None: not checked; JSON before it)
+
+    @property
+    def steps_per_s(self) -> float | None:
+        """Steps a second of its training (None where its wall time was not kept)."""
+        return self.steps / self.train_s if self.train_s else None
+
+    @property
+    def expected_steps(self) -> float | None:
+        """The steps its wall time buys at the step check's pace: what it would have got on an equal machine."""
+        return self.train_s / self.check_step_s if self.train_s and self.check_step_s else None
+
+    @property
+    def share(self) -> float | None:
+        """Its steps over `expected_steps`: how much of an equal machine its slot of the sitting gave it."""
+        return self.steps / self.expected_steps if self.expected_steps else None
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "steps_per_s": self.steps_per_s, "expected_steps": self.expected_steps,
+                "share_of_expected_steps": self.share}
 
     @classmethod
     def from_json(cls, data: dict) -> ArmFigures:
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +166,7 @@ class TokenBench:
     top_p: float = 1.0
     seed: int = 0
     dtype: str = "float32"
+    check: StepCheck | None = None  # the step check of seed 0's arms (None: skipped, or JSON before it)
 
     def of(self, arm: str) -> list[ArmFigures]:
         return [a for a in self.arms if a.arm == arm]
@@ -158,6 +184,8 @@ class TokenBench:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["arms"] = [a.to_json() for a in self.arms]
         out["decoding"] = [d.to_json() for d in self.decoding]
+        out["check"] = None if self.check is None else self.check.to_json()
+        out["load_warnings"] = self.load_warnings()
         ratios = {f: self.ratio(f) for f in ("val_bpb", "held_out_bpb", "bytes_seen")}
         out["ratios"] = {f: None if r is None else [r.mid, r.low, r.high] for f, r in ratios.items()}
         return out
@@ -173,8 +201,32 @@ class TokenBench:
     @classmethod
     def from_json(cls, data: dict) -> TokenBench:
         given = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+        check = data.get("check")
         return cls(**{**given, "arms": [ArmFigures.from_json(a) for a in data["arms"]],
-                      "decoding": [TokenDecoding.from_json(d) for d in data["decoding"]]})
+                      "decoding": [TokenDecoding.from_json(d) for d in data["decoding"]],
+                      "check": None if check is None else StepCheck.from_json(check)})
+
+    def load_warnings(self) -> list[str]:
+        """A line for each seed whose sitting favoured one arm: the arms' shares of the steps their
+        wall time buys at the step check's pace lie further apart than the check's noise (its ratio's
+        round-by-round spread, plus SHARE_FLOOR). None without a check, or under --steps, where both
+        arms do the same work and the load changes only how long it takes."""
+        if self.check is None or self.steps:
+            return []
+        noise = self.check.ratio("bytes", "tokens").width + SHARE_FLOOR
+        lines = []
+        for b, t in zip(self.of("bytes"), self.of("tokens")):
+            if b.share is None or t.share is None:
+                continue
+            hi, lo = (b, t) if b.share >= t.share else (t, b)
+            if hi.share / lo.share - 1 > noise:
+                lines.append(f"WARNING, seed {b.seed}: the sitting favoured the {hi.arm} arm "
+                             f"{hi.share / lo.share:.2f}x: it got {hi.share:.0%} of the steps its wall time buys at "
+                             f"the step check's pace, the {lo.arm} arm {lo.share:.0%} (more apart than the check's "
+                             f"noise, {noise:.0%}); the arms did not train on an equal machine: rerun on a quieter "
+                             f"one, or compare equal work with --steps {round(b.expected_steps)} (the byte arm's "
+                             "steps at that pace)")
+        return lines
 
     def table(self) -> str:
         """The comparison as Markdown: the arms side by side, the ratios, then decoding by batch size."""
@@ -193,6 +245,7 @@ class TokenBench:
                  row("steps", lambda a: a.steps, "{:,.0f}"),
                  row("tokens seen (ids)", lambda a: a.tokens_seen / 1e6, "{:.2f}M"),
                  row("bytes seen", lambda a: a.bytes_seen / 1e6, "{:.2f} MB"),
+                 *self._pace_rows(row),
                  row("context (ids)", lambda a: a.context_ids, "{:.0f}"),
                  row("context (bytes)", lambda a: a.context_bytes, "{:.0f}"),
                  row(f"bits/byte, whole val ({b[0].val_bytes:,} bytes)", lambda a: a.val_bpb)]
@@ -204,7 +257,26 @@ class TokenBench:
             r = self.ratio(field)
             if r is not None:
                 lines.append(f"bytes/tokens, {label}: {r.format('{:.3f}', unit='x')}")
-        return "\n".join(lines + self._decoding_lines())
+        if self.check is not None:
+            kinds = {arm: "compiled" if c else "eager" for arm, c in self.check.compiled.items()}
+            compiled = (kinds["bytes"] if len(set(kinds.values())) == 1
+                        else ", ".join(f"{arm} {kind}" for arm, kind in kinds.items()))
+            lines.append(f"step check after training ({self.check.rounds} rounds, the arms turn about, {compiled}): "
+                         f"a bytes step over a tokens step {self.check.ratio('bytes', 'tokens').format(unit='x')}")
+        return "\n".join(lines + self.load_warnings() + self._decoding_lines())
+
+    def _pace_rows(self, row) -> list[str]:
+        """The table's rows of what each arm's slot of the sitting gave it: its wall time and steps a
+        second (where kept), and with a step check its step there and its share of the steps its wall
+        time buys at that pace."""
+        rows = []
+        if all(a.train_s for a in self.arms):
+            rows += [row("wall time (s)", lambda a: a.train_s, "{:,.0f}"),
+                     row("steps a second", lambda a: a.steps_per_s, "{:.2f}")]
+        if all(a.share is not None for a in self.arms):
+            rows += [row("step in the check (ms)", lambda a: 1000 * a.check_step_s, "{:.1f}"),
+                     row("share of the steps at the check's pace", lambda a: 100 * a.share, "{:.0f}%")]
+        return rows
 
     def _decoding_lines(self) -> list[str]:
         """The table's decoding part: every mode of both arms by batch size, then the byte arm's
@@ -270,7 +342,7 @@ def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: floa
             prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128, max_bytes: int = 256,
             batch_sizes=(1, 8), rounds: int = 2, drafts=DRAFTS, compile: str = "auto", temperature: float = 0.0,
             top_k: int = 0, top_p: float = 1.0, seed: int = 0, device: str = "cpu", dtype: str = "float32",
-            fresh: bool = False, say=tqdm.tqdm.write) -> TokenBench:
+            check_rounds: int = 5, fresh: bool = False, say=tqdm.tqdm.write) -> TokenBench:
     """The whole comparison into `out` (see the module docstring); an arm's run found there is read
     back only when it was trained with the settings asked for now, else refused unless `fresh`
     (`sweep.run_sweep`)."""
@@ -312,10 +384,14 @@ def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: floa
         except ValueError as e:
             raise ValueError(f"the {name.rsplit('-s', 1)[0]} arm: {e}") from None
     trained = run_sweep(grid, out, budget_s=budget_s, eval_bytes=1, tune_s=0.0, steps=steps, fresh=fresh)
+    check = (_step_check(out, grid, budget_s=budget_s, steps=steps, rounds=check_rounds, say=say)
+             if check_rounds else None)
     dev = resolve_device(device)
     held = held_out_texts(held_out, held_out_bytes) if held_out else []
     arms = [_scored(out, r, grid, bpt=train_bpt, val_docs=val_docs, held=held, budget_s=budget_s, steps=steps,
                     device=dev, say=say) for r in trained]
+    if check is not None:
+        arms = [dataclasses.replace(a, check_step_s=check.step_s(a.arm)) for a in arms]
     decoding, compiled, n = _decode(out, data, prompts_path=prompts_path, n_prompts=n_prompts,
                                     prompt_bytes=prompt_bytes, max_bytes=max_bytes, batch_sizes=batch_sizes,
                                     rounds=rounds, drafts=drafts, compile=compile, sampling=sampling, device=dev,
@@ -323,7 +399,25 @@ def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: floa
     return TokenBench(data=data, preset=preset, budget_s=0.0 if steps else budget_s, steps=steps, seeds=seeds,
                       tokenizer=str(tok_path), vocab_size=vocab.size, train_bytes_per_token=train_bpt,
                       val_bytes_per_token=val_bpt, held_out=held_out, arms=arms, decoding=decoding,
-                      prompts=n, max_bytes=max_bytes, compiled=compiled, dtype=dtype, **sampling)
+                      prompts=n, max_bytes=max_bytes, compiled=compiled, dtype=dtype, check=check, **sampling)
+
+
+def _step_check(out: Path, grid: Grid, *, budget_s: float, steps: int, rounds: int, say) -> StepCheck:
+    """The step check of seed 0's arms (`step_bench.check_steps`, `rounds` rounds): read back from
+    OUT/step-check.json where it was taken of the settings and rounds asked for now, else taken now
+    (and kept)."""
+    settings = {arm: [*grid.sets, *grid.candidates[f"{arm}-s0"], f"train.max_time={0.0 if steps else budget_s}",
+                      f"train.steps={steps}"] for arm in ("bytes", "tokens")}
+    path = out / STEP_CHECK
+    if path.is_file():
+        kept = json.loads(path.read_text())
+        if kept.get("settings") == settings and kept.get("rounds") == rounds:
+            return StepCheck.from_json(kept)
+    say(f"timing a training step of each arm, the arms turn about, {rounds} rounds (the step check)")
+    check = check_steps({arm: grid.config(f"{arm}-s0", budget_s=budget_s, steps=steps) for arm in settings},
+                        rounds=rounds)
+    path.write_text(json.dumps({"settings": settings, **check.to_json()}, indent=2) + "\n")
+    return check
 
 
 def _scored(out: Path, r, grid: Grid, *, bpt: float, val_docs: list[bytes], held: list[bytes], budget_s: float,
