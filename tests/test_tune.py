@@ -296,3 +296,19 @@ def test_draft_heads_are_refused_outside_a_tune_with_one_line(tmp_path):
     res = CliRunner().invoke(main, ["train", "--preset", "tiny", "--out", str(tmp_path / "r"), "--steps", "1",
                                     "--set", "model.draft=medusa"])
     assert res.exit_code != 0 and "train.trainable=draft-heads" in res.output and "Traceback" not in res.output
+
+
+def test_a_compiled_tune_stays_under_the_recompile_limit_without_a_warning(source, tmp_path):
+    """tune-heads with compiled blocks (train.compile=on) runs its rollouts through them eagerly
+    (`rollout`), so the blocks' graphs stay under dynamo's recompile limit: no ten-line warning, no
+    block left uncompiled. A subprocess: dynamo writes its warnings to the stderr it found at import."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "tuned"
+    res = subprocess.run([sys.executable, "-m", "bytemtp_cli", "tune-heads", "--ckpt", str(source), "--out", str(out),
+                          "--steps", "2", "--report-prompts", "0", "--set", "train.compile=on",
+                          "--set", "train.device=cpu"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "; compile on" in res.stdout
+    assert "recompile" not in res.stdout + res.stderr, res.stderr[-3000:]

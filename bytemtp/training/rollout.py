@@ -13,13 +13,15 @@ and it is deterministic, so a run that uses it resumes exactly. A document-maske
 stays inside each document, an EOS in the prefix or one the model writes starting a new one: the
 cache's passes get their document mask from `build_layout`, as every pass does.
 
-Compiled training (train.compile) compiles each transformer block, and the rollout runs those
-blocks too, with a cache. A block reads its layer's slice of the cache by its layer index, an
-integer attribute, which torch.compile takes as a constant by default: each layer would compile
-a graph of its own, and past dynamo's recompile limit (8) the layers after would run uncompiled
-with a warning. So the rollout's passes compile with the index as an input
-(`allow_unspec_int_on_nn_module`): a few graphs for the prefix's shape and the one-byte passes'
-(dynamo compiles an integer's first value apart before it makes it an input), not one a layer.
+The rollout runs eagerly, also where training compiles its blocks (train.compile): its passes
+go through those blocks with a cache, which a block reads by its layer index, a constant to
+torch.compile, so every layer and every pass shape (the prefix, the one-byte passes) would be a
+graph of its own. A tune's training already compiles each block a few times (the frozen trunk
+without gradients, the heads with them, validation in inference mode); the rollout's graphs on top
+passed dynamo's recompile limit (8), which warned in ten lines and left the blocks uncompiled from
+there on, training's shapes included. Run eagerly (`torch.compiler.set_stance("force_eager")`),
+the rollout compiles nothing and the training step keeps its graphs; its passes are one-byte
+decoding passes, where compiling the blocks alone saves little.
 
 Legend: B batch, W window (T + n_future ids), T inputs.
 """
@@ -51,7 +53,7 @@ def greedy_rollout(model: ByteMTP, ids_BW: torch.Tensor, n_bytes: int) -> torch.
     model.eval()
     cache = KVCache.for_model(model, B, max_len=T)
     prefix_BT = ids[:, :start]
-    with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):  # one graph for every layer (above)
+    with torch.compiler.set_stance("force_eager"):  # compiled blocks run uncompiled here (above)
         logits = model.logits(prefix_BT, cache, heads=1, layout=build_layout(model, prefix_BT, cache),
                               last=[start - 1] * B)
         for j in range(start, T + 1):
