@@ -89,12 +89,12 @@ def _accept_all_drafts(picks, drafts):
     return len(drafts), picks[len(drafts)]
 
 
-def _one_noise_for_the_whole_pass(logits_BTKV, sampling, *, keys, ats):
+def _one_noise_for_the_whole_pass(logits_BTKV, sampling, *, keys, ats, vocab_size):
     """A subtly wrong rule: every node of a pass picks with the noise of its first (each pick
     alone draws from p, but the bytes of a pass are not independent)."""
     B, T, K, V = logits_BTKV.shape
     noise = torch.stack([gumbel(key, [at + k for k in range(K)], V) for key, at in zip(keys, ats)])[:, None]
-    picks = (distribution(logits_BTKV, sampling).double().log() + noise).argmax(-1)
+    picks = (distribution(logits_BTKV, sampling, vocab_size=vocab_size).double().log() + noise).argmax(-1)
     return torch.cat([picks[..., :1], picks[..., 1:, None].expand(B, T, K - 1, TREE_RANKS).flatten(2)], dim=-1)
 
 
