@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bytemtp.decoding import decode
-from bytemtp.decoding.drafting import (EXPLORE_PASSES, AcceptanceProfile, Arbiter, Choice, DraftTree, PassCosts,
-                                      best_tree, choose)
+from bytemtp.decoding.drafting import (EXPLORE_PASSES, PLAN_PASSES, AcceptanceProfile, Arbiter, Choice, DraftTree,
+                                      PassCosts, best_tree, choose)
 from bytemtp.decoding.strategy import Draft
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -186,13 +186,21 @@ def test_choose_speculates_as_the_arbiter_says_with_the_best_shape_that_drafts()
     good = AcceptanceProfile(8, prior=[0.9] * 7)
     arbiter = Arbiter()
     first = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter)
-    assert first.heads == 1 and first.passes == EXPLORE_PASSES  # plain decoding is measured first
-    arbiter.record(speculative=False, rate=1.0, seconds=4.0)
-    tried = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter)
-    assert tried.heads > 1 and tried.tree.T > 1 and tried.passes == EXPLORE_PASSES
-    bad = AcceptanceProfile(8, prior=[0.01] * 7)  # heads that seem never right: a try would cost
+    assert first.heads > 1 and first.passes == EXPLORE_PASSES  # promising: tried first, briefly
+    arbiter.record(speculative=True, rate=2.0, seconds=4.0)
+    assert choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter).heads == 1  # then plain is measured
+    arbiter.record(speculative=False, rate=1.0, seconds=4.0)  # ... and the try judged: it won
+    kept = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter)
+    assert kept.heads > 1 and kept.tree.T > 1 and kept.passes == PLAN_PASSES and arbiter.balance_s > 0
+
+    arbiter = Arbiter()
+    bad = AcceptanceProfile(8, prior=[0.01] * 7)  # heads that seem never right: plain first
     assert choose(bad, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter).heads == 1
-    arbiter.record(speculative=True, rate=0.5, seconds=4.0, rewarm_s=1.0)  # the try lost
+    arbiter.record(speculative=False, rate=1.0, seconds=4.0)
+    assert choose(bad, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter).heads == 1  # a try would cost
+    tried = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter)
+    assert tried.heads > 1 and tried.passes == EXPLORE_PASSES  # a promising try costs nothing expected
+    arbiter.record(speculative=True, rate=0.5, seconds=4.0, rewarm_s=1.0)  # it lost
     assert choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter).heads == 1  # one budget for every shape
     arbiter.record(speculative=False, rate=1.0, seconds=400.0)  # ... until the budget allows a try again
     assert choose(bad, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter).heads >= 2

@@ -20,10 +20,11 @@ drawn with the noise of its position: `sampling.verify_sampled`).
 
 Plain decoding is always one of the arms, and the choice between it and speculation is made on
 what each really delivered here (`Arbiter`): bytes a row a second over the loop's whole time
-(passes, emitting, slides; `loop.Window`), plain decoding measured first. Speculation that
+(passes, emitting, slides; `loop.Window`), plain decoding measured before anything is judged (a
+first window speculates where the pass costs and the profile expect it to pay). Speculation that
 delivers more than plain decoding (by `margin`) runs on; speculation that has not won runs only
 while what it has cost against plain decoding, re-warms included, stays within `budget` of the
-time decoded (2%), in short windows (`EXPLORE_PASSES`), so that heads that never pay cost at most
+time decoded (3%), in short windows (`EXPLORE_PASSES`), so that heads that never pay cost at most
 that share, and heads that start to pay are found again at the next try the budget allows. The
 trade-off: a deterministic budget rather than random exploration, so that tests replay exactly
 and auto is never more than the budget (and one short window) slower than plain decoding, at the
@@ -273,7 +274,7 @@ class Arbiter:
     """Plain decoding against speculation, on what each really delivered at one batch size and step
     (module docstring): `record` takes each window's outcome, `arm` says what the next runs."""
 
-    def __init__(self, *, budget: float = 0.02, margin: float = 0.03):
+    def __init__(self, *, budget: float = 0.03, margin: float = 0.03):
         self.budget, self.margin = budget, margin
         self.plain: float | None = None  # bytes a row a second that plain windows delivered (running mean)
         self.spec: float | None = None  # what the last speculative window delivered
@@ -281,32 +282,48 @@ class Arbiter:
         self.balance_s = 0.0  # seconds speculation gained over plain decoding (below 0: what it cost)
         self.total_s = 0.0  # seconds of every window recorded
         self.rewarm_s = 0.0  # what the last switch to speculation cost (re-warming the heads' caches)
+        self.pending: tuple | None = None  # a speculative window that ran before plain decoding was measured
+        self.last_loss_s, self.since_loss_s = 0.0, 0.0  # what the last losing window cost, and the seconds since
 
-    def record(self, *, speculative: bool, rate: float, seconds: float, rewarm_s: float = 0.0) -> None:
-        """A window delivered `rate` bytes a row a second over `seconds` (its re-warms' `rewarm_s` apart)."""
+    def record(self, *, speculative: bool, rate: float, seconds: float, rewarm_s: float = 0.0,
+               trial: bool = True) -> None:
+        """A window delivered `rate` bytes a row a second over `seconds` (its re-warms' `rewarm_s` apart);
+        `trial`: it tried speculation (else it ran on speculation that had won)."""
         self.total_s += seconds + rewarm_s
+        self.since_loss_s += seconds + rewarm_s
         if rewarm_s:
             self.rewarm_s = rewarm_s
         if not speculative:
             self.plain = rate if self.plain is None else 0.7 * self.plain + 0.3 * rate
+            if self.pending is not None:  # the speculative window that ran first is judged now
+                self._judge(*self.pending)
+                self.pending = None
             return
         self.spec = rate
         if self.plain is None:  # nothing to weigh it against yet: plain decoding runs next
+            self.pending = (rate, seconds, rewarm_s, trial)
             return
+        self._judge(rate, seconds, rewarm_s, trial)
+
+    def _judge(self, rate: float, seconds: float, rewarm_s: float, trial: bool) -> None:
         gain = rate * seconds / self.plain - (seconds + rewarm_s)  # against plain decoding of its bytes
         self.balance_s += gain
         self.winning = rate > self.plain * (1 + self.margin)
+        if trial and gain < 0:  # a try that lost: the next waits until the budget has paid for it
+            self.last_loss_s, self.since_loss_s = -gain, 0.0
 
-    def arm(self, try_s: float = 0.0) -> tuple[bool, int]:
-        """Whether the next window speculates, and its passes: plain decoding until it is measured;
-        speculation while it wins; a try of it where what it may cost (`try_s`, by the expected
-        bytes and pass costs, and a re-warm like the last) keeps speculation's cost within the
-        budget; else plain decoding."""
+    def arm(self, try_s: float = 0.0, *, promising: bool = False) -> tuple[bool, int]:
+        """Whether the next window speculates, and its passes: at first, speculation where it is
+        `promising` (the pass costs and the profile expect it to pay), then plain decoding, measured
+        before anything is judged; speculation while it wins; a try of it where what it may cost
+        (`try_s`, by the expected bytes and pass costs, and a re-warm like the last) keeps
+        speculation's cost within the budget; else plain decoding."""
         if self.plain is None:
-            return False, EXPLORE_PASSES
+            return promising and self.spec is None, EXPLORE_PASSES
         if self.winning:
             return True, PLAN_PASSES
-        if self.balance_s - try_s - self.rewarm_s >= -self.budget * self.total_s:
+        within = self.balance_s - try_s - self.rewarm_s >= -self.budget * self.total_s
+        if within and self.since_loss_s * self.budget >= self.last_loss_s:  # and credit is not spent at once
             return True, EXPLORE_PASSES
         return False, PLAN_PASSES
 
@@ -370,7 +387,7 @@ def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree
     if heads is None:
         if arbiter is not None:  # a try's cost: its passes' seconds beyond plain decoding of the bytes expected
             try_s = EXPLORE_PASSES * max(0.0, costs(best[1], len(best[2]) + 1) - best[3] * costs(1, 1))
-            speculate, passes = arbiter.arm(try_s)
+            speculate, passes = arbiter.arm(try_s, promising=best[0] >= (1 + margin) * plain[0])
         else:
             speculate = best[0] >= (1 + margin) * plain[0]
         best = best if speculate else plain

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from bytemtp.decoding.batch import Batch, Row
 from bytemtp.decoding.calibration import CalibratedCosts
-from bytemtp.decoding.drafting import MAX_NODES, AcceptanceProfile, Choice
+from bytemtp.decoding.drafting import EXPLORE_PASSES, MAX_NODES, AcceptanceProfile, Choice
 from bytemtp.decoding.strategy import Draft
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.model import ByteMTP
@@ -85,7 +85,7 @@ class Window:
         seconds = time.perf_counter() - self.t0 - self.rewarm_s
         emitted = sum(len(row.out.data) for row in state.rows) - self.bytes0
         state.costs.arbiter.record(speculative=self.choice.heads > 1, rate=emitted / self.rows / seconds,
-                                   seconds=seconds, rewarm_s=self.rewarm_s)
+                                   seconds=seconds, rewarm_s=self.rewarm_s, trial=self.length == EXPLORE_PASSES)
 
 
 class Loop:
@@ -101,15 +101,26 @@ class Loop:
         self.decoder, self.draft, self.greedy, self.buckets = decoder, draft, greedy, buckets
         # adapting: whole windows (prompt, slide) run every head, so a re-warm runs only plain passes' bytes
         self.full = n if draft.adapts(True if greedy is None else greedy) else draft.heads
-        cache = KVCache.for_model(model, batch_size=len(rows), max_len=model.config.seq_len + MAX_NODES)
-        self.state = Batch(rows, cache, warm=self.full, n_future=n, profiles=decoder.profiles, costs=None,
-                           static=static)
         self.size = len(rows)  # the size a call plans at
+        first = self.full if buckets is not None else self._prompt_heads(static)
+        cache = KVCache.for_model(model, batch_size=len(rows), max_len=model.config.seq_len + MAX_NODES)
+        self.state = Batch(rows, cache, warm=first, n_future=n, profiles=decoder.profiles, costs=None,
+                           static=static)
         self.choice: Choice | None = None
         self._planned: tuple | None = None  # (size, greedy) the choice was made for
         self.window: Window | None = None  # the passes of the current plan, timed as a whole
         if rows:
-            decoder.prefill(rows, cache, self.full)
+            decoder.prefill(rows, cache, first)
+
+    def _prompt_heads(self, static: bool) -> int:
+        """The heads a call's prompts run: every head the draft may use (a later re-warm then runs
+        only plain passes' bytes), but one where its costs' arbiter holds speculation back (plain
+        decoding delivered more), so that a call that decodes plain pays a plain prefill."""
+        costs = self.decoder.calibration.for_run(self.size, static=static)
+        if costs is None or not self.draft.adapts(True if self.greedy is None else self.greedy):
+            return self.full
+        arbiter = costs.arbiter
+        return self.full if arbiter.plain is None or arbiter.winning else 1
 
     # --- rows joining and leaving (a server's batch) ---------------------------------------------
 
