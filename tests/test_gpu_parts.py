@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# one worker: the parts share what `carry` prepares (a module fixture), made once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gpu-parts")]
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts" / "gpu"

@@ -74,6 +74,7 @@ def experiment_commands(p: Part, s: dict) -> None:
     w, dev, corpus = p.work, p.device, str(p.work / "corpus")
     p.bytemtp("bench tokens", "bench", "tokens", "--preset", "tiny", "--data", corpus, "--steps", "2",
               "--vocab", "300", "--n-prompts", "2", "--max-bytes", "16", "--batch-sizes", "1", "--rounds", "1",
+              "--check-rounds", "1",
               "--compile", "off", "--out", str(w / "tokens"), "--device", dev, "--json", str(w / "tokens.json"))
     p.bytemtp("bench quality", "bench", "quality", "--preset", "tiny", "--data", corpus, "--steps", "2",
               "--seeds", "1", "--arms", "mtp", "--tune-time", "0s", "--eval-bytes", "2048", "--n-prompts", "2",
