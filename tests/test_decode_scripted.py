@@ -256,10 +256,10 @@ def test_auto_that_starts_stuck_on_plain_ends_at_the_best_fixed_shape(monkeypatc
     dec.calibration.known[1, False] = costs  # calibrated by the fake clock's passes
     dec.generate([b""], max_bytes=100, draft=Draft(8))  # the profile learns every depth
     # but speculation delivered less than plain decoding when it last ran (the machine was busy then)
-    costs.arbiter.record(speculative=False, rate=1.0, seconds=16.0)
-    costs.arbiter.record(speculative=True, rate=0.8, seconds=4.0, rewarm_s=0.5)
-    assert not costs.arbiter.arm()[0]  # so plain decoding runs until the budget allows a try
+    costs.arbiter().record(speculative=False, rate=1.0, seconds=16.0)
+    costs.arbiter().record(speculative=True, rate=0.8, seconds=4.0, rewarm_s=0.5)
+    assert not costs.arbiter().arm()[0]  # so plain decoding runs until the budget allows a try
     got = dec.generate([b""], max_bytes=600, draft="chain")[0]
     assert got.output == decode.generate(ScriptedModel(TEXT * 30, lambda j: True), b"", max_bytes=600).output
     assert dec.last_choice.heads == 8  # the best fixed draft here: a chain of all heads
-    assert costs.arbiter.winning and sum(got.stats.accepted) > 0.5 * len(got.output)  # most bytes drafted
+    assert costs.arbiter().winning and sum(got.stats.accepted) > 0.5 * len(got.output)  # most bytes drafted

@@ -146,7 +146,7 @@ class Batch:
         self.active = list(range(len(rows)))
         self.finished: set[int] = set()
         self.stale = StaleHeads(len(rows), n_future, warm=warm)
-        self.compiled = False  # a pass compiled a new shape since the loop last looked (its time is no rate)
+        self.compile_s = 0.0  # seconds of passes that ran a shape for the first time (compiling: no rate)
 
     @property
     def greedy(self) -> bool:

@@ -130,9 +130,8 @@ class Decoder:
         self.device = model.embed.weight.device
 
     def pass_costs(self, batch_size: int, *, static: bool = False) -> PassCosts:
-        """Seconds per pass for k heads over T nodes at this batch size, on the eager or the compiled
-        static step (`CalibratedCosts.costs`: measured on this decoder's step the first time asked,
-        or recorded in the compile cache by an earlier process)."""
+        """Seconds per pass for k heads over T nodes at this batch size, eager or compiled
+        (`CalibratedCosts.costs`: measured on this decoder's step, or recorded by an earlier process)."""
         return self.calibration.costs(self, batch_size, static=static)
 
     def plan(self, draft: Draft, *, batch_size: int, static: bool, greedy: bool) -> Choice:
@@ -143,7 +142,8 @@ class Decoder:
         if not draft.adapts(greedy):
             return Choice(draft.heads, DraftTree.chain(draft.heads - 1), 0.0, 0.0)
         costs = self.pass_costs(batch_size, static=static)
-        arbiter = costs.arbiter if self.calibration.for_run(batch_size, static=static) is not None else None
+        calibrated = self.calibration.for_run(batch_size, static=static) is not None
+        arbiter = costs.arbiter(draft.lookup) if calibrated else None
         return choose(self.profiles[greedy], costs, max_heads=self.model.config.n_future, tree=draft.trees(greedy),
                       heads=draft.heads, arbiter=arbiter)
 
@@ -217,7 +217,7 @@ class Decoder:
             self.propose(row, picks, b, path[-1], nxt)
         state.warm = k  # the heads whose candidates the rows hold
         if state.static and self.policy.static.last_was_new:  # compiling: not a cost, nor a rate
-            state.compiled = True
+            state.compile_s += time.perf_counter() - t0
         elif state.costs is not None:  # what it delivered is measured over the loop's windows (`loop.Window`)
             state.costs.observe(k, tree.T, time.perf_counter() - t0)
 

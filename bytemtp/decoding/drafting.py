@@ -213,7 +213,7 @@ class PassCosts:
         self.calibrate, self.stepwise = calibrate, stepwise
         self.seen: dict[tuple[int, int], float] = {}  # running mean of observed seconds
         self.scale = 1.0  # running mean of observed over predicted: the loop and the load now
-        self.arbiter = Arbiter()  # plain decoding against speculation, on what each delivered
+        self.arbiters: dict[bool, Arbiter] = {}  # plain decoding against speculation, by whether rows draft lookup bytes
 
     def _between(self, grid: list[int], x: int) -> tuple[int, int, float]:
         if x <= grid[0]:
@@ -253,6 +253,13 @@ class PassCosts:
         self.seen[k, T] = seconds if old is None else (1 - weight) * old + weight * seconds
         self.scale = (1 - weight) * self.scale + weight * seconds / self.predicted(k, T)
 
+    def arbiter(self, lookup: bool = False) -> Arbiter:
+        """The arbiter of drafts with prompt lookup or without (`Draft.lookup`): their plain passes
+        deliver different rates (lookup drafts even in plain passes), so each weighs its own."""
+        if lookup not in self.arbiters:
+            self.arbiters[lookup] = Arbiter()
+        return self.arbiters[lookup]
+
     def ratio(self, k: int, T: int) -> float:
         """What the pass costs over a plain one (one head, one node)."""
         return self(k, T) / self(1, 1)
@@ -266,7 +273,8 @@ class PassCosts:
         return {f"{k}x{T}": round(s * 1e3, 4) for (k, T), s in sorted(self.table.items())}
 
 
-EXPLORE_PASSES = 4  # passes of a window that tries speculation (or first measures plain decoding)
+EXPLORE_PASSES = 4  # passes of a window that tries speculation (or measures plain decoding)
+REMEASURE = 8  # speculative windows in a row after which plain decoding is measured again
 PLAN_PASSES = 16  # passes of any other window: between two re-plans of an adapting draft
 
 
@@ -284,6 +292,7 @@ class Arbiter:
         self.rewarm_s = 0.0  # what the last switch to speculation cost (re-warming the heads' caches)
         self.pending: tuple | None = None  # a speculative window that ran before plain decoding was measured
         self.last_loss_s, self.since_loss_s = 0.0, 0.0  # what the last losing window cost, and the seconds since
+        self.spec_run = 0  # speculative windows since plain decoding was last measured
 
     def record(self, *, speculative: bool, rate: float, seconds: float, rewarm_s: float = 0.0,
                trial: bool = True) -> None:
@@ -295,11 +304,14 @@ class Arbiter:
             self.rewarm_s = rewarm_s
         if not speculative:
             self.plain = rate if self.plain is None else 0.7 * self.plain + 0.3 * rate
+            self.spec_run = 0
             if self.pending is not None:  # the speculative window that ran first is judged now
                 self._judge(*self.pending)
                 self.pending = None
+            elif self.spec is not None:  # measured again: what speculation last delivered, weighed anew
+                self.winning = self.winning and self.spec > self.plain * (1 + self.margin)
             return
-        self.spec = rate
+        self.spec, self.spec_run = rate, self.spec_run + 1
         if self.plain is None:  # nothing to weigh it against yet: plain decoding runs next
             self.pending = (rate, seconds, rewarm_s, trial)
             return
@@ -312,6 +324,16 @@ class Arbiter:
         if trial and gain < 0:  # a try that lost: the next waits until the budget has paid for it
             self.last_loss_s, self.since_loss_s = -gain, 0.0
 
+    def holds_back(self) -> bool:
+        """Whether the next window runs plain decoding whatever a try would cost (what `arm` says
+        with try_s = 0 and nothing promising): asked first, so that a plan that will not speculate
+        does not search the best shape (on a small model that search costs more than its passes)."""
+        return self.plain is not None and not self.winning and not self._may_try(0.0)
+
+    def _may_try(self, try_s: float) -> bool:
+        within = self.balance_s - try_s - self.rewarm_s >= -self.budget * self.total_s
+        return within and self.since_loss_s * self.budget >= self.last_loss_s  # and credit is not spent at once
+
     def arm(self, try_s: float = 0.0, *, promising: bool = False) -> tuple[bool, int]:
         """Whether the next window speculates, and its passes: at first, speculation where it is
         `promising` (the pass costs and the profile expect it to pay), then plain decoding, measured
@@ -320,10 +342,9 @@ class Arbiter:
         speculation's cost within the budget; else plain decoding."""
         if self.plain is None:
             return promising and self.spec is None, EXPLORE_PASSES
-        if self.winning:
-            return True, PLAN_PASSES
-        within = self.balance_s - try_s - self.rewarm_s >= -self.budget * self.total_s
-        if within and self.since_loss_s * self.budget >= self.last_loss_s:  # and credit is not spent at once
+        if self.winning:  # ... with plain decoding measured again now and then, so a stale figure cannot keep it
+            return (False, EXPLORE_PASSES) if self.spec_run >= REMEASURE else (True, PLAN_PASSES)
+        if self._may_try(try_s):
             return True, EXPLORE_PASSES
         return False, PLAN_PASSES
 
@@ -371,6 +392,8 @@ def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree
     calibrate), whether it speculates is the arbiter's (`Arbiter.arm`: on what plain decoding and
     speculation really delivered), and it speculates with the best shape that drafts; without one
     (given costs), speculation must promise `margin` more than plain decoding to be chosen."""
+    if heads is None and arbiter is not None and arbiter.holds_back():
+        return Choice(heads=1, tree=DraftTree.chain(0), bytes_per_pass=1.0, speedup=1.0)
     ranks = profile.ranks if tree else 1
     best, plain = None, (1.0 / costs(1, 1), 1, [], 1.0)
     for k in ([heads] if heads else range(2, max_heads + 1)):

@@ -70,21 +70,24 @@ class Window:
     delivers, with everything a pass does not time itself (emitting, slides, the loop), so that
     plain decoding is a measured arm (`drafting.Arbiter`); the plan's `passes` run before the next."""
 
-    def __init__(self, state: Batch, choice: Choice):
+    def __init__(self, state: Batch, choice: Choice, *, lookup: bool = False):
         self.choice, self.length, self.t0 = choice, choice.passes, time.perf_counter()
+        self.lookup = lookup  # whose arbiter it reports to (`PassCosts.arbiter`)
         live = [state.rows[r] for r in state.active if r not in state.finished and not state.rows[r].pad]
         self.rows, self.bytes0 = len(live), sum(len(row.out.data) for row in state.rows)
-        self.passes, self.rewarm_s = 0, 0.0
-        state.compiled = False
+        self.passes, self.rewarm_s, self.compile_s0 = 0, 0.0, state.compile_s
 
     def close(self, state: Batch) -> None:
-        """Record what the window delivered in the batch's costs' arbiter: not where a pass compiled,
-        nor for a window of fewer than 4 passes (a call's last few)."""
-        if state.costs is None or state.compiled or self.passes < 4 or not self.rows:
+        """Record what the window delivered in the batch's costs' arbiter, the seconds of passes that
+        compiled a shape apart (so that a try that compiled is judged on its other passes, never
+        left unjudged to be tried again at once); nothing for a window of fewer than 4 passes (a
+        call's last few) or whose every pass compiled."""
+        compile_s = state.compile_s - self.compile_s0
+        seconds = time.perf_counter() - self.t0 - self.rewarm_s - compile_s
+        if state.costs is None or self.passes < 4 or not self.rows or seconds <= 0:
             return
-        seconds = time.perf_counter() - self.t0 - self.rewarm_s
         emitted = sum(len(row.out.data) for row in state.rows) - self.bytes0
-        state.costs.arbiter.record(speculative=self.choice.heads > 1, rate=emitted / self.rows / seconds,
+        state.costs.arbiter(self.lookup).record(speculative=self.choice.heads > 1, rate=emitted / self.rows / seconds,
                                    seconds=seconds, rewarm_s=self.rewarm_s, trial=self.length == EXPLORE_PASSES)
 
 
@@ -119,7 +122,7 @@ class Loop:
         costs = self.decoder.calibration.for_run(self.size, static=static)
         if costs is None or not self.draft.adapts(True if self.greedy is None else self.greedy):
             return self.full
-        arbiter = costs.arbiter
+        arbiter = costs.arbiter(self.draft.lookup)
         return self.full if arbiter.plain is None or arbiter.winning else 1
 
     # --- rows joining and leaving (a server's batch) ---------------------------------------------
@@ -196,11 +199,11 @@ class Loop:
                 or self.window.passes >= self.window.length and self.draft.adapts(greedy)):
             if self.window is not None and key == self._planned:
                 self.window.close(state)
-            if key != self._planned:
-                state.costs = decoder.calibration.for_run(size, static=state.static)
-                self._planned = key
             self.choice = decoder.last_choice = decoder.plan(self.draft, batch_size=size, static=state.static,
                                                              greedy=greedy)
-            self.window = Window(state, self.choice)
+            if key != self._planned:  # after the plan, which measures the costs the first time
+                state.costs = decoder.calibration.for_run(size, static=state.static)
+                self._planned = key
+            self.window = Window(state, self.choice, lookup=self.draft.lookup)
         self.window.passes += 1
         return self.choice
