@@ -19,7 +19,7 @@ import struct
 import sys
 
 import pytest
-from train_runs import cli, read_metrics, tiny_cfg
+from train_runs import cli, read_metrics, signal_at_step, start_cli, tiny_cfg
 
 import bytemtp.training.train as train_lib
 from bytemtp import config_io
@@ -249,10 +249,8 @@ def test_a_resumed_wandb_run_logs_again_the_steps_a_killed_session_had_not_writt
 def test_wandb_through_a_sigkill_and_a_resume_holds_every_step_once(tmp_path, corpus_dir, wandb_offline):
     """`bytemtp train` killed with SIGKILL after a checkpoint and resumed: the W&B run's history
     holds every step once, those the killed session had not yet written included."""
-    import os
     import signal
     import subprocess
-    import time
 
     run, steps = tmp_path / "run", 40
     cmd = [sys.executable, "-m", "bytemtp_cli", "train"]
@@ -260,22 +258,9 @@ def test_wandb_through_a_sigkill_and_a_resume_holds_every_step_once(tmp_path, co
             "--set", "train.log_every=1", "--set", "data.batch_size=4", "--set", "train.ckpt_every=10",
             "--set", "train.eval_every=1000", "--set", "train.compile=off", "--set", "train.log_to=jsonl,wandb"]
     log = tmp_path / "first.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([*cmd, *args], stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            done = [r["step"] for r in read_metrics(run)] if (run / "metrics.jsonl").exists() else []
-            if latest_checkpoint(run) is not None and done and done[-1] >= 15:
-                break
-            time.sleep(0.01)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    proc = start_cli(args, log)
+    signal_at_step(proc, run, 15, log, signal.SIGKILL)  # after the checkpoint at step 10
+    assert proc.returncode == -signal.SIGKILL and latest_checkpoint(run) is not None, log.read_text()[-3000:]
     resumed = subprocess.run([*cmd, "--resume", str(run)], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     sessions = _wandb_sessions(run)

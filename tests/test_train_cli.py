@@ -9,11 +9,9 @@ subprocesses in all; everything else runs the command in this process.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
-from train_runs import BATCH, ckpt_step, cli, loss_lines, read_metrics, tiny_cfg
+from train_runs import (BATCH, ckpt_step, cli, cli_cmd, loss_lines, read_metrics, signal_at_step, start_cli, tiny_cfg)
 
 from bytemtp import config as config_lib
 from bytemtp import config_io
@@ -35,10 +33,6 @@ TIMING_KEYS = ("bytes_per_s", "elapsed_s")
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def cli_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "bytemtp_cli", "train", *args]
 
 
 def new_run_args(corpus_dir: Path, out: Path, steps: int, *sets: str) -> list[str]:
@@ -56,46 +50,6 @@ def run_cli(args: list[str], log: Path) -> str:
     out = log.read_text()
     assert proc.returncode == 0, out[-3000:]
     return out
-
-
-def start_cli(args: list[str], log: Path) -> subprocess.Popen:
-    with open(log, "w") as f:
-        return subprocess.Popen(cli_cmd(*args), stdout=f, stderr=subprocess.STDOUT)
-
-
-def signal_at_step(proc: subprocess.Popen, run_dir: Path, step: int, log: Path, sig: int) -> None:
-    """Send `sig` once the run has logged `step`, and wait for it to end (killed if it hangs)."""
-    try:
-        wait_for_step(proc, run_dir, step, log)
-        assert proc.poll() is None, "the run finished before the signal could be sent"
-        os.kill(proc.pid, sig)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, log: Path, timeout: float = 120) -> int:
-    """Poll metrics.jsonl until a complete line with a step >= `step` appears; return that step."""
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended (status {proc.returncode}) before step {step}:\n"
-                        f"{log.read_text()[-3000:]}")
-        if metrics.exists():
-            for line in reversed(metrics.read_text().splitlines()):
-                try:
-                    reached = json.loads(line)["step"]
-                except ValueError:  # the line being written
-                    continue
-                if reached >= step:
-                    return reached
-                break
-        time.sleep(0.005)
-    proc.kill()
-    pytest.fail(f"no step {step} in {metrics} after {timeout} s")
 
 
 def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, log: Path, timeout: float = 120) -> int:
@@ -130,15 +84,8 @@ def test_resume_after_sigkill_equals_uninterrupted_run_bit_for_bit(tmp_path, cor
     # and lands some 70 steps before the end
     log = tmp_path / "b.log"
     proc = start_cli(new_run_args(corpus_dir, run_b, steps, *sets), log)
-    try:
-        saved = wait_for_checkpoint(proc, run_b, log)
-        wait_for_step(proc, run_b, saved + 1, log)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    saved = wait_for_checkpoint(proc, run_b, log)
+    signal_at_step(proc, run_b, saved + 1, log, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL, log.read_text()[-3000:]
     killed_at = max(r["step"] for r in loss_lines(read_metrics(run_b)))
     ckpt = latest_checkpoint(run_b)
