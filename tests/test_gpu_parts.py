@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-# one worker: the parts share what `carry` prepares (a module fixture), made once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gpu-parts")]
+pytestmark = pytest.mark.slow  # spread over the workers: the suite's longest tests beside the multi-process group
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts" / "gpu"

@@ -60,6 +60,7 @@ def decode_commands(p: Part, s: dict, run: Path, dtype: str) -> None:
               "--dtype", dtype, "--compile", "off")
     p.bytemtp("bench decode", "bench", "decode", "--ckpt", r, "--n-prompts", str(s["prompts"]), "--max-bytes", n,
               "--batch-sizes", "1,2", "--draft", "auto,auto+lookup", "--rounds", "1", "--compile", "off",
+              "--eval-batches", str(s["batches"]),
               "--device", dev, "--dtype", dtype, "--json", str(p.work / "decode.json"))
     p.bytemtp("bench train-step", "bench", "train-step", "--preset", "tiny", "--steps", "1", "--warmup", "1",
               "--min-sample-s", "0", "--batch-size", "2", "--compile", "off", "--device", dev,
