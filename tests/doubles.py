@@ -109,6 +109,9 @@ class ScriptedHeads(PassHeads):
 
     name = "scripted"
 
+    def __call__(self, z_BTD, layout, cache, *, k, last=None):
+        raise AssertionError("a scripted model's passes run whole (`logits`, `run_pass`), never on a trunk state")
+
     def logits(self, ids_BT, cache, *, heads, layout, last=None):
         return self.model.logits(ids_BT, cache, heads=heads, layout=layout, last=last)
 

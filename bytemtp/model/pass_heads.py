@@ -24,6 +24,8 @@ Legend: B batch, T time, K heads, V vocabulary, D width, N nodes (B x T).
 
 from __future__ import annotations
 
+import abc
+
 import torch
 import torch.nn.functional as F
 
@@ -31,7 +33,7 @@ from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import Layout, attend
 
 
-class PassHeads:
+class PassHeads(abc.ABC):
     """What a decoding pass runs after the trunk (module docstring). A snapshot for inference,
     made once per loaded model (`ByteMTP.decode_heads`): kinds that copy weights do so when made."""
 
@@ -40,11 +42,12 @@ class PassHeads:
     def __init__(self, model):
         self.model = model
 
+    @abc.abstractmethod
     def __call__(self, z_BTD: torch.Tensor, layout: Layout, cache: KVCache | None, *, k: int,
                  last: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, k, V) of the first k heads on trunk state z (B, T, D); with `last` (a (B,)
-        tensor of positions) only there: (B, 1, k, V). Writes the cache layers of `cache_layers(k)`."""
-        raise NotImplementedError
+        tensor of positions) only there: (B, 1, k, V). Writes the cache layers of `cache_layers(k)`.
+        Every kind says its own (the interface has none to offer)."""
 
     def logits(self, ids_BT: torch.Tensor, cache: KVCache | None = None, *, heads: int | None = None,
                layout: Layout, last: list[int] | None = None) -> torch.Tensor:
