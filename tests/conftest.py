@@ -13,6 +13,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+from bytemtp.runtime import standin  # noqa: E402
+
+# the stand-in accelerator exists before any backward pass: autograd sizes its device queues once
+standin.register()
+
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Hypothesis draws the same examples on every run by default (profile "ci": derandomized, no

@@ -32,10 +32,10 @@ import torch
 from click.testing import CliRunner
 from doubles import lm_eval_tasks
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
 from bytemtp import config_io
 from bytemtp.model.model import ByteMTP
+from bytemtp.runtime import standin
 from bytemtp_cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,55 +180,26 @@ def test_init_weights_refuses_a_generator_off_the_cpu():
 # --- runtime -----------------------------------------------------------------------------------------
 
 
-class MixedDevices(TorchFunctionMode):
-    """Records every op whose tensor arguments lie on the meta device and on another one: a tensor
-    made without a device met the model's. (Some such ops raise nothing: indexing a CPU tensor with
-    meta indices returns garbage.)"""
-
-    # what materialising a meta-built model (`to_empty`) asks of the old and the new tensor
-    MOVES = frozenset({torch._has_compatible_shallow_copy_type})
-
-    def __init__(self, found: list[str]):
-        super().__init__()
-        self.found = found
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        kinds = {t.device.type for t in tensors}
-        if "meta" in kinds and len(kinds) > 1 and func not in self.MOVES:
-            frames = [f for f in traceback.extract_stack()[:-1] if "bytemtp" in f.filename and "tests" not in f.filename]
-            where = f"{frames[-1].filename.split('/work/main/')[-1]}:{frames[-1].lineno}" if frames else "?"
-            self.found.append(f"{getattr(func, '__name__', func)} on {sorted(kinds)} at {where}")
-        return func(*args, **kwargs)
-
-
-MIXED: list[str] = []  # what MixedDevices saw during the test running now
-# the runtime layer's tests run whole commands with every torch call watched: seconds each, so make
+# the runtime layer's tests run whole commands with every torch op checked: seconds each, so make
 # test-quick leaves them to make test
 RUNTIME = pytest.mark.slow
 
 
 @pytest.fixture
 def meta_default(monkeypatch):
-    """The default device is meta for the test, in this thread and in every thread started
-    meanwhile, and every op that mixes meta tensors with others is recorded in MIXED."""
-    MIXED.clear()
+    """The commands run on the stand-in accelerator (`runtime.standin`, `--device standin`), where a
+    tensor on another device than the model's fails as on CUDA: one made on a fixed `device="cpu"`,
+    or made without a device (the default device is the CPU), meets the model's and raises. Threads
+    the command starts follow the same rules."""
     run = threading.Thread.run
 
-    def run_on_meta(self):
-        torch.set_default_device("meta")
-        with MixedDevices(MIXED):
+    def run_on_standin(self):
+        with standin.modes():
             run(self)
 
-    monkeypatch.setattr(threading.Thread, "run", run_on_meta)
-    before = torch.get_default_device()
-    torch.set_default_device("meta")
-    try:
-        with MixedDevices(MIXED):
-            yield
-    finally:
-        torch.set_default_device(None if before.type == "cpu" else before)
+    monkeypatch.setattr(threading.Thread, "run", run_on_standin)
+    with standin.StandIn():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -250,24 +221,23 @@ def _invoke(*args) -> str:
     if res.exc_info is not None and not isinstance(res.exception, SystemExit):
         detail = "".join(traceback.format_exception(*res.exc_info)[-6:])
     assert res.exit_code == 0, f"{' '.join(map(str, args[:2]))}: {res.output[-1500:]}\n{detail}"
-    assert not MIXED, f"{' '.join(map(str, args[:2]))}: meta tensors met real ones: " + "; ".join(dict.fromkeys(MIXED))
     return res.output
 
 
 @RUNTIME
 def test_train_and_eval(meta_default, corpus_dir, tmp_path):
     _invoke("train", "--preset", "tiny", "--data", corpus_dir, "--out", tmp_path / "run", "--steps", 2,
-            "--device", "cpu", "--set", "data.batch_size=2", "--set", "train.compile=off",
+            "--device", "standin", "--set", "data.batch_size=2", "--set", "train.compile=off",
             "--set", "train.eval_every=2", "--set", "train.eval_batches=1", "--set", "model.n_future=4")
     _invoke("eval", "--ckpt", tmp_path / "run", "--batches", 1, "--batch-size", 2, "--decode-prompts", 1,
-            "--device", "cpu")
+            "--device", "standin")
 
 
 @RUNTIME
 def test_generate(meta_default, ckpt, tmp_path):
-    _invoke("generate", "--ckpt", ckpt, "--prompt", "the", "--max-bytes", 6, "--compile", "off", "--device", "cpu")
+    _invoke("generate", "--ckpt", ckpt, "--prompt", "the", "--max-bytes", 6, "--compile", "off", "--device", "standin")
     _invoke("generate", "--ckpt", ckpt, "--prompt", "a", "--max-bytes", 4, "--temperature", 0.8, "--seed", 1,
-            "--compile", "off", "--device", "cpu")
+            "--compile", "off", "--device", "standin")
 
 
 @RUNTIME
@@ -276,23 +246,23 @@ def test_bench_decode(meta_default, ckpt, tmp_path):
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def f(x):", "import os")))
     _invoke("bench", "decode", "--ckpt", ckpt, "--prompts", prompts, "--n-prompts", 2, "--batch-sizes", "1,2",
             "--max-bytes", 6, "--rounds", 1, "--draft", "auto,chain-2", "--eval-batches", 1, "--compile", "off",
-            "--device", "cpu")
+            "--device", "standin")
 
 
 @RUNTIME
 def test_tune_heads(meta_default, ckpt, tmp_path):
     _invoke("tune-heads", "--ckpt", ckpt, "--out", tmp_path / "tuned", "--steps", 1, "--report-prompts", 1,
-            "--drafter", "medusa", "--device", "cpu", "--set", "data.batch_size=2", "--set", "train.eval_batches=1")
+            "--drafter", "medusa", "--device", "standin", "--set", "data.batch_size=2", "--set", "train.eval_batches=1")
 
 
 @RUNTIME
 def test_eval_tasks_and_export(meta_default, ckpt, tmp_path):
-    _invoke("eval-task", "poly", "--ckpt", ckpt, "--per-count", 1, "--counts", "1", "--device", "cpu")
+    _invoke("eval-task", "poly", "--ckpt", ckpt, "--per-count", 1, "--counts", "1", "--device", "standin")
     problems = tmp_path / "toy.jsonl"
     problems.write_text(json.dumps({"task_id": "toy/0", "prompt": "def one():\n    return ", "entry_point": "one",
                                     "test": "def check(f):\n    assert f() == 1\n"}) + "\n")
     _invoke("eval-task", "humaneval", "--ckpt", ckpt, "--problems", problems, "--max-bytes", 6, "--compile", "off",
-            "--samples", 2, "--temperature", 0.8, "--device", "cpu", "--sandbox", "guard",
+            "--samples", 2, "--temperature", 0.8, "--device", "standin", "--sandbox", "guard",
             "--allow-unsandboxed-execution", "--workers", 1)
     _invoke("export", "--ckpt", ckpt, "--out", tmp_path / "hf")
 
@@ -302,7 +272,7 @@ def test_lm_eval(meta_default, ckpt, tmp_path):
     pytest.importorskip("lm_eval")
     docs = [{"q": f"{a} + {b} =", "choices": [str(a + b), str(a + b + 1)], "gold": 0} for a in range(2) for b in (1,)]
     tasks = lm_eval_tasks(tmp_path, docs, until=["\n"], max_gen_toks=3)
-    _invoke("lm-eval", "--model", "bytemtp", "--model_args", f"ckpt={ckpt},device=cpu,batch_size=2",
+    _invoke("lm-eval", "--model", "bytemtp", "--model_args", f"ckpt={ckpt},device=standin,batch_size=2",
             "--include_path", tasks, "--tasks", "tiny_mc,tiny_gen")
 
 
@@ -326,7 +296,7 @@ def test_serve(meta_default, ckpt, monkeypatch):
                 answers.append(requests.post(running.url + "/v1/completions", json=body, timeout=120))
 
     monkeypatch.setattr(app, "serve", serve_two_requests)
-    _invoke("serve", "--ckpt", ckpt, "--port", 0, "--compile", "off", "--device", "cpu")
+    _invoke("serve", "--ckpt", ckpt, "--port", 0, "--compile", "off", "--device", "standin")
     assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
 
 
@@ -337,26 +307,26 @@ def test_bench_train_step_and_serve(meta_default, ckpt, monkeypatch):
     # peaks are measured in fresh processes, which the default device does not reach
     monkeypatch.setattr(step_bench, "_peak_memory_in_subprocess", lambda args: 1.0)
     _invoke("bench", "train-step", "--preset", "tiny", "--steps", 1, "--warmup", 0, "--batch-size", 1,
-            "--compile", "off", "--device", "cpu")
+            "--compile", "off", "--device", "standin")
     pytest.importorskip("aiohttp")
     _invoke("bench", "serve", "--ckpt", ckpt, "--clients", "1", "--n-prompts", 1, "--prompt-bytes", 4,
-            "--max-bytes", 4, "--rounds", 1, "--compile", "off", "--no-vs-plain", "--device", "cpu")
+            "--max-bytes", 4, "--rounds", 1, "--compile", "off", "--no-vs-plain", "--device", "standin")
 
 
 @RUNTIME
 def test_bench_sweep_and_quality(meta_default, corpus_dir, tmp_path):
     grid = tmp_path / "grid.toml"
-    grid.write_text(f'preset = "tiny"\nsets = ["data.path={corpus_dir}", "data.batch_size=2", "train.device=cpu", '
+    grid.write_text(f'preset = "tiny"\nsets = ["data.path={corpus_dir}", "data.batch_size=2", "train.device=standin", '
                     '"train.compile=off", "model.n_future=2"]\n[[candidate]]\nname = "a"\nsets = []\n')
     _invoke("bench", "sweep", grid, "--out", tmp_path / "sweep", "--time", "1s", "--eval-bytes", 128, "--n-prompts", 1)
     _invoke("bench", "quality", "--preset", "tiny", "--data", corpus_dir, "--steps", 1, "--seeds", 1, "--arms", "mtp",
             "--set", "data.batch_size=2", "--set", "model.n_future=2", "--set", "train.compile=off",
-            "--eval-bytes", 128, "--n-prompts", 1, "--tune-time", "1s", "--out", tmp_path / "q", "--device", "cpu")
+            "--eval-bytes", 128, "--n-prompts", 1, "--tune-time", "1s", "--out", tmp_path / "q", "--device", "standin")
 
 
 @RUNTIME
 def test_bench_tokens(meta_default, corpus_dir, tmp_path):
     _invoke("bench", "tokens", "--preset", "tiny", "--data", corpus_dir, "--steps", 1, "--vocab", 270,
             "--held-out", corpus_dir.parent / "src", "--held-out-bytes", 128, "--n-prompts", 1, "--max-bytes", 4,
-            "--rounds", 1, "--batch-sizes", "1", "--compile", "off", "--out", tmp_path / "tok", "--device", "cpu",
+            "--rounds", 1, "--batch-sizes", "1", "--compile", "off", "--out", tmp_path / "tok", "--device", "standin",
             "--set", "data.batch_size=2", "--set", "model.n_future=2")

@@ -37,24 +37,15 @@ def test_fp32_matmuls_use_tf32_only_in_a_cuda_run_not_in_fp32_and_are_restored()
             assert torch.get_float32_matmul_precision() == before
 
 
-class _Batch:
-    """A stand-in for a host batch that records how it was moved."""
+def test_a_batch_goes_to_an_accelerator_from_pinned_memory_without_waiting_and_to_the_cpu_as_it_is():
+    from bytemtp.model.transfer import batch_to_device
+    from bytemtp.runtime.host import HostTransfers
+    from bytemtp.runtime.standin import StandIn
 
-    def __init__(self):
-        self.calls = []
-
-    def pin_memory(self):
-        self.calls.append("pin_memory")
-        return self
-
-    def to(self, device, non_blocking=False):
-        self.calls.append(("to", device.type, non_blocking))
-        return self
-
-
-def test_a_batch_goes_to_cuda_from_pinned_memory_without_waiting_and_to_the_cpu_as_it_is():
-    batch = _Batch()
-    devices.batch_to_device(batch, torch.device("cuda"))
-    assert batch.calls == ["pin_memory", ("to", "cuda", True)]
     ids = torch.arange(6).reshape(2, 3)
-    assert devices.batch_to_device(ids, CPU) is ids
+    with StandIn() as device, HostTransfers() as transfers:
+        moved = batch_to_device(ids, device)
+        plain = ids.to(device)  # the copy it avoids: from pageable memory, the host waits
+    assert moved.device == device and transfers.copies == 1, transfers.sites
+    assert [s for s in transfers.sites if "copie" in s] == [next(s for s in transfers.sites if "test_devices" in s)]
+    assert batch_to_device(ids, CPU) is ids

@@ -144,13 +144,13 @@ def test_batched_muon_steps_exactly_as_torchs_muon_and_shares_its_state(nesterov
 # --- a step cancelled on the device (what the training loop's StepGuard does on a GPU) ------------
 
 
-def _pair(kind: str):
-    """Two equal sets of matrices, each with its optimizer of `kind` (fused AdamW or BatchedMuon)."""
+def _pair(kind: str, device="cpu"):
+    """Two equal sets of matrices on `device`, each with its optimizer of `kind` (fused AdamW or BatchedMuon)."""
     from bytemtp.training.optimizer import BatchedMuon
 
     g = torch.Generator().manual_seed(0)
     shapes = [(8, 8), (8, 24), (24, 8), (8, 8)]
-    a = [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+    a = [torch.randn(s, generator=g).to(device).requires_grad_() for s in shapes]
     b = [p.detach().clone().requires_grad_() for p in a]
     make = (lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1, fused=True)) if kind == "adamw" else \
         (lambda ps: BatchedMuon(ps, lr=0.02, momentum=0.9, weight_decay=0.1))
@@ -163,20 +163,27 @@ def _state(opt) -> list:
 
 @pytest.mark.parametrize("kind", ["adamw", "muon"])
 def test_a_step_cancelled_on_the_device_changes_nothing_and_one_let_through_is_the_plain_step(kind):
-    from bytemtp.runtime.host import HostReads
+    from bytemtp.runtime.host import HostTransfers
+    from bytemtp.runtime.standin import StandIn
     from bytemtp.training.optimizer import skips_on_device, step_unless
 
-    a, b, plain, guarded, g = _pair(kind)
+    with StandIn() as device:  # on a device, where a read of the verdict would be a transfer
+        _cancelled_steps(kind, device, skips_on_device, step_unless, HostTransfers)
+
+
+def _cancelled_steps(kind, device, skips_on_device, step_unless, HostTransfers):
+    a, b, plain, guarded, g = _pair(kind, device)
     assert skips_on_device(guarded)
     for step in range(5):
         bad = step in (1, 3)
-        grads = [torch.randn(p.shape, generator=g) for p in a]
+        grads = [torch.randn(p.shape, generator=g).to(device) for p in a]
         for p, q, grad in zip(a, b, grads):
             p.grad, q.grad = grad, grad.clone().fill_(float("nan")) if bad else grad.clone()
         before = ([q.detach().clone() for q in b], _state(guarded))
-        with HostReads() as reads:
-            step_unless(guarded, torch.tensor(bad))
-        assert (reads.reads, reads.syncs) == (0, 0), reads.sites
+        verdict = torch.tensor(bad).to(device)
+        with HostTransfers() as reads:
+            step_unless(guarded, verdict)
+        assert reads.total == 0, reads.sites
         if bad:  # nothing moved: parameters, moments, momentum, step counts
             assert all(torch.equal(x, q) for x, q in zip(before[0], b))
             assert all(torch.equal(x, y) for x, y in zip(before[1], _state(guarded)))

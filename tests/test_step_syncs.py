@@ -1,6 +1,7 @@
-"""Host reads in the training loop (bytemtp.training.train, .faults, .figures): a step that neither
-logs, validates nor saves reads nothing from the device, counted with `HostReads` over the real
-loop; a logged step reads twice (the skip verdicts and the figures, one transfer each). The
+"""Host transfers in the training loop (bytemtp.training.train, .faults, .figures): a step that neither
+logs, validates nor saves makes the host wait for nothing (no read, no data-dependent shape, no
+synchronous copy of its batch), counted with `HostTransfers` over the real loop on the stand-in
+accelerator (`runtime.standin`); a logged step reads twice (the skip verdicts and the figures, one transfer each). The
 optimizer is built as on CUDA (fused AdamW, or Muon beside it), the one that skips a non-finite
 step on the device; the skip on the device equals the skip read at once, step for step, and so
 does the stop after train.max_bad_steps in a row.
@@ -13,7 +14,8 @@ import torch
 from train_runs import loss_lines, read_metrics, tiny_cfg
 
 import bytemtp.training.train as train_lib
-from bytemtp.runtime.host import HostReads
+from bytemtp.runtime.host import HostTransfers
+from bytemtp.runtime.standin import StandIn
 from bytemtp.training import faults, optimizer
 from bytemtp.training.figures import StepFigures, read_figures
 
@@ -36,25 +38,25 @@ def _as_on_cuda(monkeypatch) -> list:
 def test_steps_that_neither_log_validate_nor_save_read_nothing_from_the_device(tmp_path, corpus_dir, monkeypatch,
                                                                                 opt):
     _as_on_cuda(monkeypatch)
-    reads = HostReads()
-    marks = []  # (reads, syncs, sites) as each step's work begins
+    reads = HostTransfers()
+    marks = []  # (reads, syncs and copies, sites) as each step's work begins
     real = train_lib.accumulate_gradients
 
     def step_work(*args, **kwargs):
-        marks.append((reads.reads, reads.syncs, reads.sites.copy()))
+        marks.append((reads.reads, reads.syncs + reads.copies, reads.sites.copy()))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(train_lib, "accumulate_gradients", step_work)
     cfg = tiny_cfg(corpus_dir, "train.steps=7", "train.log_every=4", "train.eval_every=0", "train.ckpt_every=1000",
-                   f"train.optimizer={opt}", "model.seq_len=16")
-    with reads:
+                   f"train.optimizer={opt}", "model.seq_len=16", "train.device=standin")
+    with StandIn(), reads:
         train_lib.train(cfg, tmp_path / "run", **QUIET)
     # between the starts of steps k and k + 1: step k's work and the loop's bookkeeping after it
     per_step = [(b[0] - a[0], b[1] - a[1], dict(b[2] - a[2])) for a, b in zip(marks, marks[1:])]
     logged = {4}
-    for k, (n_reads, n_syncs, sites) in enumerate(per_step, start=1):
+    for k, (n_reads, n_waits, sites) in enumerate(per_step, start=1):
         expected = 2 if k in logged else 0
-        assert (n_reads, n_syncs) == (expected, 0), f"step {k}: {sites}"
+        assert (n_reads, n_waits) == (expected, 0), f"step {k}: {sites}"
     assert set(per_step[3][2]) == {next(s for s in per_step[3][2] if "settle" in s),
                                    next(s for s in per_step[3][2] if "read_figures" in s)}
 
@@ -132,9 +134,12 @@ def test_figures_read_in_one_transfer_are_the_values_of_each_tensor():
                           head_accuracy=torch.rand(4, generator=g), head_agreement=torch.rand(4, generator=g),
                           head_kl=None)
     norm = torch.rand((), generator=g)
-    with HostReads() as reads:
-        got = read_figures(figures, norm)
-    assert reads.reads == 1
+    with StandIn() as device:
+        on_device = StepFigures(**{k: v if v is None else v.to(device) for k, v in vars(figures).items()})
+        norm_on_device = norm.to(device)
+        with HostTransfers() as reads:
+            got = read_figures(on_device, norm_on_device)
+    assert (reads.reads, reads.syncs, reads.copies) == (1, 0, 0), reads.sites
     assert got.total == figures.total.item() and got.grad_norm == norm.item()
     assert got.head_loss == figures.head_loss.tolist() and got.head_accuracy == figures.head_accuracy.tolist()
     assert got.head_agreement == figures.head_agreement.tolist() and got.head_kl is None

@@ -51,7 +51,7 @@ from bytemtp.decoding.drafting import TREE_RANKS
 from bytemtp.decoding.picks import greedy_picks
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import build_layout
-from bytemtp.runtime.devices import to_device
+from bytemtp.model.transfer import batch_to_device, to_device
 from bytemtp.vocab import emitted
 
 NODE_BUCKETS = (1, 2, 4, 8, 16)  # nodes a pass is padded to (the last is drafting.MAX_NODES)
@@ -117,7 +117,7 @@ class StaticStep:
         self._index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.compile_s, self.graphs = 0.0, 0
         self.last_was_new = False  # whether the last call ran a shape for the first time (compiling it)
-        self.allowed = torch.tensor(emitted(model.config.vocab_size), device=self.device)  # the ids greedy picks may be
+        self.allowed = to_device(emitted(model.config.vocab_size), self.device, torch.bool)  # the ids greedy picks may be
         if compiled and self.device.type == "cuda":  # CUDA graphs read it where it is, not a copy a pass
             torch._dynamo.mark_static_address(self.allowed)
         self.picks: torch.Tensor | None = None  # the greedy picks of the last pass (`picks.greedy_picks`)
@@ -149,7 +149,7 @@ class StaticStep:
         key = (B, heads, padded)
         if key not in self._index:
             order = self.pass_heads.cache_layers(heads)
-            self._index[key] = (torch.tensor(order, device=self.device)[:, None, None],
+            self._index[key] = (to_device(order, self.device)[:, None, None],
                                 torch.arange(B, device=self.device)[:, None],
                                 torch.arange(padded, device=self.device))
         return self._index[key]
@@ -162,7 +162,7 @@ class StaticStep:
         see[:T, :T] = torch.ones(T, T, device="cpu").tril().bool() if ancestors is None else ancestors
         depth = torch.zeros(padded, dtype=torch.long, device="cpu")
         depth[:T] = torch.arange(T, device="cpu") if depths is None else torch.tensor(depths, device="cpu")
-        return depth.to(self.device), see.to(self.device)
+        return batch_to_device(depth, self.device), batch_to_device(see, self.device)
 
     def __call__(self, ids_BT: torch.Tensor, cache: KVCache, *, heads: int,
                  depths: tuple[int, ...] | None = None, ancestors: torch.Tensor | None = None) -> torch.Tensor:

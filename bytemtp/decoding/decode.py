@@ -58,7 +58,7 @@ from bytemtp.model.kvcache import KVCache, context_left, window_start
 from bytemtp.model.layout import build_layout
 from bytemtp.model.model import ByteMTP
 from bytemtp.model.pass_heads import PassHeads
-from bytemtp.runtime.devices import to_device
+from bytemtp.model.transfer import to_device
 from bytemtp.vocab import EOS
 
 
@@ -267,7 +267,7 @@ class Decoder:
         seconds = time.perf_counter() - t0
         cache.lengths = ends
         if live is not None:
-            rows, logits = [rows[b] for b in live], logits[live]
+            rows, logits = [rows[b] for b in live], logits.index_select(0, to_device(live, logits.device))
         if rows:
             self.propose_all(rows, logits, next_out=next_out, ats=[len(row.out.data) - next_out for row in rows])
         for row in rows:

@@ -23,7 +23,7 @@ import torch
 
 from bytemtp.decoding.drafting import TREE_RANKS
 from bytemtp.decoding.sampling import allowed_count, allowed_mask, gumbel_at, scaled_probs
-from bytemtp.runtime.devices import to_device
+from bytemtp.model.transfer import to_device
 from bytemtp.vocab import BYTES
 
 

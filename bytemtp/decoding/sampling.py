@@ -31,6 +31,7 @@ from typing import ClassVar
 
 import torch
 
+from bytemtp.model.transfer import to_device
 from bytemtp.vocab import BYTES, emitted
 
 _MASKS: dict[tuple[int, torch.device], torch.Tensor] = {}
@@ -44,7 +45,7 @@ def allowed_mask(logits: torch.Tensor, vocab_size: int = BYTES.size) -> torch.Te
     mask = _MASKS.get(key)
     if mask is None:
         ids = emitted(vocab_size)
-        mask = _MASKS[key] = torch.tensor(ids, device=logits.device)
+        mask = _MASKS[key] = to_device(ids, logits.device, torch.bool)
         _COUNTS[key] = sum(ids)  # counted on the host: no read of the device, at every top-k or once
     assert mask.shape[-1] == logits.shape[-1], f"logits of {logits.shape[-1]} ids for a vocabulary of {vocab_size}"
     return mask
@@ -153,7 +154,7 @@ def gumbel(key: int, positions: list[int], vocab: int, device: torch.device | st
     hash of the three (splitmix64 over the key's stream of positions, then over the position's stream
     of ids) gives 53 bits of a uniform u in (0, 1), and the noise is -log(-log u). The same on every
     device that computes float64 (CPU, CUDA), and in any batch of positions."""
-    return gumbel_at(key & ((1 << 63) - 1), torch.tensor(positions, dtype=torch.int64, device=device), vocab)
+    return gumbel_at(key & ((1 << 63) - 1), to_device(positions, device), vocab)
 
 
 def gumbel_at(keys: int | torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:

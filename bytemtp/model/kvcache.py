@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from bytemtp.model.transfer import to_device
+
 
 def context_left(n: int, start: int, seq_len: int) -> int:
     """How many more tokens the window holds when the context of the prediction of token n is
@@ -90,14 +92,14 @@ class KVCache:
         dst = self.lengths[row]
         if slots == list(range(dst, dst + len(slots))):
             return  # already in place: a chain, or the tree's first branch
-        src = torch.tensor(slots, device=self.k.device)
+        src = to_device(slots, self.k.device)
         for cache in (self.k, self.v):
             part = cache[:layers, row]  # (N, H, L, E) view
             part[:, :, dst:dst + len(slots)] = part.index_select(2, src)
 
     def keep(self, rows: list[int]) -> None:
         """Keep only these rows of the batch, in this order (a copy of the kept rows)."""
-        index = torch.tensor(rows, device=self.k.device, dtype=torch.long)
+        index = to_device(rows, self.k.device)
         self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
         self.lengths = [self.lengths[r] for r in rows]
         self.doc_starts = [self.doc_starts[r] for r in rows]
@@ -128,7 +130,7 @@ class KVCache:
         if bs == list(range(bs[0], bs[0] + len(bs))):
             view.k, view.v = self.k[:, bs[0]:bs[0] + len(bs)], self.v[:, bs[0]:bs[0] + len(bs)]
         else:
-            index = torch.tensor(bs, device=self.k.device)
+            index = to_device(bs, self.k.device)
             view.k, view.v = self.k.index_select(1, index), self.v.index_select(1, index)
         view.max_len = self.max_len
         view.lengths, view.doc_starts = [self.lengths[b] for b in bs], [self.doc_starts[b] for b in bs]
@@ -137,7 +139,7 @@ class KVCache:
     def take_back(self, view: KVCache, bs: list[int]) -> None:
         """The keys, values, lengths and document starts of `rows(bs)` back in their rows."""
         if view.k.data_ptr() != self.k[:, bs[0]].data_ptr():  # a copy: write it back
-            index = torch.tensor(bs, device=self.k.device)
+            index = to_device(bs, self.k.device)
             self.k.index_copy_(1, index, view.k)
             self.v.index_copy_(1, index, view.v)
         for i, b in enumerate(bs):

@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from bytemtp.model.kvcache import KVCache
+from bytemtp.model.transfer import batch_to_device, to_device
 from bytemtp.vocab import EOS
 
 
@@ -88,8 +89,8 @@ class Layout(_Rotary):
         if self.chain and uniform and self.start + T <= n_pos:
             self.cos, self.sin = rope[0][self.start:self.start + T], rope[1][self.start:self.start + T]
         else:
-            depth_T = torch.arange(T, device=device) if depths is None else torch.tensor(depths, device=device)
-            pos_BT = (torch.tensor(starts, device=device)[:, None] + depth_T).clamp(max=n_pos - 1)
+            depth_T = torch.arange(T, device=device) if depths is None else to_device(depths, device)
+            pos_BT = (to_device(starts, device)[:, None] + depth_T).clamp(max=n_pos - 1)
             self.cos, self.sin = rope[0][pos_BT][:, None], rope[1][pos_BT][:, None]  # (B, 1, T, E/2)
         if not cached and not self.chain:
             raise ValueError("a tree layout needs a cache")
@@ -105,18 +106,18 @@ class Layout(_Rotary):
             for b, s in enumerate(rows):
                 mask[b, 0, :, :s] = True
                 mask[b, 0, :, s:s + T] = see_TT
-            self.mask = mask.to(device)
+            self.mask = batch_to_device(mask, device)
         if doc_BT is not None:
             assert self.chain, "document masks are for chains"
             slot_L = torch.arange(self.L, device=doc_BT.device)
-            own_BT = torch.tensor(starts, device=doc_BT.device)[:, None] + torch.arange(T, device=doc_BT.device)
+            own_BT = to_device(starts, doc_BT.device)[:, None] + torch.arange(T, device=doc_BT.device)
             self.mask = ((slot_L >= doc_BT[..., None]) & (slot_L <= own_BT[..., None]))[:, None]  # (B, 1, T, L)
             self.causal = False
         if uniform:
             self.rows_BT = self.slots_BT = None
         else:
             self.rows_BT = torch.arange(len(starts), device=device)[:, None]
-            self.slots_BT = torch.tensor(starts, device=device)[:, None] + torch.arange(T, device=device)
+            self.slots_BT = to_device(starts, device)[:, None] + torch.arange(T, device=device)
         self._folded: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
     def mask_for(self, n: int, dtype: torch.dtype) -> torch.Tensor | None:
@@ -213,7 +214,7 @@ def document_starts(ids_BT: torch.Tensor, starts: list[int], prior: list[int]) -
     starts[b] + i), else `prior[b]`, where the row's document began before the pass."""
     device, T = ids_BT.device, ids_BT.shape[1]
     eos_BT = torch.where(ids_BT == EOS, torch.arange(T, device=device), -1).cummax(dim=1).values
-    starts_B1, prior_B1 = (torch.tensor(x, device=device)[:, None] for x in (starts, prior))
+    starts_B1, prior_B1 = (to_device(x, device)[:, None] for x in (starts, prior))
     return torch.where(eos_BT >= 0, starts_B1 + eos_BT, prior_B1)
 
 

@@ -44,6 +44,7 @@ from bytemtp.model.draft import DraftHeads, DraftPass, build_drafts
 from bytemtp.model.pass_heads import HeadsInTurn, PassHeads, StackedHeads
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import Layout, attend
+from bytemtp.model.transfer import to_device
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float, *,
@@ -190,7 +191,7 @@ class ByteMTP(nn.Module):
         cfg, device = self.config, self.embed.weight.device
         self.rope_cos, self.rope_sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta, device=device)
         if self.drafter is not None:
-            self.drafter.allowed = torch.tensor(emitted(cfg.vocab_size), device=device)
+            self.drafter.allowed = to_device(emitted(cfg.vocab_size), device, torch.bool)
 
     def forward(self, ids_BT: torch.Tensor, cache: KVCache | None = None, *, layout: Layout) -> torch.Tensor:
         """Trunk state (B, T, D) for ids (B, T), placed as the pass's `layout` says (after the

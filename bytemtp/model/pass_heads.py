@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from bytemtp.model.kvcache import KVCache
 from bytemtp.model.layout import Layout, attend
+from bytemtp.model.transfer import to_device
 
 
 class PassHeads(abc.ABC):
@@ -55,7 +56,7 @@ class PassHeads(abc.ABC):
         as `layout` says; advances the cache. With `last` (one position a row), only there:
         (B, 1, heads, V)."""
         z_BTD = self.model(ids_BT, cache, layout=layout)  # through __call__, so wrappers' hooks run
-        pick = None if last is None else torch.tensor(last, device=ids_BT.device)
+        pick = None if last is None else to_device(last, ids_BT.device)
         k = self.model.config.n_future if heads is None else heads
         out = self(z_BTD, layout, cache, k=k, last=pick)
         if cache is not None:

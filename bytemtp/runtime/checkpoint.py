@@ -39,6 +39,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from torch.utils._pytree import tree_map
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
@@ -101,7 +102,7 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, model: ByteMTP, co
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         weights = model.state_dict() if model_state is None else model_state
-        tensors = {k: v.detach().contiguous() for k, v in weights.items()}
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}  # written from the host
         save_file(tensors, tmp / MODEL_FILE, metadata={"format_version": str(FORMAT_VERSION)})
         meta = {"format_version": FORMAT_VERSION, "bytemtp_version": bytemtp.__version__,
                 "config": to_dict(config)}
@@ -110,8 +111,9 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, model: ByteMTP, co
         if config.data.tokenizer:
             shutil.copyfile(config.data.tokenizer, tmp / TOKENIZER_FILE)
         if optimizer_state is not None or optimizer is not None:
-            torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state,
-                       tmp / OPTIMIZER_FILE)
+            state = optimizer.state_dict() if optimizer_state is None else optimizer_state
+            torch.save(tree_map(lambda t: t.detach().to("cpu") if isinstance(t, torch.Tensor) else t, state),
+                       tmp / OPTIMIZER_FILE)  # from the host, as it is read back (map_location="cpu")
         for path in tmp.iterdir():  # the writers have closed their files; make them durable
             fsync(path)
         fsync(tmp)
@@ -409,12 +411,15 @@ def _read_json(path: Path) -> dict:
 
 
 def _read_weights(path: Path, *, device: str | torch.device) -> dict[str, torch.Tensor]:
-    """Tensors of a safetensors file on `device`; never unpickles anything."""
+    """Tensors of a safetensors file on `device`; never unpickles anything. safetensors places them
+    on the CPU and CUDA itself; another device (the stand-in accelerator) takes them from the host."""
     _require_file(path)
+    device = torch.device(device)
     try:
-        return load_file(path, device=str(device))
+        tensors = load_file(path, device=str(device) if device.type in ("cpu", "cuda") else "cpu")
     except SafetensorError as e:
         raise _corrupt_weights(path, e) from e
+    return tensors if device.type in ("cpu", "cuda") else {k: t.to(device) for k, t in tensors.items()}
 
 
 def _shapes(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:

@@ -13,8 +13,7 @@ does bf16 natively (AVX512-BF16 or AMX, where oneDNN's bf16 matmuls run about 1.
 fp32 ones), else fp32; an explicit bf16 or fp32 holds on every device. `out_of_memory` tells an
 allocation that failed (torch.OutOfMemoryError on CUDA, a RuntimeError
 from the CPU allocator) from other errors, so that training can say what to lower.
-`batch_to_device` moves a host batch to its device (on CUDA through pinned memory, without the host
-waiting), and `fast_fp32_matmuls` lets a CUDA run's float32 matmuls use TF32 for its duration.
+`fast_fp32_matmuls` lets a CUDA run's float32 matmuls use TF32 for its duration.
 """
 
 from __future__ import annotations
@@ -31,6 +30,11 @@ def resolve_device(name: str) -> torch.device:
     config_lib.check_device("device", name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name in ("standin", "standin:0"):
+        if torch._C._get_privateuse1_backend_name() != "standin" or not torch.accelerator.is_available():
+            raise ValueError("device 'standin' is the stand-in accelerator that tests run commands on "
+                             "(bytemtp.runtime.standin.StandIn); use auto, cpu or cuda")
+        return torch.device("standin", 0)
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} asks for CUDA but no CUDA device is available; use auto or cpu")
@@ -56,15 +60,6 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
-def batch_to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host batch on `device`. On CUDA it is copied into pinned memory first, so that the copy to
-    the GPU is asynchronous (`non_blocking`): a copy from pageable memory makes the host wait for
-    the GPU's queue. Elsewhere a plain `.to` (the CPU's batch is the batch itself)."""
-    if device.type == "cuda":
-        return batch.pin_memory().to(device, non_blocking=True)
-    return batch.to(device)
-
-
 @contextlib.contextmanager
 def fast_fp32_matmuls(device: torch.device, precision: str):
     """For a run on CUDA whose train.precision is not fp32: float32 matmuls on TF32 tensor cores
@@ -86,15 +81,6 @@ def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (timing a GPU needs it; the CPU runs in order)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """A tensor of host values (nested lists of numbers) on `device`. On a GPU it travels from
-    pinned memory without waiting (`non_blocking`): a plain copy from pageable memory would
-    first wait for all the device's queued work, a synchronisation per call."""
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    return torch.tensor(values, dtype=dtype, device="cpu").pin_memory().to(device, non_blocking=True)
 
 
 def rng_state(device: torch.device) -> dict[str, torch.Tensor]:

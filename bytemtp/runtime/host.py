@@ -1,13 +1,23 @@
-"""Host reads: the places where code waits for a tensor's values on the host.
+"""Host transfers: the places where the host waits for a device, counted where torch dispatches.
 
-On a GPU every such read (`tolist`, `item`, `int(t)`, `bool(t)`, `.cpu()`, `.numpy()`, ...) is a
-device-to-host transfer that waits for all queued work, and every operation whose output shape
-depends on the data (`nonzero`, a boolean mask as an index, `unique`, ...) is a synchronisation
-too: a loop that does either often is bound by the host, however fast its kernels. The CPU has no
-such transfers, so `HostReads` counts them where they would happen: a `TorchFunctionMode` that sees
-every tensor method called under it, on any device. Tests use it to hold a loop to its budget
-(one transfer a decoding pass, none in a training step but where figures are logged); it costs a
-Python call per torch operation, so it is for counting, never for timing.
+On a GPU three kinds of operation make the host wait for all queued work, and a loop that makes
+them often is bound by the host however fast its kernels:
+- a read of values into host memory: `item`, `tolist`, `int(t)`, `bool(t)`, `.cpu()`, `.to("cpu")`,
+  `copy_` into a host tensor, `torch.equal`, `allclose`: a copy from the device to the host, or an
+  op that torch tags `data_dependent_output` (its Python result is a value of the data);
+- an op whose output shape depends on the data (torch's `dynamic_output_shape` tag: `nonzero`,
+  one-argument `where`, `masked_select`, `unique`, `bincount`; `repeat_interleave` without its
+  `output_size`; indexing or index assignment with a boolean mask);
+- a synchronous copy from the host to the device: from pageable memory, or without `non_blocking`
+  (`torch.tensor(list, device=d)` is one). A copy from pinned memory with `non_blocking` does not wait.
+
+`HostTransfers` is a `TorchDispatchMode` that counts all three on every op torch dispatches, by the
+devices of its tensors and torch's own op tags, not by a list of method names. Ops on the host
+alone count nothing: the CPU has no transfers. So on a machine without a GPU the loop to count
+runs on `runtime.standin`'s stand-in accelerator, where a tensor says it lies on a device and each
+of these becomes visible. Tests hold loops to their budgets with it (one read a decoding pass and no
+synchronous copy; none in a training step but where figures are logged); `bench decode` reports its
+count. It costs a Python call per op: for counting, never for timing.
 """
 
 from __future__ import annotations
@@ -16,51 +26,97 @@ import collections
 import sys
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-Tensor = torch.Tensor
-
-# reading values into Python: a device-to-host transfer each
-_READS = {Tensor.tolist, Tensor.item, Tensor.__int__, Tensor.__float__, Tensor.__bool__, Tensor.__index__,
-          Tensor.numpy, Tensor.cpu, Tensor.__format__, Tensor.__repr__, Tensor.__array__}
-# operations whose output shape depends on the values: a synchronisation each
-_SYNCS = {torch.nonzero, Tensor.nonzero, torch.masked_select, Tensor.masked_select, torch.unique, Tensor.unique,
-          torch.argwhere, torch.Tensor.argwhere}
+aten = torch.ops.aten
+_COPIES = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten._copy_from_and_resize.default}
+_INDEXING = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 _TORCH_DIR = torch.__file__.rsplit("/", 1)[0]
+PINNED = "_host_pinned"  # set on a host tensor that stands for pinned memory (runtime.standin)
 
 
-class HostReads(TorchFunctionMode):
-    """Counts host reads (`reads`) and data-dependent synchronisations (`syncs`) made under it, with
-    the call sites where they happened (`sites`: "file:line function" -> count; the first frame
-    outside torch)."""
+def on_host(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu"
+
+
+def pinned(t: torch.Tensor) -> bool:
+    """Whether a host tensor lies in pinned (page-locked) memory."""
+    if getattr(t, PINNED, False):
+        return True
+    try:
+        return torch.cuda.is_available() and t.is_pinned()
+    except RuntimeError:
+        return False
+
+
+class HostTransfers(TorchDispatchMode):
+    """Counts what makes the host wait, made under it: `reads` (device-to-host reads), `syncs`
+    (data-dependent shapes) and `copies` (synchronous host-to-device copies), with the call sites
+    (`sites`: "file:line function (kind op)" -> count; the first frame outside torch)."""
 
     def __init__(self):
         super().__init__()
         self.reads = 0
         self.syncs = 0
+        self.copies = 0
         self.sites: collections.Counter[str] = collections.Counter()
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    @property
+    def total(self) -> int:
+        return self.reads + self.syncs + self.copies
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _READS:
-            self.reads += 1
-            self._note(func)
-        elif func in _SYNCS or (func is Tensor.__getitem__ and _bool_index(args)):
-            self.syncs += 1
-            self._note(func)
+        kind = transfer_kind(func, args, kwargs)
+        if kind is not None:
+            setattr(self, kind, getattr(self, kind) + 1)
+            self._note(f"{kind[:-1]} {func.__name__}")
         return func(*args, **kwargs)
 
-    def _note(self, func) -> None:
+    def _note(self, what: str) -> None:
         frame = sys._getframe(2)
-        while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
+        while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
+                                     or frame.f_code.co_filename == __file__
+                                     or frame.f_code.co_filename.endswith("runtime/standin.py")):
             frame = frame.f_back
         where = "?" if frame is None else \
             f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} {frame.f_code.co_name}"
-        self.sites[f"{where} ({getattr(func, '__name__', func)})"] += 1
+        self.sites[f"{where} ({what})"] += 1
 
 
-def _bool_index(args) -> bool:
-    """Whether a `__getitem__` call indexes with a boolean tensor (a data-dependent shape)."""
-    index = args[1] if len(args) > 1 else None
-    items = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(i, Tensor) and i.dtype == torch.bool for i in items)
+def transfer_kind(func, args, kwargs) -> str | None:
+    """"reads", "syncs" or "copies" where the op makes the host wait for a device, else None."""
+    tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    devices = {t.device.type for t in tensors}
+    if func in _COPIES:
+        src = args[1] if func is not aten._to_copy.default else args[0]
+        dst_host = (kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cpu") \
+            if func is aten._to_copy.default else on_host(args[0])
+        if func is aten._to_copy.default and kwargs.get("device") is None:
+            return None  # a cast where the tensor lies
+        if not on_host(src) and dst_host:
+            return "reads"
+        if on_host(src) and not dst_host and not (kwargs.get("non_blocking") and pinned(src)) \
+                and not (func is aten.copy_.default and len(args) > 2 and args[2] and pinned(src)):
+            return "copies"
+        return None
+    if devices <= {"cpu"}:
+        return None  # the host alone
+    if torch.Tag.data_dependent_output in func.tags:
+        return "reads"
+    if func in _INDEXING:
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        indices = [i for i in indices if isinstance(i, torch.Tensor)]
+        if any(i.dtype in (torch.bool, torch.uint8) for i in indices):
+            return "syncs"
+        if any(on_host(i) and i.dim() > 0 for i in indices):
+            return "copies"  # host indices travel to the device first
+        return None
+    if func.overloadpacket is aten.repeat_interleave:
+        return None if kwargs.get("output_size") is not None else "syncs"
+    if func.overloadpacket is aten.one_hot:
+        return None if (args[1] if len(args) > 1 else kwargs.get("num_classes", -1)) >= 0 else "syncs"
+    if torch.Tag.dynamic_output_shape in func.tags:
+        return "syncs"
+    return None

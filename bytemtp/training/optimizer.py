@@ -147,8 +147,8 @@ def build_optimizer(model: ByteMTP, cfg: TrainConfig, device: torch.device, *,
 
 
 def adamw_fused(device: torch.device) -> bool:
-    """Whether AdamW runs fused on `device`: on CUDA (the CPU keeps the foreach reference)."""
-    return device.type == "cuda"
+    """Whether AdamW runs fused on `device`: on an accelerator (the CPU keeps the foreach reference)."""
+    return device.type != "cpu"
 
 
 def _parts(optimizer: torch.optim.Optimizer | Mixed) -> list[torch.optim.Optimizer]:

@@ -78,7 +78,8 @@ from bytemtp.model.model import ByteMTP
 from bytemtp.runtime import distributed as dist_lib
 from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, load_optimizer_state, load_weights,
                                         read_train_state, save_checkpoint)
-from bytemtp.runtime.devices import autocast, batch_to_device, fast_fp32_matmuls, out_of_memory, resolve_device
+from bytemtp.model.transfer import batch_to_device
+from bytemtp.runtime.devices import autocast, fast_fp32_matmuls, out_of_memory, resolve_device
 from bytemtp.training import runs, tracking
 from bytemtp.training.faults import StepGuard, TrainingError
 from bytemtp.training.figures import LogClock, ReadFigures, accumulate_gradients, read_figures
