@@ -231,6 +231,10 @@ def main() -> None:
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     wheel = project_wheel(out / "wheels")
+    kept = {"bytemtp", *(name.replace("-", "_").lower() for name in NEEDED)}
+    for old in (out / "wheels").glob("*.whl"):
+        if old.name.split("-")[0].lower() not in kept:  # an earlier gpu-prep's lm-eval wheels, say
+            old.unlink()
     if args.dry_run:
         for name in NEEDED:
             repack_wheel(out / "wheels", name)
