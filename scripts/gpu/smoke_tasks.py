@@ -64,8 +64,8 @@ def task_commands(p: Part, s: dict, run: Path, dtype: str) -> None:
     export = p.bytemtp("export --format hf", "export", "--format", "hf", "--ckpt", r, "--out", str(hf), "--force")
     if export.status != "PASS":
         p.skip("export: transformers load", "the export failed")
-    elif not p.importable("transformers"):
-        p.skip("export: transformers load", "transformers is not importable here")
+    elif why := p.extra_missing("hf", checks="loading the export in transformers"):
+        p.skip("export: transformers load", why)
     else:
         p.command("export: transformers load", [sys.executable, "-c", HF_LOAD, str(hf), dev], timeout=180)
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests/test_gpu.py"]
@@ -89,8 +89,8 @@ def humaneval(p: Part, s: dict, run: str, dtype: str) -> None:
 
 def lm_eval(p: Part, run: str) -> None:
     """`bytemtp lm-eval` on a local multiple-choice task, or SKIP where lm-eval is not there."""
-    if not p.importable("lm_eval"):
-        p.skip("lm-eval", "lm-eval is not importable (not on the image; make gpu-prep carries it and its needs)")
+    if why := p.extra_missing("harness", checks="bytemtp lm-eval"):
+        p.skip("lm-eval", why)
         return
     root = p.work / "lm-eval"
     (root / "tasks").mkdir(parents=True, exist_ok=True)
