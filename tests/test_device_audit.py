@@ -330,3 +330,61 @@ def test_bench_tokens(meta_default, corpus_dir, tmp_path):
             "--held-out", corpus_dir.parent / "src", "--held-out-bytes", 128, "--n-prompts", 1, "--max-bytes", 4,
             "--rounds", 1, "--batch-sizes", "1", "--compile", "off", "--out", tmp_path / "tok", "--device", "standin",
             "--set", "data.batch_size=2", "--set", "model.n_future=2")
+
+
+# --- the mutants the runtime layer exists for ------------------------------------------------------
+
+
+def _on_cpu(t: torch.Tensor) -> torch.Tensor:
+    """The bug: a tensor made on a fixed device, not the model's, added where the model's are."""
+    return t + torch.zeros(1, dtype=t.dtype, device="cpu")
+
+
+def _decoding_pass(monkeypatch):
+    from bytemtp.decoding import decode
+
+    real = decode.Decoder.forward
+    monkeypatch.setattr(decode.Decoder, "forward", lambda self, *a, **k: (lambda out: (_on_cpu(out[0]), *out[1:]))(
+        real(self, *a, **k)))
+
+
+def _training_step(monkeypatch):
+    real = ByteMTP.forward
+    monkeypatch.setattr(ByteMTP, "forward", lambda self, *a, **k: _on_cpu(real(self, *a, **k)))
+
+
+def _loss(monkeypatch):
+    from bytemtp.training import step
+
+    real = step._core
+    monkeypatch.setattr(step, "_core", lambda compiled: lambda logits, targets: real(compiled)(_on_cpu(logits), targets))
+
+
+@pytest.mark.parametrize("mutant", [None, _decoding_pass, _training_step, _loss],
+                         ids=["as it is", "decoding pass", "training step", "loss"])
+def test_a_tensor_on_a_fixed_device_fails_on_the_stand_in(mutant, corpus_dir, tmp_path, monkeypatch):
+    """`torch.zeros(1, device="cpu")` added to a decoding pass, a training step or the loss: on the
+    CPU it meets nothing else and passes; on the stand-in, as on CUDA, it fails the command."""
+    from bytemtp.decoding import decode
+    from bytemtp.training.train import train
+
+    cfg = config_io.resolve("tiny", overrides=[f"data.path={corpus_dir}", "data.batch_size=2", "train.steps=1",
+                                               "train.compile=off", "model.n_future=2", "train.eval_every=0"])
+    if mutant is not None:
+        mutant(monkeypatch)
+    with standin.StandIn():
+        try:
+            train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device="standin")), tmp_path / "run",
+                  show_progress=False, say=lambda m: None)
+            model = ByteMTP.build(cfg.model, "cpu", generator=torch.Generator(device="cpu").manual_seed(0)).eval()
+            decode.Decoder(model.to(standin.DEVICE), compile="off").generate([b"def f(", b"x"], max_bytes=8,
+                                                                            draft="chain-2")
+        except RuntimeError as e:
+            assert mutant is not None, e
+            assert "Expected all tensors to be on the same device" in str(e) and "cpu" in str(e)
+        else:
+            assert mutant is None, "the stand-in let a tensor on a fixed device through"
+    if mutant is not None:  # on the CPU alone the same bug passes: what the stand-in is for
+        model = ByteMTP.build(cfg.model, "cpu", generator=torch.Generator(device="cpu").manual_seed(0)).eval()
+        train(cfg, tmp_path / "cpu-run", show_progress=False, say=lambda m: None)
+        decode.Decoder(model, compile="off").generate([b"def f("], max_bytes=8, draft="chain-2")

@@ -11,6 +11,8 @@ order, and whose `table` is what the command prints.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 
 import torch
@@ -268,6 +270,16 @@ class TimedArms:
             raise RuntimeError(f"{e} (batch {self.batch_size})") from None
 
 
+def seeded_sampling(model, *, temperature: float, top_k: int, top_p: float, seed: int) -> Sampling | None:
+    """None for greedy decoding, else the sampling settings with a generator on the model's device
+    seeded with `seed`."""
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+    if sampling.greedy:
+        return None
+    sampling.generator = torch.Generator(device=model.embed.weight.device).manual_seed(seed)
+    return sampling
+
+
 def time_arms(arms: dict[str, tuple[decode.Decoder, Draft]], prompts: list[bytes], *, batch_sizes, max_bytes: int,
               rounds: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
               real: list[bytes] | None = None, progress=None) -> list[TimedArms]:
@@ -281,12 +293,8 @@ def time_arms(arms: dict[str, tuple[decode.Decoder, Draft]], prompts: list[bytes
     Sampling(temperature=temperature, top_k=top_k, top_p=top_p)  # a bad value stops here
 
     def args(decoder: decode.Decoder, draft: Draft) -> dict:
-        sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
-        if sampling.greedy:
-            return {"draft": draft}
-        device = decoder.model.embed.weight.device
-        sampling.generator = torch.Generator(device=device).manual_seed(seed)
-        return {"draft": draft, "sampling": sampling}
+        sampling = seeded_sampling(decoder.model, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        return {"draft": draft} if sampling is None else {"draft": draft, "sampling": sampling}
 
     timed = []
     for B in batch_sizes:
@@ -295,6 +303,38 @@ def time_arms(arms: dict[str, tuple[decode.Decoder, Draft]], prompts: list[bytes
         took, outs = interleaved_decodes(runs, batches, max_bytes=max_bytes, rounds=rounds, progress=progress)
         timed.append(TimedArms(batch_size=B, took=took, outs=outs, real=real))
     return timed
+
+
+COUNTED_BYTES = 64  # bytes a row decodes while its transfers are counted (`counted_transfers`)
+
+
+def counted_transfers(model, prompts: list[bytes], *, draft: Draft, static: bool, costs, temperature: float = 0.0,
+                      top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> float:
+    """What a pass makes the host wait for, measured: one batch of `prompts` decoded for
+    `COUNTED_BYTES` bytes under `runtime.host.HostTransfers` (device-to-host reads, data-dependent
+    shapes and synchronous host-to-device copies, where torch dispatches), over the passes the
+    model ran (every pass runs its embedding once). On a GPU the model decodes where it is; on the
+    CPU, which has no transfers, a copy of it decodes on the stand-in accelerator (`runtime.standin`).
+    The static step runs uncompiled (the code its graph holds, op by op), with the timed decoder's
+    pass `costs` (no calibration of its own); a sampled row's one key draw is left out."""
+    from bytemtp.decoding.compiled import StaticStep
+    from bytemtp.runtime import standin
+    from bytemtp.runtime.host import HostTransfers
+
+    on_host = model.embed.weight.device.type == "cpu"
+    with standin.StandIn() if on_host else contextlib.nullcontext() as device:
+        here = copy.deepcopy(model).to(device) if on_host else model
+        decoder = decode.Decoder(here, compile="on" if static else "off", costs=costs)
+        if static:
+            decoder.policy.static = StaticStep(here, decoder.pass_heads, compiled=False)
+        sampling = seeded_sampling(here, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        runs = []
+        hook = here.embed.register_forward_pre_hook(lambda *_: runs.append(1))
+        with HostTransfers() as transfers:
+            decoder.generate(prompts, max_bytes=COUNTED_BYTES, draft=draft, sampling=sampling)
+        hook.remove()
+    passes = len(runs)
+    return round((transfers.total - (0 if sampling is None else len(prompts))) / max(1, passes), 3)
 
 
 def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int = 16, prompt_bytes: int = 128,
@@ -349,7 +389,10 @@ def decode_speed(ckpt: str, *, prompts_path: str | None = None, n_prompts: int =
     for timed in time_arms(arms, prompts, batch_sizes=batch_sizes, max_bytes=max_bytes, rounds=rounds,
                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, real=real, progress=progress):
         for mode in modes[1:]:
-            figures = timed.figures(mode)
+            figures = dataclasses.replace(timed.figures(mode), host_transfers_per_pass=counted_transfers(
+                model, prompts[:timed.batch_size], draft=arms[mode][1], static=compiled,
+                costs=decoder.pass_costs(timed.batch_size, static=compiled), temperature=temperature,
+                top_k=top_k, top_p=top_p, seed=seed))
             case = DecodeCase(batch_size=timed.batch_size, figures=figures)
             if compiled:
                 eager = timed.figures(mode, base="eager plain", same_step=False)
