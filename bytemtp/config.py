@@ -48,8 +48,7 @@ def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
 
 
 def check_device(name: str, value: Any) -> None:
-    """A device setting (train.device, a command's --device): auto, cpu, cuda or cuda:N (and the
-    stand-in accelerator, `standin`, that tests run commands on: `runtime.standin`)."""
+    """A device setting: auto, cpu, cuda, cuda:N, or the tests' stand-in accelerator (standin)."""
     _check(isinstance(value, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?|standin(:0)?", value) is not None,
            name, value, "choose auto, cpu, cuda or cuda:N")
 
