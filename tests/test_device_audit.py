@@ -219,7 +219,7 @@ def _invoke(*args) -> str:
     res = CliRunner().invoke(main, [str(a) for a in args])
     detail = ""
     if res.exc_info is not None and not isinstance(res.exception, SystemExit):
-        detail = "".join(traceback.format_exception(*res.exc_info)[-6:])
+        detail = "".join(traceback.format_exception(*res.exc_info)[-40:])
     assert res.exit_code == 0, f"{' '.join(map(str, args[:2]))}: {res.output[-1500:]}\n{detail}"
     return res.output
 

@@ -305,7 +305,7 @@ def time_arms(arms: dict[str, tuple[decode.Decoder, Draft]], prompts: list[bytes
     return timed
 
 
-COUNTED_BYTES = 64  # bytes a row decodes while its transfers are counted (`counted_transfers`)
+COUNTED_BYTES = 16  # bytes a row decodes while its transfers are counted (`counted_transfers`)
 
 
 def counted_transfers(model, prompts: list[bytes], *, draft: Draft, static: bool, costs, temperature: float = 0.0,

@@ -241,7 +241,7 @@ def _tuned(run_dir: Path, *, name: str, budget_s: float, prompts: int, device: t
         raise SweepInterrupted(f"stopped during {name}'s tune: run the same command again to go on (the tune starts "
                                f"anew; {name}'s training and the candidates measured are kept)")
     model, cfg = load_model(tuned, device=device)
-    report = draft_report(model, cfg.data.path, batches=4, prompts=prompts)
+    report = draft_report(model, cfg.data.path, batches=4, prompts=prompts, device=device)
     speed = decode_speed(str(tuned), n_prompts=prompts, max_bytes=128, batch_sizes=(1,), modes=("chain-all",),
                          rounds=1, device=str(device), eval_batches=0, compile="off")
     top = speed.top.figures

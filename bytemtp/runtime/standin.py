@@ -29,7 +29,7 @@ import contextlib
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from bytemtp.runtime.host import PINNED
 
@@ -99,29 +99,15 @@ class Held(torch.Tensor):
     def __repr__(self, *, tensor_contents=None):
         return f"standin({self.held!r})"
 
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in (torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__):
-            # torch reads no subclass's values itself: the read is a copy to the host, then this
-            return func(args[0].cpu(), *args[1:], **kwargs)
-        if func is torch.Tensor.data_ptr:  # where the values lie: a view shares its base's
-            return args[0].held.data_ptr()
-        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__):
-            # a list as an index is a host tensor that travels to the device (torch makes it below dispatch)
-            index = args[1] if isinstance(args[1], tuple) else (args[1],)
-            index = tuple(torch.tensor(i, device="cpu") if isinstance(i, list) else i for i in index)
-            args = (args[0], index if isinstance(args[1], tuple) else index[0], *args[2:])
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **kwargs)
+    __torch_function__ = torch._C._disabled_torch_function_impl  # `_Functions` sees its calls
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         raise RuntimeError(f"{func} on a stand-in tensor outside `StandIn()`")
 
 
-def _target(device) -> torch.device | None:
-    return None if device is None else torch.device(device)
+_HELD_READS = (torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__)
+_INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
 
 
 class _Functions(TorchFunctionMode):
@@ -130,6 +116,16 @@ class _Functions(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if func in _HELD_READS and isinstance(args[0], Held):
+            # torch reads no subclass's values itself: the read is a copy to the host, then this
+            return func(args[0].cpu(), *args[1:], **kwargs)
+        if func is torch.Tensor.data_ptr and isinstance(args[0], Held):  # where the values lie
+            return args[0].held.data_ptr()
+        if func in _INDEXING and isinstance(args[0], Held):
+            # a list as an index is a host tensor that travels to the device (torch makes it below dispatch)
+            index = args[1] if isinstance(args[1], tuple) else (args[1],)
+            index = tuple(torch.tensor(i, device="cpu") if isinstance(i, list) else i for i in index)
+            args = (args[0], index if isinstance(args[1], tuple) else index[0], *args[2:])
         if func in (torch.tensor, torch.as_tensor, torch.asarray) and is_standin(kwargs.get("device") or "cpu"):
             device = kwargs.pop("device")
             return aten._to_copy.default(func(*args, **kwargs), device=torch.device(device))
@@ -162,37 +158,37 @@ class _Device(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        held = [t for t in flat if isinstance(t, Held)]
-        device = _target(kwargs.get("device"))
-        if func not in _COPIES and held:
-            host = [t for t in flat if not isinstance(t, Held) and t.dim() > 0]
-            if host:
-                raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                                   f"{NAME}:0 and cpu! ({func.__name__}: a host tensor of shape "
-                                   f"{tuple(host[0].shape)} met the model's)")
-        to_device = (device is not None and is_standin(device)) or (
-            bool(held) and (device is None or is_standin(device)) and func is not aten._to_copy.default)
-        if func is aten._to_copy.default and device is None:
-            to_device = bool(held)
-        if device is not None and is_standin(device):
-            kwargs = {**kwargs, "device": torch.device("cpu")}
+        flat, spec = tree_flatten((args, kwargs))
+        held, host = {}, None
+        for t in flat:
+            if isinstance(t, Held):
+                held[id(t.held)] = t
+            elif host is None and isinstance(t, torch.Tensor) and t.dim() > 0:
+                host = t
+        device = kwargs.get("device")
+        to_standin = device is not None and torch.device(device).type == NAME
+        if held and host is not None and func not in _COPIES:
+            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                               f"{NAME}:0 and cpu! ({func.__name__}: a host tensor of shape {tuple(host.shape)} "
+                               "met the model's)")
         if func is aten.copy_.default:  # into its destination, wherever that lies
             _unwrap(args[0]).copy_(_unwrap(args[1]))
             return args[0]
-        wrappers = {id(t.held): t for t in held}
-        out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+        to_device = to_standin or (bool(held) and device is None)
+        args, kwargs = tree_unflatten([t.held if isinstance(t, Held) else t for t in flat], spec)
+        if to_standin:
+            kwargs = {**kwargs, "device": torch.device("cpu")}
+        out = func(*args, **kwargs)
         if kwargs.get("pin_memory"):
             setattr(out, PINNED, True)
-
         def wrap(t):
             if not isinstance(t, torch.Tensor):
                 return t
-            if id(t) in wrappers:  # in place, or the op returned its input
-                return wrappers[id(t)]
+            if id(t) in held:  # in place, or the op returned its input: the input itself
+                return held[id(t)]
             return Held(t) if to_device else t
 
-        return tree_map(wrap, out)
+        return wrap(out) if isinstance(out, torch.Tensor) else tree_map(wrap, out)
 
 
 def _unwrap(t):
