@@ -159,3 +159,42 @@ def test_a_pass_with_draft_heads_reads_the_device_once(design, static, monkeypat
             _check_budget(got, transfers, key_draws, passes, "chain-4")
             if not temperature:
                 assert [g.output for g in got] == want
+
+
+@FITTED
+def test_the_servers_loop_reads_the_device_once_a_pass(monkeypatch):
+    """The engine's thread (continuous batching: admissions, removals, greedy and sampled rows side
+    by side) makes the host wait once a pass at most, as `generate` does."""
+    import threading
+
+    from bytemtp.serving.engine import Engine, GenerateJob
+    from bytemtp.runtime import standin
+
+    transfers, runs, done = HostTransfers(), [], []
+    run = threading.Thread.run
+
+    def run_counted(self):  # the engine's thread follows the stand-in's rules and is counted
+        with standin.modes(), transfers:
+            run(self)
+
+    monkeypatch.setattr(threading.Thread, "run", run_counted)
+    with StandIn() as device:
+        model = copy.deepcopy(fitted_model(0, "transformer")).to(device)
+        model.embed.register_forward_pre_hook(lambda *_: runs.append(1))  # a pass runs the embedding once
+        engine = Engine(model, decoder=decode.Decoder(model, costs=FLAT), max_batch=3)
+        engine.start()
+        try:
+            finished = threading.Semaphore(0)
+            jobs = [GenerateJob(SONGS[i % 3][:5 + i], 20 + 7 * i,
+                                Sampling() if i % 2 else Sampling(temperature=0.8, generator=torch.Generator(
+                                    device=device).manual_seed(i)),
+                                on_done=lambda g: (done.append(g), finished.release()))
+                    for i in range(5)]
+            engine.submit(*jobs)
+            for _ in jobs:
+                assert finished.acquire(timeout=120), "a request never finished"
+        finally:
+            engine.close()
+    sampled = sum(1 for j in jobs if not j.sampling.greedy)  # each draws its key once
+    assert len(done) == 5 and transfers.syncs == 0 and transfers.copies == 0, transfers.sites
+    assert transfers.reads - sampled <= len(runs), (len(runs), transfers.sites)
