@@ -30,8 +30,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 aten = torch.ops.aten
-_COPIES = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten._copy_from_and_resize.default}
-_INDEXING = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
+COPIES = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten._copy_from_and_resize.default}
+INDEXING = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 _TORCH_DIR = torch.__file__.rsplit("/", 1)[0]
 PINNED = "_host_pinned"  # set on a host tensor that stands for pinned memory (runtime.standin)
 
@@ -85,27 +85,34 @@ class HostTransfers(TorchDispatchMode):
         self.sites[f"{where} ({what})"] += 1
 
 
+def _copy_kind(func, args, kwargs) -> str | None:
+    """A copy's kind: "reads" from the device to the host, "copies" from pageable host memory (or
+    without `non_blocking`) to the device, None for a copy that does not wait or a cast in place."""
+    if func is aten._to_copy.default:
+        if kwargs.get("device") is None:
+            return None  # a cast where the tensor lies
+        src, dst_host = args[0], torch.device(kwargs["device"]).type == "cpu"
+        non_blocking = kwargs.get("non_blocking", False)
+    else:
+        src, dst_host = args[1], on_host(args[0])
+        non_blocking = kwargs.get("non_blocking", len(args) > 2 and args[2])
+    if not on_host(src) and dst_host:
+        return "reads"
+    if on_host(src) and not dst_host and not (non_blocking and pinned(src)):
+        return "copies"
+    return None
+
+
 def transfer_kind(func, args, kwargs) -> str | None:
     """"reads", "syncs" or "copies" where the op makes the host wait for a device, else None."""
-    tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-    devices = {t.device.type for t in tensors}
-    if func in _COPIES:
-        src = args[1] if func is not aten._to_copy.default else args[0]
-        dst_host = (kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cpu") \
-            if func is aten._to_copy.default else on_host(args[0])
-        if func is aten._to_copy.default and kwargs.get("device") is None:
-            return None  # a cast where the tensor lies
-        if not on_host(src) and dst_host:
-            return "reads"
-        if on_host(src) and not dst_host and not (kwargs.get("non_blocking") and pinned(src)) \
-                and not (func is aten.copy_.default and len(args) > 2 and args[2] and pinned(src)):
-            return "copies"
-        return None
+    if func in COPIES:
+        return _copy_kind(func, args, kwargs)
+    devices = {t.device.type for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
     if devices <= {"cpu"}:
         return None  # the host alone
     if torch.Tag.data_dependent_output in func.tags:
         return "reads"
-    if func in _INDEXING:
+    if func in INDEXING:
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
         indices = [i for i in indices if isinstance(i, torch.Tensor)]
         if any(i.dtype in (torch.bool, torch.uint8) for i in indices):

@@ -31,13 +31,12 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from bytemtp.runtime.host import PINNED
+from bytemtp.runtime.host import COPIES, INDEXING, PINNED
 
 NAME = "standin"
 DEVICE = torch.device(NAME, 0) if torch._C._get_privateuse1_backend_name() == NAME else None
 aten = torch.ops.aten
-_COPIES = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten._copy_from_and_resize.default,
-           aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
+_CROSSING = COPIES | INDEXING  # ops that take host tensors beside device ones (copies; host indices)
 
 
 def register() -> torch.device:
@@ -107,7 +106,7 @@ class Held(torch.Tensor):
 
 
 _HELD_READS = (torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__)
-_INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
+_INDEX_METHODS = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
 
 
 class _Functions(TorchFunctionMode):
@@ -121,7 +120,7 @@ class _Functions(TorchFunctionMode):
             return func(args[0].cpu(), *args[1:], **kwargs)
         if func is torch.Tensor.data_ptr and isinstance(args[0], Held):  # where the values lie
             return args[0].held.data_ptr()
-        if func in _INDEXING and isinstance(args[0], Held):
+        if func in _INDEX_METHODS and isinstance(args[0], Held):
             # a list as an index is a host tensor that travels to the device (torch makes it below dispatch)
             index = args[1] if isinstance(args[1], tuple) else (args[1],)
             index = tuple(torch.tensor(i, device="cpu") if isinstance(i, list) else i for i in index)
@@ -167,7 +166,7 @@ class _Device(TorchDispatchMode):
                 host = t
         device = kwargs.get("device")
         to_standin = device is not None and torch.device(device).type == NAME
-        if held and host is not None and func not in _COPIES:
+        if held and host is not None and func not in _CROSSING:
             raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                                f"{NAME}:0 and cpu! ({func.__name__}: a host tensor of shape {tuple(host.shape)} "
                                "met the model's)")
