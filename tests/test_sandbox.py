@@ -336,10 +336,13 @@ print(seen)
 
 @pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "guard"])
 def test_a_program_past_its_time_is_killed_with_everything_it_started(mode):
-    marker = str(333 << 20)  # its memory limit, in the guard's command line
+    # its memory limit, in the guard's command line, marks its processes: one for each mode, since
+    # the two modes may run at once on two workers and each must not see the other's live program
+    memory_mb = {"bwrap": 333, "guard": 335}[mode]
+    marker = str(memory_mb << 20)
     isolation = Isolation(Sandbox.BWRAP) if mode == "bwrap" else Isolation(Sandbox.GUARD, allow_unsandboxed=True)
     outcome = run_program("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass\n",
-                          isolation=isolation, timeout=1.0, memory_mb=333)
+                          isolation=isolation, timeout=1.0, memory_mb=memory_mb)
     assert outcome.verdict == execution.TIMED_OUT
     left = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
