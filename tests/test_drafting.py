@@ -7,7 +7,7 @@ from doubles import CPU_LIKE, FITTED, FLAT, SONGS, TEXT, ScriptedModel, fitted_m
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bytemtp.decoding import decode
+from bytemtp.decoding import decode, loop
 from bytemtp.decoding.drafting import (EXPLORE_PASSES, PLAN_PASSES, REMEASURE, AcceptanceProfile, Arbiter, Choice,
                                       DraftTree, PassCosts, best_tree, choose)
 from bytemtp.decoding.strategy import Draft
@@ -74,9 +74,37 @@ def test_pass_costs_interpolate():
 
 # --- cost-aware decoding against plain decoding --------------------------------------------------
 
-def test_auto_settles_on_plain_decoding_when_drafts_are_never_right():
+class _Clock:
+    """Time that passes only inside the model's passes, as much as the given costs say a pass costs:
+    the arbiter's windows measure those costs whatever else loads the machine."""
+    now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def scripted_time(monkeypatch):
+    """`timed(model, costs)`: the model's passes advance a fake clock that decoding reads."""
+    clock = _Clock()
+    monkeypatch.setattr(decode, "time", clock)
+    monkeypatch.setattr(loop, "time", clock)
+
+    def timed(model, costs):
+        passes = model.logits
+
+        def logits(ids, cache, heads=None, **kw):
+            clock.now += costs.predicted(heads or model.config.n_future, ids.shape[1])
+            return passes(ids, cache, heads, **kw)
+
+        model.logits = logits
+        return model
+    return timed
+
+
+def test_auto_settles_on_plain_decoding_when_drafts_are_never_right(scripted_time):
     plain = decode.generate(ScriptedModel(TEXT * 4, lambda j: False), b"", max_bytes=100)
-    model = ScriptedModel(TEXT * 4, lambda j: False)
+    model = scripted_time(ScriptedModel(TEXT * 4, lambda j: False), CPU_LIKE)
     got = generate_batch(model, [b""], max_bytes=100, draft="chain", costs=CPU_LIKE)[0]
     assert got.output == plain.output
     used = got.stats.heads_used
@@ -84,8 +112,8 @@ def test_auto_settles_on_plain_decoding_when_drafts_are_never_right():
     assert got.stats.forward_passes <= plain.stats.forward_passes
 
 
-def test_auto_drafts_long_chains_when_drafts_are_always_right():
-    model = ScriptedModel(TEXT * 3, lambda j: True)
+def test_auto_drafts_long_chains_when_drafts_are_always_right(scripted_time):
+    model = scripted_time(ScriptedModel(TEXT * 3, lambda j: True), FLAT)
     got = generate_batch(model, [b""], max_bytes=70, draft="chain", costs=FLAT)[0]
     assert got.output == (TEXT * 3)[:70]
     assert got.stats.bytes_per_forward > 5 and max(got.stats.heads_used) == 8
