@@ -47,10 +47,17 @@ def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
         raise ValueError(f"{name}={value!r} is not allowed; {allowed}")
 
 
+MAX_DEVICE_INDEX = 127  # torch's device index is one signed byte
+
+
 def check_device(name: str, value: Any) -> None:
-    """A device setting: auto, cpu, cuda, cuda:N, or the tests' stand-in accelerator (standin)."""
-    _check(isinstance(value, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?|standin(:0)?", value) is not None,
-           name, value, "choose auto, cpu, cuda or cuda:N")
+    """A device setting: auto, cpu, cuda, cuda:N, or the tests' stand-in accelerator (standin). N is
+    what torch can hold (0 to 127, no leading zero): torch.device takes cuda:128 as cuda:-128 and
+    fails on a longer number with a traceback."""
+    index = re.fullmatch(r"cuda:(0|[1-9]\d*)", value) if isinstance(value, str) else None
+    _check(isinstance(value, str) and (re.fullmatch(r"auto|cpu|cuda|standin(:0)?", value) is not None
+                                       or index is not None and len(index[1]) <= 3 and int(index[1]) <= MAX_DEVICE_INDEX),
+           name, value, f"choose auto, cpu, cuda or cuda:N (N from 0 to {MAX_DEVICE_INDEX})")
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -177,6 +184,8 @@ class ModelConfig:
     """Epsilon of the RMSNorm layers."""
     init_std: float = 0.02
     """Standard deviation of the normal weight initialisation (residual outputs are scaled down by depth)."""
+    value_embeds: int = 0
+    """Trunk layers, the first ones, whose attention values add a learned embedding of each position's own id (modded-nanogpt's value embeddings: a table of vocab x d_model a layer, looked up, no arithmetic); 0: none."""
 
     @property
     def table_rows(self) -> int:
@@ -209,6 +218,8 @@ class ModelConfig:
         _check(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "expected 0 <= dropout < 1")
         _check(self.norm_eps > 0, "model.norm_eps", self.norm_eps, "expected a number > 0")
         _check(self.init_std > 0, "model.init_std", self.init_std, "expected a number > 0")
+        _check(isinstance(self.value_embeds, int) and not isinstance(self.value_embeds, bool) and self.value_embeds >= 0,
+               "model.value_embeds", self.value_embeds, "expected an integer >= 0 (trunk layers with value embeddings)")
         if self.trunk_layers < 1:
             need = self.n_layers - self.trunk_layers + 1
             raise ValueError(

@@ -344,3 +344,30 @@ def test_resolve_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="is a file"):
         resolve_checkpoint(two / "config.json")
     assert resolve_checkpoint(tmp_path / "checkpoints") == two  # the folder of a run's checkpoints
+
+
+def test_a_checkpoint_saved_before_value_embeddings_and_the_faster_fade_loads_decodes_and_resumes(short_run):
+    """A run saved before model.value_embeds existed (its config.json has no such key) and before
+    `small` faded its heads over a quarter of the schedule (its config says 0.5): it loads, decodes
+    and resumes with its own settings, not the preset's new ones."""
+    from click.testing import CliRunner
+
+    from bytemtp.decoding import decode
+    from bytemtp_cli.main import main
+
+    ckpt = latest_checkpoint(short_run)
+    saved = json.loads((ckpt / "config.json").read_text())
+    del saved["config"]["model"]["value_embeds"]
+    saved["config"]["loss"].update(head_schedule="reverse", head_schedule_span=0.5)
+    (ckpt / "config.json").write_text(json.dumps(saved))
+    run_config = json.loads((short_run / "run-config.json").read_text())
+    run_config["model"].pop("value_embeds", None)
+    run_config["loss"].update(head_schedule="reverse", head_schedule_span=0.5)
+    (short_run / "run-config.json").write_text(json.dumps(run_config))
+    model, cfg = load_model(ckpt)
+    assert cfg.model.value_embeds == 0 and not any("value_embed" in n for n, _ in model.named_parameters())
+    assert len(decode.generate(model, b"ab", max_bytes=6).output) <= 6
+    res = CliRunner().invoke(main, ["train", "--resume", str(short_run), "--steps", "3"])
+    assert res.exit_code == 0, res.output
+    resumed = load_config(latest_checkpoint(short_run))
+    assert resumed.loss.head_schedule_span == 0.5 and resumed.model.value_embeds == 0

@@ -33,16 +33,18 @@ CODE = Path(remote_code.__file__).parent
 # one worker loads the exports: transformers copies their code into one shared modules cache
 pytestmark = pytest.mark.xdist_group("hf")
 
-# (head_type, unembed, mlp, head_layers): every head type, unembedding and MLP at least once
-VARIANTS = [("transformer", "replicated", "swiglu", 2), ("linear", "shared", "gelu", 1),
-            ("causal", "replicated", "gelu", 1)]
+# (head_type, unembed, mlp, head_layers, value_embeds): every head type, unembedding and MLP at
+# least once, and value embeddings
+VARIANTS = [("transformer", "replicated", "swiglu", 2, 2), ("linear", "shared", "gelu", 1, 0),
+            ("causal", "replicated", "gelu", 1, 0)]
 
 
-def make_config(head_type="transformer", unembed="replicated", mlp="swiglu", head_layers=2) -> C.Config:
+def make_config(head_type="transformer", unembed="replicated", mlp="swiglu", head_layers=2,
+                value_embeds=0) -> C.Config:
     cfg = config_io.tiny()
     n_layers = 2 + (0 if head_type == "linear" else 3 * head_layers)
     model = dataclasses.replace(cfg.model, head_type=head_type, unembed=unembed, mlp=mlp, head_layers=head_layers,
-                                n_future=3, n_layers=n_layers)
+                                n_future=3, n_layers=n_layers, value_embeds=value_embeds)
     return dataclasses.replace(cfg, model=model)
 
 

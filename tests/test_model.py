@@ -70,9 +70,9 @@ def test_causality():
     assert not torch.allclose(a[:, 12:], b[:, 12:])
 
 
-@pytest.mark.parametrize("head_type", HEAD_TYPES)
-def test_cached_logits_equal_full_sequence(head_type):
-    model = tiny_model(head_type=head_type).eval()
+@pytest.mark.parametrize("head_type,value_embeds", [(h, 0) for h in HEAD_TYPES] + [("transformer", 2)])
+def test_cached_logits_equal_full_sequence(head_type, value_embeds):
+    model = tiny_model(head_type=head_type, value_embeds=value_embeds).eval()
     ids = torch.randint(0, 258, (2, 48))
     full = model.logits(ids, layout=build_layout(model, ids))
     cache = KVCache.for_model(model, batch_size=2)
@@ -238,3 +238,32 @@ def test_prefill_unembeds_only_the_last_positions():
         got = stacked.logits(ids, cache, layout=build_layout(model, ids, cache), last=[11, 4])
         assert got.shape == (2, 1, 3, full.shape[-1])
         torch.testing.assert_close(got[:, 0], full[[0, 1], [11, 4]])
+
+
+def test_value_embeddings_add_a_table_of_ids_to_the_first_trunk_layers_values():
+    """model.value_embeds: the first N trunk layers (no more than the trunk has) look up an
+    embedding of each position's id and add it to their attention values; heads have none. The
+    tables are AdamW's under Muon (tables looked up, as the embedding is), and a model without
+    them is the model of before, parameter for parameter."""
+    from bytemtp.config import TrainConfig
+    from bytemtp.training.optimizer import build_optimizer
+
+    plain, valued = tiny_model(), tiny_model(value_embeds=2)
+    tables = [n for n, _ in valued.named_parameters() if "value_embed" in n]
+    assert tables == ["trunk.0.attn.value_embed.weight", "trunk.1.attn.value_embed.weight"]
+    assert valued.num_params() - plain.num_params() == 2 * valued.config.table_rows * valued.config.d_model
+    assert [n for n, _ in plain.named_parameters()] == [n for n, _ in valued.named_parameters() if "value_embed" not in n]
+    everywhere = tiny_model(value_embeds=99)  # every trunk layer, none of the heads
+    assert sum("value_embed" in n for n, _ in everywhere.named_parameters()) == everywhere.config.trunk_layers
+    ids = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        before = valued.logits(ids, layout=build_layout(valued, ids))
+        valued.trunk[1].attn.value_embed.weight[ids[0, 3]] += 1.0  # one id's row of the second table
+        after = valued.logits(ids, layout=build_layout(valued, ids))
+    assert not torch.allclose(before, after)
+    opt = build_optimizer(valued, TrainConfig(optimizer="muon"), torch.device("cpu"))
+    in_muon = {id(p) for group in opt.optimizers["muon"].param_groups for p in group["params"]}
+    assert all(id(valued.get_parameter(n)) not in in_muon for n in tables)
+    assert id(valued.trunk[0].attn.qkv.weight) in in_muon
+    with pytest.raises(ValueError, match="model.value_embeds"):
+        config_io.apply_overrides(config_io.tiny(), ["model.value_embeds=-1"])

@@ -242,6 +242,16 @@ def test_a_run_whose_tokenizer_was_replaced_by_another_of_its_size_is_refused_in
         train_lib.train(tiny_cfg(corpus_dir, "train.steps=1", "model.n_future=2", "model.seq_len=16",
                                  f"model.vocab_size={bpe.size}", f"data.tokenizer={tokenizer}", f"train.init={run}"),
                         tmp_path / "from-it", show_progress=False, say=lambda m: None)
+    copy = run / "checkpoints" / "step-00000002" / "tokenizer.json"
+    kept = copy.read_bytes()
+    copy.unlink()  # the checkpoint's copy gone, another BPE at the path: one line naming the copy
+    res = CliRunner().invoke(main, ["train", "--resume", str(run), "--steps", "4"])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert res.output.strip().splitlines() == [
+        f"Error: {copy.parent} has no tokenizer.json, the copy of the tokenizer its run was trained with, so "
+        f"{tokenizer} cannot be checked against it; put the run's tokenizer there as {copy}, or start a new run"]
+    assert (run / "metrics.jsonl").read_bytes() == before
+    copy.write_bytes(kept)
     tokenizer.write_bytes(Path(bpe.path).read_bytes())  # the right one back: it resumes
     res = CliRunner().invoke(main, ["train", "--resume", str(run), "--steps", "3"])
     assert res.exit_code == 0, res.output
@@ -361,6 +371,30 @@ def test_bench_tokens_refuses_runs_trained_with_other_settings(corpus_dir, tmp_p
         compare(str(corpus_dir), steps=3, **common)
 
 
+def test_bench_tokens_measures_a_cut_record_again_and_refuses_a_bad_draft_before_training(corpus_dir, tmp_path):
+    """A kept step-check.json or scores.json that was cut is said in a line naming it and measured
+    again (it was a JSON error that named no file); a draft the byte arm cannot run is refused,
+    naming it, before anything trains (it was refused after both arms had trained, without its name)."""
+    from bytemtp.experiments.token_bench import compare
+
+    out = tmp_path / "b"
+    common = dict(out=out, preset="tiny", vocab_size=300, n_prompts=1, max_bytes=8, batch_sizes=(1,), rounds=1,
+                  compile="off", sets=["train.device=cpu"], check_rounds=1, steps=2)
+    with pytest.raises(ValueError, match=r"^--draft chain-99: 99 is more than the byte arm's 8 heads"):
+        compare(str(corpus_dir), drafts=("auto", "chain-99"), **common)
+    assert not out.exists() or list(out.iterdir()) == []  # no tokenizer, no run
+    first = compare(str(corpus_dir), **common)
+    said = []
+    for name in ("step-check.json", "bytes-s0/scores.json"):
+        text = (out / name).read_text()
+        (out / name).write_text(text[:len(text) // 2])
+    again = compare(str(corpus_dir), say=said.append, **common)
+    assert [line.split(" cannot be read")[0] for line in said if "cannot be read" in line] == [
+        str(out / "step-check.json"), str(out / "bytes-s0" / "scores.json")]
+    assert again.arms[0].val_bpb == first.arms[0].val_bpb and json.loads((out / "step-check.json").read_text())
+    assert json.loads((out / "bytes-s0" / "scores.json").read_text())["val_bpb"] == first.arms[0].val_bpb
+
+
 def _arm(arm: str, *, steps: int, train_s: float = 60.0, step_s: float | None, seed: int = 0) -> ArmFigures:
     return ArmFigures(name=f"{arm}-s{seed}", arm=arm, seed=seed, sets=[], params=1000, steps=steps, train_s=train_s,
                       tokens_seen=steps * 512, bytes_seen=steps * 512, context_ids=64, context_bytes=64.0, val_bpb=2.0,
@@ -437,3 +471,49 @@ def test_the_step_check_steps_each_arm_as_its_run_trained(corpus_dir, bpe):
                         min_sample_s=0.0)
     assert check.rounds == 2 and [len(t) for t in check.times.values()] == [2, 2] and check.steps_per_sample == 1
     assert check.compiled == {"tokens": False, "bytes": False} and check.ratio("bytes", "tokens").low > 0
+
+
+def test_the_step_check_times_each_phase_of_the_head_schedule_in_its_share(corpus_dir, monkeypatch):
+    """A reverse head schedule runs 8 heads, then 7, ... then head 1 alone over half the steps
+    (faded heads are skipped): the check times a step in each phase and weighs them by their shares,
+    where timing the first step alone took every head for the whole run. Steps cost here what the
+    heads they run say (a fake clock), so the weighing replays exactly."""
+    from bytemtp.experiments import step_bench
+
+    ran = []
+
+    def fake_time(step, n):
+        inner, seen = step.variant.step_fn, []
+        step.variant.step_fn = lambda *a, **kw: seen.append(kw["weights"]) or inner(*a, **kw)
+        step.step()  # a real step with that phase's weights: the heads of weight 0 do not run
+        step.variant.step_fn = inner
+        ran.append(sum(w > 0 for w in seen[0]))
+        return n * (0.01 + 0.01 * step.phase.heads_run)
+
+    monkeypatch.setattr(step_bench, "_time_steps", fake_time)
+    faded = tiny_cfg(corpus_dir, "loss.head_schedule=reverse", "train.steps=3")
+    constant = tiny_cfg(corpus_dir, "train.steps=3")
+    check = check_steps({"faded": faded, "constant": constant}, rounds=2, warmup=1, min_sample_s=0.0)
+    phases = check.phases["faded"]
+    assert [p["heads_run"] for p in phases] == [8, 7, 6, 5, 4, 3, 2, 1]
+    assert sum(p["share"] for p in phases) == pytest.approx(1.0) and phases[-1]["share"] == pytest.approx(0.5)
+    assert [p["heads_run"] for p in check.phases["constant"]] == [8] and set(ran) == set(range(1, 9))
+    want = sum(p["share"] * (0.01 + 0.01 * p["heads_run"]) for p in phases)  # 0.04 s against 0.09 s
+    assert check.times["faded"] == [pytest.approx(want)] * 2 and check.step_s("constant") == pytest.approx(0.09)
+    assert check.ratio("faded", "constant").mid == pytest.approx(want / 0.09)
+    bench = _bench([_arm("bytes", steps=1500, step_s=check.step_s("faded")), _arm("tokens", steps=1200, step_s=0.05)],
+                   dataclasses.replace(check, times={"bytes": check.times["faded"], "tokens": [0.05, 0.05]},
+                                       compiled={"bytes": False, "tokens": False},
+                                       phases={"bytes": phases, "tokens": [{"heads_run": 1, "share": 1.0,
+                                                                            "step_s": 0.05}]}))
+    assert bench.load_warnings() == []  # the byte arm's 1,500 steps in 60 s are what its schedule buys
+    assert "bytes: 8 heads 7% 90 ms / 7 heads 7% 80 ms" in bench.table() and "1 head 50% 20 ms" in bench.table()
+    assert "| bytes seen a second | 12.8 KB | 10.2 KB |" in bench.table()
+    # a run limited by time fixes its head schedule's length from its first, dearest steps: 525 of
+    # the 1,241 it took, so heads 8..2 fade over its first 262 steps and head 1 runs alone in 79%
+    ran.clear()
+    short = check_steps({"faded": faded}, rounds=1, warmup=1, min_sample_s=0.0, trained={"faded": (525, 1241)})
+    shares = [p["share"] for p in short.phases["faded"]]
+    assert shares[:7] == [pytest.approx(525 / 14 / 1241, abs=1e-3)] * 7 and shares[7] == pytest.approx(1 - 262.5 / 1241,
+                                                                                                   abs=1e-3)
+    assert short.step_s("faded") < check.step_s("faded")

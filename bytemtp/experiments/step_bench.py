@@ -61,6 +61,7 @@ from bytemtp.tables import table
 from bytemtp.training.step import (compile_blocks, compile_choice, compiler_missing, draft_forward_backward,
                                    forward_backward, plain_forward_backward)
 from bytemtp.training.optimizer import build_optimizer, skips_on_device, step_unless
+from bytemtp.training.schedule import HeadPhase, head_phases
 from bytemtp.vocab import EOS, FIRST_MERGE
 
 TRAIN_STEP_VARIANTS = {  # name: (n_future, memory-efficient step)
@@ -222,13 +223,15 @@ class _Variant:
                                   train=dataclasses.replace(base.train, memory_efficient=efficient, grad_accum=1))
         return cls(cfg, device=device, compiled=compiled)
 
-    def step(self) -> None:
-        """One training step, as the training loop takes it (its micro-batches, each the same ids):
+    def step(self, weights: list[float] | None = None) -> None:
+        """One training step, as the training loop takes it (its micro-batches, each the same ids),
+        with the heads' loss `weights` (None: loss.head_weights's; a head of weight 0 is skipped):
         where the optimizer can (fused AdamW on CUDA), a non-finite step is skipped on the device,
         with no host read."""
         with autocast(self.device, self.precision):
             for _ in range(self.accum):
-                out = self.step_fn(self.model, self.ids, loss_cfg=self.loss_cfg, scale=1 / self.accum)
+                out = self.step_fn(self.model, self.ids, loss_cfg=self.loss_cfg, scale=1 / self.accum,
+                                   weights=weights)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or float("inf"))
         if skips_on_device(self.optimizer):
             step_unless(self.optimizer, ~(torch.isfinite(out.total) & torch.isfinite(norm)))
@@ -238,6 +241,20 @@ class _Variant:
 
     def sync(self) -> None:
         synchronize(self.device)
+
+
+class _Phase:
+    """A variant's step in one phase of its head schedule (`schedule.HeadPhase`): its model and
+    optimizer, shared with the variant's other phases, stepping with that phase's weights."""
+
+    def __init__(self, variant: _Variant, phase: HeadPhase):
+        self.variant, self.phase = variant, phase
+
+    def step(self) -> None:
+        self.variant.step(list(self.phase.weights))
+
+    def sync(self) -> None:
+        self.variant.sync()
 
 
 def peak_memory_mb(preset_name: str, variant: str, *, batch_size: int, device: str, compiled: bool = False) -> float:
@@ -266,7 +283,7 @@ def _peak_memory_in_subprocess(args: dict) -> float:
     return float(proc.stdout.strip().splitlines()[-1])
 
 
-def _timed_rounds(variants: dict[str, _Variant], *, rounds: int, warmup: int, min_sample_s: float,
+def _timed_rounds(variants: dict, *, rounds: int, warmup: int, min_sample_s: float,
                   progress=None) -> tuple[dict[str, list[float]], int]:
     """Seconds per step of each variant in each round, and the steps a sample repeated. The
     variants take turns, the order rotating each round; the warm-up rounds take one step each and
@@ -357,7 +374,10 @@ class StepCheck:
     rounds: int  # timed rounds, after the warm-up
     steps_per_sample: int  # steps a timed sample repeats
     compiled: dict[str, bool]  # by run: whether its step ran compiled (as train.compile compiled the run)
-    times: dict[str, list[float]]  # by run: seconds a step, round by round
+    times: dict[str, list[float]]  # by run: seconds a step, round by round (over its head schedule's phases)
+    # by run: each phase of its head schedule, the heads it runs, its share of the steps and its median
+    # step; `times` weighs the phases' steps round by round by their shares ({}: JSON before phases)
+    phases: dict[str, list[dict]] = dataclasses.field(default_factory=dict)
 
     def step_s(self, name: str) -> float:
         """The run's median seconds a step."""
@@ -372,21 +392,35 @@ class StepCheck:
 
     @classmethod
     def from_json(cls, data: dict) -> StepCheck:
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
 
 def check_steps(configs: dict[str, Config], *, rounds: int = 5, warmup: int = 2, min_sample_s: float = 0.2,
-                progress=None) -> StepCheck:
-    """Time one training step of each configuration (on its train.device, in its precision, its
+                progress=None, trained: dict[str, tuple[int, int]] | None = None) -> StepCheck:
+    """Time the training step of each configuration (on its train.device, in its precision, its
     micro-batches, compiled where train.compile compiled its run; random ids, so reading data is
-    not timed) in `rounds` interleaved rounds after `warmup`, the order alternating (`_timed_rounds`)."""
+    not timed) as its run took it: in each phase of its head schedule (`schedule.head_phases`),
+    the phases' steps weighed by their shares of the schedule, or of the steps the run took where
+    `trained` gives them (by name: its head schedule's length and its steps, from its train state).
+    Every phase of every configuration takes its turn in `rounds` interleaved rounds after `warmup`,
+    the order rotating (`_timed_rounds`)."""
+    trained = trained or {}
     variants = {name: _Variant(cfg, device=resolve_device(cfg.train.device), compiled=None)
                 for name, cfg in configs.items()}
+    phases = {name: ([HeadPhase(weights=tuple(cfg.loss.weights(cfg.model.n_future)), share=1.0, skipped=frozenset())]
+                     if variants[name].model.drafter is not None
+                     else head_phases(cfg.loss, cfg.model, **dict(zip(("length", "steps"), trained.get(name, (0, 0))))))
+              for name, cfg in configs.items()}
+    steps = {(name, i): _Phase(variants[name], phase) for name in configs for i, phase in enumerate(phases[name])}
     first = next(iter(configs.values())).train
     with fast_fp32_matmuls(resolve_device(first.device), first.precision):  # as a training run on CUDA
-        times, repeats = _timed_rounds(variants, rounds=rounds, warmup=warmup, min_sample_s=min_sample_s,
+        times, repeats = _timed_rounds(steps, rounds=rounds, warmup=warmup, min_sample_s=min_sample_s,
                                        progress=progress)
-    return StepCheck(rounds=rounds, steps_per_sample=repeats, times=times,
+    weighed = {name: [sum(phase.share * times[name, i][r] for i, phase in enumerate(phases[name]))
+                      for r in range(rounds)] for name in configs}
+    shown = {name: [{"heads_run": phase.heads_run, "share": phase.share, "step_s": statistics.median(times[name, i])}
+                    for i, phase in enumerate(phases[name])] for name in configs}
+    return StepCheck(rounds=rounds, steps_per_sample=repeats, times=weighed, phases=shown,
                      compiled={name: v.compiled for name, v in variants.items()})
 
 

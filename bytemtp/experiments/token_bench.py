@@ -16,7 +16,9 @@ same family over BPE tokens. The comparison here:
      text), as many windows a batch as make the byte arm's positions a step (a step then covers
      about 3 times the text; at 3 minutes on the default corpus this gave 1.799 bits/byte on val
      where the preset's 16 windows gave 1.816), and its settings (`token_sets`) on top;
-   then times a training step of each (seed 0's settings), the arms turn about in one process
+   then times a training step of each (seed 0's settings) as its training took it, in each
+   phase of its head schedule weighed by the phase's share (the byte arm's reverse schedule runs
+   head 1 alone over half its steps), the arms turn about in one process
    (`step_bench.check_steps`, `check_rounds`; kept in OUT/step-check.json): each arm's steps
    against those its wall time buys at that pace (its share), and a warning where the arms'
    shares differ by more than the check's round-by-round spread plus SHARE_FLOOR, since the
@@ -63,7 +65,7 @@ from bytemtp.experiments.bench import time_arms
 from bytemtp.evaluation.likelihood import score_texts
 from bytemtp.experiments.step_bench import StepCheck, check_steps
 from bytemtp.experiments.sweep import Grid, run_sweep
-from bytemtp.runtime.checkpoint import load_model
+from bytemtp.runtime.checkpoint import load_model, read_train_state
 from bytemtp.runtime.devices import resolve_device
 from bytemtp.spread import Spread
 from bytemtp.vocab import BPE, load_vocabulary, train_bpe
@@ -261,8 +263,13 @@ class TokenBench:
             kinds = {arm: "compiled" if c else "eager" for arm, c in self.check.compiled.items()}
             compiled = (kinds["bytes"] if len(set(kinds.values())) == 1
                         else ", ".join(f"{arm} {kind}" for arm, kind in kinds.items()))
-            lines.append(f"step check after training ({self.check.rounds} rounds, the arms turn about, {compiled}): "
-                         f"a bytes step over a tokens step {self.check.ratio('bytes', 'tokens').format(unit='x')}")
+            phases = ", ".join(f"{arm}: " + " / ".join(f"{p['heads_run']} head{'s' if p['heads_run'] > 1 else ''} "
+                                                       f"{p['share']:.0%} {1000 * p['step_s']:.0f} ms" for p in shown)
+                               for arm, shown in self.check.phases.items() if len(shown) > 1)
+            lines.append(f"step check after training ({self.check.rounds} rounds, the arms turn about, {compiled}; "
+                         "each arm's step over its head schedule's phases, weighed by their shares"
+                         + (f": {phases}" if phases else "") + "): a bytes step over a tokens step "
+                         f"{self.check.ratio('bytes', 'tokens').format(unit='x')}")
         return "\n".join(lines + self.load_warnings() + self._decoding_lines())
 
     def _pace_rows(self, row) -> list[str]:
@@ -272,7 +279,8 @@ class TokenBench:
         rows = []
         if all(a.train_s for a in self.arms):
             rows += [row("wall time (s)", lambda a: a.train_s, "{:,.0f}"),
-                     row("steps a second", lambda a: a.steps_per_s, "{:.2f}")]
+                     row("steps a second", lambda a: a.steps_per_s, "{:.2f}"),
+                     row("bytes seen a second", lambda a: a.bytes_seen / a.train_s / 1e3, "{:,.1f} KB")]
         if all(a.share is not None for a in self.arms):
             rows += [row("step in the check (ms)", lambda a: 1000 * a.check_step_s, "{:.1f}"),
                      row("share of the steps at the check's pace", lambda a: 100 * a.share, "{:.0f}%")]
@@ -354,6 +362,14 @@ def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: floa
     if held_out and not corpus_files(held_out, split=held_out_split(held_out)):
         raise ValueError(f"--held-out {held_out}: no files to score")  # corpus_files names a path that is not there
     checked = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)  # a bad value stops here
+    base = resolve(preset, overrides=list(sets))
+    for draft in drafts:  # refused before anything trains, naming the draft
+        d = Draft.parse(str(draft))
+        try:
+            d.for_model(base.model.n_future)
+        except ValueError:
+            raise ValueError(f"--draft {d}: {d.heads} is more than the byte arm's {base.model.n_future} heads; "
+                             f"choose 1 to {base.model.n_future} heads") from None
     sampling = dict(temperature=checked.temperature, top_k=top_k, top_p=top_p, seed=seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -366,7 +382,6 @@ def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: floa
     train_bpt = bytes_per_token(vocab, train_docs)
     val_docs = documents(data, "val")
     val_bpt = bytes_per_token(vocab, val_docs)
-    base = resolve(preset, overrides=list(sets))
     seq_len = token_seq_len or max(8, round(base.model.seq_len / train_bpt / 8) * 8)
     batch = max(1, round(base.data.batch_size * base.model.seq_len / seq_len))  # the byte arm's positions a step
     shared = [f"data.path={data}", "train.eval_every=0", *sets]
@@ -409,23 +424,31 @@ def _step_check(out: Path, grid: Grid, *, budget_s: float, steps: int, rounds: i
     settings = {arm: [*grid.sets, *grid.candidates[f"{arm}-s0"], f"train.max_time={0.0 if steps else budget_s}",
                       f"train.steps={steps}"] for arm in ("bytes", "tokens")}
     path = out / STEP_CHECK
-    if path.is_file():
-        kept = json.loads(path.read_text())
-        if kept.get("settings") == settings and kept.get("rounds") == rounds:
-            return StepCheck.from_json(kept)
+    kept = _kept(path, StepCheck.from_json, say=say)
+    if (kept is not None and kept[0].get("settings") == settings and kept[0].get("rounds") == rounds
+            and kept[0].get("phases")):  # one taken before the phases timed the first step alone
+        return kept[1]
     say(f"timing a training step of each arm, the arms turn about, {rounds} rounds (the step check)")
     check = check_steps({arm: grid.config(f"{arm}-s0", budget_s=budget_s, steps=steps) for arm in settings},
-                        rounds=rounds)
+                        rounds=rounds, trained={arm: _trained(out / f"{arm}-s0") for arm in settings})
     path.write_text(json.dumps({"settings": settings, **check.to_json()}, indent=2) + "\n")
     return check
+
+
+def _trained(run_dir: Path) -> tuple[int, int]:
+    """A run's head schedule's length and its steps, from its newest train state: the proportions in
+    which its steps ran each phase of its head schedule (`schedule.head_phases`)."""
+    state = read_train_state(run_dir)
+    return state.get("head_schedule_steps") or state.get("schedule_steps") or 0, state["step"]
 
 
 def _scored(out: Path, r, grid: Grid, *, bpt: float, val_docs: list[bytes], held: list[bytes], budget_s: float,
             steps: int, device: torch.device, say) -> ArmFigures:
     """An arm's figures: read back where measured before, else scored now (and kept)."""
     path = out / r.name / SCORES
-    if path.is_file():
-        return ArmFigures.from_json(json.loads(path.read_text()))
+    kept = _kept(path, ArmFigures.from_json, say=say)
+    if kept is not None:
+        return kept[1]
     arm, seed = r.name.rsplit("-s", 1)
     model, cfg = load_model(out / r.name, device=device)
     say(f"scoring {r.name} on {sum(map(len, val_docs)):,} val bytes" + (f" and {sum(map(len, held)):,} held-out bytes"
@@ -442,6 +465,20 @@ def _scored(out: Path, r, grid: Grid, *, bpt: float, val_docs: list[bytes], held
         held_out_bytes=0 if held_score is None else held_score.bytes)
     path.write_text(json.dumps(figures.to_json(), indent=2) + "\n")
     return figures
+
+
+def _kept(path: Path, read, *, say):
+    """A record measured before (its JSON, and `read` of it), or None where there is none, or where
+    it cannot be read (cut, or not what `read` takes): said in one line naming it, and measured again
+    (then written whole in its place)."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return data, read(data)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        say(f"{path} cannot be read ({type(e).__name__}: {str(e)[:120]}); measuring it again")
+        return None
 
 
 def arm_drafts(drafts, n_future: int) -> list[Draft]:

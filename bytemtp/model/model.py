@@ -65,10 +65,16 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
+        # the first model.value_embeds trunk layers: an embedding of each position's id added to its values
+        if layer_idx < min(cfg.value_embeds, cfg.trunk_layers):
+            self.value_embed = nn.Embedding(cfg.table_rows, cfg.d_model)
 
-    def forward(self, x_BTD: torch.Tensor, layout: Layout, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x_BTD: torch.Tensor, layout: Layout, cache: KVCache | None,
+                ids_BT: torch.Tensor | None = None) -> torch.Tensor:
         B, T, D = x_BTD.shape
         q, k, v = self.qkv(x_BTD).view(B, T, 3, self.n_attn_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if hasattr(self, "value_embed"):  # a trunk layer's: its ids are the pass's
+            v = v + self.value_embed(ids_BT).view(B, T, self.n_attn_heads, self.head_dim).transpose(1, 2)
         q, k = layout.rotate(q), layout.rotate(k)  # (B, H, T, E)
         ck, cv = (cache.k[self.layer_idx], cache.v[self.layer_idx]) if cache is not None else (None, None)
         y = attend(q, k, v, layout, ck, cv, self.dropout if self.training else 0.0)
@@ -101,8 +107,8 @@ class Block(nn.Module):
         self.mlp = FeedForward(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x_BTD, layout: Layout, cache: KVCache | None) -> torch.Tensor:
-        x_BTD = x_BTD + self.drop(self.attn(self.attn_norm(x_BTD), layout, cache))
+    def forward(self, x_BTD, layout: Layout, cache: KVCache | None, ids_BT: torch.Tensor | None = None) -> torch.Tensor:
+        x_BTD = x_BTD + self.drop(self.attn(self.attn_norm(x_BTD), layout, cache, ids_BT))
         return x_BTD + self.drop(self.mlp(self.mlp_norm(x_BTD)))
 
 
@@ -198,7 +204,7 @@ class ByteMTP(nn.Module):
         cache's valid positions, with a cache)."""
         x_BTD = self.embed(ids_BT)
         for block in self.trunk:
-            x_BTD = block(x_BTD, layout, cache)
+            x_BTD = block(x_BTD, layout, cache, ids_BT)
         return x_BTD
 
     def head_input(self, k: int, z_BTD: torch.Tensor, prev_BTD: torch.Tensor | None) -> torch.Tensor:

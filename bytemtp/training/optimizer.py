@@ -132,7 +132,8 @@ def build_optimizer(model: ByteMTP, cfg: TrainConfig, device: torch.device, *,
     keeps the foreach form, the reference; `fused` overrides), or `Mixed` Muon on the trunk's and
     heads' matrices and AdamW on the rest."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    hidden = [p for n, p in named if cfg.optimizer == "muon" and p.dim() == 2 and n.startswith(("trunk.", "heads."))]
+    hidden = [p for n, p in named if cfg.optimizer == "muon" and p.dim() == 2 and n.startswith(("trunk.", "heads."))
+              and not n.endswith("value_embed.weight")]  # a table looked up, like the embedding: AdamW's
     chosen = {id(p) for p in hidden}
     rest = [p for _, p in named if id(p) not in chosen]
     groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},

@@ -23,10 +23,11 @@ A run limited by time needs their length before a wsd schedule has fixed its own
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
-from bytemtp.config import LossConfig, TrainConfig
+from bytemtp.config import LossConfig, ModelConfig, TrainConfig
 
 # Steps a session takes before TimeFit measures (allocations, caches and compilation warm up in
 # them), and what it measures over: at least this many steps and this share of the time budget.
@@ -130,3 +131,38 @@ def head_weights(loss: LossConfig, n_future: int, progress: float) -> list[float
         done = min(1.0, max(0.0, moved - order))
         shares.append(done if loss.head_schedule == "forward" else 1.0 - (1.0 - loss.head_schedule_floor) * done)
     return [w * s for w, s in zip(base, shares)]
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadPhase:
+    """A stretch of the head schedule over which the same heads run: `weights` at its start (what
+    a step there costs depends only on which heads run), its `share` of the schedule's steps."""
+    weights: tuple[float, ...]
+    share: float
+    skipped: frozenset[int]
+
+    @property
+    def heads_run(self) -> int:
+        return len(self.weights) - len(self.skipped)
+
+
+def head_phases(loss: LossConfig, model: ModelConfig, *, length: int = 0, steps: int = 0,
+                points: int = 4096) -> list[HeadPhase]:
+    """The head schedule cut where the heads a training step runs change (`HeadType.skipped`: a
+    faded head of weight 0 is skipped), in order, each with its share of the steps: what a run's
+    training step costs in its proportions, where one step (the first, say) would not say (a
+    reverse schedule's steps run head 1 alone once the others have faded). With a run's `steps`
+    and its head schedule's `length` (`TrainState.head_schedule_steps`: a run limited by time
+    fixes it from its first, dearest steps, so it ends short of the steps the run takes, and more
+    of them run head 1 alone), the shares are of those steps; else of the schedule. Read off
+    `points` evenly spaced points; one phase for a constant schedule."""
+    span = steps / length if length and steps else 1.0  # the run's steps in units of the schedule
+    phases: list[HeadPhase] = []
+    for i in range(points):
+        weights = tuple(head_weights(loss, model.n_future, span * (i + 0.5) / points))
+        skipped = model.head.skipped(list(weights))
+        if phases and phases[-1].skipped == skipped:
+            phases[-1] = dataclasses.replace(phases[-1], share=phases[-1].share + 1 / points)
+        else:
+            phases.append(HeadPhase(weights=weights, share=1 / points, skipped=skipped))
+    return phases

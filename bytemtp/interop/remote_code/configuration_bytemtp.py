@@ -77,6 +77,8 @@ class ByteMTPConfig(PretrainedConfig):
     """Epsilon of the RMSNorm layers."""
     init_std: float = 0.02
     """Standard deviation of the normal weight initialisation of a new model."""
+    value_embeds: int = 0
+    """Trunk layers, the first ones, whose attention values add an embedding of each position's own id."""
     vocab_size: int = 264
     """Ids 0..255 are bytes, 256 BOS, 257 EOS, 258 PAD; the table is padded to a multiple of 8."""
     bos_token_id: int = 256

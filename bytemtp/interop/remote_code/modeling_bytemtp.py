@@ -69,10 +69,15 @@ class Attention(nn.Module):
         self.out = nn.Linear(config.d_model, config.d_model, bias=False)
         self.out.residual_out = True  # initialised smaller (_init_weights)
         self.dropout = config.dropout
+        if layer_idx < min(config.value_embeds, config.trunk_layers):  # the first value_embeds trunk layers
+            self.value_embed = nn.Embedding(config.vocab_size, config.d_model)
 
-    def forward(self, x_BTD: torch.Tensor, layout: Layout, cache: DynamicCache | None) -> torch.Tensor:
+    def forward(self, x_BTD: torch.Tensor, layout: Layout, cache: DynamicCache | None,
+                input_ids: torch.Tensor | None = None) -> torch.Tensor:
         B, T, D = x_BTD.shape
         q, k, v = self.qkv(x_BTD).view(B, T, 3, self.n_attn_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if hasattr(self, "value_embed"):  # an embedding of each position's id added to its values
+            v = v + self.value_embed(input_ids).view(B, T, self.n_attn_heads, self.head_dim).transpose(1, 2)
         q, k = layout.rotate(q), layout.rotate(k)  # (B, H, T, E)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)  # (B, H, L, E)
@@ -110,8 +115,9 @@ class Block(nn.Module):
         self.mlp = FeedForward(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x_BTD: torch.Tensor, layout: Layout, cache: DynamicCache | None) -> torch.Tensor:
-        x_BTD = x_BTD + self.drop(self.attn(self.attn_norm(x_BTD), layout, cache))
+    def forward(self, x_BTD: torch.Tensor, layout: Layout, cache: DynamicCache | None,
+                input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        x_BTD = x_BTD + self.drop(self.attn(self.attn_norm(x_BTD), layout, cache, input_ids))
         return x_BTD + self.drop(self.mlp(self.mlp_norm(x_BTD)))
 
 
@@ -224,7 +230,7 @@ class ByteMTPForCausalLM(ByteMTPPreTrainedModel, GenerationMixin):
         """Trunk state z (B, T, D) of ids (B, T)."""
         x_BTD = self.embed(input_ids)
         for block in self.trunk:
-            x_BTD = block(x_BTD, layout, cache)
+            x_BTD = block(x_BTD, layout, cache, input_ids)
         return x_BTD
 
     def head_states(self, z_BTD: torch.Tensor, layout: Layout, cache: DynamicCache | None = None,
