@@ -13,6 +13,7 @@ from bytemtp.decoding.strategy import Draft, Shape
 
 from .options import (check_draft, check_output_file, compile_option, decoding_options, device_option, dtype_option,
                       prompt_options, sampling_options)
+from .report import write_json
 
 
 @click.command("generate")
@@ -190,10 +191,7 @@ def _generate_stream(decoder, prompt: bytes, *, raw: bool, compare: bool, show_s
 
 
 def _write_stats(path: str | None, data: dict) -> None:
-    if path:
-        with open(path, "w") as f:
-            json.dump(data, f, indent=2)
-        click.echo(f"wrote {path}", err=True)  # stdout carries the output
+    write_json(path, data, report_to_stderr=True)  # stdout carries the output
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ on stderr says how (`note: --modes is now --draft; read as --draft auto,chain-4`
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from decimal import Decimal
@@ -188,7 +189,8 @@ DRAFT_FORMS = ("auto (the heads and the draft's shape chosen each pass from meas
 
 
 def _parse_drafts(text: str, *, several: bool):
-    """--draft's text as a Draft, or with `several` a tuple of them (comma-separated)."""
+    """--draft's text as a Draft, or with `several` a tuple of them (comma-separated; a draft named
+    twice, in any spelling, is timed once: `auto,auto` measured and reported auto twice)."""
     from bytemtp.decoding.strategy import Draft
 
     names = [t.strip() for t in text.split(",") if t.strip()] if several else [text]
@@ -198,7 +200,7 @@ def _parse_drafts(text: str, *, several: bool):
         raise click.BadParameter(str(e), param_hint="--draft") from None
     if not drafts:
         raise click.BadParameter(f"{text!r} names no draft", param_hint="--draft")
-    return drafts if several else drafts[0]
+    return tuple(dict.fromkeys(drafts)) if several else drafts[0]
 
 
 def _draft_value(ctx: click.Context, param: click.Parameter, value: str | None):
@@ -284,7 +286,10 @@ def check_draft(draft, n_future: int) -> None:
 # --- how bytes are chosen ---------------------------------------------------------------------
 
 def _temperature(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """A temperature as decoding reads it: below `Sampling.GREEDY_BELOW`, 0 (greedy)."""
+    """A temperature as decoding reads it: below `Sampling.GREEDY_BELOW`, 0 (greedy); nan and inf
+    refused (FloatRange lets them through)."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a temperature; expected a finite number >= 0 (0 = greedy)")
     if value > 0:
         from bytemtp.decoding.sampling import Sampling
 

@@ -12,8 +12,10 @@ module.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 
 import click
 
@@ -26,14 +28,42 @@ def echo(text: str) -> None:
     click.echo(text, err=ctx is not None and ctx.params.get("json_path") == "-")
 
 
-def write_json(path: str | None, data) -> None:
-    """`data` as JSON, a typed result (or one inside it) in its JSON form (`to_json`)."""
+def write_json(path: str | None, data, *, report_to_stderr: bool = False) -> None:
+    """`data` as JSON, a typed result (or one inside it) in its JSON form (`to_json`), written whole
+    or not at all: a file goes to a temporary file beside it, then takes its place; a path that is
+    not a file (a pipe, a device) takes the text in one write. A write that fails (a full disk,
+    /dev/full) is one line that names the path, and leaves what was there. `report_to_stderr`: the
+    "wrote" line on stderr (a command whose stdout carries its output)."""
     if path == "-":
         click.echo(json.dumps(data, indent=2, default=_json_form))
     elif path:
+        text = json.dumps(data, indent=2, default=_json_form)
+        try:
+            _write_whole(path, text)
+        except OSError as e:
+            raise click.ClickException(f"--json {path} could not be written ({e.strerror or e}); "
+                                       "nothing was written there") from None
+        click.echo(f"wrote {path}", err=True) if report_to_stderr else echo(f"wrote {path}")
+
+
+def _write_whole(path: str, text: str) -> None:
+    if os.path.exists(path) and not os.path.isfile(path):  # a pipe or a device: nothing to leave half written
         with open(path, "w") as f:
-            json.dump(data, f, indent=2, default=_json_form)
-        echo(f"wrote {path}")
+            f.write(text)
+        return
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would have made it (mkstemp's is 0600)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _json_form(value):

@@ -147,6 +147,10 @@ def test_sampling_without_a_seed_draws_one_and_prints_it(ckpt):
     (("--prompt", "x", "--temperature", "0.5", "--seed", str(2 ** 64)), "a seed is an integer from -2**63 to 2**64-1"),
     (("--prompt", "x", "--temperature", "0.5", "--seed", str(-2 ** 63 - 1)), "--seed: -9223372036854775809 is not a seed"),
     (("--prompt", "x", "--draft", "tree", "--temperature", "0.5"), "sampling drafts chains"),
+    (("--prompt", "x", "--temperature", "nan"), "--temperature': nan is not a temperature"),
+    (("--prompt", "x", "--temperature", "inf"), "--temperature': inf is not a temperature"),
+    (("--prompt", "x", "--temperature", "-inf"), "--temperature'"),
+    (("--prompt", "x", "--temperature", "-0.5"), "--temperature'"),
 ])
 def test_user_errors_are_one_line(ckpt, args, words):
     res = run("generate", "--ckpt", ckpt, *args)
@@ -493,12 +497,16 @@ def test_bench_all_writes_one_json(ckpt, code_corpus, tmp_path, monkeypatch):
 @pytest.mark.parametrize("command", [("generate", "--prompt", "x"), ("eval",), ("eval-task", "poly"),
                                      ("bench", "decode"), ("plot",)])
 def test_a_bad_device_is_the_line_train_gives(ckpt, command):
+    """Also a CUDA index torch cannot hold: a number too long for it (a traceback, before), or
+    past one signed byte (torch.device took cuda:128 as cuda:-128)."""
     args = [*command, ckpt] if command == ("plot",) else [*command, "--ckpt", ckpt]
-    res = run(*args, "--device", "gpu")
-    assert res.exit_code == 1 and "Traceback" not in res.output
-    assert res.output.strip().splitlines() == ["Error: --device='gpu' is not allowed; choose auto, cpu, cuda or cuda:N"]
-    train = run("train", "--resume", ckpt.parent / "none", "--steps", 1, "--device", "gpu")
-    assert train.output == res.output
+    for device in ("gpu", "cuda:99999999999999999999", "cuda:128", "cuda:01"):
+        res = run(*args, "--device", device)
+        assert res.exit_code == 1 and "Traceback" not in res.output
+        assert res.output.strip().splitlines() == [f"Error: --device={device!r} is not allowed; choose auto, cpu, "
+                                                   "cuda or cuda:N (N from 0 to 127)"]
+        train = run("train", "--resume", ckpt.parent / "none", "--steps", 1, "--device", device)
+        assert train.output == res.output
 
 
 @pytest.mark.parametrize("command", [("eval",), ("eval-task", "poly"), ("bench", "decode")])
@@ -589,3 +597,54 @@ def test_one_set_of_flags(ckpt, code_corpus, tmp_path):
     assert res.exit_code == 0, res.output
     assert "splits" in json.loads((tmp_path / "corpus.json").read_text())["manifest"]
 
+
+
+@pytest.mark.parametrize("command", [("generate", "--prompt", "x", "--max-bytes", 4), ("bench", "decode", "--rounds", 1,
+                                                                                    "--n-prompts", 1, "--max-bytes", 4,
+                                                                                    "--batch-sizes", 1, "--draft", "plain")])
+def test_a_json_path_that_cannot_be_written_whole_is_one_line_and_leaves_no_file(ckpt, tmp_path, monkeypatch,
+                                                                                 command):
+    """--json to /dev/full (no space left) is one line, not an OSError's traceback; a file that
+    cannot be finished (its disk fills) leaves what was at its path, and no temporary file beside it."""
+    import os
+
+    res = run(*command, "--ckpt", ckpt, "--json", "/dev/full")
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert "Error: --json /dev/full could not be written (No space left on device)" in res.output
+    kept = tmp_path / "out.json"
+    kept.write_text("what was there")
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    res = run(*command, "--ckpt", ckpt, "--json", kept)
+    assert res.exit_code == 1 and "Traceback" not in res.output and "could not be written" in res.output
+    assert kept.read_text() == "what was there" and sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+    monkeypatch.undo()
+    res = run(*command, "--ckpt", ckpt, "--json", kept)
+    assert res.exit_code == 0, res.output
+    assert json.loads(kept.read_text()) and oct(kept.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_bench_decode_times_a_draft_named_twice_once(ckpt, monkeypatch):
+    """--draft auto,auto,chain-2,chain-2 times auto and chain-2 once each (each was measured and
+    reported again as a row of its own)."""
+    from cli.options import _parse_drafts
+
+    assert [str(d) for d in _parse_drafts("auto,auto,chain-2, chain-2,auto", several=True)] == ["auto", "chain-2"]
+    _one_ms(monkeypatch)
+    res = run("bench", "decode", "--ckpt", ckpt, "--n-prompts", 1, "--prompt-bytes", 8, "--max-bytes", 8,
+              "--batch-sizes", "1", "--draft", "auto,auto,chain-2,chain-2", "--rounds", 1, "--device", "cpu",
+              "--compile", "off")
+    assert res.exit_code == 0, res.output
+    rows = [r.split()[1] for r in res.stdout.splitlines() if r.split()[:1] == ["1"] and "held-out" not in r]
+    assert rows == ["auto", "chain-2"], res.stdout

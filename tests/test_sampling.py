@@ -229,3 +229,6 @@ def test_sampling_is_seeded_and_truncated():
     assert full[kept].sum() >= 0.3 and full[kept].sum() - full[kept].min() < 0.3
     with pytest.raises(ValueError, match="top_p"):
         Sampling(top_p=0.0)
+    for bad in (float("nan"), float("inf"), -1.0):  # nan passed `< 0`, and inf divided the logits to nan
+        with pytest.raises(ValueError, match="temperature=.* expected a finite number >= 0"):
+            Sampling(temperature=bad)

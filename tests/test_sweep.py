@@ -269,6 +269,26 @@ def test_a_run_trained_with_other_settings_is_refused_naming_them_or_trained_ane
     assert seen == [("adamw", True, False), ("muon", False, False)]  # the stale run and its tune went first
 
 
+def test_fresh_leaves_a_run_that_another_sweep_is_training(tmp_path, corpus_dir):
+    """--fresh pointed at a run of other settings that a training holds (another sweep's): refused
+    in one line naming the holder, before any run or tune is removed (it was removed, and its
+    run-config.json rewritten, while the first sweep went on)."""
+    from bytemtp.training.runs import RunLocked, run_lock
+
+    path = _grid(tmp_path, corpus_dir, TWO)
+    grid, out = sweep.read_grid(path), tmp_path / "out"
+    for name in ("adamw", "muon"):
+        _trained_with(out / name, grid.config(name, budget_s=1.0), train__max_time=5.0)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"}
+    with run_lock(out / "muon"):  # a training of another process holds it
+        with pytest.raises(RunLocked):
+            sweep.run_sweep(grid, out, budget_s=1.0, fresh=True)
+        res = CliRunner().invoke(main, ["bench", "sweep", str(path), "--out", str(out), "--time", "1s", "--fresh"])
+    assert res.exit_code == 1 and "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+    assert str(out / "muon") in res.output
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"} == before
+
+
 def test_bench_sweep_refuses_a_run_of_another_budget_in_one_line(tmp_path, corpus_dir):
     path = _grid(tmp_path, corpus_dir, TWO)
     _trained_with(tmp_path / "out" / "muon", sweep.read_grid(path).config("muon", budget_s=1.0), train__max_time=5.0)

@@ -26,6 +26,7 @@ Legend: N rows (any leading dimensions), T positions, D drafts, V vocabulary.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -69,8 +70,8 @@ class Sampling:
     generator: torch.Generator | None = None  # where each sampled row draws its key (`draw_key`)
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} is not allowed; expected >= 0 (0 = greedy)")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} is not allowed; expected a finite number >= 0 (0 = greedy)")
         self.temperature = self.effective_temperature(self.temperature)
         if self.top_k < 0:
             raise ValueError(f"top_k={self.top_k} is not allowed; expected >= 0 (0 = all)")

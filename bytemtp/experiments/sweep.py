@@ -260,7 +260,8 @@ def run_sweep(grid: Grid, out: str | Path, *, budget_s: float, eval_bytes: int =
     A candidate's run found in `out` is read back (or resumed) only when it was trained with the
     settings asked for now (`differing_settings`: budget, corpus, preset, shapes); one trained with
     others stops the sweep before anything trains, in one line that names them, unless `fresh`
-    says to train it anew (its run and tune removed first). Every sweep-like command (`bench sweep`,
+    says to train it anew (its run and tune removed first, none of them while a training holds its
+    lock: another sweep training it stops this one, `RunLocked`, before anything is removed). Every sweep-like command (`bench sweep`,
     `bench quality`, `bench tokens`) goes through here, so each refuses alike."""
     names = only or list(grid.candidates)
     missing = [n for n in names if n not in grid.candidates]
@@ -278,6 +279,9 @@ def run_sweep(grid: Grid, out: str | Path, *, budget_s: float, eval_bytes: int =
             raise ValueError(f"{out / name} was trained with other settings than asked for now ({'; '.join(differ)}); "
                              "train it anew with --fresh, or use another --out")
         stale += [name] if differ else []
+    for name in stale:  # none goes while a training holds it (another sweep's): RunLocked names the holder
+        for run_dir in (out / name, _tune_dir(out / name)):
+            runs.check_unlocked(run_dir)
     for name in stale:  # fresh: a run of other settings and its tune go, and the candidate trains anew
         shutil.rmtree(out / name)
         shutil.rmtree(_tune_dir(out / name), ignore_errors=True)

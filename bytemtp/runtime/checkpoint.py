@@ -314,10 +314,16 @@ def check_tokenizer(ckpt: Path, tokenizer: str) -> None:
     """The tokenizer file a run reads (data.tokenizer) must be the one its checkpoint was trained
     with, the copy in the checkpoint's tokenizer.json, byte for byte: a BPE of the same size with
     other merges reads the corpus as other ids, which the model and the loader's saved position do
-    not mean. CheckpointError naming the file otherwise; nothing to compare for bytes, or where
-    either file is missing (the vocabulary's own checks say so)."""
+    not mean. CheckpointError naming the file otherwise, and where a token run's checkpoint has lost
+    its copy (nothing would say which tokenizer it was trained with: another BPE read the corpus as
+    other ids, and resuming failed deep in the loader); nothing to compare for bytes, or where the
+    tokenizer file is missing (the vocabulary's own checks say so)."""
     copy = ckpt / TOKENIZER_FILE
-    if not tokenizer or not copy.is_file() or not Path(tokenizer).is_file():
+    if tokenizer and not copy.is_file():
+        raise CheckpointError(f"{ckpt} has no {TOKENIZER_FILE}, the copy of the tokenizer its run was trained with, "
+                              f"so {tokenizer} cannot be checked against it; put the run's tokenizer there as "
+                              f"{copy}, or start a new run")
+    if not tokenizer or not Path(tokenizer).is_file():
         return
     if Path(tokenizer).read_bytes() != copy.read_bytes():
         raise CheckpointError(f"{tokenizer} is not the tokenizer that {ckpt} was trained with (its {TOKENIZER_FILE} "

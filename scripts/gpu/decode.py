@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 import time
 
-from part import Part, arguments, fmt, outcome_table, point_run_at_corpus, read_json
+from part import Outcome, Part, arguments, fmt, outcome_table, point_run_at_corpus, read_json
 
 # (label, --compile, --dtype, --temperature, batch sizes): the headline first
 CASES = [("bf16 compiled greedy", "on", "bfloat16", 0.0, "1,8,16"),
@@ -102,7 +102,10 @@ def main() -> int:
     if missing:
         p.skip("bench decode", f"not carried: {', '.join(missing)} (run scripts/gpu/prepare.py, make gpu-prep)")
         return p.finish() or 1
-    point_run_at_corpus(model, corpus)
+    damaged = point_run_at_corpus(model, corpus)
+    if damaged:
+        p.record(Outcome("bench decode", "FAIL", 0.0, note=damaged))
+        return p.finish()
     results = run_cases(p, str(model), str(prompts))
     lines = table(results) + ["", *outcome_table(p.outcomes)]
     return p.finish(table=lines, cases=results)

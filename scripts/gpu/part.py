@@ -287,13 +287,22 @@ def gpu_name() -> str | None:
     return done.stdout.strip() or None
 
 
-def point_run_at_corpus(run: Path, corpus: Path) -> None:
+def point_run_at_corpus(run: Path, corpus: Path) -> str | None:
     """Make a carried run read its held-out bytes from the carried corpus: its checkpoints'
-    config.json name the corpus by the path it had where it trained, which this machine lacks."""
-    for path in run.glob("checkpoints/*/config.json"):
-        data = json.loads(path.read_text())
-        data["config"]["data"]["path"] = str(corpus.resolve())
+    config.json name the corpus by the path it had where it trained, which this machine lacks.
+    Returns why it cannot (a config.json that does not read: cut, say), None when done; every file
+    is read before any is written, so a carry it refuses is left as it was."""
+    configs = {}
+    for path in sorted(run.glob("checkpoints/*/config.json")):
+        try:
+            data = json.loads(path.read_text())
+            data["config"]["data"]["path"] = str(corpus.resolve())
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return f"{path} cannot be read ({type(e).__name__}: {str(e)[:100]}); make the carry again (make gpu-prep)"
+        configs[path] = data
+    for path, data in configs.items():
         path.write_text(json.dumps(data, indent=2) + "\n")
+    return None
 
 
 def read_json(path: Path) -> dict | None:

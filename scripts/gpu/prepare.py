@@ -163,13 +163,26 @@ def train_model(args: argparse.Namespace, work: Path, *, env: dict[str, str]) ->
     return work / "tuned"
 
 
-def carry_model(run: Path, out: Path) -> Path:
-    """The run's newest checkpoint, without its optimizer state, as the run out/; returns the
-    corpus it trained on."""
+def newest_config(run: Path) -> tuple[Path, dict]:
+    """The run's newest checkpoint and its config (config.json's "config"): one line and exit 1
+    where there is none or it does not read, before anything is carried."""
     checkpoints = sorted((run / "checkpoints").glob("step-*"))
     if not checkpoints:
         sys.exit(f"prepare: {run} has no checkpoints/step-*; give a trained run with --run, or none to train one")
     newest = checkpoints[-1]
+    try:
+        config = json.loads((newest / "config.json").read_text())["config"]
+        config["model"]["d_model"], config["model"]["n_future"], config["data"]["path"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"prepare: {newest / 'config.json'} cannot be read ({type(e).__name__}: {str(e)[:100]}); "
+                 "give a run whose newest checkpoint is whole with --run, or none to train one")
+    return newest, config
+
+
+def carry_model(run: Path, out: Path) -> Path:
+    """The run's newest checkpoint, without its optimizer state, as the run out/; returns the
+    corpus it trained on."""
+    newest, config = newest_config(run)
     target = out / "checkpoints" / newest.name
     shutil.rmtree(out, ignore_errors=True)
     target.mkdir(parents=True)
@@ -178,7 +191,6 @@ def carry_model(run: Path, out: Path) -> Path:
             shutil.copy2(f, target / f.name)
     if (run / "run-config.json").exists():
         shutil.copy2(run / "run-config.json", out / "run-config.json")
-    config = json.loads((newest / "config.json").read_text())["config"]
     say(f"model {newest} ({config['model']['d_model']} wide, {config['model']['n_future']} heads)")
     return Path(config["data"]["path"])
 
@@ -219,6 +231,17 @@ def size_mib(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
+def positive_int(text: str) -> int:
+    """--prompts: a whole number of prompts, at least one (0 divided by zero, -2 wrote none and exited 0)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of prompts") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} prompts: cut 1 or more")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".gpu", help="the folder the parts carry (default .gpu)")
@@ -227,11 +250,13 @@ def main() -> None:
     parser.add_argument("--preset", default="small")
     parser.add_argument("--train-time", default="4m")
     parser.add_argument("--tune-time", default="2m")
-    parser.add_argument("--prompts", type=int, default=32, help="held-out prompts to cut (default 32)")
+    parser.add_argument("--prompts", type=positive_int, default=32, help="held-out prompts to cut (default 32)")
     parser.add_argument("--prompts-from", help="folder of .py files to cut them from (default: click's source)")
     parser.add_argument("--dry-run", action="store_true",
                         help="a tiny model in a few steps, wheels repacked from what is installed here (the tests)")
     args = parser.parse_args()
+    if args.run:  # a damaged run stops here, before anything of the carry is touched
+        newest_config(Path(args.run))
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     wheel = project_wheel(out / "wheels")
