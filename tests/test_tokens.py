@@ -431,6 +431,13 @@ def test_the_step_check_warns_where_the_sitting_favoured_one_arm():
     noisy = dataclasses.replace(steady, times={"bytes": [0.1, 0.1, 0.1], "tokens": [0.05, 0.04, 0.06]})
     assert _bench(slowed, noisy).load_warnings() == []  # rounds 42% apart: 25% is inside the noise
     assert _bench(slowed, steady, steps=600).load_warnings() == []
+    # five rounds, the first slowed for both arms by a load (a ratio of 1.06 among 0.52-0.54): the
+    # median step leaves it out, and so does the noise, so a tokens slot with half the machine warns
+    loaded = StepCheck(rounds=5, steps_per_sample=1, compiled={"bytes": False, "tokens": False},
+                       times={"bytes": [0.554, 0.128, 0.127, 0.127, 0.128], "tokens": [0.522, 0.247, 0.238, 0.242, 0.239]})
+    halved = [_arm("bytes", steps=415, train_s=60.0, step_s=0.128), _arm("tokens", steps=117, train_s=60.0, step_s=0.242)]
+    warned = _bench(halved, loaded).load_warnings()
+    assert len(warned) == 1 and "favoured the bytes arm 1.88x" in warned[0] and "noise, 7%" in warned[0], warned
     unchecked = [dataclasses.replace(a, check_step_s=None) for a in slowed]
     assert _bench(unchecked, None).load_warnings() == [] and "share of the steps" not in _bench(unchecked, None).table()
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from pathlib import Path
 
 import torch
@@ -211,11 +212,11 @@ class TokenBench:
     def load_warnings(self) -> list[str]:
         """A line for each seed whose sitting favoured one arm: the arms' shares of the steps their
         wall time buys at the step check's pace lie further apart than the check's noise (its ratio's
-        round-by-round spread, plus SHARE_FLOOR). None without a check, or under --steps, where both
+        round-by-round spread, an outlier round at each end left out: `check_noise`, plus SHARE_FLOOR). None without a check, or under --steps, where both
         arms do the same work and the load changes only how long it takes."""
         if self.check is None or self.steps:
             return []
-        noise = self.check.ratio("bytes", "tokens").width + SHARE_FLOOR
+        noise = check_noise(self.check.ratio("bytes", "tokens")) + SHARE_FLOOR
         lines = []
         for b, t in zip(self.of("bytes"), self.of("tokens")):
             if b.share is None or t.share is None:
@@ -313,6 +314,20 @@ class TokenBench:
         lines += [f"NOISY, batch {dec.batch_size}: {f.noise}" for dec in self.decoding
                   for f in [*dec.modes.values(), dec.default_over_best_tokens] if f.noise]
         return lines
+
+
+def check_noise(rounds: Spread) -> float:
+    """The step check's own noise: the width of its ratio's rounds over their median, the highest
+    and the lowest round left out where there are five or more, as the median that gives each arm's
+    step leaves them out. One round that the machine's load slowed (a ratio of 1.06 among four of
+    0.52-0.54) made the whole range the noise, and the warning then stayed silent where one arm's
+    slot had had half the machine."""
+    runs = sorted(rounds.runs)
+    if len(runs) >= 5:
+        runs = runs[1:-1]
+    if not runs:
+        return rounds.width
+    return (runs[-1] - runs[0]) / statistics.median(runs)
 
 
 def _seeds(values: list[float], form: str) -> str:
