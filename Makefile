@@ -102,7 +102,7 @@ corpus-speeches: setup
 	fi
 
 # The main job: the default corpus, the `small` 8-head model trained for nine minutes on two CPU
-# cores (its schedule fitted to the time; heads 2-8 fade out over its first half), head 1's held-out bits/byte,
+# cores (its schedule fitted to the time; heads 2-8 fade out over its first quarter), head 1's held-out bits/byte,
 # a sample, its draft heads tuned for decoding for 3 minutes (trunk and head 1 frozen, so greedy output does not
 # change), and the compiled
 # comparison on the tuned heads over held-out prompts, greedy and sampled. Run again to continue an unfinished run (the tune follows it).
