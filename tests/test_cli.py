@@ -251,7 +251,7 @@ LIBRARY_MESSAGES = {
     "bytemtp.experiments.quality.compare": ("bench quality",),
     "bytemtp.experiments.quality.parse_arm": ("bench quality",),
     "bytemtp.experiments.token_bench.compare": ("bench tokens",),
-    "bytemtp.experiments.token_bench.TokenBench.load_warnings": ("bench tokens",),
+    "bytemtp.experiments.token_results.TokenBench.load_warnings": ("bench tokens",),
     "bytemtp.experiments.sweep.run_sweep": ("bench sweep", "bench quality", "bench tokens"),
     "bytemtp.experiments.serve_bench.ServeSpeed.table": ("bench serve",),  # the compile policy, as --compile
     "bytemtp.training.runs.plan_config": ("train", "tune-heads"),

@@ -25,7 +25,7 @@ from bytemtp.decoding.generation import Output, DecodeStats
 from bytemtp.evaluation.evaluate import evaluate
 from bytemtp.evaluation.likelihood import score_texts
 from bytemtp.experiments.step_bench import StepCheck, check_steps
-from bytemtp.experiments.token_bench import ArmFigures, TokenBench
+from bytemtp.experiments.token_results import ArmFigures, TokenBench
 from bytemtp.model.model import ByteMTP
 from bytemtp.runtime.checkpoint import CheckpointError, load_model
 from bytemtp.vocab import BYTES, EOS, FIRST_MERGE, TokenizerError, emitted, load_vocabulary, train_bpe
