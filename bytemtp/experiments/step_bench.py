@@ -407,10 +407,14 @@ def check_steps(configs: dict[str, Config], *, rounds: int = 5, warmup: int = 2,
     trained = trained or {}
     variants = {name: _Variant(cfg, device=resolve_device(cfg.train.device), compiled=None)
                 for name, cfg in configs.items()}
-    phases = {name: ([HeadPhase(weights=tuple(cfg.loss.weights(cfg.model.n_future)), share=1.0, skipped=frozenset())]
-                     if variants[name].model.drafter is not None
-                     else head_phases(cfg.loss, cfg.model, **dict(zip(("length", "steps"), trained.get(name, (0, 0))))))
-              for name, cfg in configs.items()}
+    phases = {}
+    for name, cfg in configs.items():
+        if variants[name].model.drafter is not None:  # a tune's step: the draft heads, whatever the schedule
+            phases[name] = [HeadPhase(weights=tuple(cfg.loss.weights(cfg.model.n_future)), share=1.0,
+                                      skipped=frozenset())]
+        else:
+            length, steps = trained.get(name, (0, 0))
+            phases[name] = head_phases(cfg.loss, cfg.model, length=length, steps=steps)
     steps = {(name, i): _Phase(variants[name], phase) for name in configs for i, phase in enumerate(phases[name])}
     first = next(iter(configs.values())).train
     with fast_fp32_matmuls(resolve_device(first.device), first.precision):  # as a training run on CUDA
