@@ -124,6 +124,7 @@ def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperatur
     or, only when you allow it, with the guard alone, which is NOT a security boundary. The
     report says which ran. Ctrl-C stops the run (nothing is written).
     """
+    from bytemtp.evaluation import guard
     from bytemtp.evaluation import humaneval as he
     from bytemtp.evaluation.execution import Isolation, Sandbox
     from bytemtp.runtime.checkpoint import load_config, load_model, resolve_checkpoint
@@ -135,8 +136,8 @@ def humaneval_cmd(ckpt: str, problems_path: str | None, samples: int, temperatur
                                "outputs are identical")
     isolation = Isolation(Sandbox(sandbox), allow_unsandboxed=allow_unsandboxed).decided()  # one line if not
     if isolation.sandbox is Sandbox.GUARD:
-        click.echo("note: programs run with the guard alone, as you (--allow-unsandboxed-execution): it stops "
-                   "honest mistakes, but code written to escape it can act with your rights", err=True)
+        click.echo(f"note: programs run with the guard alone, as you (--allow-unsandboxed-execution): {guard.LIMITS}; "
+                   "the scores are marked so (execution.caveat)", err=True)
     problems = he.load_problems(problems_path)  # a bad file stops here, before the model loads
     n_future = load_config(resolve_checkpoint(ckpt)).model.n_future
     heads = None if draft is None else _heads(draft, n_future)

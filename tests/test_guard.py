@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bytemtp.evaluation import guard
+from bytemtp.evaluation import calls, guard
 from bytemtp.evaluation.guard import DID_NOT_PARSE, FAILED, PASSED
 
 WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
@@ -166,9 +166,46 @@ def test_compile_program_says_why_a_program_has_no_code():
     assert guard.compile_program(b"from __future__ import braces")[1][0] == DID_NOT_PARSE
 
 
-def test_the_guard_imports_only_the_standard_library():
-    # the child runs it with -S: site-packages are on sys.path only once main has put them there
-    tree = ast.parse(pathlib.Path(guard.__file__).read_text())
+@pytest.mark.parametrize("path", [guard.__file__, calls.__file__])
+def test_the_guard_imports_only_the_standard_library(path):
+    # the child runs it with -S: site-packages are on sys.path only once main has put them there;
+    # calls.py it loads by its path
+    tree = ast.parse(pathlib.Path(path).read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported and imported <= sys.stdlib_module_names, imported - sys.stdlib_module_names
+
+
+def test_the_decision_counts_the_files_written_against_the_quota(root, decide):
+    for i in range(guard.WRITES // 2):
+        assert decide("open", (f"f{i}", "w", WRITE)) is None
+        assert decide("os.mkdir", (f"d{i}", 0o777, None)) is None
+    assert decide("open", ("mine.txt", "r", os.O_RDONLY)) is None  # reading counts for nothing
+    assert decide("os.rename", ("f0", "g0", None, None)) is None  # nor does a rename
+    assert decide("open", ("one-more", "w", WRITE)) == \
+        f"writing 'one-more': more than {guard.WRITES} files opened for writing or created is refused (the run's quota)"
+    assert decide("os.symlink", ("x", "l", None)).startswith("os.symlink on 'x': more than")
+
+
+def test_the_decision_reads_attributes_inside_only_and_hides_the_sealed_code(root, decide):
+    reading = " outside the working directory and the Python installation is refused"
+    assert decide("os.getxattr", ("/etc/passwd", "user.x", True)) == "reading the attributes of '/etc/passwd'" + reading
+    assert decide("os.listxattr", ("/", True)) == "reading the attributes of '/'" + reading
+    assert decide("os.listxattr", (None, True)) is None
+    for event in ("sys.settrace", "sys.setprofile", "sys._current_frames"):
+        assert decide(event, ()) == f"{event} is refused"
+    sealed = guard.sealed_call(os.readlink)
+    hiding = guard.audit_rules(root, [os.path.realpath(sys.base_prefix)], (sealed,))
+    assert hiding("object.__getattr__", (sealed, "__code__")) == "reading the code of the guard's metadata calls is refused"
+    assert hiding("object.__getattr__", (test_the_guard_imports_only_the_standard_library, "__code__")) is None
+    assert decide("object.__getattr__", (sealed, "__code__")) is None  # hidden only when asked
+
+
+def test_a_sealed_call_returns_what_the_original_returns_or_raises(tmp_path):
+    sealed = guard.sealed_call(os.readlink)
+    os.symlink("target", tmp_path / "link")
+    assert sealed(str(tmp_path / "link")) == "target"
+    got = sealed(str(tmp_path / "missing"))
+    assert isinstance(got, FileNotFoundError) and got.__traceback__ is None
+    assert sealed.__closure__ is None and sealed.__defaults__ is None
+    assert set(sealed.__globals__) == {"BaseException"}

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from doubles import TOY, bigram_model, tiny_model
 
 from bytemtp.config_io import tiny
-from bytemtp.evaluation import execution
+from bytemtp.evaluation import execution, guard
 from bytemtp.evaluation.guard import PASSED
 from bytemtp.runtime.checkpoint import save_checkpoint
 from bytemtp_cli.main import main
@@ -146,6 +146,7 @@ def test_the_guard_alone_runs_when_the_command_allows_it_and_the_report_says_so(
         assert len(notes) == 1 and "isolation: the guard alone, as you" in res.output
         data = json.loads(out.read_text())
         assert data["execution"]["sandbox"] == "guard" and data["pass_at_k"] == {"pass@1": 0.5}
+        assert data["execution"]["caveat"] == guard.LIMITS and guard.LIMITS in notes[0]
 
 
 @pytest.mark.bwrap
@@ -158,6 +159,7 @@ def test_programs_run_under_bubblewrap_by_default_and_the_report_says_so(runs, o
         assert "isolation: bubblewrap" in res.output and "guard alone" not in res.output
         data = json.loads(out.read_text())
         assert data["execution"]["sandbox"] == "bwrap" and data["pass_at_k"] == {"pass@1": 0.5}
+        assert data["execution"]["caveat"] == ""
 
 
 def test_ctrl_c_stops_with_status_130_and_writes_nothing(runs, tmp_path, monkeypatch):

@@ -51,7 +51,7 @@ def test_a_run_writes_the_form_it_always_had():
                          "tasks", "decoding", "comparison", "slid", "compile_stats"]
     assert list(got["settings"]) == ["samples", "temperature", "top_p", "top_k", "seed", "batch_size", "max_bytes",
                                      "heads", "seq_len", "n_future", "stop", "compile"]
-    assert got["execution"] == {"sandbox": "guard", "timeout": 3.0, "memory_mb": 1024, "wall_s": 0.1}
+    assert got["execution"] == {"sandbox": "guard", "timeout": 3.0, "memory_mb": 1024, "wall_s": 0.1, "caveat": ""}
     assert list(got["comparison"]) == ["plain_s", "speculative_s", "speedup", "speedup_min", "speedup_max",
                                        "batches", "identical", "note"]
     assert (got["comparison"]["speedup"], got["comparison"]["speedup_min"], got["comparison"]["speedup_max"]) == (

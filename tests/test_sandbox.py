@@ -11,9 +11,9 @@ sandbox at all and checks that it does change the world (creates the file, kills
 reaches the listener, reads the secret), so that a program aimed at a wrong path, pid or port
 fails there instead of passing everywhere.
 
-What the guard alone cannot stop is GUARD_LIMITS: those tests are expected to fail under the guard
-(xfail, strict, on an AssertionError) and pass under bubblewrap. Neither stops a program from
-forging its own verdict (xfail in both). The bubblewrap runs skip, with the reason, where
+LIMITS are what the guard alone once let through (a file's metadata, the accounts, the disk): each
+now finds nothing there either. A HumanEval completion cannot forge its verdict in either mode:
+the verdict is the checker's process's (bytemtp.evaluation.calls). The bubblewrap runs skip, with the reason, where
 bubblewrap is missing or cannot make namespaces, but fail under CI=true unless
 BYTEMTP_ALLOW_NO_BWRAP=1 (tests/conftest.py). Below them: what the sandbox holds, the kill at
 the time limit, and the choice of sandbox (`Isolation`).
@@ -38,17 +38,6 @@ SECRET = f"secret-{uuid.uuid4().hex}"
 BWRAP_PROBLEM = execution.bwrap_problem()
 needs_bwrap = pytest.mark.bwrap  # skips without bubblewrap, fails under CI=true unless opted out (conftest)
 MODES = {"bwrap": needs_bwrap, "bwrap-without-guard": needs_bwrap, "guard": None}
-
-# what the guard alone lets through; under bubblewrap the same programs find nothing
-GUARD_LIMITS = {
-    "metadata": "os.stat, os.path.exists and the like raise no audit event: a program learns which files "
-                "exist anywhere, their sizes and times (not their content)",
-    "C library": "what the C library reads by itself raises no audit event: pwd.getpwall() lists the "
-                 "machine's accounts from /etc/passwd",
-    "total size": "RLIMIT_FSIZE bounds each file, not their number: a program can fill the disk of its "
-                  "temporary directory until the run ends",
-}
-
 
 class World:
     """A fake home with a secret, a file to keep, where a file must not appear, a process to keep
@@ -212,10 +201,15 @@ GUARD_REFUSALS = {
 }
 LIMITS = {
     "metadata": "import os\nraise ValueError('found' if os.path.exists({secret!r}) else 'absent')",
-    "C library": "import pwd\nnames = [p.pw_name for p in pwd.getpwall()]\n"
-                 "raise ValueError('accounts' if names else 'none')",
+    "C library": "try:\n    import pwd\n    names = [p.pw_name for p in pwd.getpwall()]\nexcept ImportError:\n"
+                 "    names = []\nraise ValueError('accounts' if names else 'none')",
     "total size": "n = 0\ntry:\n    for i in range(8):\n        open(f'f{{i}}', 'wb').write(bytes(512 << 10))\n"
                   "        n += 1\nexcept OSError:\n    pass\nraise ValueError(f'{{n}} half-MiB files')",
+    "many small files": "n = 0\ntry:\n    for i in range(100):\n        open(f'f{{i}}', 'wb').write(bytes(16 << 10))\n"
+                        "        n += 1\nexcept OSError:\n    pass\nraise ValueError(f'{{n}} small files')",
+    "metadata of a link": "import os\nraise ValueError('found' if os.path.lexists({secret!r}) else 'absent')",
+    "readlink": "import os\ntry:\n    os.readlink({secret!r})\nexcept FileNotFoundError:\n    raise ValueError('absent')\n"
+                "except OSError as e:\n    raise ValueError('found' if e.errno == 22 else 'absent')",
 }
 
 # what each program does run with no sandbox at all (its positive control): "file" changes the
@@ -227,21 +221,15 @@ EFFECTS = {
     **dict.fromkeys(["read by open", "read by os.open", "read by ctypes", "read by import", "read by HOME",
                      "another process", "the environment"], SECRET),
     "list the home": "secret_module",
-    "metadata": "found", "C library": "accounts", "total size": "8 half-MiB files",
+    "metadata": "found", "C library": "accounts", "total size": "8 half-MiB files", "many small files": "100 small files",
+    "metadata of a link": "found", "readlink": "found",
 }
 assert set(EFFECTS) == {*ESCAPES, *LIMITS}
 
 
-def _params(cases: dict, limits: dict) -> list:
-    params = []
-    for mode, needs in MODES.items():
-        for name in cases:
-            marks = [needs] if needs else []
-            if mode == "guard" and name in limits:
-                marks.append(pytest.mark.xfail(strict=True, raises=AssertionError,
-                                               reason=f"a known limit of the guard: {limits[name]}"))
-            params.append(pytest.param(mode, name, id=f"{mode}-{name}", marks=marks))
-    return params
+def _params(cases: dict) -> list:
+    return [pytest.param(mode, name, id=f"{mode}-{name}", marks=[needs] if needs else [])
+            for mode, needs in MODES.items() for name in cases]
 
 
 def _untouched(world: World, text: str) -> None:
@@ -251,7 +239,7 @@ def _untouched(world: World, text: str) -> None:
     assert world.heard() == [], text
 
 
-@pytest.mark.parametrize("mode, name", _params(ESCAPES, {}))
+@pytest.mark.parametrize("mode, name", _params(ESCAPES))
 def test_an_escape_leaves_no_trace_and_reads_nothing(world, mode, name):
     text = run(mode, world.fill(ESCAPES[name]))
     if name == "a process left behind":  # give what it left time to act
@@ -265,15 +253,17 @@ def test_an_escape_leaves_no_trace_and_reads_nothing(world, mode, name):
         assert text == "failed: PermissionError: " + world.fill(GUARD_REFUSALS[name])
 
 
-@pytest.mark.parametrize("mode, name", _params(LIMITS, GUARD_LIMITS))
-def test_what_the_guard_alone_lets_through(world, mode, name):
-    if name == "total size" and mode != "guard" and "--size" not in execution._bwrap_usage():
+@pytest.mark.parametrize("mode, name", _params(LIMITS))
+def test_what_the_guard_alone_once_let_through_finds_nothing(world, mode, name):
+    if name in ("total size", "many small files") and mode != "guard" and "--size" not in execution._bwrap_usage():
         pytest.skip("this bubblewrap cannot bound a tmpfs (--size)")
     text = run(mode, world.fill(LIMITS[name]), file_mb=1)
     _untouched(world, text)
-    assert {"metadata": "absent", "C library": "none"}.get(name, "") in text
+    assert {"C library": "none", "total size": "half-MiB files", "many small files": "small files"}.get(name, "absent") in text
     if name == "total size":  # at most 1 MiB in all
         assert any(f"{n} half-MiB files" in text for n in (0, 1, 2)), text
+    if name == "many small files":  # 16 KiB each: at most 64 of them in 1 MiB
+        assert int(text.split("ValueError: ")[-1].split()[0]) <= 64, text
 
 
 def _changed(world: World, effect: str, text: str) -> bool:
@@ -463,9 +453,32 @@ def test_a_sandbox_that_fails_to_start_says_why(monkeypatch):
         (FAILED, "exited with status 1 before it finished (bwrap: Unknown option --no-such-option)")
 
 
+# completions that try to pass a HumanEval problem without solving it, by the channel the verdict
+# once came on: a report written to every descriptor, a fake "ready" and answers, an early exit
+FORGERIES = {
+    "a report on every descriptor": "0\nimport os\nfor fd in range(1, 64):\n    try:\n"
+                                    "        os.write(fd, b'passed\\n')\n    except OSError:\n        pass\nos._exit(0)\n",
+    "a report from the call": "0\n\ndef one():\n    import os\n    for fd in range(1, 64):\n        try:\n"
+                              "            os.write(fd, b'passed\\n')\n        except OSError:\n            pass\n"
+                              "    os._exit(0)\n",
+    "a fake answer ahead": "0\nimport os\nfor fd in range(1, 64):\n    try:\n"
+                           "        os.write(fd, b'ready\\n{\"ok\": 1}\\n')\n    except OSError:\n        pass\n",
+    "an answer sent twice": "0\nimport os\nfor fd in range(1, 64):\n    try:\n"
+                            "        os.write(fd, b'ready\\n{\"nonce\": \"x\", \"ok\": 1}\\n')\n"
+                            "    except OSError:\n        pass\n",
+    "a value equal to anything": "0\nclass Any(int):\n    def __eq__(self, other):\n        return True\n"
+                                 "    __hash__ = int.__hash__\n\ndef one():\n    return Any(2)\n",
+}
+
+
 @pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "guard"])
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a known limit of both: the verdict comes from the program's own process, "
-                                       "which can write a report of its own to the descriptor the guard reports on")
-def test_a_program_cannot_forge_its_verdict(mode):
-    forged = "import os\nos.write(3, b'passed\\n')\nos._exit(0)\nassert False, 'the tests fail'\n"
-    assert not run(mode, forged).startswith("passed")
+@pytest.mark.parametrize("name", FORGERIES)
+def test_a_humaneval_completion_cannot_forge_its_verdict(mode, name):
+    from bytemtp.evaluation import humaneval as he
+    from doubles import TOY
+    isolation = Isolation(Sandbox.BWRAP) if mode == "bwrap" else Isolation(Sandbox.GUARD, allow_unsandboxed=True)
+    right, forged = "1\n", FORGERIES[name]
+    got = he.check_completions(TOY[1:], {"toy/one": [right, forged]}, isolation=isolation, timeout=5)
+    (ok, bad), = [t.completions for t in got.tasks]
+    assert ok.verdict == "passed", ok.detail  # the channel still carries a true pass
+    assert bad.verdict != "passed", bad.detail

@@ -55,12 +55,13 @@ import site
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable
 
-from bytemtp.evaluation import guard
+from bytemtp.evaluation import calls, guard
 from bytemtp.evaluation.guard import DID_NOT_PARSE, FAILED, PASSED
 
 TIMED_OUT = "timed out"
@@ -146,7 +147,7 @@ def _installation() -> list[str]:
     """What the child needs besides /usr: the interpreter, its prefixes and site-packages, and the
     guard's file; each as given and as its real path (the guard checks real paths)."""
     paths = [sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-             *site.getsitepackages(), guard.__file__]
+             *site.getsitepackages(), guard.__file__, calls.__file__]
     paths += [os.path.realpath(p) for p in paths]
     return [p for p in dict.fromkeys(paths) if p and os.path.exists(p)]
 
@@ -221,34 +222,34 @@ def _check_limits(timeout: float, memory_mb: int) -> None:
                          "expected an integer >= 64 (the interpreter needs some)")
 
 
-def run_program(source: str | bytes, *, isolation: Isolation = Isolation(), timeout: float = 3.0,
+@dataclass(frozen=True)
+class TestedProgram:
+    """A candidate program and the tests that judge it, run as two processes (module docstring):
+    `candidate` (a problem's prompt and a model's completion) serves calls of its function `entry`;
+    `checker` (the prompt and the problem's tests, which define check(candidate)) calls it through
+    the harness, and its verdict alone is the program's."""
+
+    candidate: bytes
+    checker: bytes
+    entry: str
+
+
+def run_program(source: str | bytes | TestedProgram, *, isolation: Isolation = Isolation(), timeout: float = 3.0,
                 memory_mb: int = 1024, file_mb: int = 64) -> Outcome:
     """Run one program (Python source; bytes are passed as they are, so invalid UTF-8 does not
-    parse) in a fresh, guarded process, isolated as `isolation` says (an IsolationError when it
-    cannot be), within `timeout` wall-clock seconds (and as many CPU seconds, rounded up, plus
-    one), `memory_mb` of address space and files of `file_mb` (under bubblewrap, in all)."""
+    parse), or a `TestedProgram`, in fresh, guarded processes, isolated as `isolation` says (an
+    IsolationError when it cannot be), within `timeout` wall-clock seconds (and as many CPU
+    seconds, rounded up, plus one), `memory_mb` of address space and files of `file_mb` in all."""
     _check_limits(timeout, memory_mb)
     sandbox = isolation.resolve()
-    source = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else bytes(source)
     limits = [str(memory_mb << 20), str(cpu_seconds(timeout)), str(file_mb << 20),
               os.pathsep.join(site.getsitepackages())]
-    # the guard runs by path: -S skips site (its .pth files cost most of the start-up), so the
-    # site-packages directories go to it in `limits`; -I (which implies -P) keeps the guard's
-    # own directory off sys.path, so a program's `import config` is not bytemtp's
-    command = [sys.executable, "-I", "-B", "-S", guard.__file__, *limits]
-    if sandbox is Sandbox.BWRAP:  # the working directory is the sandbox's own tmpfs
-        workdir, command = contextlib.nullcontext(SANDBOX_DIR), bwrap_argv(tmpfs_bytes=file_mb << 20) + command
-    else:
-        workdir = tempfile.TemporaryDirectory(prefix="bytemtp-exec-", ignore_cleanup_errors=True)
-    with workdir as tmp:
-        path = "/usr/bin:/bin" if sandbox is Sandbox.BWRAP else os.environ.get("PATH", "/usr/bin:/bin")
-        env = {"TMPDIR": tmp, "HOME": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "PATH": path}
+    if isinstance(source, TestedProgram):
+        return _run_tested(source, sandbox=sandbox, limits=limits, timeout=timeout, file_mb=file_mb)
+    source = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else bytes(source)
+    with contextlib.ExitStack() as stack:
+        child = _start(stack, sandbox, limits, file_mb)
         t0 = time.perf_counter()
-        # stderr joins stdout: what bubblewrap or the interpreter says before the guard silences
-        # them comes before the report (a third pipe cost HumanEval's oracle 7% of its time)
-        child = subprocess.Popen(command, cwd=tmp if sandbox is Sandbox.GUARD else None, env=env,
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
         try:
             output, _ = child.communicate(source, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -260,6 +261,99 @@ def run_program(source: str | bytes, *, isolation: Isolation = Isolation(), time
         seconds = time.perf_counter() - t0
     return _outcome(child.returncode, output.decode("utf-8", "replace"), sandbox=sandbox,
                     cpu_limit=limits[1], seconds=seconds)
+
+
+def _start(stack: contextlib.ExitStack, sandbox: Sandbox, limits: list[str], file_mb: int,
+           role: tuple[str, ...] = ()) -> subprocess.Popen:
+    """A guarded process (guard.py with `limits` and its `role`) in a working directory of its own,
+    which `stack` removes: bubblewrap's tmpfs, or a temporary directory."""
+    # the guard runs by path: -S skips site (its .pth files cost most of the start-up), so the
+    # site-packages directories go to it in `limits`; -I (which implies -P) keeps the guard's
+    # own directory off sys.path, so a program's `import config` is not bytemtp's
+    command = [sys.executable, "-I", "-B", "-S", guard.__file__, *limits, *role]
+    if sandbox is Sandbox.BWRAP:  # the working directory is the sandbox's own tmpfs
+        tmp, command = SANDBOX_DIR, bwrap_argv(tmpfs_bytes=int(limits[2])) + command
+    else:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bytemtp-exec-", ignore_cleanup_errors=True))
+    path = "/usr/bin:/bin" if sandbox is Sandbox.BWRAP else os.environ.get("PATH", "/usr/bin:/bin")
+    env = {"TMPDIR": tmp, "HOME": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "PATH": path}
+    # stderr joins stdout: what bubblewrap or the interpreter says before the guard silences
+    # them comes before the report (a third pipe cost HumanEval's oracle 7% of its time)
+    child = subprocess.Popen(command, cwd=tmp if sandbox is Sandbox.GUARD else None, env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    stack.callback(_end, child)
+    return child
+
+
+def _end(child: subprocess.Popen) -> None:
+    """Kill what is left of a child's session and reap it."""
+    _kill_group(child)
+    for stream in (child.stdin, child.stdout):
+        with contextlib.suppress(OSError):
+            stream.close()
+    child.wait()
+
+
+def _send(child: subprocess.Popen, data: bytes) -> None:
+    """Write to a child's stdin; a child that has ended takes nothing (what it said tells why)."""
+    with contextlib.suppress(OSError):
+        child.stdin.write(data)
+        child.stdin.flush()
+
+
+def _run_tested(program: TestedProgram, *, sandbox: Sandbox, limits: list[str], timeout: float,
+                file_mb: int) -> Outcome:
+    """Run a `TestedProgram`: the candidate's process and the checker's, started together, the
+    checker's calls passed to the candidate and its answers back, both killed at the wall-clock
+    limit. The verdict is the checker's; the candidate's own words count only when they say it
+    failed (it may write anything, "passed" too, on the descriptor it answers on)."""
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        candidate = _start(stack, sandbox, limits, file_mb, ("serve", program.entry))
+        checker = _start(stack, sandbox, limits, file_mb, ("check", program.entry))
+        expired = threading.Event()
+        timer = threading.Timer(timeout, lambda: (expired.set(), _kill_group(candidate), _kill_group(checker)))
+        timer.start()
+        stack.callback(timer.cancel)
+        ended = _relay(candidate, checker, program)
+        stack.close()  # both reaped: their exit statuses are known
+        seconds = time.perf_counter() - t0
+        if expired.is_set():
+            return Outcome(TIMED_OUT, f"still running after {timeout:g} s (wall clock)", seconds)
+        child, text = ended
+        outcome = _outcome(child.returncode, text.decode("utf-8", "replace"), sandbox=sandbox,
+                           cpu_limit=limits[1], seconds=seconds)
+    if child is candidate and outcome.passed:  # the candidate's own report: never a pass
+        return Outcome(FAILED, "the candidate's process ended before the tests did", seconds)
+    if child is checker and outcome.verdict == DID_NOT_PARSE:  # the tests, not the completion
+        return Outcome(FAILED, f"the problem's prompt and tests do not compile alone ({outcome.detail})", seconds)
+    return outcome
+
+
+def _relay(candidate: subprocess.Popen, checker: subprocess.Popen,
+           program: TestedProgram) -> tuple[subprocess.Popen, bytes]:
+    """Pass the checker's calls to the candidate and its answers back until one of them ends;
+    (the process whose words and exit say how the run ended, what it said)."""
+    for child, source in ((candidate, program.candidate), (checker, program.checker)):
+        _send(child, b"%d\n" % len(source) + source)
+    said = []  # what the candidate's process wrote before it said it was ready
+    while (line := candidate.stdout.readline(calls.ANSWER_BYTES)) != calls.READY:
+        if not line:  # its program failed, or it died, before it served a call
+            return candidate, b"".join(said)
+        said.append(line)
+    said = []  # what the checker wrote besides its calls: its report, last
+    while line := checker.stdout.readline(calls.ANSWER_BYTES):
+        if not line.startswith(b"call "):
+            said.append(line)
+            continue
+        _send(candidate, line[len(b"call "):])
+        answer = candidate.stdout.readline(calls.ANSWER_BYTES)
+        if not answer:  # the candidate died in the call: its death is the verdict
+            _kill_group(checker)
+            return candidate, answer
+        _send(checker, answer if answer.endswith(b"\n") else answer + b"\n")
+    return checker, b"".join(said)
 
 
 def cpu_seconds(timeout: float) -> int:

@@ -40,6 +40,7 @@ which Python's json writes and reads back, so a saved run re-scores on exactly i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import json
 import os
@@ -55,7 +56,8 @@ from bytemtp.decoding.generation import Generation
 from bytemtp.decoding.sampling import Sampling
 from bytemtp.decoding.speed import JUDGED_S, interleaved_decodes, speed_figures, speedup_is_impossible
 from bytemtp.decoding.strategy import Draft
-from bytemtp.evaluation.execution import VERDICTS, Isolation, run_programs
+from bytemtp.evaluation import guard
+from bytemtp.evaluation.execution import VERDICTS, Isolation, Sandbox, TestedProgram, run_programs
 from bytemtp.evaluation.humaneval_records import (CheckResult, Checked, Completion, DecodingSummary, Execution,
                                                   HumanEvalRun, Sampled, Settings, SpeedComparison, TaskResult)
 from bytemtp.model.model import ByteMTP
@@ -78,10 +80,23 @@ class Problem:
     entry_point: str  # the function that check is called with
     canonical_solution: str | None = None
 
-    def program(self, completion: str) -> bytes:
-        """The program that tests a completion: prompt, completion, test and the call of check."""
-        text = f"{self.prompt}{completion}\n{self.test}\ncheck({self.entry_point})\n"
-        return _encode(text)
+    def program(self, completion: str) -> TestedProgram:
+        """The programs that test a completion: the candidate (prompt and completion), whose
+        `entry_point` the checker (prompt and test, trusted) calls from a process of its own."""
+        return TestedProgram(candidate=_encode(f"{self.prompt}{completion}\n"), checker=self.checker,
+                             entry=self.entry_point)
+
+    @functools.cached_property
+    def checker(self) -> bytes:
+        """What checks a completion: the prompt (whose helpers some tests call) and the test, or
+        the test alone where the prompt does not compile without its completion."""
+        for text in (f"{self.prompt}\n{self.test}\n", f"{self.test}\n"):
+            try:
+                compile(text, self.task_id, "exec", dont_inherit=True)
+                return _encode(text)
+            except (SyntaxError, ValueError):
+                continue
+        return _encode(f"{self.test}\n")  # its failure to compile is the verdict of every completion
 
 
 def _encode(text: str) -> bytes:
@@ -329,7 +344,8 @@ def check_completions(problems: Sequence[Problem], completions: Mapping[str, Seq
                        problems=len(tasks), completions=total,
                        missing=[p.task_id for p in problems if not completions.get(p.task_id)],
                        execution=Execution(sandbox=isolation.sandbox.value, timeout=timeout, memory_mb=memory_mb,
-                                           wall_s=time.perf_counter() - t0),
+                                           wall_s=time.perf_counter() - t0,
+                                           caveat=guard.LIMITS if isolation.sandbox is Sandbox.GUARD else ""),
                        tasks=tasks)
 
 

@@ -144,11 +144,14 @@ class TaskResult:
 
 @dataclass(frozen=True)
 class Execution:
-    """How the programs ran: the sandbox (bwrap or guard), the limits and the time it took."""
+    """How the programs ran: the sandbox (bwrap or guard), the limits and the time it took, and
+    what the sandbox could not stop (`guard.LIMITS` with the guard alone; "" under bubblewrap): a
+    score from the guard alone carries its caveat wherever it is read."""
     sandbox: str
     timeout: float
     memory_mb: int
     wall_s: float
+    caveat: str = ""
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
