@@ -180,6 +180,10 @@ class ModelConfig:
     """Standard deviation of the normal weight initialisation (residual outputs are scaled down by depth)."""
     value_embeds: int = 0
     """Trunk layers, the first ones, whose attention values add a learned embedding of each position's own id (modded-nanogpt's value embeddings: a table of vocab x d_model a layer, looked up, no arithmetic); 0: none."""
+    ngram_embeds: int = 0
+    """Largest n of the hashed n-gram tables added to each position's embedding (BLT's hash embeddings): one table for each n of 2..ngram_embeds, looked up by a hash of the position's id and the n - 1 ids before it; 0 or 1: none."""
+    ngram_rows: int = 8192
+    """Rows of each hashed n-gram table (model.ngram_embeds)."""
 
     @property
     def table_rows(self) -> int:
@@ -187,7 +191,7 @@ class ModelConfig:
         return -(-self.vocab_size // 8) * 8  # as bytemtp.vocab.table_rows (config imports no other module)
 
     def __post_init__(self) -> None:
-        for name in ("n_layers", "d_model", "n_attn_heads", "n_future", "head_layers", "seq_len"):
+        for name in ("n_layers", "d_model", "n_attn_heads", "n_future", "head_layers", "seq_len", "ngram_rows"):
             _positive_int(f"model.{name}", getattr(self, name))
         _check(isinstance(self.vocab_size, int) and (self.vocab_size == 259 or self.vocab_size > 264),
                "model.vocab_size", self.vocab_size, "expected 259 (bytes) or a BPE's size (above 264, "
@@ -201,19 +205,15 @@ class ModelConfig:
                "draft heads draft bytes 2..n_future ahead; set model.n_future >= 2")
         _check(self.mlp in MLP_TYPES, "model.mlp", self.mlp, f"choose one of {', '.join(MLP_TYPES)}")
         for name in ("param_match", "doc_mask"):
-            value = getattr(self, name)
-            _check(isinstance(value, bool), f"model.{name}", value, "expected true or false")
+            _check(isinstance(getattr(self, name), bool), f"model.{name}", getattr(self, name), "expected true or false")
         _check(self.d_model % self.n_attn_heads == 0 and (self.d_model // self.n_attn_heads) % 2 == 0,
-               "model.n_attn_heads", self.n_attn_heads,
-               f"d_model={self.d_model} must split into n_attn_heads heads of even size")
-        _check(isinstance(self.ffn_hidden, int) and self.ffn_hidden >= 0, "model.ffn_hidden",
-               self.ffn_hidden, "expected an integer >= 0 (0 = automatic)")
-        _check(self.rope_theta > 0, "model.rope_theta", self.rope_theta, "expected a number > 0")
+               "model.n_attn_heads", self.n_attn_heads, f"d_model={self.d_model} must split into n_attn_heads heads of even size")
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            _check(getattr(self, name) > 0, f"model.{name}", getattr(self, name), "expected a number > 0")
         _check(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "expected 0 <= dropout < 1")
-        _check(self.norm_eps > 0, "model.norm_eps", self.norm_eps, "expected a number > 0")
-        _check(self.init_std > 0, "model.init_std", self.init_std, "expected a number > 0")
-        _check(type(self.value_embeds) is int and self.value_embeds >= 0, "model.value_embeds", self.value_embeds,
-               "expected an integer >= 0 (trunk layers with value embeddings)")
+        for name in ("value_embeds", "ngram_embeds", "ffn_hidden"):
+            _check(type(getattr(self, name)) is int and getattr(self, name) >= 0, f"model.{name}", getattr(self, name),
+                   "expected an integer >= 0")
         if self.trunk_layers < 1:
             need = self.n_layers - self.trunk_layers + 1
             raise ValueError(f"model.n_layers={self.n_layers} leaves no trunk layer for n_future={self.n_future} "

@@ -151,12 +151,14 @@ def _prompts(seq_len: int) -> list[bytes]:
     return [b"def f(x):\n    return x", b"o", bytes(range(100, 100 + seq_len + 9)), b"la la la, la la lo\n"]
 
 
-@pytest.mark.parametrize("head_type,value_embeds", [("transformer", 0), ("transformer", 2),
-                                                     pytest.param("causal", 0, marks=pytest.mark.slow)])
-def test_uncompiled_static_decoding_equals_plain_greedy(head_type, value_embeds):
-    """Also with value embeddings (model.value_embeds): the static step's trunk looks up the pass's ids too."""
-    model = _model(head_type, value_embeds=value_embeds)
-    if value_embeds:  # its random tables end every row early with EOS: made rare, the windows slide
+@pytest.mark.parametrize("head_type,extra", [("transformer", {}), ("transformer", {"value_embeds": 2}),
+                                            ("transformer", {"ngram_embeds": 4, "ngram_rows": 64}),
+                                            pytest.param("causal", {}, marks=pytest.mark.slow)])
+def test_uncompiled_static_decoding_equals_plain_greedy(head_type, extra):
+    """Also with value embeddings (model.value_embeds) and hashed n-grams (model.ngram_embeds): the
+    static step's trunk looks up the pass's ids, and reads and writes the cache's ids, too."""
+    model = _model(head_type, **extra)
+    if extra:  # its random tables end every row early with EOS: made rare, the windows slide
         with torch.no_grad():
             for unembed in model.unembed:
                 unembed.weight[EOS] = 0.0

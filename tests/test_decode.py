@@ -59,6 +59,17 @@ def test_a_doc_masked_models_speculative_greedy_equals_its_plain_greedy(draft):
     assert decode.generate(model, b"ab", max_bytes=80).output == _greedy_without_cache(model, b"ab", 80)
 
 
+@pytest.mark.parametrize("draft", ["tree-all", "chain-all"])
+def test_an_ngram_models_speculative_greedy_equals_its_plain_greedy(draft):
+    """Hashed n-gram tables (model.ngram_embeds) read the ids before each node: from the pass, the
+    tree's path, the cache's ids after a prefill, an accepted path and a slide."""
+    model = rare_eos_model(ngram_embeds=4, ngram_rows=64, n_future=4)
+    prompts = [b"def f(x):", b"ab", b"x" * 70]
+    got = decode.Decoder(model, compile="off", costs=FLAT).generate(prompts, max_bytes=80, draft=draft)
+    assert [g.output for g in got] == [decode.generate(model, p, max_bytes=80).output for p in prompts]
+    assert got[2].output == _greedy_without_cache(model, prompts[2], 80)
+
+
 def test_limits_and_stops():
     model = rare_eos_model()
     full = decode.generate(model, b"x", max_bytes=40).output

@@ -33,18 +33,19 @@ CODE = Path(remote_code.__file__).parent
 # one worker loads the exports: transformers copies their code into one shared modules cache
 pytestmark = pytest.mark.xdist_group("hf")
 
-# (head_type, unembed, mlp, head_layers, value_embeds): every head type, unembedding and MLP at
-# least once, and value embeddings
-VARIANTS = [("transformer", "replicated", "swiglu", 2, 2), ("linear", "shared", "gelu", 1, 0),
-            ("causal", "replicated", "gelu", 1, 0)]
+# (head_type, unembed, mlp, head_layers, value_embeds, ngram_embeds): every head type, unembedding and
+# MLP at least once, value embeddings, and hashed n-gram tables (generate's cache keeps their ids)
+VARIANTS = [("transformer", "replicated", "swiglu", 2, 2, 4), ("linear", "shared", "gelu", 1, 0, 0),
+            ("causal", "replicated", "gelu", 1, 0, 3)]
 
 
 def make_config(head_type="transformer", unembed="replicated", mlp="swiglu", head_layers=2,
-                value_embeds=0) -> C.Config:
+                value_embeds=0, ngram_embeds=0) -> C.Config:
     cfg = config_io.tiny()
     n_layers = 2 + (0 if head_type == "linear" else 3 * head_layers)
     model = dataclasses.replace(cfg.model, head_type=head_type, unembed=unembed, mlp=mlp, head_layers=head_layers,
-                                n_future=3, n_layers=n_layers, value_embeds=value_embeds)
+                                n_future=3, n_layers=n_layers, value_embeds=value_embeds, ngram_embeds=ngram_embeds,
+                                ngram_rows=512)
     return dataclasses.replace(cfg, model=model)
 
 

@@ -5,7 +5,7 @@ from doubles import tiny_model
 
 from bytemtp import config_io
 from bytemtp.model.kvcache import KVCache
-from bytemtp.model.layout import build_layout
+from bytemtp.model.layout import build_layout, ngram_history
 from bytemtp.model.pass_heads import HeadsInTurn, StackedHeads
 from bytemtp.vocab import VOCAB_SIZE
 
@@ -70,9 +70,11 @@ def test_causality():
     assert not torch.allclose(a[:, 12:], b[:, 12:])
 
 
-@pytest.mark.parametrize("head_type,value_embeds", [(h, 0) for h in HEAD_TYPES] + [("transformer", 2)])
-def test_cached_logits_equal_full_sequence(head_type, value_embeds):
-    model = tiny_model(head_type=head_type, value_embeds=value_embeds).eval()
+@pytest.mark.parametrize("head_type,extra", [(h, {}) for h in HEAD_TYPES] + [
+    ("transformer", {"value_embeds": 2}), ("transformer", {"ngram_embeds": 4, "ngram_rows": 64})])
+def test_cached_logits_equal_full_sequence(head_type, extra):
+    """Also with value embeddings and hashed n-grams (whose ids before a pass come from the cache's ids)."""
+    model = tiny_model(head_type=head_type, **extra).eval()
     ids = torch.randint(0, 258, (2, 48))
     full = model.logits(ids, layout=build_layout(model, ids))
     cache = KVCache.for_model(model, batch_size=2)
@@ -186,13 +188,14 @@ def test_causal_heads_see_previous_head():
     torch.testing.assert_close(before[:, :, 1:], indep.logits(ids, layout=build_layout(indep, ids))[:, :, 1:])
 
 
-@pytest.mark.parametrize("head_type", ["transformer", "linear", "causal"])
+@pytest.mark.parametrize("head_type,ngrams", [("transformer", 0), ("linear", 0), ("causal", 0), ("transformer", 4)])
 @pytest.mark.parametrize("rows", [1, 2])
-def test_a_tree_pass_equals_each_branch_as_a_chain(head_type, rows):
+def test_a_tree_pass_equals_each_branch_as_a_chain(head_type, ngrams, rows):
     """A tree of candidates in one pass (tree mask, per-node rotary positions) gives each node
     the logits of its branch fed as a plain chain; after compacting the accepted path the cache
-    equals the cache of that path, and decoding goes on from it exactly."""
-    model = tiny_model(head_type=head_type, n_future=3).double().eval()
+    equals the cache of that path, and decoding goes on from it exactly. With hashed n-grams, each
+    node's ids before it are its branch's, and compacting moves the cache's ids too."""
+    model = tiny_model(head_type=head_type, n_future=3, ngram_embeds=ngrams, ngram_rows=64).double().eval()
     stacked = model.decode_heads()
     ids = torch.randint(0, 256, (rows, 30))
     # root 0; children 1, 2 of the root; 3 under 1; 4 under 2; 5 under 3
@@ -267,3 +270,36 @@ def test_value_embeddings_add_a_table_of_ids_to_the_first_trunk_layers_values():
     assert id(valued.trunk[0].attn.qkv.weight) in in_muon
     with pytest.raises(ValueError, match="model.value_embeds"):
         config_io.apply_overrides(config_io.tiny(), ["model.value_embeds=-1"])
+
+
+def test_ngram_history_reads_the_pass_the_tree_and_the_cache():
+    """Each node's ids before it (`ngram_history`): a chain's from its own pass and the cache's ids; a
+    tree node's along its own path (its ancestors, then the cache), -1 before the sequence."""
+    past = torch.tensor([[5, 6, 7, -1, -1], [9, -1, -1, -1, -1]])
+    ids = torch.tensor([[10, 11, 12, 13], [20, 21, 22, 23]])
+    chain = ngram_history(ids, 3, past_BL=past, starts_B=torch.tensor([3, 1]))
+    assert chain[0].tolist() == [[7, 6, 5], [10, 7, 6], [11, 10, 7], [12, 11, 10]]
+    assert chain[1].tolist() == [[9, -1, -1], [20, 9, -1], [21, 20, 9], [22, 21, 20]]
+    # the tree: node 0 the root, 1 and 2 its children, 3 the child of 2
+    see = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]).bool()
+    tree = ngram_history(ids, 3, past_BL=past, starts_B=torch.tensor([3, 1]), depths_T=torch.tensor([0, 1, 1, 2]),
+                         see_TT=see)
+    assert tree[0].tolist() == [[7, 6, 5], [10, 7, 6], [10, 7, 6], [12, 10, 7]]
+    assert ngram_history(ids, 2).tolist() == [[[-1, -1], [10, -1], [11, 10], [12, 11]],
+                                              [[-1, -1], [20, -1], [21, 20], [22, 21]]]
+    tree_as_chain = ngram_history(ids, 3, past_BL=past, starts_B=torch.tensor([3, 1]), depths_T=torch.arange(4),
+                                  see_TT=torch.ones(4, 4).tril().bool())
+    assert torch.equal(tree_as_chain, chain)
+
+
+def test_ngram_tables_add_what_the_ids_before_say():
+    """model.ngram_embeds: tables for n = 2..N; a position's embedding moves with the ids before it
+    (up to N - 1 back), not with those further back."""
+    model = tiny_model(ngram_embeds=3, ngram_rows=64).eval()
+    assert len(model.ngram) == 2 and model.ngram[0].weight.shape == (64, model.config.d_model)
+    a = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    b = a.clone()
+    b[0, 1] = 9  # two before position 3, three before position 4
+    za, zb = (model(x, layout=build_layout(model, x)) for x in (a, b))
+    assert not torch.allclose(za[0, 3], zb[0, 3])
+    assert not torch.allclose(tiny_model(ngram_embeds=3, ngram_rows=64).embed(a), za)

@@ -124,7 +124,7 @@ class StaticStep:
         self.last_s = 0.0  # seconds of the last call of the step itself (the compiled graph)
 
     def _pass(self, ids_BT: torch.Tensor, starts_B: torch.Tensor, depths_T: torch.Tensor, see_TT: torch.Tensor,
-              cache_k: torch.Tensor, cache_v: torch.Tensor, allowed_V: torch.Tensor,
+              cache_k: torch.Tensor, cache_v: torch.Tensor, cache_ids: torch.Tensor, allowed_V: torch.Tensor,
               layers_N11: torch.Tensor, rows_B1: torch.Tensor, nodes_T: torch.Tensor,
               heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What the heads run in a pass (`PassHeads.in_pass`: the logits (B, T, j, V) of its first
@@ -133,7 +133,7 @@ class StaticStep:
         ran are written into the cache's slots after each row's start (`_indices`: their layers,
         the rows and the nodes' offsets), in the graph, after every read of the cache."""
         model = self.model
-        cache = _Buffers(cache_k, cache_v)
+        cache = _Buffers(cache_k, cache_v, cache_ids)
         layout = build_layout(model, ids_BT, cache, depths=depths_T, ancestors=see_TT, starts_B=starts_B)
         logits, states = self.pass_heads.in_pass(model(ids_BT, cache, layout=layout), layout, cache, k=heads)
         ks = [k if k.dim() == 5 else k[None] for k, _ in layout.written]  # stacked heads: (K, B, H, T, E)
@@ -141,6 +141,8 @@ class StaticStep:
         slots = starts_B[:, None] + nodes_T  # (layers, B, L, H, E) views index them as (N, B, T)
         for cache_t, new in ((cache_k, torch.cat(ks)), (cache_v, torch.cat(vs))):
             cache_t.transpose(2, 3)[layers_N11, rows_B1, slots] = new.transpose(2, 3)
+        if layout.history is not None:  # the ids, which the n-gram tables of later passes read
+            cache_ids[rows_B1, slots] = ids_BT
         return logits, greedy_picks(logits, allowed_V), states
 
     def _indices(self, B: int, heads: int, padded: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -184,10 +186,10 @@ class StaticStep:
         if padded > T:
             ids_BT = torch.cat([ids_BT, ids_BT[:, -1:].expand(B, padded - T)], dim=1)
         if self.device.type == "cuda" and not getattr(cache.k, "_static_address", False):
-            for t in (cache.k, cache.v):  # CUDA graphs then read the cache where it is, not a copy
+            for t in (cache.k, cache.v, cache.ids):  # CUDA graphs then read the cache where it is, not a copy
                 torch._dynamo.mark_static_address(t)
                 t._static_address = True
-        args = (ids_BT, to_device(cache.lengths, self.device), *tree, cache.k, cache.v, *rest)
+        args = (ids_BT, to_device(cache.lengths, self.device), *tree, cache.k, cache.v, cache.ids, *rest)
         first = shape not in self._shapes
         t0 = time.perf_counter()
         if first and self.compiled:  # a new shape may compile one more graph of the same code
@@ -349,10 +351,10 @@ def _cache_dir() -> pathlib.Path:
 
 
 class _Buffers:
-    """The cache tensors as the model's layers read them (`k`, `v`), inside the step."""
+    """The cache tensors as the model's layers read them (`k`, `v`, `ids`), inside the step."""
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor):
-        self.k, self.v = k, v
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, ids: torch.Tensor):
+        self.k, self.v, self.ids = k, v, ids
 
 
 def worth_compiling(mode: Compile, *, device: torch.device, work_bytes: int, ready: bool) -> bool:

@@ -10,7 +10,8 @@ same family over BPE tokens. The comparison here:
    both arms: `bytes-sN`, then `tokens-sN`, as the sweep runs candidates, read back when measured,
    so an interrupted comparison goes on where it stopped):
    - `bytes`: the preset as it is (multi-token heads and all);
-   - `tokens`: the preset over the BPE's ids (`model.vocab_size`, `data.tokenizer`), next-token
+   - `tokens`: the preset over the BPE's ids (`model.vocab_size`, `data.tokenizer`), without its
+     hashed byte n-gram tables (`model.ngram_embeds=0`: a token already spans bytes), next-token
      only by default (`token_heads`), with a context of `token_seq_len` tokens (by default the
      byte context over the train split's bytes a token, so both windows hold about the same
      text), as many windows a batch as make the byte arm's positions a step (a step then covers
@@ -137,7 +138,8 @@ def compare(data: str, *, out: str | Path, preset: str = "small", budget_s: floa
     batch = max(1, round(base.data.batch_size * base.model.seq_len / seq_len))  # the byte arm's positions a step
     shared = [f"data.path={data}", "train.eval_every=0", *sets]
     token_arm = (f"model.vocab_size={vocab.size}", f"data.tokenizer={tok_path.resolve()}",
-                 f"model.n_future={token_heads}", f"model.seq_len={seq_len}", f"data.batch_size={batch}", *token_sets)
+                 f"model.n_future={token_heads}", f"model.seq_len={seq_len}", f"data.batch_size={batch}",
+                 "model.ngram_embeds=0", *token_sets)  # a token is its own n-gram: no hashed tables
     candidates = {}
     for seed in range(seeds):
         seeded = (f"train.seed={seed}", f"data.seed={seed}")

@@ -46,6 +46,9 @@ class KVCache:
         shape = (n_layers, batch_size, n_attn_heads, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # the id at every slot (-1: none yet), which the hashed n-gram tables of later passes read
+        # (`layout.ngram_history`); written by the pass layouts of models with model.ngram_embeds
+        self.ids = torch.full((batch_size, max_len), -1, device=device, dtype=torch.long)
         self.max_len = max_len
         self.lengths = [0] * batch_size
         # per row, the slot of its current document's first id (its latest EOS, or 0): kept by the
@@ -96,11 +99,13 @@ class KVCache:
         for cache in (self.k, self.v):
             part = cache[:layers, row]  # (N, H, L, E) view
             part[:, :, dst:dst + len(slots)] = part.index_select(2, src)
+        self.ids[row, dst:dst + len(slots)] = self.ids[row].index_select(0, src)
 
     def keep(self, rows: list[int]) -> None:
         """Keep only these rows of the batch, in this order (a copy of the kept rows)."""
         index = to_device(rows, self.k.device)
         self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
+        self.ids = self.ids.index_select(0, index)
         self.lengths = [self.lengths[r] for r in rows]
         self.doc_starts = [self.doc_starts[r] for r in rows]
 
@@ -111,6 +116,7 @@ class KVCache:
         extra = (self.k.shape[0], n, *self.k.shape[2:])
         self.k = torch.cat([self.k, self.k.new_zeros(extra)], dim=1)
         self.v = torch.cat([self.v, self.v.new_zeros(extra)], dim=1)
+        self.ids = torch.cat([self.ids, self.ids.new_full((n, self.ids.shape[1]), -1)])
         self.lengths += [0] * n
         self.doc_starts += [0] * n
 
@@ -118,7 +124,7 @@ class KVCache:
         """A one-row view of row b: writes of keys and values through it land in this cache; its
         length and document start are its own (copy them back, as the decoder does its length)."""
         view = KVCache.__new__(KVCache)
-        view.k, view.v = self.k[:, b:b + 1], self.v[:, b:b + 1]
+        view.k, view.v, view.ids = self.k[:, b:b + 1], self.v[:, b:b + 1], self.ids[b:b + 1]
         view.max_len, view.lengths, view.doc_starts = self.max_len, [self.lengths[b]], [self.doc_starts[b]]
         return view
 
@@ -129,19 +135,22 @@ class KVCache:
         view = KVCache.__new__(KVCache)
         if bs == list(range(bs[0], bs[0] + len(bs))):
             view.k, view.v = self.k[:, bs[0]:bs[0] + len(bs)], self.v[:, bs[0]:bs[0] + len(bs)]
+            view.ids = self.ids[bs[0]:bs[0] + len(bs)]
         else:
             index = to_device(bs, self.k.device)
             view.k, view.v = self.k.index_select(1, index), self.v.index_select(1, index)
+            view.ids = self.ids.index_select(0, index)
         view.max_len = self.max_len
         view.lengths, view.doc_starts = [self.lengths[b] for b in bs], [self.doc_starts[b] for b in bs]
         return view
 
     def take_back(self, view: KVCache, bs: list[int]) -> None:
-        """The keys, values, lengths and document starts of `rows(bs)` back in their rows."""
+        """The keys, values, ids, lengths and document starts of `rows(bs)` back in their rows."""
         if view.k.data_ptr() != self.k[:, bs[0]].data_ptr():  # a copy: write it back
             index = to_device(bs, self.k.device)
             self.k.index_copy_(1, index, view.k)
             self.v.index_copy_(1, index, view.v)
+            self.ids.index_copy_(0, index, view.ids)
         for i, b in enumerate(bs):
             self.lengths[b], self.doc_starts[b] = view.lengths[i], view.doc_starts[i]
 

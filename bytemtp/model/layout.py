@@ -119,6 +119,7 @@ class Layout(_Rotary):
             self.rows_BT = torch.arange(len(starts), device=device)[:, None]
             self.slots_BT = to_device(starts, device)[:, None] + torch.arange(T, device=device)
         self._folded: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        self.history: torch.Tensor | None = None  # the ids before each node (`ngram_history`), where a model reads them
 
     def mask_for(self, n: int, dtype: torch.dtype) -> torch.Tensor | None:
         """The mask as an additive bias of the queries' dtype (0 or -inf), for n stacked heads
@@ -154,6 +155,7 @@ class StaticLayout(_Rotary):
         self.past_B1TL = (torch.arange(L, device=starts_B.device) < starts_B[:, None])[:, None, None]
         self.see_TT = see_TT
         self.written: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.history: torch.Tensor | None = None  # as Layout's
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                cache_v: torch.Tensor) -> torch.Tensor:
@@ -208,6 +210,34 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout,
     return y.reshape(shape) if lead else y
 
 
+def ngram_history(ids_BT: torch.Tensor, back: int, *, past_BL: torch.Tensor | None = None,
+                  starts_B: torch.Tensor | None = None, depths_T: torch.Tensor | None = None,
+                  see_TT: torch.Tensor | None = None) -> torch.Tensor:
+    """The ids 1..back positions before each node of a pass (B, T, back), -1 where the sequence had
+    not begun: what the hashed n-gram tables read (`model.ngram_embeds`). The id j back is that of
+    the node j before it in the pass (a chain's, or in a tree the ancestor at its depth - j, from
+    `depths_T` and `see_TT`), else that of cache slot start - (j - depth) in `past_BL` (each row's
+    ids, `KVCache.ids`; `starts_B` the rows' cache lengths), else none. Pure tensor arithmetic on
+    the ids' device: the static step runs it in its graph."""
+    B, T = ids_BT.shape
+    device = ids_BT.device
+    j_J = torch.arange(1, back + 1, device=device)
+    if depths_T is None:  # a chain: node i - j
+        target_TJ = torch.arange(T, device=device)[:, None] - j_J
+        node_TJ = target_TJ.clamp(min=0)
+    else:  # a tree: the ancestor at that depth (the one node it sees there)
+        target_TJ = depths_T[:, None] - j_J
+        node_TJ = (see_TT[:, None, :] & (depths_T[None, None, :] == target_TJ[..., None])).int().argmax(-1)
+    in_pass_BTJ = ids_BT[:, node_TJ]
+    if past_BL is None:
+        before_BTJ = torch.full_like(in_pass_BTJ, -1)
+    else:
+        slot_BTJ = starts_B[:, None, None] + target_TJ  # below each row's start where target < 0
+        before_BTJ = past_BL.gather(1, slot_BTJ.clamp(0, past_BL.shape[1] - 1).reshape(B, -1)).view(B, T, back)
+        before_BTJ = torch.where(slot_BTJ >= 0, before_BTJ, -1)
+    return torch.where(target_TJ >= 0, in_pass_BTJ, before_BTJ)
+
+
 def document_starts(ids_BT: torch.Tensor, starts: list[int], prior: list[int]) -> torch.Tensor:
     """The slot where each node's document begins (B, T), on the ids' device: the slot of the
     row's latest EOS at or before the node in this pass (row b's node i sits at slot
@@ -249,8 +279,13 @@ def build_layout(model, ids_BT: torch.Tensor, cache: KVCache | None = None, *,
     and into `cache.doc_starts`); drafts and the static step stay causal (module docstring).
     """
     rope, seq_len, T = (model.rope_cos, model.rope_sin), model.config.seq_len, ids_BT.shape[1]
+    back = model.config.ngram_embeds - 1  # ids before each node that the n-gram tables read
     if starts_B is not None:
-        return StaticLayout(starts_B, depths, ancestors, rope=rope, L=cache.k.shape[-2])
+        layout = StaticLayout(starts_B, depths, ancestors, rope=rope, L=cache.k.shape[-2])
+        if back > 0:  # the step writes the pass's ids into the cache with its keys and values
+            layout.history = ngram_history(ids_BT, back, past_BL=cache.ids, starts_B=starts_B, depths_T=depths,
+                                           see_TT=ancestors)
+        return layout
     end = T if cache is None else max(cache.lengths) + T
     if end > seq_len and not drafts:
         raise ValueError(f"sequence of {end} positions exceeds the context of {seq_len} (model.seq_len)")
@@ -259,6 +294,26 @@ def build_layout(model, ids_BT: torch.Tensor, cache: KVCache | None = None, *,
         doc_BT = None
         if documents and bool((ids_BT[:, 1:] == EOS).any()):  # else every row is one document: causal
             doc_BT = document_starts(ids_BT, [0], [0])
-        return Layout([0], T, rope=rope, cached=False, depths=depths, ancestors=ancestors, doc_BT=doc_BT)
+        layout = Layout([0], T, rope=rope, cached=False, depths=depths, ancestors=ancestors, doc_BT=doc_BT)
+        if back > 0:
+            layout.history = ngram_history(ids_BT, back)
+        return layout
     doc_BT = _cached_documents(ids_BT, cache) if documents else None
-    return Layout(cache.lengths, T, rope=rope, cached=True, depths=depths, ancestors=ancestors, doc_BT=doc_BT)
+    layout = Layout(cache.lengths, T, rope=rope, cached=True, depths=depths, ancestors=ancestors, doc_BT=doc_BT)
+    if back > 0:
+        _cached_history(layout, ids_BT, cache, back, depths, ancestors)
+    return layout
+
+
+def _cached_history(layout: Layout, ids_BT: torch.Tensor, cache: KVCache, back: int, depths, ancestors) -> None:
+    """A cached pass's n-gram history (`ngram_history`, from the cache's ids), and its ids written
+    into the cache at the pass's slots, for the passes after it."""
+    device = ids_BT.device
+    depths_T = None if depths is None else to_device(list(depths), device)
+    see_TT = None if ancestors is None else batch_to_device(ancestors.bool(), device)
+    layout.history = ngram_history(ids_BT, back, past_BL=cache.ids, starts_B=to_device(cache.lengths, device),
+                                   depths_T=depths_T, see_TT=see_TT)
+    if layout.start is not None:
+        cache.ids[:, layout.start:layout.start + layout.T] = ids_BT
+    else:
+        cache.ids[layout.rows_BT, layout.slots_BT] = ids_BT

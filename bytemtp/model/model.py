@@ -58,6 +58,16 @@ def rope_tables(seq_len: int, head_dim: int, theta: float, *,
     return angles.cos().to(device), angles.sin().to(device)
 
 
+def ngram_ids(ids_BT: torch.Tensor, history_BTJ: torch.Tensor, n: int, rows: int) -> torch.Tensor:
+    """Rows (B, T) of the hashed n-gram table for n (`model.ngram_embeds`): a hash of each position's
+    id and the n - 1 ids before it, `history_BTJ[..., j - 1]` the id j positions back (-1: the
+    sequence had begun, so none). The hash is a polynomial modulo a prime, then modulo `rows`."""
+    h = ids_BT.long() + 1
+    for j in range(n - 1):
+        h = (h * 1000003 + history_BTJ[..., j].long() + 1) % 2147483647
+    return h % rows
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -139,6 +149,8 @@ class ByteMTP(nn.Module):
         # checkpoint's tokenizer.json gives back (`runtime.checkpoint.load_model`)
         self.vocab: Vocabulary = BYTES
         self.embed = nn.Embedding(cfg.table_rows, cfg.d_model)
+        # hashed n-gram tables (model.ngram_embeds), for n = 2, 3, ...: added to the byte embedding
+        self.ngram = nn.ModuleList(nn.Embedding(cfg.ngram_rows, cfg.d_model) for _ in range(cfg.ngram_embeds - 1))
         self.trunk = nn.ModuleList(Block(cfg, i) for i in range(cfg.trunk_layers))
         self.heads = nn.ModuleList(
             Head(cfg, cfg.trunk_layers + k * cfg.layers_per_head) for k in range(cfg.n_future))
@@ -203,6 +215,8 @@ class ByteMTP(nn.Module):
         """Trunk state (B, T, D) for ids (B, T), placed as the pass's `layout` says (after the
         cache's valid positions, with a cache)."""
         x_BTD = self.embed(ids_BT)
+        for n, table in enumerate(self.ngram, start=2):  # the ids before each node: the layout's (`ngram_history`)
+            x_BTD = x_BTD + table(ngram_ids(ids_BT, layout.history, n, self.config.ngram_rows))
         for block in self.trunk:
             x_BTD = block(x_BTD, layout, cache, ids_BT)
         return x_BTD
@@ -284,8 +298,8 @@ class ByteMTP(nn.Module):
         return list(self.heads)[1:] + own_unembed
 
     def num_params(self, part: str = "all") -> int:
-        """Parameters in the whole model, or in one part: embed, trunk, heads, unembed."""
-        modules = {"embed": self.embed, "trunk": self.trunk, "heads": self.heads,
+        """Parameters in the whole model, or in one part: embed, ngram, trunk, heads, unembed."""
+        modules = {"embed": self.embed, "ngram": self.ngram, "trunk": self.trunk, "heads": self.heads,
                    "unembed": self.unembed, "drafter": self.drafter or nn.Module()}
         params = self.parameters() if part == "all" else modules[part].parameters()
         return sum(p.numel() for p in params)

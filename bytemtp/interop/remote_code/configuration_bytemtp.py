@@ -79,6 +79,10 @@ class ByteMTPConfig(PretrainedConfig):
     """Standard deviation of the normal weight initialisation of a new model."""
     value_embeds: int = 0
     """Trunk layers, the first ones, whose attention values add an embedding of each position's own id."""
+    ngram_embeds: int = 0
+    """Largest n of the hashed n-gram tables added to each position's embedding (one for each n of 2..ngram_embeds)."""
+    ngram_rows: int = 8192
+    """Rows of each hashed n-gram table."""
     vocab_size: int = 264
     """Ids 0..255 are bytes, 256 BOS, 257 EOS, 258 PAD; the table is padded to a multiple of 8."""
     bos_token_id: int = 256

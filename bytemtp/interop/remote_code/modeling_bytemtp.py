@@ -167,6 +167,8 @@ class ByteMTPForCausalLM(ByteMTPPreTrainedModel, GenerationMixin):
     def __init__(self, config: ByteMTPConfig):
         super().__init__(config)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.ngram = nn.ModuleList(nn.Embedding(config.ngram_rows, config.d_model)
+                                   for _ in range(config.ngram_embeds - 1))
         self.trunk = nn.ModuleList(Block(config, i) for i in range(config.trunk_layers))
         self.heads = nn.ModuleList(
             Head(config, config.trunk_layers + k * config.layers_per_head) for k in range(config.n_future))
@@ -226,9 +228,31 @@ class ByteMTPForCausalLM(ByteMTPPreTrainedModel, GenerationMixin):
             mask = mask | (slot_L == query_T[:, None])  # a padding query sees itself
         return Layout(cos, sin, mask=mask, causal=False)
 
-    def trunk_state(self, input_ids: torch.Tensor, layout: Layout, cache: DynamicCache | None) -> torch.Tensor:
-        """Trunk state z (B, T, D) of ids (B, T)."""
+    def ngram_history(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                      cache: DynamicCache | None) -> torch.Tensor:
+        """The ids 1..n-1 positions before each new id (B, T, n - 1), -1 before the sequence began
+        or at padding: from the new ids and those the cache has seen (kept on it, `bytemtp_ids`)."""
+        back, (B, T) = len(self.ngram), input_ids.shape
+        seen = getattr(cache, "bytemtp_ids", None) if cache is not None else None
+        known = input_ids if seen is None else torch.cat([seen, input_ids], dim=1)
+        if attention_mask is not None:
+            known = torch.where(attention_mask[:, -known.shape[1]:].bool(), known, -1)
+        if cache is not None:
+            cache.bytemtp_ids = known[:, -back:]  # all that a later pass's history reads
+        padded = torch.cat([known.new_full((B, back), -1), known], dim=1)[:, -(T + back):]
+        return torch.stack([padded[:, back - j:back - j + T] for j in range(1, back + 1)], dim=-1)
+
+    def trunk_state(self, input_ids: torch.Tensor, layout: Layout, cache: DynamicCache | None,
+                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Trunk state z (B, T, D) of ids (B, T): their embedding, with the hashed n-gram tables' where
+        the model has them (bytemtp's `ngram_ids`: a polynomial hash modulo a prime, then the rows)."""
         x_BTD = self.embed(input_ids)
+        if len(self.ngram):
+            history_BTJ = self.ngram_history(input_ids, attention_mask, cache)
+            h = input_ids.long() + 1
+            for n, table in enumerate(self.ngram, start=2):
+                h = (h * 1000003 + history_BTJ[..., n - 2].long() + 1) % 2147483647
+                x_BTD = x_BTD + table(h % self.config.ngram_rows)
         for block in self.trunk:
             x_BTD = block(x_BTD, layout, cache, input_ids)
         return x_BTD
@@ -264,7 +288,7 @@ class ByteMTPForCausalLM(ByteMTPPreTrainedModel, GenerationMixin):
             cache = DynamicCache(config=self.config)
         past = cache.get_seq_length() if cache is not None else 0
         layout = self.layout(input_ids, attention_mask, position_ids, past)
-        z_BTD = self.trunk_state(input_ids, layout, cache)
+        z_BTD = self.trunk_state(input_ids, layout, cache, attention_mask)
         _, h_BTD = next(self.head_states(z_BTD, layout, cache, heads=1))
         logits_BTV = self.head_logits(0, h_BTD)
         loss = None
@@ -278,5 +302,5 @@ class ByteMTPForCausalLM(ByteMTPPreTrainedModel, GenerationMixin):
         """Logits (B, T, K, V) of all K heads for ids (B, T) without a cache: head k (k = 1..K,
         index k - 1) predicts the byte k positions after t, as bytemtp's `ByteMTP.logits`."""
         layout = self.layout(input_ids, attention_mask, position_ids, past=0)
-        z_BTD = self.trunk_state(input_ids, layout, cache=None)
+        z_BTD = self.trunk_state(input_ids, layout, None, attention_mask)
         return torch.stack([self.head_logits(k, h_BTD) for k, h_BTD in self.head_states(z_BTD, layout)], dim=2)
