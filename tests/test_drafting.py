@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bytemtp.decoding import decode, loop
-from bytemtp.decoding.drafting import (EXPLORE_PASSES, PLAN_PASSES, REMEASURE, AcceptanceProfile, Arbiter, Choice,
+from bytemtp.decoding.drafting import (EXPLORE_PASSES, MAX_BACKOFF, PLAIN_WINDOWS, PLAN_PASSES, REMEASURE,
+                                      AcceptanceProfile, Arbiter, Choice,
                                       DraftTree, PassCosts, best_tree, choose)
 from bytemtp.decoding.strategy import Draft
 
@@ -182,11 +183,61 @@ def _windows(arbiter, n, rate_of, *, plain_s=1.0, rewarm_s=0.0):
 
 
 def test_plain_decoding_is_measured_first_and_speculation_that_wins_runs_on():
-    arbiter = Arbiter()
-    arms = _windows(arbiter, 20, lambda spec: 2.0 if spec else 1.0, rewarm_s=3.0)
-    assert arms[0] is False and all(arms[1:REMEASURE + 1])  # plain measured, speculation tried, then kept
-    assert arms[REMEASURE + 1] is False and all(arms[REMEASURE + 2:2 * REMEASURE + 2])  # plain measured again now and then
+    arbiter, P = Arbiter(), PLAIN_WINDOWS
+    arms = _windows(arbiter, 24, lambda spec: 2.0 if spec else 1.0, rewarm_s=3.0)
+    assert arms[:P] == [False] * P and all(arms[P:P + REMEASURE])  # plain measured, speculation tried, then kept
+    assert arms[P + REMEASURE] is False and all(arms[P + REMEASURE + 1:P + 2 * REMEASURE + 1])  # plain measured again
     assert arbiter.winning and arbiter.balance_s > 0
+
+
+def test_no_one_plain_window_sets_the_plain_figure():
+    """The median of the last three plain windows: one read at half speed (a busy moment) moves
+    nothing, so a speculator at 0.9x plain is not judged a winner on it."""
+    arbiter = Arbiter()
+    for rate in (0.5, 1.0, 1.0):
+        arbiter.record(speculative=False, rate=rate, seconds=4.0)
+    assert arbiter.plain == 1.0
+    arbiter.record(speculative=True, rate=0.9, seconds=4.0)
+    assert not arbiter.winning and arbiter.balance_s < 0
+    arbiter.record(speculative=False, rate=3.0, seconds=4.0)  # nor one fast window
+    assert arbiter.plain == 1.0
+
+
+def test_a_lost_try_holds_the_next_back_for_a_bounded_while():
+    """One unlucky try (a slide inside it) costs a winner at most a plain window before the next
+    try, not the loss over the budget (100 times it here); tries that go on losing wait 1, 2, 4, 8 windows."""
+    arbiter = Arbiter(budget=0.01)  # the loss over the budget: 300 seconds, 19 plain windows
+    for _ in range(PLAIN_WINDOWS):
+        arbiter.record(speculative=False, rate=1.0, seconds=16.0)
+    arbiter.balance_s = 100.0  # credit enough that the budget is no bound here
+    arbiter.record(speculative=True, rate=0.25, seconds=4.0)  # lost 3 seconds
+    assert arbiter.losses == 1 and arbiter.arm() == (False, PLAN_PASSES)
+    arbiter.record(speculative=False, rate=1.0, seconds=16.0)  # one plain window later
+    assert arbiter.arm() == (True, EXPLORE_PASSES)
+    waits = []
+    for _ in range(6):  # losing again and again: the waits double up to MAX_BACKOFF windows
+        arbiter.record(speculative=True, rate=0.25, seconds=4.0)
+        n = 0
+        while not arbiter.arm()[0]:
+            arbiter.record(speculative=False, rate=1.0, seconds=16.0)
+            n += 1
+        waits.append(n)
+    assert waits == [2, 4, 8, MAX_BACKOFF, MAX_BACKOFF, MAX_BACKOFF]
+
+
+def test_what_speculation_costs_outside_its_windows_is_charged():
+    """Calibration, prefills of every head and a call's short last window count in the balance."""
+    arbiter = Arbiter()
+    arbiter.charge(2.0)
+    assert arbiter.balance_s == -2.0 and arbiter.total_s == 2.0
+    for _ in range(PLAIN_WINDOWS):
+        arbiter.record(speculative=False, rate=1.0, seconds=4.0)
+    arbiter.record(speculative=True, rate=0.5, seconds=2.0, short=True)  # 1 second lost, judged on nothing else
+    assert arbiter.balance_s == -3.0 and arbiter.spec is None and arbiter.losses == 0
+    costs = PassCosts(dict(CPU_LIKE.table))
+    costs.setup_s = 1.5
+    assert costs.arbiter(True, False).balance_s == -1.5  # the first arbiter made pays the calibration
+    assert costs.arbiter(False, True).balance_s == 0.0 and costs.arbiter(True, False) is not costs.arbiter(True, True)
 
 
 def test_speculation_that_never_pays_costs_at_most_the_budget():
@@ -214,18 +265,22 @@ def test_heads_that_start_to_pay_are_found_again():
 def test_choose_speculates_as_the_arbiter_says_with_the_best_shape_that_drafts():
     good = AcceptanceProfile(8, prior=[0.9] * 7)
     arbiter = Arbiter()
+    for _ in range(PLAIN_WINDOWS):  # plain measured first, however promising: nothing drafted at all
+        plain = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter, lookup=True)
+        assert plain.heads == 1 and not plain.lookup and plain.passes == EXPLORE_PASSES
+        arbiter.record(speculative=False, rate=1.0, seconds=4.0)
     first = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter)
-    assert first.heads > 1 and first.passes == EXPLORE_PASSES  # promising: tried first, briefly
-    arbiter.record(speculative=True, rate=2.0, seconds=4.0)
-    assert choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter).heads == 1  # then plain is measured
-    arbiter.record(speculative=False, rate=1.0, seconds=4.0)  # ... and the try judged: it won
+    assert first.heads > 1 and first.passes == EXPLORE_PASSES  # promising: tried, briefly
+    arbiter.record(speculative=True, rate=2.0, seconds=4.0)  # ... and it won
     kept = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter)
     assert kept.heads > 1 and kept.tree.T > 1 and kept.passes == PLAN_PASSES and arbiter.balance_s > 0
 
     arbiter = Arbiter()
     bad = AcceptanceProfile(8, prior=[0.01] * 7)  # heads that seem never right: plain first
     assert choose(bad, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter).heads == 1
-    arbiter.record(speculative=False, rate=1.0, seconds=4.0)
+    for _ in range(PLAIN_WINDOWS):
+        arbiter.record(speculative=False, rate=1.0, seconds=4.0)
+    assert choose(bad, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter, lookup=True).lookup  # lookup may try
     assert choose(bad, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter).heads == 1  # a try would cost
     tried = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter)
     assert tried.heads > 1 and tried.passes == EXPLORE_PASSES  # a promising try costs nothing expected
@@ -270,7 +325,7 @@ def test_a_window_records_what_its_plan_delivered_over_the_loop_s_whole_time():
     window = Window(state, chain)
     window.passes = 3
     window.close(state)
-    assert costs.arbiter().total_s == 0 and costs.arbiter().spec is None  # too few passes to judge
+    assert costs.arbiter().total_s > 0 and costs.arbiter().spec is None  # too few passes to judge: counted only
     state, costs = batch()
     window = Window(state, chain)
     for row in state.rows:

@@ -92,8 +92,10 @@ class CalibratedCosts:
         measured on its own step (`measure_pass_costs`) the first time they are asked."""
         costs = self.lookup(batch_size, static=static)
         if costs is None:
+            t0 = time.perf_counter()
             with torch.inference_mode():
                 costs = self.add(batch_size, measure_pass_costs(decoder, batch_size, static=static), static=static)
+            costs.setup_s = time.perf_counter() - t0  # speculation's to pay (`PassCosts.arbiter`)
         return costs
 
     def for_run(self, batch_size: int, *, static: bool) -> PassCosts | None:

@@ -143,9 +143,9 @@ class Decoder:
             return Choice(draft.heads, DraftTree.chain(draft.heads - 1), 0.0, 0.0)
         costs = self.pass_costs(batch_size, static=static)
         calibrated = self.calibration.for_run(batch_size, static=static) is not None
-        arbiter = costs.arbiter(draft.lookup) if calibrated else None
+        arbiter = costs.arbiter(draft.lookup, greedy) if calibrated else None
         return choose(self.profiles[greedy], costs, max_heads=self.model.config.n_future, tree=draft.trees(greedy),
-                      heads=draft.heads, arbiter=arbiter)
+                      heads=draft.heads, arbiter=arbiter, lookup=draft.lookup)
 
     # --- a call ----------------------------------------------------------------------------------
 
@@ -177,6 +177,7 @@ class Decoder:
                     loop.state.interrupt()
                     break
                 loop.advance()
+            loop.close()
         return [row.out.result(t0) for row in rows]
 
     # --- the steps of a pass ---------------------------------------------------------------------
@@ -189,7 +190,7 @@ class Decoder:
         cache = state.cache
         k = min(choice.heads, state.warm)  # heads whose caches are complete can run
         batch = [state.rows[r] for r in state.active]
-        tree, offered, used = offers(state, batch, choice.tree.truncated(state.warm - 1), heads=k,
+        tree, offered, used = offers(state, batch, choice.tree.truncated(state.warm - 1), heads=k, lookup=choice.lookup,
                                      seq_len=self.model.config.seq_len, lookups=self.lookups, confidence=self.confidence,
                                      costs=lambda: self.pass_costs(len(state.rows), static=state.static))
         starts, ats = list(cache.lengths), [len(row.out.data) for row in batch]  # the next byte is out
@@ -197,8 +198,9 @@ class Decoder:
         logits, states, greedy = self.forward(self.draft(batch, tree), tree, cache, heads=k, static=state.static,
                                               rows=live)
         cache.rewind(tree.T)
-        if self.pass_heads.graph_heads(k) < k:  # the heads after the graph's, at every node, from head 1's pick there
-            logits, greedy = self.after_picks(logits, states, greedy, batch, ats, heads=k, static=state.static), None
+        logits, greedy = self.pass_heads.finish(logits, states, greedy, heads=k,
+                                                first=lambda lg, gr: self.first_picks(lg, batch, ats, gr),
+                                                after=self.policy.static.drafts_at if state.static else None)
         picks = self.read_picks(logits, batch, ats, live, heads=k, greedy=greedy)  # the pass's one transfer
         verdicts = verify(picks, state, batch, tree, offered)
         layers = self.pass_heads.layers_written(k)
@@ -338,20 +340,14 @@ class Decoder:
             row.stats.step_s += seconds
         return logits, states, greedy
 
-    def after_picks(self, logits_BTJV: torch.Tensor, states: torch.Tensor, greedy: torch.Tensor | None,
-                    rows: list[Row], ats: list[int], *, heads: int, static: bool) -> torch.Tensor:
-        """The logits of a pass's graph with those of the heads after it (B, T, heads, V): at every
-        node, they read head 1's pick there (`PassHeads.after_picks`, on the compiled step where it
-        runs), the byte the row emits if it keeps that node; so the pass's picks, the drafts after
-        the kept node among them, come back in its one transfer."""
-        B, T = logits_BTJV.shape[:2]
+    def first_picks(self, logits_BTJV: torch.Tensor, rows: list[Row], ats: list[int],
+                    greedy: torch.Tensor | None) -> torch.Tensor:
+        """Head 1's pick at every node of a pass (B, T), each row by its own sampling (the compiled
+        step's greedy picks where it made them): what `PassHeads.finish` reads the heads after the
+        graph's from."""
         vocab_size = self.model.config.vocab_size
-        first = pass_picks(logits_BTJV, rows, ats, allowed_mask(logits_BTJV, vocab_size), greedy_BTW=greedy,
-                           vocab_size=vocab_size)[..., 0]
-        h_ND, first_N = states.reshape(B * T, -1), first.reshape(B * T).clamp(min=0)  # -1: a NaN, refused later
-        after = (self.policy.static.drafts_at(h_ND, first_N, heads) if static
-                 else self.pass_heads.after_picks(h_ND, first_N, heads))
-        return torch.cat([logits_BTJV, after.view(B, T, after.shape[1], -1).to(logits_BTJV.dtype)], dim=2)
+        return pass_picks(logits_BTJV, rows, ats, allowed_mask(logits_BTJV, vocab_size), greedy_BTW=greedy,
+                          vocab_size=vocab_size)[..., 0]
 
     def accept(self, row: Row, b: int, path: list[int], tree: DraftTree, cache: KVCache, *,
                start: int, layers: int, offered: int) -> bool:
@@ -402,15 +398,16 @@ class Decoder:
 
 
 def offers(state: Batch, batch: list[Row], tree: DraftTree, *, heads: int, seq_len: int, lookups: LookupProfile,
-           confidence: float, costs: Callable[[], PassCosts]) -> tuple[DraftTree, list[int], list]:
+           confidence: float, costs: Callable[[], PassCosts], lookup: bool = True) -> tuple[DraftTree, list[int], list]:
     """A pass's tree, the depth of drafts each row offers (what max_bytes and its window leave, and
-    with `confidence` what its heads are sure of) and each row's prompt-lookup draft, if any
-    (`lookup.lookup_pass`, which may deepen the tree; `costs` gives the pass costs it weighs)."""
+    with `confidence` what its heads are sure of) and each row's prompt-lookup draft, if any and
+    if the plan lets rows draft them (`lookup`: not the arbiter's plain arm), (`lookup.lookup_pass`,
+    which may deepen the tree; `costs` gives the pass costs it weighs)."""
     limits = [0 if r in state.finished else
               min(row.out.bytes_left(), context_left(row.n_tokens, row.start, seq_len))
               for r, row in zip(state.active, batch)]
     offered, used = [min(tree.depth, limit) for limit in limits], [None] * len(batch)
-    if any(row.lookup for row in batch):
+    if lookup and any(row.lookup for row in batch):
         tree, offered, used = lookup_pass(state, batch, tree, limits, heads=heads, lookups=lookups, costs=costs)
     if confidence:  # a greedy row's heads' drafts end where they stop being sure; the pass with them
         offered = [o if u is not None or not row.sampling.greedy else min(o, row.sure)

@@ -33,6 +33,7 @@ price of finding heads that have become good only as often as the budget allows.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 from dataclasses import dataclass
@@ -213,7 +214,8 @@ class PassCosts:
         self.calibrate, self.stepwise = calibrate, stepwise
         self.seen: dict[tuple[int, int], float] = {}  # running mean of observed seconds
         self.scale = 1.0  # running mean of observed over predicted: the loop and the load now
-        self.arbiters: dict[bool, Arbiter] = {}  # plain decoding against speculation, by whether rows draft lookup bytes
+        self.arbiters: dict[tuple[bool, bool], Arbiter] = {}  # plain against speculation, by lookup and greediness
+        self.setup_s = 0.0  # seconds measuring these costs took: charged to the first arbiter made
 
     def _between(self, grid: list[int], x: int) -> tuple[int, int, float]:
         if x <= grid[0]:
@@ -253,12 +255,16 @@ class PassCosts:
         self.seen[k, T] = seconds if old is None else (1 - weight) * old + weight * seconds
         self.scale = (1 - weight) * self.scale + weight * seconds / self.predicted(k, T)
 
-    def arbiter(self, lookup: bool = False) -> Arbiter:
-        """The arbiter of drafts with prompt lookup or without (`Draft.lookup`): their plain passes
-        deliver different rates (lookup drafts even in plain passes), so each weighs its own."""
-        if lookup not in self.arbiters:
-            self.arbiters[lookup] = Arbiter()
-        return self.arbiters[lookup]
+    def arbiter(self, lookup: bool = False, greedy: bool = True) -> Arbiter:
+        """The arbiter of drafts with prompt lookup or without (`Draft.lookup`), for greedy rows or
+        sampled ones (sampling spends more of a pass outside the step): each judges on its own
+        records. The first one made is charged what measuring these costs took (`setup_s`)."""
+        key = (lookup, greedy)
+        if key not in self.arbiters:
+            self.arbiters[key] = Arbiter()
+            if len(self.arbiters) == 1 and self.setup_s:
+                self.arbiters[key].charge(self.setup_s)
+        return self.arbiters[key]
 
     def ratio(self, k: int, T: int) -> float:
         """What the pass costs over a plain one (one head, one node)."""
@@ -276,53 +282,103 @@ class PassCosts:
 EXPLORE_PASSES = 4  # passes of a window that tries speculation (or measures plain decoding)
 REMEASURE = 8  # speculative windows in a row after which plain decoding is measured again
 PLAN_PASSES = 16  # passes of any other window: between two re-plans of an adapting draft
+PLAIN_WINDOWS = 3  # plain windows whose median is the plain figure: no one window sets it
+MAX_BACKOFF = 8  # plain windows a lost try holds the next back at most (1, 2, 4, 8 as losses run on)
 
 
 class Arbiter:
-    """Plain decoding against speculation, on what each really delivered at one batch size and step
-    (module docstring): `record` takes each window's outcome, `arm` says what the next runs."""
+    """Plain decoding against speculation, on what each really delivered at one batch size, step
+    and kind of rows (module docstring): `record` takes each window's outcome, `charge` what
+    speculation cost outside the windows, `arm` says what the next window runs.
+
+    Every second spent speculating or preparing to counts in one balance against plain decoding:
+    the windows that speculated (judged on the plain figure), their re-warms, the windows too short
+    to judge (a call's last few passes), and what `charge` is told (calibrating the pass costs,
+    prefilling and admitting rows with every head rather than one). Speculation that has not won
+    runs only while that balance stays within `budget` of the time decoded, counting the next
+    try at what tries really cost (the last one that lost), never at less; the plain figure is the
+    median of the last PLAIN_WINDOWS plain windows; and a lost try holds the next back for at
+    most MAX_BACKOFF plain windows (1, 2, 4, ... as tries go on losing), so that one unlucky try
+    (a slide inside it) does not lock out a winner for long."""
 
     def __init__(self, *, budget: float = 0.03, margin: float = 0.03):
         self.budget, self.margin = budget, margin
-        self.plain: float | None = None  # bytes a row a second that plain windows delivered (running mean)
+        self.plains: list[float] = []  # bytes a row a second of the last PLAIN_WINDOWS plain windows
+        self.window_s = 0.0  # seconds of the last plain window: the unit a back-off waits in
         self.spec: float | None = None  # what the last speculative window delivered
         self.winning = False  # whether speculation delivered more than plain decoding at its last window
         self.balance_s = 0.0  # seconds speculation gained over plain decoding (below 0: what it cost)
-        self.total_s = 0.0  # seconds of every window recorded
+        self.total_s = 0.0  # seconds of everything recorded or charged
         self.rewarm_s = 0.0  # what the last switch to speculation cost (re-warming the heads' caches)
-        self.pending: tuple | None = None  # a speculative window that ran before plain decoding was measured
-        self.last_loss_s, self.since_loss_s = 0.0, 0.0  # what the last losing window cost, and the seconds since
+        self.pending: list[tuple] = []  # speculative windows that ran before the plain figure stood
+        self.try_loss_s = 0.0  # what the last try that lost cost against plain decoding (measured)
+        self.losses = 0  # tries lost in a row
+        self.since_loss_s = 0.0  # seconds since that loss
         self.spec_run = 0  # speculative windows since plain decoding was last measured
 
+    @property
+    def plain(self) -> float | None:
+        """Bytes a row a second of plain decoding: the median of the last plain windows, once there
+        are PLAIN_WINDOWS of them (None before)."""
+        if len(self.plains) < PLAIN_WINDOWS:
+            return None
+        ordered = sorted(self.plains)
+        return ordered[len(ordered) // 2]
+
     def record(self, *, speculative: bool, rate: float, seconds: float, rewarm_s: float = 0.0,
-               trial: bool = True) -> None:
+               trial: bool = True, short: bool = False) -> None:
         """A window delivered `rate` bytes a row a second over `seconds` (its re-warms' `rewarm_s` apart);
-        `trial`: it tried speculation (else it ran on speculation that had won)."""
+        `trial`: it tried speculation (else it ran on speculation that had won); `short`: too few
+        passes to judge it by (a call's last), so it counts in the balance and nothing else."""
         self.total_s += seconds + rewarm_s
         self.since_loss_s += seconds + rewarm_s
+        if short:
+            if speculative and self.plain is not None:
+                self.balance_s += rate * seconds / self.plain - (seconds + rewarm_s)
+            elif speculative:
+                self.balance_s -= rewarm_s
+            return
         if rewarm_s:
             self.rewarm_s = rewarm_s
         if not speculative:
-            self.plain = rate if self.plain is None else 0.7 * self.plain + 0.3 * rate
-            self.spec_run = 0
-            if self.pending is not None:  # the speculative window that ran first is judged now
-                self._judge(*self.pending)
-                self.pending = None
-            elif self.spec is not None:  # measured again: what speculation last delivered, weighed anew
+            self.plains = (self.plains + [rate])[-PLAIN_WINDOWS:]
+            self.window_s, self.spec_run = seconds, 0
+            if self.plain is None:
+                return
+            for window in self.pending:  # the speculative windows that ran first are judged now
+                self._judge(*window)
+            if not self.pending and self.spec is not None:  # measured again: speculation weighed anew
                 self.winning = self.winning and self.spec > self.plain * (1 + self.margin)
+            self.pending = []
             return
         self.spec, self.spec_run = rate, self.spec_run + 1
         if self.plain is None:  # nothing to weigh it against yet: plain decoding runs next
-            self.pending = (rate, seconds, rewarm_s, trial)
+            self.pending.append((rate, seconds, rewarm_s, trial))
             return
         self._judge(rate, seconds, rewarm_s, trial)
+
+    def charge(self, seconds: float) -> None:
+        """Seconds that speculation cost outside any window: calibrating the pass costs, prefilling or
+        admitting rows with more heads than plain decoding needs."""
+        self.total_s += seconds
+        self.balance_s -= seconds
 
     def _judge(self, rate: float, seconds: float, rewarm_s: float, trial: bool) -> None:
         gain = rate * seconds / self.plain - (seconds + rewarm_s)  # against plain decoding of its bytes
         self.balance_s += gain
         self.winning = rate > self.plain * (1 + self.margin)
-        if trial and gain < 0:  # a try that lost: the next waits until the budget has paid for it
-            self.last_loss_s, self.since_loss_s = -gain, 0.0
+        if not trial:
+            return
+        if gain < 0:  # a try that lost: the next waits (a bounded back-off) and is counted at its cost
+            self.try_loss_s, self.since_loss_s, self.losses = -gain, 0.0, self.losses + 1
+        else:
+            self.losses = 0
+
+    def may_go_on(self, lost_s: float) -> bool:
+        """Whether a try that has so far lost `lost_s` seconds against plain decoding of its bytes
+        (measured while it runs, `loop.Window`) may run its next pass: while it has not spent what
+        the budget had left when it began, so that a try costs what was measured, not predicted."""
+        return self.plain is None or lost_s <= self.balance_s + self.budget * self.total_s
 
     def holds_back(self) -> bool:
         """Whether the next window runs plain decoding whatever a try would cost (what `arm` says
@@ -331,17 +387,19 @@ class Arbiter:
         return self.plain is not None and not self.winning and not self._may_try(0.0)
 
     def _may_try(self, try_s: float) -> bool:
-        within = self.balance_s - try_s - self.rewarm_s >= -self.budget * self.total_s
-        return within and self.since_loss_s * self.budget >= self.last_loss_s  # and credit is not spent at once
+        cost = max(try_s, self.try_loss_s) + self.rewarm_s  # a try costs what the last lost try did, at least
+        within = self.balance_s - cost >= -self.budget * self.total_s
+        wait = min(self.try_loss_s / self.budget, min(2 ** max(self.losses - 1, 0), MAX_BACKOFF) * self.window_s)
+        return within and self.since_loss_s >= wait
 
     def arm(self, try_s: float = 0.0, *, promising: bool = False) -> tuple[bool, int]:
-        """Whether the next window speculates, and its passes: at first, speculation where it is
-        `promising` (the pass costs and the profile expect it to pay), then plain decoding, measured
+        """Whether the next window speculates, and its passes: at first plain decoding, measured
         before anything is judged; speculation while it wins; a try of it where what it may cost
-        (`try_s`, by the expected bytes and pass costs, and a re-warm like the last) keeps
-        speculation's cost within the budget; else plain decoding."""
-        if self.plain is None:
-            return promising and self.spec is None, EXPLORE_PASSES
+        (`try_s`, by the expected bytes and pass costs, or what the last lost try cost, whichever
+        is more, and a re-warm like the last) keeps speculation's cost within the budget; else
+        plain decoding."""
+        if self.plain is None:  # plain decoding is measured before speculation is tried
+            return False, EXPLORE_PASSES
         if self.winning:  # ... with plain decoding measured again now and then, so a stale figure cannot keep it
             return (False, EXPLORE_PASSES) if self.spec_run >= REMEASURE else (True, PLAN_PASSES)
         if self._may_try(try_s):
@@ -359,6 +417,11 @@ class Choice:
     bytes_per_pass: float
     speedup: float
     passes: int = PLAN_PASSES
+    lookup: bool = True  # whether rows that draft prompt lookup bytes may (False: the arbiter's plain arm)
+
+    def speculates(self, lookup: bool) -> bool:
+        """Whether its passes speculate, for a draft that does (`lookup`) or does not draft lookup bytes."""
+        return self.heads > 1 or lookup and self.lookup
 
 
 def best_tree(profile: AcceptanceProfile, max_depth: int, max_nodes: int, *,
@@ -385,15 +448,18 @@ def best_tree(profile: AcceptanceProfile, max_depth: int, max_nodes: int, *,
 
 def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree: bool,
            max_nodes: int = MAX_NODES, heads: int | None = None, margin: float = 0.1,
-           arbiter: Arbiter | None = None) -> Choice:
+           arbiter: Arbiter | None = None, lookup: bool = False) -> Choice:
     """The (heads, tree) of the next window and its passes. The shape is the one that maximises
     expected bytes per second, assuming the next passes draft alike; `heads` fixes the number of
     heads (a forced --heads), `tree` False drafts chains only. With an `arbiter` (costs that passes
     calibrate), whether it speculates is the arbiter's (`Arbiter.arm`: on what plain decoding and
     speculation really delivered), and it speculates with the best shape that drafts; without one
-    (given costs), speculation must promise `margin` more than plain decoding to be chosen."""
+    (given costs), speculation must promise `margin` more than plain decoding to be chosen. With
+    `lookup` (rows draft prompt lookup bytes), the arbiter's plain arm drafts nothing at all, and its
+    speculation drafts lookup bytes, with the heads where they promise to pay."""
+    plain_arm = Choice(heads=1, tree=DraftTree.chain(0), bytes_per_pass=1.0, speedup=1.0, lookup=False)
     if heads is None and arbiter is not None and arbiter.holds_back():
-        return Choice(heads=1, tree=DraftTree.chain(0), bytes_per_pass=1.0, speedup=1.0)
+        return plain_arm
     ranks = profile.ranks if tree else 1
     best, plain = None, (1.0 / costs(1, 1), 1, [], 1.0)
     for k in ([heads] if heads else range(2, max_heads + 1)):
@@ -408,12 +474,18 @@ def choose(profile: AcceptanceProfile, costs: PassCosts, *, max_heads: int, tree
         best = plain
     passes = PLAN_PASSES
     if heads is None:
+        promising = best[0] >= (1 + margin) * plain[0]
         if arbiter is not None:  # a try's cost: its passes' seconds beyond plain decoding of the bytes expected
             try_s = EXPLORE_PASSES * max(0.0, costs(best[1], len(best[2]) + 1) - best[3] * costs(1, 1))
-            speculate, passes = arbiter.arm(try_s, promising=best[0] >= (1 + margin) * plain[0])
-        else:
-            speculate = best[0] >= (1 + margin) * plain[0]
-        best = best if speculate else plain
+            if lookup and not promising:  # a try of lookup bytes alone: plain passes, expected to cost nothing more
+                try_s = 0.0
+            speculate, passes = arbiter.arm(try_s, promising=promising or lookup)
+            if not speculate:
+                return dataclasses.replace(plain_arm, passes=passes)
+            if lookup and not promising:  # speculation by lookup bytes alone
+                return dataclasses.replace(plain_arm, lookup=True, passes=passes)
+        elif not promising:
+            best = plain
     rate, k, paths, expected = best
     return Choice(heads=k, tree=DraftTree.from_paths(paths) if paths else DraftTree.chain(0),
                   bytes_per_pass=expected, speedup=rate * costs(1, 1), passes=passes)

@@ -70,25 +70,38 @@ class Window:
     delivers, with everything a pass does not time itself (emitting, slides, the loop), so that
     plain decoding is a measured arm (`drafting.Arbiter`); the plan's `passes` run before the next."""
 
-    def __init__(self, state: Batch, choice: Choice, *, lookup: bool = False):
+    def __init__(self, state: Batch, choice: Choice, *, lookup: bool = False, greedy: bool = True):
         self.choice, self.length, self.t0 = choice, choice.passes, time.perf_counter()
-        self.lookup = lookup  # whose arbiter it reports to (`PassCosts.arbiter`)
+        self.lookup, self.greedy = lookup, greedy  # whose arbiter it reports to (`PassCosts.arbiter`)
         live = [state.rows[r] for r in state.active if r not in state.finished and not state.rows[r].pad]
         self.rows, self.bytes0 = len(live), sum(len(row.out.data) for row in state.rows)
         self.passes, self.rewarm_s, self.compile_s0 = 0, 0.0, state.compile_s
+        self.stopped = False  # a try ended early, having spent its budget: judged as a try all the same
+
+    def lost(self, state: Batch) -> float:
+        """Seconds a try has lost so far against plain decoding of the bytes it emitted (0: not a
+        try, or plain decoding not measured yet): what `Arbiter.may_go_on` weighs after each pass."""
+        if state.costs is None or self.length != EXPLORE_PASSES or not self.choice.speculates(self.lookup):
+            return 0.0
+        plain = state.costs.arbiter(self.lookup, self.greedy).plain
+        if plain is None or not self.rows:
+            return 0.0
+        emitted = (sum(len(row.out.data) for row in state.rows) - self.bytes0) / self.rows
+        return time.perf_counter() - self.t0 - (state.compile_s - self.compile_s0) - emitted / plain
 
     def close(self, state: Batch) -> None:
         """Record what the window delivered in the batch's costs' arbiter, the seconds of passes that
         compiled a shape apart (so that a try that compiled is judged on its other passes, never
-        left unjudged to be tried again at once); nothing for a window of fewer than 4 passes (a
-        call's last few) or whose every pass compiled."""
+        left unjudged to be tried again at once); a window of fewer than 4 passes (a call's last
+        few) counts in the arbiter's balance only; nothing for one whose every pass compiled."""
         compile_s = state.compile_s - self.compile_s0
         seconds = time.perf_counter() - self.t0 - self.rewarm_s - compile_s
-        if state.costs is None or self.passes < 4 or not self.rows or seconds <= 0:
+        if state.costs is None or not self.passes or not self.rows or seconds <= 0:
             return
         emitted = sum(len(row.out.data) for row in state.rows) - self.bytes0
-        state.costs.arbiter(self.lookup).record(speculative=self.choice.heads > 1, rate=emitted / self.rows / seconds,
-                                   seconds=seconds, rewarm_s=self.rewarm_s, trial=self.length == EXPLORE_PASSES)
+        state.costs.arbiter(self.lookup, self.greedy).record(
+            speculative=self.choice.speculates(self.lookup), rate=emitted / self.rows / seconds, seconds=seconds,
+            rewarm_s=self.rewarm_s, trial=self.length == EXPLORE_PASSES, short=self.passes < 4 and not self.stopped)
 
 
 class Loop:
@@ -112,18 +125,41 @@ class Loop:
         self.choice: Choice | None = None
         self._planned: tuple | None = None  # (size, greedy) the choice was made for
         self.window: Window | None = None  # the passes of the current plan, timed as a whole
+        self.owed: list[tuple[float, int, int]] = []  # prefills of more than one head: (seconds, heads, nodes)
         if rows:
-            decoder.prefill(rows, cache, first)
+            self._prefill(rows, cache, first)
+
+    def _prefill(self, rows: list[Row], cache: KVCache, heads: int) -> None:
+        """Prefill rows (`Decoder.prefill`); one of more heads than plain decoding runs is owed to the
+        arbiter (`_charge`), as speculation's cost."""
+        t0 = time.perf_counter()
+        self.decoder.prefill(rows, cache, heads)
+        if heads > 1:
+            self.owed.append((time.perf_counter() - t0, heads, max(cache.lengths)))
+        self._charge()
+
+    def _charge(self) -> None:
+        """Charge the batch's arbiter what prefills of more heads than one cost beyond one head's (by
+        the pass costs' ratio at their size), once the costs are known."""
+        state = self.state
+        if state.costs is None or not self.owed:
+            return
+        greedy = self.greedy if self.greedy is not None else state.greedy
+        arbiter = state.costs.arbiter(self.draft.lookup, greedy)
+        for seconds, heads, nodes in self.owed:
+            arbiter.charge(seconds * (1 - state.costs(1, nodes) / state.costs(heads, nodes)))
+        self.owed = []
 
     def _prompt_heads(self, static: bool) -> int:
         """The heads a call's prompts run: every head the draft may use (a later re-warm then runs
         only plain passes' bytes), but one where its costs' arbiter holds speculation back (plain
-        decoding delivered more), so that a call that decodes plain pays a plain prefill."""
+        decoding delivered more, or has not been measured yet), so that a call that decodes plain
+        pays a plain prefill."""
         costs = self.decoder.calibration.for_run(self.size, static=static)
         if costs is None or not self.draft.adapts(True if self.greedy is None else self.greedy):
             return self.full
-        arbiter = costs.arbiter(self.draft.lookup)
-        return self.full if arbiter.plain is None or arbiter.winning else 1
+        arbiter = costs.arbiter(self.draft.lookup, True if self.greedy is None else self.greedy)
+        return self.full if arbiter.winning else 1
 
     # --- rows joining and leaving (a server's batch) ---------------------------------------------
 
@@ -133,7 +169,7 @@ class Loop:
         state = self.state
         for b, row in zip(state.add(rows, warm=self.full), rows):
             view = state.cache.row(b)
-            self.decoder.prefill([row], view, self.full)  # every head: a later re-warm runs less
+            self._prefill([row], view, self.full)  # every head: a later re-warm runs less
             state.cache.lengths[b] = view.lengths[0]
             state.cache.doc_starts[b] = view.doc_starts[0]
         self._pad()
@@ -187,6 +223,12 @@ class Loop:
         for r, start in starts.items():
             state.stale.passed(r, heads=whole, start=start)
 
+    def close(self) -> None:
+        """The call's last window into the arbiter (`Window.close`: a short one counts in its balance)."""
+        if self.window is not None and self.state.costs is not None:
+            self.window.close(self.state)
+            self.window = None
+
     def plan(self) -> Choice:
         """The draft of the next pass: re-planned after each window's passes when the draft adapts,
         and whenever the size or greediness it is planned at changes (then the batch's passes
@@ -195,8 +237,11 @@ class Loop:
         size = self.size if self.buckets is None else self._bucket()
         greedy = self.greedy if self.greedy is not None else state.greedy
         key = (size, greedy)
-        if (self.choice is None or key != self._planned
-                or self.window.passes >= self.window.length and self.draft.adapts(greedy)):
+        lost = 0.0 if self.window is None else self.window.lost(state)  # a try stops when it has spent its budget
+        if lost > 0 and not state.costs.arbiter(self.draft.lookup, greedy).may_go_on(lost):
+            self.window.stopped = True
+        ended = self.window is not None and (self.window.passes >= self.window.length or self.window.stopped)
+        if self.choice is None or key != self._planned or ended and self.draft.adapts(greedy):
             if self.window is not None and key == self._planned:
                 self.window.close(state)
             self.choice = decoder.last_choice = decoder.plan(self.draft, batch_size=size, static=state.static,
@@ -204,6 +249,7 @@ class Loop:
             if key != self._planned:  # after the plan, which measures the costs the first time
                 state.costs = decoder.calibration.for_run(size, static=state.static)
                 self._planned = key
-            self.window = Window(state, self.choice, lookup=self.draft.lookup)
+                self._charge()
+            self.window = Window(state, self.choice, lookup=self.draft.lookup, greedy=greedy)
         self.window.passes += 1
         return self.choice

@@ -201,6 +201,17 @@ class DraftPass(PassHeads):
         return model.drafter(states_ND[:, None], first_N[:, None], embed=model.embed, k=k - 1,
                              tables=self.tables)[:, 0]
 
+    def finish(self, logits_BTJV, states, greedy, *, heads, first, after=None):
+        """Head 1's logits with the draft depths' after it, read at every node from head 1's pick
+        there (the byte the row emits if it keeps that node), so that the pass's picks, the drafts
+        after the kept node among them, come back in its one transfer."""
+        if heads <= 1:
+            return logits_BTJV, greedy
+        B, T = logits_BTJV.shape[:2]
+        h_ND, first_N = states.reshape(B * T, -1), first(logits_BTJV, greedy).reshape(B * T).clamp(min=0)  # -1: a NaN, refused later
+        more = (after or self.after_picks)(h_ND, first_N, heads)
+        return torch.cat([logits_BTJV, more.view(B, T, more.shape[1], -1).to(logits_BTJV.dtype)], dim=2), None
+
     def cache_layers(self, heads: int) -> tuple[int, ...]:
         """The trunk's and head 1's, whatever the heads: draft heads attend to nothing."""
         return self.model.cache_layers(1)

@@ -83,8 +83,18 @@ class PassHeads(abc.ABC):
 
     def after_picks(self, states_ND: torch.Tensor, first_N: torch.Tensor, k: int) -> torch.Tensor:
         """The logits (N, k - graph_heads(k), V) of the heads after the graph's, at N nodes, from
-        `in_pass`'s states there and head 1's pick at each (`first_N`)."""
-        raise AssertionError(f"{self.name} heads run every head in the pass")
+        `in_pass`'s states there and head 1's pick at each (`first_N`): none here."""
+        return states_ND.new_zeros(states_ND.shape[0], 0, self.model.config.table_rows)
+
+    def finish(self, logits_BTJV: torch.Tensor, states: torch.Tensor, greedy: torch.Tensor | None, *, heads: int,
+               first, after=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A decoding pass's logits of all its `heads` heads (B, T, heads, V), and the greedy picks
+        still good for them (None: pick again), from what `in_pass` gave (its logits, its states,
+        the compiled step's greedy picks). Here the graph ran every head: as they are. A kind that
+        runs heads after the picks computes them here from head 1's pick at every node, which
+        `first(logits, greedy)` gives (B, T), through `after` (the compiled step's `after_picks`;
+        None: this one). The decoder calls it after every pass, whatever the kind."""
+        return logits_BTJV, greedy
 
     def cache_layers(self, heads: int) -> tuple[int, ...]:
         """The cache layers a pass of `heads` heads writes, in the order it writes them."""
