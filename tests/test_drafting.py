@@ -265,13 +265,13 @@ def test_heads_that_start_to_pay_are_found_again():
 def test_choose_speculates_as_the_arbiter_says_with_the_best_shape_that_drafts():
     good = AcceptanceProfile(8, prior=[0.9] * 7)
     arbiter = Arbiter()
-    for _ in range(PLAIN_WINDOWS):  # plain measured first, however promising: nothing drafted at all
+    first = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter)
+    assert first.heads > 1 and first.passes == EXPLORE_PASSES  # promising: tried first, briefly
+    arbiter.record(speculative=True, rate=2.0, seconds=4.0)
+    for _ in range(PLAIN_WINDOWS):  # then plain is measured, nothing drafted at all
         plain = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter, lookup=True)
         assert plain.heads == 1 and not plain.lookup and plain.passes == EXPLORE_PASSES
-        arbiter.record(speculative=False, rate=1.0, seconds=4.0)
-    first = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter)
-    assert first.heads > 1 and first.passes == EXPLORE_PASSES  # promising: tried, briefly
-    arbiter.record(speculative=True, rate=2.0, seconds=4.0)  # ... and it won
+        arbiter.record(speculative=False, rate=1.0, seconds=4.0)  # ... and the try judged: it won
     kept = choose(good, CPU_LIKE, max_heads=8, tree=False, arbiter=arbiter)
     assert kept.heads > 1 and kept.tree.T > 1 and kept.passes == PLAN_PASSES and arbiter.balance_s > 0
 

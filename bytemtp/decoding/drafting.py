@@ -291,7 +291,9 @@ class Arbiter:
     and kind of rows (module docstring): `record` takes each window's outcome, `charge` what
     speculation cost outside the windows, `arm` says what the next window runs.
 
-    Every second spent speculating or preparing to counts in one balance against plain decoding:
+    A first window speculates where it is promising (one try, so that a short call speculates at
+    all); then plain decoding is measured. Every second spent speculating or preparing to counts in
+    one balance against plain decoding:
     the windows that speculated (judged on the plain figure), their re-warms, the windows too short
     to judge (a call's last few passes), and what `charge` is told (calibrating the pass costs,
     prefilling and admitting rows with every head rather than one). Speculation that has not won
@@ -393,13 +395,15 @@ class Arbiter:
         return within and self.since_loss_s >= wait
 
     def arm(self, try_s: float = 0.0, *, promising: bool = False) -> tuple[bool, int]:
-        """Whether the next window speculates, and its passes: at first plain decoding, measured
-        before anything is judged; speculation while it wins; a try of it where what it may cost
+        """Whether the next window speculates, and its passes: at first, speculation where it is
+        `promising` (the pass costs and the profile expect it to pay: one window, so that a short
+        call of a good model speculates at all), then plain decoding, measured before anything is
+        judged; speculation while it wins; a try of it where what it may cost
         (`try_s`, by the expected bytes and pass costs, or what the last lost try cost, whichever
         is more, and a re-warm like the last) keeps speculation's cost within the budget; else
         plain decoding."""
-        if self.plain is None:  # plain decoding is measured before speculation is tried
-            return False, EXPLORE_PASSES
+        if self.plain is None:  # a promising first try (a short call's chance), then plain decoding measured
+            return promising and self.spec is None, EXPLORE_PASSES
         if self.winning:  # ... with plain decoding measured again now and then, so a stale figure cannot keep it
             return (False, EXPLORE_PASSES) if self.spec_run >= REMEASURE else (True, PLAN_PASSES)
         if self._may_try(try_s):
