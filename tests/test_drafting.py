@@ -240,6 +240,19 @@ def test_what_speculation_costs_outside_its_windows_is_charged():
     assert costs.arbiter(False, True).balance_s == 0.0 and costs.arbiter(True, False) is not costs.arbiter(True, True)
 
 
+def test_a_calibration_that_took_long_holds_no_try_back():
+    """Measuring the pass costs is spent whatever comes next: it counts in the balance, but a try may
+    still risk the budget (a good speculator is found after it); a prefill of every head, which
+    speculation keeps paying, holds tries back as any loss does."""
+    for sunk, tries in ((True, True), (False, False)):
+        arbiter = Arbiter()
+        arbiter.charge(30.0, sunk=sunk)
+        for _ in range(PLAIN_WINDOWS):
+            arbiter.record(speculative=False, rate=1.0, seconds=16.0)
+        assert arbiter.balance_s == -30.0 and arbiter.arm()[0] is tries
+        assert arbiter.may_go_on(1.0) is tries and arbiter.holds_back() is not tries
+
+
 def test_speculation_that_never_pays_costs_at_most_the_budget():
     """Tried again as the budget allows (so heads that start to pay are found), never costing plain
     decoding more than the budget and one try."""

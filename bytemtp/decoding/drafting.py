@@ -28,7 +28,8 @@ time decoded (3%), in short windows (`EXPLORE_PASSES`), so that heads that never
 that share, and heads that start to pay are found again at the next try the budget allows. The
 trade-off: a deterministic budget rather than random exploration, so that tests replay exactly
 and auto is never more than the budget (and one short window) slower than plain decoding, at the
-price of finding heads that have become good only as often as the budget allows.
+price of finding heads that have become good only as often as the budget allows. Measuring the
+pass costs counts in that balance but holds no try back (`Arbiter.charge`).
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ class PassCosts:
         if key not in self.arbiters:
             self.arbiters[key] = Arbiter()
             if len(self.arbiters) == 1 and self.setup_s:
-                self.arbiters[key].charge(self.setup_s)
+                self.arbiters[key].charge(self.setup_s, sunk=True)
         return self.arbiters[key]
 
     def ratio(self, k: int, T: int) -> float:
@@ -293,15 +294,15 @@ class Arbiter:
 
     A first window speculates where it is promising (one try, so that a short call speculates at
     all); then plain decoding is measured. Every second spent speculating or preparing to counts in
-    one balance against plain decoding:
-    the windows that speculated (judged on the plain figure), their re-warms, the windows too short
-    to judge (a call's last few passes), and what `charge` is told (calibrating the pass costs,
-    prefilling and admitting rows with every head rather than one). Speculation that has not won
-    runs only while that balance stays within `budget` of the time decoded, counting the next
-    try at what tries really cost (the last one that lost), never at less; the plain figure is the
-    median of the last PLAIN_WINDOWS plain windows; and a lost try holds the next back for at
-    most MAX_BACKOFF plain windows (1, 2, 4, ... as tries go on losing), so that one unlucky try
-    (a slide inside it) does not lock out a winner for long."""
+    one balance against plain decoding: the windows that speculated (judged on the plain figure),
+    their re-warms, the windows too short to judge (a call's last few passes), and what `charge` is
+    told (calibrating the pass costs, prefilling and admitting rows with every head rather than
+    one). Speculation that has not won runs only while that balance, the calibration apart, stays
+    within `budget` of the time decoded, counting the next try at what tries really cost (the last
+    one that lost), never at less; the plain figure is the median of the last PLAIN_WINDOWS plain
+    windows; and a lost try holds the next back for at most MAX_BACKOFF plain windows (1, 2, 4,
+    ... as tries go on losing), so that one unlucky try (a slide inside it) does not lock out a
+    winner for long."""
 
     def __init__(self, *, budget: float = 0.03, margin: float = 0.03):
         self.budget, self.margin = budget, margin
@@ -317,11 +318,11 @@ class Arbiter:
         self.losses = 0  # tries lost in a row
         self.since_loss_s = 0.0  # seconds since that loss
         self.spec_run = 0  # speculative windows since plain decoding was last measured
+        self.sunk_s = 0.0  # of the balance: what measuring the pass costs took (spent, not risked)
 
     @property
     def plain(self) -> float | None:
-        """Bytes a row a second of plain decoding: the median of the last plain windows, once there
-        are PLAIN_WINDOWS of them (None before)."""
+        """Bytes a row a second of plain decoding: the median of the last PLAIN_WINDOWS (None before)."""
         if len(self.plains) < PLAIN_WINDOWS:
             return None
         ordered = sorted(self.plains)
@@ -359,11 +360,16 @@ class Arbiter:
             return
         self._judge(rate, seconds, rewarm_s, trial)
 
-    def charge(self, seconds: float) -> None:
-        """Seconds that speculation cost outside any window: calibrating the pass costs, prefilling or
-        admitting rows with more heads than plain decoding needs."""
-        self.total_s += seconds
-        self.balance_s -= seconds
+    def charge(self, seconds: float, *, sunk: bool = False) -> None:
+        """Seconds that speculation cost outside any window: prefilling or admitting rows with more
+        heads than plain decoding needs, or (`sunk`) calibrating the pass costs: in the balance, not
+        in what a try may risk (`_within`): it would hold every try back, never to be earned back."""
+        self.total_s, self.balance_s, self.sunk_s = self.total_s + seconds, self.balance_s - seconds, \
+            self.sunk_s + (seconds if sunk else 0.0)
+
+    def _within(self, loss_s: float) -> bool:
+        """Whether speculation's cost, sunk costs apart and `loss_s` more, stays within the budget."""
+        return self.balance_s + self.sunk_s - loss_s >= -self.budget * (self.total_s - self.sunk_s)
 
     def _judge(self, rate: float, seconds: float, rewarm_s: float, trial: bool) -> None:
         gain = rate * seconds / self.plain - (seconds + rewarm_s)  # against plain decoding of its bytes
@@ -380,7 +386,7 @@ class Arbiter:
         """Whether a try that has so far lost `lost_s` seconds against plain decoding of its bytes
         (measured while it runs, `loop.Window`) may run its next pass: while it has not spent what
         the budget had left when it began, so that a try costs what was measured, not predicted."""
-        return self.plain is None or lost_s <= self.balance_s + self.budget * self.total_s
+        return self.plain is None or self._within(lost_s)
 
     def holds_back(self) -> bool:
         """Whether the next window runs plain decoding whatever a try would cost (what `arm` says
@@ -390,18 +396,16 @@ class Arbiter:
 
     def _may_try(self, try_s: float) -> bool:
         cost = max(try_s, self.try_loss_s) + self.rewarm_s  # a try costs what the last lost try did, at least
-        within = self.balance_s - cost >= -self.budget * self.total_s
         wait = min(self.try_loss_s / self.budget, min(2 ** max(self.losses - 1, 0), MAX_BACKOFF) * self.window_s)
-        return within and self.since_loss_s >= wait
+        return self._within(cost) and self.since_loss_s >= wait
 
     def arm(self, try_s: float = 0.0, *, promising: bool = False) -> tuple[bool, int]:
         """Whether the next window speculates, and its passes: at first, speculation where it is
         `promising` (the pass costs and the profile expect it to pay: one window, so that a short
         call of a good model speculates at all), then plain decoding, measured before anything is
-        judged; speculation while it wins; a try of it where what it may cost
-        (`try_s`, by the expected bytes and pass costs, or what the last lost try cost, whichever
-        is more, and a re-warm like the last) keeps speculation's cost within the budget; else
-        plain decoding."""
+        judged; speculation while it wins; a try where what it may cost (`try_s`, by the expected
+        bytes and pass costs, or the last lost try's cost, whichever is more, and a re-warm like the
+        last) keeps speculation's cost within the budget; else plain decoding."""
         if self.plain is None:  # a promising first try (a short call's chance), then plain decoding measured
             return promising and self.spec is None, EXPLORE_PASSES
         if self.winning:  # ... with plain decoding measured again now and then, so a stale figure cannot keep it
