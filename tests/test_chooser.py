@@ -7,8 +7,9 @@ first plain passes run at a third of their speed (a busy machine), whose windows
 took longer than the budget allows all speculation (measured before the calls, as a benchmark's
 warm-up does, so it is charged to the arbiter but not to the clock). Auto is within 7% of
 the best of plain decoding and the fixed drafts whether drafts never pay, pay only at batch 1, pay
-only after a while, or fall a little short, at batch 1 and 8 (the noise is seeded: every figure
-replays exactly).
+only after a while, or fall a little short, at batch 1 and 8, and where they pay for half a
+call's rows only (the call ends with its slowest row: judged on the rows' average, auto fell to
+0.88 of plain there). The noise is seeded: every figure replays exactly.
 
 Mutants of the arbiter (`drafting.Arbiter`) fail here, each seen failing (BENCHMARKS.md, "The
 chooser under attack"): always plain (0.32 of the best where drafts always pay at batch 1), always
@@ -33,6 +34,7 @@ from bytemtp.vocab import BYTES
 # free (a pass is its overheads); at batch 8 they cost their arithmetic, so that drafts pay only at batch 1
 COSTS = {1: {(1, 1): 1.0, (1, 16): 1.3, (8, 1): 1.4, (8, 16): 1.9},
          8: {(1, 1): 1.0, (1, 16): 8.0, (8, 1): 8.0, (8, 16): 16.0}}
+COSTS[2] = COSTS[1]  # two rows, as cheap to draft for as one: where a call's rows may part ways
 # what the decoder was calibrated with instead: drafts look nearly free at every batch size
 CALIBRATED = {B: {(1, 1): 1.0, (1, 16): 1.2, (8, 1): 1.2, (8, 16): 1.5} for B in COSTS}
 SCENARIOS = {  # where head depth j's draft of stream index i is right (rank 0), else None
@@ -40,6 +42,7 @@ SCENARIOS = {  # where head depth j's draft of stream index i is right (rank 0),
     "always": lambda j, i: 0 if j <= 4 else None,
     "after a while": lambda j, i: (0 if j <= 5 else None) if i > 160 else None,
     "a little short": lambda j, i: 0 if j == 1 and i % 3 else None,  # 1.67 bytes a pass for its cost
+    "half the rows": None,  # every other row "always", the rest "never": a call ends with its slowest row
 }
 FIXED = ("plain", "chain-2", "chain-4")
 HOST = {True: 0.15, False: 0.6}  # seconds outside the model a pass, greedy rows or some sampled
@@ -95,7 +98,8 @@ def _rate(monkeypatch, scenario: str, B: int, draft: str, *, mixed: bool = False
         return emit(self, state, heads=heads)
 
     monkeypatch.setattr(decode.Decoder, "emit_next", emit_next)
-    docs = [Doc(b"%d:" % r, _text(r, max_bytes + 20), SCENARIOS[scenario]) for r in range(B)]
+    rules = [SCENARIOS[scenario] or SCENARIOS["always" if r % 2 else "never"] for r in range(B)]
+    docs = [Doc(b"%d:" % r, _text(r, max_bytes + 20), rules[r]) for r in range(B)]
     model = _World(docs, clock, B, seed=B)
     dec = decode.Decoder(model, compile="off")
     dec.calibration.known[B, False] = costs = PassCosts(dict(CALIBRATED[B]))  # calibrated wrongly
@@ -121,7 +125,8 @@ def _judge(monkeypatch, scenario, B, *, mixed=False):
     return _rate(monkeypatch, scenario, B, "auto", mixed=mixed), fixed
 
 
-CASES = [pytest.param(s, B, False, id=f"{s}-{B}") for s in SCENARIOS for B in (1, 8)] + [
+CASES = [pytest.param(s, B, False, id=f"{s}-{B}") for s in SCENARIOS for B in (1, 8) if s != "half the rows"] + [
+    pytest.param("half the rows", 2, False, id="half the rows-2"),
     pytest.param("never", 8, True, id="never-8-mixed")]  # where drafts pay 3% (always-8 mixed): 0.91x, BENCHMARKS.md
 
 
@@ -133,5 +138,5 @@ def test_auto_is_within_7_percent_of_the_best_of_plain_and_the_fixed_drafts(monk
     assert auto >= 0.93 * fixed[best], (auto, fixed)
     if scenario == "always" and B == 1:
         assert best != "plain" and auto > 1.5 * fixed["plain"]  # the drafts are found and used
-    if scenario == "never" or B == 8 and scenario != "always":
+    if scenario in ("never", "half the rows") or B == 8 and scenario != "always":
         assert best == "plain", fixed  # the scenarios are what they say
