@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -308,7 +309,7 @@ class Arbiter:
         self.budget, self.margin = budget, margin
         self.plains: list[float] = []  # bytes a row a second of the last PLAIN_WINDOWS plain windows
         self.window_s = 0.0  # seconds of the last plain window: the unit a back-off waits in
-        self.spec: float | None = None  # what the last speculative window delivered
+        self.specs: list[float] = []  # what the last speculative windows delivered, since the try that began them
         self.winning = False  # whether speculation delivered more than plain decoding at its last window
         self.balance_s = 0.0  # seconds speculation gained over plain decoding (below 0: what it cost)
         self.total_s = 0.0  # seconds of everything recorded or charged
@@ -323,10 +324,7 @@ class Arbiter:
     @property
     def plain(self) -> float | None:
         """Bytes a row a second of plain decoding: the median of the last PLAIN_WINDOWS (None before)."""
-        if len(self.plains) < PLAIN_WINDOWS:
-            return None
-        ordered = sorted(self.plains)
-        return ordered[len(ordered) // 2]
+        return sorted(self.plains)[PLAIN_WINDOWS // 2] if len(self.plains) == PLAIN_WINDOWS else None
 
     def record(self, *, speculative: bool, rate: float, seconds: float, rewarm_s: float = 0.0,
                trial: bool = True, short: bool = False) -> None:
@@ -350,11 +348,12 @@ class Arbiter:
                 return
             for window in self.pending:  # the speculative windows that ran first are judged now
                 self._judge(*window)
-            if not self.pending and self.spec is not None:  # measured again: speculation weighed anew
-                self.winning = self.winning and self.spec > self.plain * (1 + self.margin)
+            if not self.pending and self.specs:  # measured again: speculation weighed anew
+                self.winning = self.winning and statistics.median(self.specs) > self.plain * (1 + self.margin)
             self.pending = []
             return
-        self.spec, self.spec_run = rate, self.spec_run + 1
+        self.spec_run += 1
+        self.specs = [rate] if trial else (self.specs + [rate])[-PLAIN_WINDOWS:]  # no one window ends a win
         if self.plain is None:  # nothing to weigh it against yet: plain decoding runs next
             self.pending.append((rate, seconds, rewarm_s, trial))
             return
@@ -374,7 +373,7 @@ class Arbiter:
     def _judge(self, rate: float, seconds: float, rewarm_s: float, trial: bool) -> None:
         gain = rate * seconds / self.plain - (seconds + rewarm_s)  # against plain decoding of its bytes
         self.balance_s += gain
-        self.winning = rate > self.plain * (1 + self.margin)
+        self.winning = statistics.median(self.specs) > self.plain * (1 + self.margin)
         if not trial:
             return
         if gain < 0:  # a try that lost: the next waits (a bounded back-off) and is counted at its cost
@@ -407,7 +406,7 @@ class Arbiter:
         bytes and pass costs, or the last lost try's cost, whichever is more, and a re-warm like the
         last) keeps speculation's cost within the budget; else plain decoding."""
         if self.plain is None:  # a promising first try (a short call's chance), then plain decoding measured
-            return promising and self.spec is None, EXPLORE_PASSES
+            return promising and not self.specs, EXPLORE_PASSES
         if self.winning:  # ... with plain decoding measured again now and then, so a stale figure cannot keep it
             return (False, EXPLORE_PASSES) if self.spec_run >= REMEASURE else (True, PLAN_PASSES)
         if self._may_try(try_s):
