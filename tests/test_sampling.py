@@ -9,6 +9,7 @@ its very bytes under every draft.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import defaultdict
 
 import pytest
@@ -33,6 +34,31 @@ def test_the_noise_is_a_function_of_key_position_and_id_alone():
     assert not torch.equal(gumbel(7 + (1 << 62), [3], 264)[0], a[0])  # every bit of a key counts
     u = torch.exp(-torch.exp(-gumbel(1, list(range(200)), 264)))  # back to the uniforms
     assert 0.0 < float(u.min()) and float(u.max()) < 1.0 and abs(float(u.mean()) - 0.5) < 0.01
+
+
+def _splitmix_noise(key: int, position: int, byte: int) -> float:
+    """The noise at (key, position, id) by splitmix64 in Python's integers: the reference."""
+    mask = (1 << 64) - 1
+
+    def mix(z):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    stream = mix((key + (position + 1) * 0x9E3779B97F4A7C15) & mask)
+    z = mix((stream + (byte + 1) * 0x9E3779B97F4A7C15) & mask)
+    return -math.log(-math.log(((z >> 11) + 0.5) * 2.0 ** -53))
+
+
+def test_the_noise_is_splitmix64_of_key_position_and_id():
+    """Computed in place over whole passes (`sampling._mix`): the reference's values."""
+    keys, positions = [0, 7, (1 << 63) - 1, 123456789 << 20], [0, 1, 255, 4095, 1 << 40]
+    for key in keys:
+        noise = gumbel(key, positions, 264)
+        for i, position in enumerate(positions):
+            for byte in (0, 1, 97, 255, 263):
+                want = _splitmix_noise(key, position, byte)  # (the C library's log may round the last bit apart)
+                assert float(noise[i, byte]) == pytest.approx(want, rel=1e-13), (key, position, byte)
 
 
 @pytest.mark.parametrize("over", ["positions", "keys"])
