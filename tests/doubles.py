@@ -343,6 +343,7 @@ class PathModel:
                 assert key not in self.follows, f"{bytes(k for k in key if k < 256)!r} occurs twice"
                 self.follows[key] = (n, i)
         self.calls = 0
+        self._ranked: dict[tuple, list[int]] = {}  # ((doc, index), head) -> `_candidates`
 
     def logits(self, ids_BT: torch.Tensor, cache, heads: int | None = None, *, layout,
                last: list[int] | None = None) -> torch.Tensor:
@@ -358,15 +359,21 @@ class PathModel:
         see = self._visible(layout, B, T)
         pos = layout.cos[..., 0].reshape(-1, T).expand(B, T).round().long().tolist()  # (B, T)
         out_BTKV = torch.zeros(B, T, K, VOCAB_SIZE)
+        first_head = cfg.trunk_layers  # (a property: read once, not at every slot)
+        at, scores = [], []  # (b, t, j, byte) and its score
         for b in range(B):
+            row_held = [held[layer][b] for layer in (0, *range(first_head, first_head + K))]
             for t in range(T):
                 slots = [s for s, seen in enumerate(see[b][t]) if seen]
-                trunk = [held[0][b][s] for s in slots]
+                trunk = [row_held[0][s] for s in slots]
                 for j in range(K):
-                    own = [held[cfg.trunk_layers + j][b][s] for s in slots]
+                    own = [row_held[1 + j][s] for s in slots]
                     ok = own == trunk and pos[b][t] == len(trunk) - 1
                     for r, byte in enumerate(self._candidates(trunk if ok else None, j)):
-                        out_BTKV[b, t, j, byte] = 30.0 - r
+                        at.append((b, t, j, byte))
+                        scores.append(30.0 - r)
+        if at:  # one write: element by element, it was most of a scripted pass's time
+            out_BTKV[tuple(torch.tensor(at).T)] = torch.tensor(scores)
         cache.advance(T)
         return out_BTKV if last is None else out_BTKV[torch.arange(B), last][:, None]
 
@@ -387,7 +394,11 @@ class PathModel:
         hit = None if context is None else self.follows.get(tuple(context[-CONTEXT:]))
         if hit is None:
             return [UNKNOWN]
-        n, i = hit
+        if (hit, j) not in self._ranked:
+            self._ranked[hit, j] = self._rank(*hit, j)
+        return self._ranked[hit, j]
+
+    def _rank(self, n: int, i: int, j: int) -> list[int]:
         stream = self.streams[n]
         true = stream[i + j] if i + j < len(stream) else EOS
         rank = 0 if j == 0 else self.docs[n].rank(j, i + j)
