@@ -9,9 +9,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import test_chooser as world  # noqa: E402 (the world's module, beside this file)
 
-from bytemtp.decoding import decode, drafting  # noqa: E402
+from bytemtp.decoding import decode, drafting, loop  # noqa: E402
 
-CASES = [(s, B, False) for s in world.SCENARIOS for B in (1, 8)] + [("never", 8, True), ("always", 8, True)]
+CASES = [(s, B, False) for s in world.SCENARIOS if s != "half the rows" for B in (1, 8)] + [
+    ("half the rows", 2, False), ("never", 8, True), ("always", 8, True)]
 FIXED: dict = {}  # the fixed drafts' rates, by case: the same for every mutant
 
 
@@ -68,6 +69,7 @@ def running_mean_plain(arbiter):
 def main() -> None:
     Arbiter = drafting.Arbiter
     arm, holds_back, record, plan = Arbiter.arm, Arbiter.holds_back, Arbiter.record, decode.Decoder.plan
+    plain_property = Arbiter.plain
     judge("the arbiter")
     Arbiter.arm, Arbiter.holds_back = (lambda self, try_s=0.0, *, promising=False: (False, drafting.PLAN_PASSES),
                                        lambda self: True)
@@ -88,6 +90,17 @@ def main() -> None:
 
     Arbiter.record, Arbiter.plain = keep_every_plain, property(running_mean_plain)
     judge("plain from one window, then a running mean")
+    Arbiter.record, Arbiter.plain = record, plain_property
+
+    emitted = loop.Window.emitted
+    loop.Window.emitted = lambda self, state: (sum(len(row.out.data) for row in state.rows) - self.bytes0) / self.rows
+    judge("a call's windows judged on the rows' average")
+    loop.Window.emitted = emitted
+
+    charge = Arbiter.charge
+    Arbiter.charge = lambda self, seconds, *, sunk=False: charge(self, seconds)
+    judge("the calibration held against tries")
+    Arbiter.charge = charge
 
 
 if __name__ == "__main__":
