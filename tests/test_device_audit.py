@@ -251,7 +251,7 @@ def test_bench_decode(meta_default, ckpt, tmp_path):
 
 @RUNTIME
 def test_tune_heads(meta_default, ckpt, tmp_path):
-    _invoke("tune-heads", "--ckpt", ckpt, "--out", tmp_path / "tuned", "--steps", 1, "--report-prompts", 1,
+    _invoke("tune-heads", "--ckpt", ckpt, "--out", tmp_path / "tuned", "--steps", 1, "--report-prompts", 0,
             "--drafter", "medusa", "--device", "standin", "--set", "data.batch_size=2", "--set", "train.eval_batches=1")
 
 

@@ -62,8 +62,14 @@ def sampled_picks(logits_BTKV: torch.Tensor, sampling, *, keys: list[int], ats: 
                          top_p=sampling.top_p if sampling.top_p < 1.0 else None)  # (B, T, K, V)
     positions = (to_device(ats, device)[:, None, None] + torch.arange(T, device=device)[:, None]
                  + torch.arange(K, device=device))  # (B, T, K)
-    noise = gumbel_at(to_device(keys, device)[:, None, None, None], positions, V)
-    picks = (probs.double().log() + noise).argmax(-1)
+    keys_t = to_device(keys, device)[:, None, None, None]
+    support = max(1, int((probs > 0).sum(-1).max())) if device.type == "cpu" else V  # a sync elsewhere: all ids
+    if 2 * support <= V:  # noise for the ids that can win only: an id of p = 0 never does
+        ids = probs.topk(support, dim=-1).indices.sort(dim=-1).values  # in id order: ties go as argmax's
+        scores = probs.gather(-1, ids).double().log() + gumbel_at(keys_t, positions, ids=ids)
+        picks = ids.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+    else:
+        picks = (probs.double().log() + gumbel_at(keys_t, positions, V)).argmax(-1)
     picks = picks.masked_fill(torch.isnan(probs).any(-1), -1)
     if K == 1:
         return picks

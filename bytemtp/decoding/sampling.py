@@ -164,11 +164,15 @@ def gumbel(key: int, positions: list[int], vocab: int, device: torch.device | st
     return gumbel_at(key & ((1 << 63) - 1), to_device(positions, device), vocab)
 
 
-def gumbel_at(keys: int | torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+def gumbel_at(keys: int | torch.Tensor, positions: torch.Tensor, vocab: int = 0, *,
+              ids: torch.Tensor | None = None) -> torch.Tensor:
     """`gumbel` over positions of any shape (...,), keys (below 2^63) broadcast against them (one,
-    or a tensor of one a row): noise (..., vocab), value for value the same as `gumbel`'s."""
+    or a tensor of one a row): noise (..., vocab), value for value the same as `gumbel`'s; or, with
+    `ids` (..., m), the noise of those ids alone at each position, each value the one `gumbel` gives
+    that id there."""
     pos = positions[..., None]
-    ids = torch.arange(vocab, dtype=torch.int64, device=positions.device)
+    if ids is None:
+        ids = torch.arange(vocab, dtype=torch.int64, device=positions.device)
     stream = _mix(keys + (pos + 1) * _GAMMA)  # the position's own seed
     z = _mix(stream + (ids + 1) * _GAMMA)
     u = _shr(z, 11, out=z).double().add_(0.5).mul_(2.0 ** -53)
