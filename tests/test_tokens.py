@@ -289,6 +289,9 @@ def test_bench_tokens_trains_scores_and_decodes_both_arms(corpus_dir, tmp_path):
     assert set(data["decoding"][0]["modes"]) == {"bytes plain", "bytes auto", "bytes auto+lookup",
                                                  "tokens plain", "tokens plain+lookup"}
     assert "bits/byte, whole val" in res.output and "over the token arm's best" in res.output
+    assert "bytes arm's settings on the preset: none" in res.output  # the settings compared, stated
+    assert (f"tokens arm's settings on the preset: model.vocab_size=300 data.tokenizer={out.resolve()}/tokenizer.json "
+            f"model.n_future=1 model.seq_len={ctx}") in res.output
     # the step check: both arms timed turn about, each arm's pace and share of it measured and written
     check = data["check"]
     assert check["rounds"] == 2 and [len(check["times"][arm]) for arm in ("bytes", "tokens")] == [2, 2]
@@ -524,3 +527,14 @@ def test_the_step_check_times_each_phase_of_the_head_schedule_in_its_share(corpu
     assert shares[:7] == [pytest.approx(525 / 14 / 1241, abs=1e-3)] * 7 and shares[7] == pytest.approx(1 - 262.5 / 1241,
                                                                                                    abs=1e-3)
     assert short.step_s("faded") < check.step_s("faded")
+
+
+def test_the_token_arm_s_own_best_settings_are_valid_settings_of_their_preset():
+    """`bench tokens` puts the token arm's own search's settings on its preset: each one a key the
+    preset takes, the arm a next-token model of fewer layers than the byte arm's."""
+    from bytemtp import config_io
+    from bytemtp.experiments.token_bench import TOKEN_BEST
+
+    for preset, sets in TOKEN_BEST.items():
+        cfg = config_io.resolve(preset, overrides=["model.n_future=1", "model.ngram_embeds=0", *sets])
+        assert cfg.model.n_layers < config_io.resolve(preset).model.n_layers

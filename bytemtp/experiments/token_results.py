@@ -182,7 +182,9 @@ class TokenBench:
         seeds = f"{self.seeds} seed{'s' if self.seeds > 1 else ''}"
         lines = [f"{self.preset} on {self.data}, {limit} each, {seeds} (mean and range); tokens: byte-level BPE of "
                  f"{self.vocab_size} ids, {self.train_bytes_per_token:.2f} bytes a token on train, "
-                 f"{self.val_bytes_per_token:.2f} on val", "",
+                 f"{self.val_bytes_per_token:.2f} on val",
+                 *(f"{arm} arm's settings on the preset: {' '.join(_own(a[0].sets)) or 'none'}" for arm, a in
+                   (("bytes", b), ("tokens", t))), "",
                  "| | bytes | tokens |", "|---|---|---|",
                  row("parameters", lambda a: a.params / 1e6, "{:.2f}M"),
                  row("steps", lambda a: a.steps, "{:,.0f}"),
@@ -268,6 +270,11 @@ def check_noise(rounds: Spread) -> float:
     if not runs:
         return rounds.width
     return (runs[-1] - runs[0]) / statistics.median(runs)
+
+
+def _own(sets: list[str]) -> list[str]:
+    """An arm's settings without its seeds (the seeds are in the table's heading)."""
+    return [x for x in sets if x.split("=", 1)[0] not in ("train.seed", "data.seed")]
 
 
 def _seeds(values: list[float], form: str) -> str:
