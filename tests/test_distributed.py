@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import processes
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -47,8 +48,7 @@ def test_steps_under_ddp_and_fsdp_equal_one_process(tmp_path):
     finally:
         sys.path.remove(str(HERE))
     out = tmp_path / "results.pt"
-    proc = subprocess.run([*TORCHRUN, str(HERE / "dist_step_worker.py"), str(out)], env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = processes.run([*TORCHRUN, str(HERE / "dist_step_worker.py"), str(out)], env=_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = torch.load(out)
     assert len(results) == len(worker.CASES)
@@ -76,8 +76,7 @@ def _train_args(corpus, out, *more) -> list[str]:
 
 
 def _bytemtp(*args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bytemtp_cli", *args], env=_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return processes.run([sys.executable, "-m", "bytemtp_cli", *args], env=_env(), timeout=timeout)
 
 
 def _losses(run: Path) -> list[tuple[int, float]]:
@@ -118,8 +117,8 @@ def test_resume_under_torchrun_equals_uninterrupted(corpus, tmp_path, parallel, 
 
 def test_a_non_finite_loss_on_one_rank_skips_the_step_on_all(corpus, tmp_path):
     run, out = tmp_path / "run", tmp_path / "digest"
-    proc = subprocess.run([*TORCHRUN, str(HERE / "dist_train_worker.py"), str(corpus), str(run), str(out)],
-                          env=_env(), capture_output=True, text=True, timeout=300)
+    proc = processes.run([*TORCHRUN, str(HERE / "dist_train_worker.py"), str(corpus), str(run), str(out)],
+                         env=_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)]
     assert ranks[0]["digest"] == ranks[1]["digest"]  # both skipped the same step: still the same model
@@ -193,9 +192,8 @@ def test_a_run_restarted_by_torchrun_resumes_by_itself(corpus, tmp_path):
     run = tmp_path / "run"
     res = _bytemtp(*_train_args(corpus, run, "--steps", "3"))
     assert res.returncode == 0, res.stderr[-3000:]
-    again = subprocess.run([sys.executable, "-m", "bytemtp_cli", *_train_args(corpus, run, "--steps", "6")],
-                           env={**_env(), "TORCHELASTIC_RESTART_COUNT": "1"}, capture_output=True, text=True,
-                           timeout=300)
+    again = processes.run([sys.executable, "-m", "bytemtp_cli", *_train_args(corpus, run, "--steps", "6")],
+                          env={**_env(), "TORCHELASTIC_RESTART_COUNT": "1"}, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed" in again.stdout + again.stderr and "stopped by steps at step 6" in again.stdout
     assert [s for s, _ in _losses(run)] == list(range(1, 7))
@@ -205,8 +203,8 @@ def test_a_run_restarted_by_torchrun_resumes_by_itself(corpus, tmp_path):
 
 def test_every_rank_stops_when_another_training_holds_the_run(corpus, tmp_path):
     run, out = tmp_path / "run", tmp_path / "error"
-    proc = subprocess.run([*TORCHRUN, str(HERE / "dist_lock_worker.py"), str(corpus), str(run), str(out)],
-                          env=_env(), capture_output=True, text=True, timeout=300)
+    proc = processes.run([*TORCHRUN, str(HERE / "dist_lock_worker.py"), str(corpus), str(run), str(out)],
+                         env=_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     errors = [Path(f"{out}.{r}").read_text() for r in (0, 1)]
     assert errors[0] == errors[1] and "is in use by a training that is running (pid " in errors[0], errors
