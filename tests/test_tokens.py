@@ -538,3 +538,22 @@ def test_the_token_arm_s_own_best_settings_are_valid_settings_of_their_preset():
     for preset, sets in TOKEN_BEST.items():
         cfg = config_io.resolve(preset, overrides=["model.n_future=1", "model.ngram_embeds=0", *sets])
         assert cfg.model.n_layers < config_io.resolve(preset).model.n_layers
+
+
+def test_bench_tokens_trains_the_arms_in_turn_first_at_even_seeds_and_second_at_odd_ones(corpus_dir, tmp_path,
+                                                                                        monkeypatch):
+    """Bytes, tokens, tokens, bytes, ...: a machine that speeds up or slows down over a sitting
+    gives both arms the same share of its fast and slow minutes over two seeds, where bytes first
+    at every seed gave the byte arm every seed's earlier slot."""
+    from bytemtp.experiments import token_bench
+
+    order = []
+
+    def record(grid, out, **kw):
+        order.extend(grid.candidates)
+        raise KeyboardInterrupt  # nothing trains
+
+    monkeypatch.setattr(token_bench, "run_sweep", record)
+    with pytest.raises(KeyboardInterrupt):
+        token_bench.compare(str(corpus_dir), out=tmp_path / "b", preset="tiny", vocab_size=300, seeds=4, steps=2)
+    assert order == ["bytes-s0", "tokens-s0", "tokens-s1", "bytes-s1", "bytes-s2", "tokens-s2", "tokens-s3", "bytes-s3"]
