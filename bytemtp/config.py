@@ -2,8 +2,9 @@
 configuration starts, are `bytemtp.config_io`'s.
 
 No torch here, so the CLI can parse and validate a configuration before paying for the torch
-import. Each field carries a one-line docstring under it, which `bytemtp.config_docs` reads back
-for the CLI's help. Reading and writing configurations is `bytemtp.config_io`'s.
+import. Each field carries a one-line docstring under it; `bytemtp.config_docs` reads those
+docstrings back from the source, so the CLI's help describes the same thing as the code. Reading
+and writing configurations (dicts, JSON, files, `--set` overrides) is `bytemtp.config_io`'s.
 
 Layer accounting (`ModelConfig.param_match`, on by default): `n_layers` is the total number of
 transformer layers in the model, trunk and heads together, as in the paper's released code (the
@@ -16,7 +17,8 @@ next-byte size (n_layers - head_layers) and the extra heads come on top. Linear 
 Head types: `head_type` stays a name (in config.json, and `--set model.head_type=causal`);
 `ModelConfig.head` is its `HeadType`, which answers what the rest asks of a kind of head (its
 layers, whether it stacks or skips, what it reads, which cache layers a pass writes), so no module
-compares names. It lives here for the accounting above; what a head computes is `bytemtp.model.model`'s.
+compares names. It lives here because the accounting above needs it and floor-0 modules import no
+other (tests/test_layering.py); what a head computes stays in `bytemtp.model.model`.
 """
 
 from __future__ import annotations
@@ -399,8 +401,6 @@ class TrainConfig:
     """The device's peak FLOP/s, for model FLOP utilisation in the progress line and metrics (0: known GPUs' bf16 peak, else none shown)."""
     precision: str = "auto"
     """Matmuls of training and validation: bf16 (autocast; weights and optimizer state stay fp32), fp32, or auto (bf16 on CUDA and on a CPU with native bf16, AVX512-BF16 or AMX; else fp32)."""
-    flush_denormals: bool = True
-    """On the CPU, float32 values under 1.2e-38 (denormals) count as zero while training (x86 FTZ and DAZ): the optimizer state of embedding rows a run seldom reads (hashed n-gram rows, unused byte ids) decays through them, and arithmetic on them costs about 100x; false keeps them."""
     device: str = "auto"
     """auto (CUDA when available, else CPU), cpu, cuda or cuda:N."""
     seed: int = 0

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
-import pytest
 import torch
 
-from bytemtp.config import TrainConfig
 from bytemtp.runtime import devices
 from bytemtp.runtime.devices import autocast
 
@@ -31,28 +29,12 @@ def test_bf16_and_fp32_hold_on_every_device_and_auto_follows_native_support(monk
 
 def test_fp32_matmuls_use_tf32_only_in_a_cuda_run_not_in_fp32_and_are_restored():
     before = torch.get_float32_matmul_precision()
-    with devices.training_arithmetic(torch.device("cuda"), TrainConfig()):  # setting the flag needs no GPU
+    with devices.fast_fp32_matmuls(torch.device("cuda"), "auto"):  # setting the flag needs no GPU
         assert torch.get_float32_matmul_precision() == "high"
     assert torch.get_float32_matmul_precision() == before
     for device, precision in ((CPU, "auto"), (torch.device("cuda"), "fp32")):
-        with devices.training_arithmetic(device, TrainConfig(precision=precision)):
+        with devices.fast_fp32_matmuls(device, precision):
             assert torch.get_float32_matmul_precision() == before
-
-
-def test_a_cpu_run_reads_and_writes_denormals_as_zero_while_it_lasts_unless_told_not_to():
-    tiny = torch.tensor([1e-39, 1e-30])  # a denormal float32 and a normal one
-
-    def product():
-        return (tiny * torch.tensor([1.0, 1.0])).tolist()
-
-    ieee = product()
-    assert ieee[0] > 0
-    with devices.training_arithmetic(CPU, TrainConfig()):
-        assert product() == [0.0, pytest.approx(1e-30)]
-    assert product() == ieee  # off again after the run
-    for device, tc in ((CPU, TrainConfig(flush_denormals=False)), (torch.device("cuda"), TrainConfig())):
-        with devices.training_arithmetic(device, tc):  # the host's arithmetic is left alone on CUDA
-            assert product() == ieee
 
 
 def test_a_batch_goes_to_an_accelerator_from_pinned_memory_without_waiting_and_to_the_cpu_as_it_is():

@@ -390,27 +390,3 @@ def test_the_step_trains_on_each_batch_with_its_rollout(tmp_path, corpus_dir, mo
         assert not torch.equal(batch, raw), f"step {step} trained on the corpus's bytes"
         # the trunk and head 1 are frozen: a rollout after the run is the one the step saw
         assert torch.equal(batch, greedy_rollout(model, raw, 16)), step
-
-
-def test_a_cpu_run_trains_with_denormals_flushed_to_zero_and_leaves_them_as_torch_had_them(tmp_path, corpus_dir,
-                                                                                          monkeypatch):
-    """The optimizer state of rows a run seldom reads decays through float32 denormals, where CPU
-    arithmetic costs about 100x: every step of a CPU run sees them as zero (train.flush_denormals),
-    and the flag is off again once it ends."""
-    seen, real = [], torch.set_flush_denormal
-    monkeypatch.setattr(torch, "set_flush_denormal", lambda on: (seen.append(on), real(on))[1])
-    flushed = []
-    step = train_lib._Run._optimizer_step
-
-    def watched(self):
-        flushed.append((torch.tensor([1e-39]) * 1.0).item() == 0.0)
-        return step(self)
-
-    monkeypatch.setattr(train_lib._Run, "_optimizer_step", watched)
-    train_lib.train(tiny_cfg(corpus_dir, "train.steps=2"), tmp_path / "run", show_progress=False)
-    assert flushed == [True, True] and seen == [True, False]
-    assert (torch.tensor([1e-39]) * 1.0).item() > 0
-    flushed.clear()
-    train_lib.train(tiny_cfg(corpus_dir, "train.steps=2", "train.flush_denormals=false"), tmp_path / "ieee",
-                    show_progress=False)
-    assert flushed == [False, False]

@@ -55,7 +55,7 @@ from bytemtp.config import Config
 from bytemtp.config_io import preset
 from bytemtp.model.flops import peak_flops, step_flops, utilisation
 from bytemtp.model.model import ByteMTP
-from bytemtp.runtime.devices import autocast, resolve_device, synchronize, training_arithmetic
+from bytemtp.runtime.devices import autocast, fast_fp32_matmuls, resolve_device, synchronize
 from bytemtp.spread import Spread
 from bytemtp.tables import table
 from bytemtp.training.step import (compile_blocks, compile_choice, compiler_missing, draft_forward_backward,
@@ -342,7 +342,7 @@ def train_step(preset_name: str = "small", *, batch_size: int = 8, steps: int = 
     compiled = compile == "on" or (compile == "auto" and missing is None)
     variants = {name: _Variant.of_preset(preset_name, name, batch_size=batch_size, device=dev, compiled=compiled)
                 for name in TRAIN_STEP_VARIANTS}
-    with training_arithmetic(dev, preset(preset_name).train):  # as a training run
+    with fast_fp32_matmuls(dev, preset(preset_name).train.precision):  # as a training run on CUDA
         times, repeats = _timed_rounds(variants, rounds=steps, warmup=warmup, min_sample_s=min_sample_s,
                                        progress=progress)
     seq_len, peak, timed = variants["ntp"].cfg.seq_len, peak_flops(dev, peak), {}
@@ -417,7 +417,7 @@ def check_steps(configs: dict[str, Config], *, rounds: int = 5, warmup: int = 2,
             phases[name] = head_phases(cfg.loss, cfg.model, length=length, steps=steps)
     steps = {(name, i): _Phase(variants[name], phase) for name in configs for i, phase in enumerate(phases[name])}
     first = next(iter(configs.values())).train
-    with training_arithmetic(resolve_device(first.device), first):  # as a training run
+    with fast_fp32_matmuls(resolve_device(first.device), first.precision):  # as a training run on CUDA
         times, repeats = _timed_rounds(steps, rounds=rounds, warmup=warmup, min_sample_s=min_sample_s,
                                        progress=progress)
     weighed = {name: [sum(phase.share * times[name, i][r] for i, phase in enumerate(phases[name]))

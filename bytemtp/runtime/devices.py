@@ -13,8 +13,7 @@ does bf16 natively (AVX512-BF16 or AMX, where oneDNN's bf16 matmuls run about 1.
 fp32 ones), else fp32; an explicit bf16 or fp32 holds on every device. `out_of_memory` tells an
 allocation that failed (torch.OutOfMemoryError on CUDA, a RuntimeError
 from the CPU allocator) from other errors, so that training can say what to lower.
-`training_arithmetic` holds what a run sets process-wide: TF32 for a CUDA run's float32 matmuls,
-and on the CPU denormals flushed to zero.
+`fast_fp32_matmuls` lets a CUDA run's float32 matmuls use TF32 for its duration.
 """
 
 from __future__ import annotations
@@ -62,28 +61,20 @@ def autocast(device: torch.device, precision: str):
 
 
 @contextlib.contextmanager
-def training_arithmetic(device: torch.device, tc: config_lib.TrainConfig):
-    """What a training run sets process-wide while it lasts (restored after):
-    - on CUDA, where train.precision is not fp32, float32 matmuls on TF32 tensor cores (torch's
-      "high" matmul precision; bf16 autocast leaves a few in float32); a run in fp32 keeps full
-      float32;
-    - on the CPU, with train.flush_denormals, float32 values under 1.2e-38 (denormals) read and
-      written as zero (x86's FTZ and DAZ): the optimizer state of embedding rows a run seldom
-      reads (hashed n-gram rows, byte ids no text holds) decays through them, and arithmetic on a
-      denormal costs about a hundred times more (BENCHMARKS.md). torch has no getter for the
-      flag: it is left off after, torch's default."""
-    tf32 = device.type == "cuda" and tc.precision != "fp32"
-    flush = device.type == "cpu" and tc.flush_denormals and torch.set_flush_denormal(True)
+def fast_fp32_matmuls(device: torch.device, precision: str):
+    """For a run on CUDA whose train.precision is not fp32: float32 matmuls on TF32 tensor cores
+    (torch's "high" matmul precision; bf16 autocast leaves a few in float32), restored after. A
+    run in fp32, or off CUDA, keeps full float32 (the setting is process-wide: it is held only
+    while the run lasts)."""
+    if device.type != "cuda" or precision == "fp32":
+        yield
+        return
     before = torch.get_float32_matmul_precision()
-    if tf32:
-        torch.set_float32_matmul_precision("high")
+    torch.set_float32_matmul_precision("high")
     try:
         yield
     finally:
-        if tf32:
-            torch.set_float32_matmul_precision(before)
-        if flush:
-            torch.set_flush_denormal(False)
+        torch.set_float32_matmul_precision(before)
 
 
 def synchronize(device: torch.device) -> None:

@@ -79,7 +79,7 @@ from bytemtp.runtime import distributed as dist_lib
 from bytemtp.runtime.checkpoint import (CheckpointError, latest_checkpoint, load_optimizer_state, load_weights,
                                         read_train_state, save_checkpoint)
 from bytemtp.model.transfer import batch_to_device
-from bytemtp.runtime.devices import autocast, out_of_memory, resolve_device, training_arithmetic
+from bytemtp.runtime.devices import autocast, fast_fp32_matmuls, out_of_memory, resolve_device
 from bytemtp.training import runs, tracking
 from bytemtp.training.faults import StepGuard, TrainingError
 from bytemtp.training.figures import LogClock, ReadFigures, accumulate_gradients, read_figures
@@ -131,7 +131,7 @@ def run_plan(plan: RunPlan, *, show_progress: bool = True, say=tqdm.write) -> Ru
     cfg = plan.cfg
     tc = cfg.train
     with (dist_lib.process_group(resolve_device(tc.device), timeout_s=tc.dist_timeout) as d,
-          contextlib.ExitStack() as held, training_arithmetic(d.device, tc)):
+          contextlib.ExitStack() as held, fast_fp32_matmuls(d.device, tc.precision)):
         _on_main(d, lambda: held.enter_context(runs.run_lock(plan.run_dir)))
         ckpt = _on_main(d, lambda: runs.start_run(plan))
         with torch.random.fork_rng(devices=[d.device] if d.device.type == "cuda" else []):
